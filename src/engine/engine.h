@@ -1,0 +1,123 @@
+// Engine: the thread-safe front of the step loop (schedule -> forward -> sample -> deliver).
+// The HTTP layer and `generate` submit requests here; events come back on the engine thread.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "moe/route_log.h"
+#include "util/status.h"
+
+namespace sy::engine {
+
+using RequestId = uint64_t;
+
+struct SamplingParams {
+  float temperature = 1.0f;  // 0 = greedy
+  float top_p = 1.0f;
+  int top_k = -1;            // -1 = off
+  float min_p = 0.0f;
+  std::optional<uint64_t> seed;  // same request + seed -> same tokens, alone or batched
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+  float repetition_penalty = 1.0f;
+  std::vector<std::pair<int32_t, float>> logit_bias;
+  int max_tokens = 16;
+  int min_tokens = 0;
+  std::vector<int32_t> stop_token_ids;
+  bool ignore_eos = false;
+  int logprobs = -1;         // -1 none; k >= 0: chosen token's logprob plus top-k alternatives
+  int prompt_logprobs = -1;  // likewise, for every prompt position after the first
+};
+
+struct GenerationRequest {
+  std::vector<int32_t> prompt_ids;
+  SamplingParams sampling;
+  // Forced routes for input positions 0 .. replay->rows-1 (rows <= prompt length). Validated by
+  // submit: shape (rows, num_hidden_layers, top_k), ids < num_experts, no duplicate in a row.
+  std::optional<moe::RouteArray> replay;
+  bool return_routes = false;  // deliver the route log with the final event
+};
+
+struct TopLogprob {
+  int32_t token_id;
+  float logprob;
+};
+struct TokenLogprob {
+  int32_t token_id;
+  float logprob;
+  std::vector<TopLogprob> top;  // descending
+};
+
+enum class FinishReason { kNone, kStop, kLength, kAbort, kError };
+
+struct Event {
+  RequestId request_id = 0;
+  std::vector<int32_t> new_token_ids;     // tokens sampled since the previous event
+  std::vector<TokenLogprob> new_logprobs;  // parallel to new_token_ids when logprobs >= 0
+  // First event only, when prompt_logprobs >= 0: one entry per prompt position 1..P-1.
+  std::vector<TokenLogprob> prompt_logprobs;
+  int64_t cached_prompt_tokens = 0;  // first event: prompt tokens served by the prefix cache
+  bool finished = false;
+  FinishReason finish_reason = FinishReason::kNone;
+  std::optional<int32_t> stop_token_id;  // the matched stop/eos token, if that ended it
+  // Final event, when return_routes: rows 0 .. N-2 over all hidden layers (DESIGN.md).
+  std::optional<moe::RouteArray> routes;
+  Status error;  // finish_reason == kError: e.g. a route-capture failure naming layer and kernel
+};
+
+// Returned by the callback: kStop ends the request now (a stop string matched); the engine then
+// delivers the final event (finish_reason kStop, routes included) in the same step.
+enum class Continuation { kContinue, kStop };
+using EventCallback = std::function<Continuation(const Event&)>;
+
+struct ModelInfo {
+  std::string architecture;
+  int64_t vocab_size = 0;
+  int64_t max_model_len = 0;
+  int64_t num_hidden_layers = 0;
+  std::vector<int> moe_layers;
+  int64_t num_experts = 0;
+  int64_t top_k = 0;
+  std::vector<int32_t> eos_token_ids;
+};
+
+struct EngineMetrics {
+  int64_t running_requests = 0;
+  int64_t waiting_requests = 0;
+  int64_t kv_blocks_total = 0;
+  int64_t kv_blocks_used = 0;
+  int64_t kv_blocks_cached = 0;  // unreferenced but holding reusable prefix content
+  int64_t kv_blocks_free = 0;
+  int64_t prefix_cache_queries_tokens = 0;
+  int64_t prefix_cache_hits_tokens = 0;
+  int64_t prompt_tokens_total = 0;      // prompt tokens admitted
+  int64_t prompt_tokens_computed = 0;   // prompt tokens that went through the forward pass
+  int64_t generation_tokens_total = 0;
+  int64_t preemptions_total = 0;
+  int64_t route_capture_errors_total = 0;
+};
+
+class Engine {
+ public:
+  virtual ~Engine() = default;
+  // Validates and queues; the callback is invoked on the engine thread. Errors (prompt too long,
+  // token id >= vocab, bad replay, capture/replay unsupported by the kernel) come back here.
+  virtual Result<RequestId> submit(GenerationRequest request, EventCallback on_event) = 0;
+  // Frees the request's blocks within one step; no further events are delivered.
+  virtual void cancel(RequestId id) = 0;
+  virtual EngineMetrics metrics() const = 0;
+  virtual ModelInfo model_info() const = 0;
+  // Loads new weights between steps (same architecture and shapes), pausing admission and
+  // flushing the prefix cache including routes. On error the old weights stay in service.
+  virtual Status update_weights_from_disk(const std::string& model_dir) = 0;
+  virtual Status flush_cache() = 0;
+  // Stops the engine thread after in-flight requests finish or `timeout_ms` passes.
+  virtual void shutdown(int64_t timeout_ms) = 0;
+};
+
+}  // namespace sy::engine
