@@ -102,6 +102,21 @@ struct EngineMetrics {
   int64_t route_capture_errors_total = 0;
 };
 
+struct EngineConfig {
+  std::string model_dir;
+  std::string moe_kernel = "auto";
+  bool capture_routes = false;        // serve --enable-return-routed-experts / generate --routes-out
+  int max_num_seqs = 256;             // sequences per step
+  int max_num_batched_tokens = 2048;  // tokens per step; longer prompts are chunked
+  int64_t kv_cache_tokens = 0;        // 0 = size from memory
+  int block_size_tokens = 16;
+  int64_t max_model_len = 0;          // 0 = from config.json
+  bool enable_prefix_caching = true;
+  int max_waiting_requests = 4096;    // beyond this submit fails with kResourceExhausted (429)
+  int num_threads = 0;                // 0 = all cores
+  bool show_progress = false;         // loading progress on a terminal
+};
+
 class Engine {
  public:
   virtual ~Engine() = default;
@@ -119,5 +134,8 @@ class Engine {
   // Stops the engine thread after in-flight requests finish or `timeout_ms` passes.
   virtual void shutdown(int64_t timeout_ms) = 0;
 };
+
+// Loads the model and starts the engine thread.
+Result<std::unique_ptr<Engine>> create_engine(const EngineConfig& config);
 
 }  // namespace sy::engine

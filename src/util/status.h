@@ -12,28 +12,45 @@
 
 namespace sy {
 
+// What kind of failure: lets the server pick an HTTP status without parsing messages.
+enum class ErrorCode {
+  kOk,
+  kInvalidArgument,    // bad user input (400)
+  kNotFound,           // 404
+  kResourceExhausted,  // queue full (429)
+  kUnavailable,        // loading / draining (503)
+  kUnsupported,        // valid but not implemented here (400 "not supported")
+  kInternal,           // our bug or a failed invariant such as an unwritten route (500)
+};
+
 class Status {
  public:
   Status() = default;
   static Status ok() { return Status(); }
-  static Status error(std::string message) { return Status(std::move(message), true); }
+  static Status error(std::string message) {
+    return Status(ErrorCode::kInvalidArgument, std::move(message));
+  }
+  static Status error(ErrorCode code, std::string message) {
+    return Status(code, std::move(message));
+  }
   template <typename... Args>
   static Status errorf(fmt::format_string<Args...> format, Args&&... args) {
     return error(fmt::format(format, std::forward<Args>(args)...));
   }
 
-  bool is_ok() const { return !failed_; }
-  explicit operator bool() const { return !failed_; }
+  bool is_ok() const { return code_ == ErrorCode::kOk; }
+  explicit operator bool() const { return is_ok(); }
+  ErrorCode code() const { return code_; }
   const std::string& message() const { return message_; }
   // Prefixes context ("model/config.json: ") to an error; no-op on success.
   Status with_context(const std::string& context) const {
-    return failed_ ? Status(context + message_, true) : *this;
+    return is_ok() ? *this : Status(code_, context + message_);
   }
 
  private:
-  Status(std::string message, bool failed) : message_(std::move(message)), failed_(failed) {}
+  Status(ErrorCode code, std::string message) : message_(std::move(message)), code_(code) {}
   std::string message_;
-  bool failed_ = false;
+  ErrorCode code_ = ErrorCode::kOk;
 };
 
 template <typename T>
