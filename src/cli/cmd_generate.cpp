@@ -1,0 +1,17 @@
+// `switchyard generate`: placeholder until its owner lands it; exits 2 so nobody mistakes it for done.
+#include <cstdio>
+
+#include "cli/commands.h"
+
+namespace sy::cli {
+
+void add_generate_command(CLI::App& app, int& exit_code) {
+  auto* command = app.add_subcommand("generate", "(not implemented yet)");
+  command->allow_extras();
+  command->callback([&exit_code] {
+    std::fprintf(stderr, "switchyard generate: not implemented yet\n");
+    exit_code = 2;
+  });
+}
+
+}  // namespace sy::cli

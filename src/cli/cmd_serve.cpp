@@ -1,0 +1,17 @@
+// `switchyard serve`: placeholder until its owner lands it; exits 2 so nobody mistakes it for done.
+#include <cstdio>
+
+#include "cli/commands.h"
+
+namespace sy::cli {
+
+void add_serve_command(CLI::App& app, int& exit_code) {
+  auto* command = app.add_subcommand("serve", "(not implemented yet)");
+  command->allow_extras();
+  command->callback([&exit_code] {
+    std::fprintf(stderr, "switchyard serve: not implemented yet\n");
+    exit_code = 2;
+  });
+}
+
+}  // namespace sy::cli
