@@ -7,21 +7,31 @@ namespace {
 struct DTypeInfo {
   DType dtype;
   std::string_view name;
-  size_t size;
+  size_t bits;
 };
 constexpr DTypeInfo kDTypes[] = {
-    {DType::kF32, "F32", 4},    {DType::kF16, "F16", 2},       {DType::kBF16, "BF16", 2},
-    {DType::kF64, "F64", 8},    {DType::kI64, "I64", 8},       {DType::kI32, "I32", 4},
-    {DType::kI16, "I16", 2},    {DType::kI8, "I8", 1},         {DType::kU8, "U8", 1},
-    {DType::kU16, "U16", 2},    {DType::kU32, "U32", 4},       {DType::kU64, "U64", 8},
-    {DType::kBool, "BOOL", 1},  {DType::kF8E4M3, "F8_E4M3", 1}, {DType::kF8E5M2, "F8_E5M2", 1},
+    {DType::kF32, "F32", 32},         {DType::kF16, "F16", 16},
+    {DType::kBF16, "BF16", 16},       {DType::kF64, "F64", 64},
+    {DType::kI64, "I64", 64},         {DType::kI32, "I32", 32},
+    {DType::kI16, "I16", 16},         {DType::kI8, "I8", 8},
+    {DType::kU8, "U8", 8},            {DType::kU16, "U16", 16},
+    {DType::kU32, "U32", 32},         {DType::kU64, "U64", 64},
+    {DType::kBool, "BOOL", 8},        {DType::kF8E4M3, "F8_E4M3", 8},
+    {DType::kF8E5M2, "F8_E5M2", 8},   {DType::kF8E8M0, "F8_E8M0", 8},
+    {DType::kF8E4M3FNUZ, "F8_E4M3FNUZ", 8}, {DType::kF8E5M2FNUZ, "F8_E5M2FNUZ", 8},
+    {DType::kF4, "F4", 4},            {DType::kF6E2M3, "F6_E2M3", 6},
+    {DType::kF6E3M2, "F6_E3M2", 6},   {DType::kC64, "C64", 64},
 };
 }  // namespace
 
-size_t dtype_size(DType dtype) {
+size_t dtype_bits(DType dtype) {
   for (const auto& info : kDTypes)
-    if (info.dtype == dtype) return info.size;
+    if (info.dtype == dtype) return info.bits;
   return 0;
+}
+size_t dtype_size(DType dtype) {
+  size_t bits = dtype_bits(dtype);
+  return bits % 8 == 0 ? bits / 8 : 0;
 }
 std::string_view dtype_name(DType dtype) {
   for (const auto& info : kDTypes)
