@@ -253,6 +253,9 @@ Result<SafetensorsFile> SafetensorsFile::parse(const uint8_t* data, size_t size,
   std::string_view header(reinterpret_cast<const char*>(data + 8), header_length);
   if (size_t bad = invalid_utf8_offset(header); bad != std::string_view::npos)
     return fail(fmt::format("header is not valid UTF-8 (byte {} of the header)", bad));
+  // JSON never contains a raw NUL, and nlohmann's lexer would take one as the end of input.
+  if (size_t nul = header.find('\0'); nul != std::string_view::npos)
+    return fail(fmt::format("header is not valid JSON: NUL byte at byte {} of the header", nul));
   if (header.empty() || header.front() != '{')
     return fail("header must be a JSON object, starting with '{'");
   auto parsed = parse_json_strict(header);
@@ -351,6 +354,8 @@ Result<Checkpoint> Checkpoint::open(const std::string& model_dir) {
   }
 
   SY_ASSIGN(std::string index_text, read_small_file(index_name, kMaxHeaderBytes));
+  if (size_t nul = index_text.find('\0'); nul != std::string::npos)
+    return Status::errorf("{}: not valid JSON: NUL byte at byte {}", index_name, nul);
   auto index = parse_json_strict(index_text);
   if (!index) return Status::errorf("{}: not valid JSON: {}", index_name, index.message());
   if (!index->is_object()) return Status::errorf("{}: must be a JSON object, got {}", index_name, index->type_name());
