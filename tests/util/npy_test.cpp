@@ -184,11 +184,12 @@ double element_as_double(const NpyArray& array, size_t i) {
 void expect_values(const NpyArray& array, const nlohmann::json& values, const std::string& what) {
   ASSERT_EQ(static_cast<int64_t>(values.size()), array.numel()) << what;
   bool integer = array.dtype != DType::kF16 && array.dtype != DType::kF32 && array.dtype != DType::kF64;
-  auto ints = integer ? npy_to_int64(array).value() : std::vector<int64_t>{};
+  // uint64 values above int64's range are compared as uint64 below.
+  auto ints = integer && array.dtype != DType::kU64 ? npy_to_int64(array).value() : std::vector<int64_t>{};
   for (size_t i = 0; i < values.size(); ++i) {
     if (values[i].is_boolean()) {
       EXPECT_EQ(ints[i], values[i].get<bool>() ? 1 : 0) << what << " element " << i;
-    } else if (integer && values[i].is_number_unsigned() && array.dtype == DType::kU64) {
+    } else if (array.dtype == DType::kU64) {
       uint64_t mine;
       std::memcpy(&mine, array.data.data() + 8 * i, 8);
       EXPECT_EQ(mine, values[i].get<uint64_t>()) << what << " element " << i;
