@@ -383,6 +383,7 @@ void check_model(const json& body, const ParseContext& context) {
 
 PromptInput prompt_from_text(const std::string& text, bool add_special, const ParseContext& context,
                              const char* param) {
+  if (text.empty()) fail(param, fmt::format("{} must not be empty", param));
   Result<std::vector<int32_t>> ids = context.codec.encode(text, add_special);
   if (!ids) fail(param, fmt::format("{}: {}", param, ids.message()));
   return PromptInput{std::move(ids).value(), text};

@@ -141,6 +141,7 @@ struct Server::Impl {
   void unregister_job(const Job& job);
   void abort_job(const std::shared_ptr<Job>& job);
   void abort_all();
+  void poll_drain(std::shared_ptr<net::steady_timer> timer, Clock::time_point deadline);
   void finish_drain();
   void stop_now();
 };
@@ -205,6 +206,7 @@ class Session : public std::enable_shared_from_this<Session> {
   void write_next();
   void after_response();
   void lingering_close();
+  void discard_until_eof(std::shared_ptr<std::array<char, 65536>> scratch);
   void close();
 
   void watch_for_close();
@@ -778,19 +780,14 @@ void Session::lingering_close() {
   beast::error_code ec;
   stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
   stream_.expires_after(std::chrono::seconds(2));
-  auto scratch = std::make_shared<std::array<char, 65536>>();
-  auto self = shared_from_this();
-  std::shared_ptr<std::function<void()>> drain = std::make_shared<std::function<void()>>();
-  *drain = [self, scratch, drain] {
-    self->stream_.async_read_some(net::buffer(*scratch), [self, scratch, drain](beast::error_code ec, size_t) {
-      if (ec) {
-        *drain = nullptr;  // break the cycle
-        return self->close();
-      }
-      (*drain)();
-    });
-  };
-  (*drain)();
+  discard_until_eof(std::make_shared<std::array<char, 65536>>());
+}
+
+void Session::discard_until_eof(std::shared_ptr<std::array<char, 65536>> scratch) {
+  stream_.async_read_some(net::buffer(*scratch), [self = shared_from_this(), scratch](beast::error_code ec, size_t) {
+    if (ec) return self->close();
+    self->discard_until_eof(scratch);
+  });
 }
 
 void Session::close() {
@@ -872,6 +869,21 @@ void Server::Impl::stop_now() {
   blocking.join();
 }
 
+// Every 20 ms: done when no request is left or the deadline passed (then what is left is aborted).
+void Server::Impl::poll_drain(std::shared_ptr<net::steady_timer> timer, Clock::time_point deadline) {
+  if (jobs_alive.load() == 0 || Clock::now() >= deadline) {
+    if (jobs_alive.load() != 0) abort_all();
+    // Let the last answers reach their sockets before reporting the drain complete.
+    timer->expires_after(std::chrono::milliseconds(100));
+    timer->async_wait([this, timer](beast::error_code) { finish_drain(); });
+    return;
+  }
+  timer->expires_after(std::chrono::milliseconds(20));
+  timer->async_wait([this, timer, deadline](beast::error_code ec) {
+    if (!ec) poll_drain(timer, deadline);
+  });
+}
+
 void Server::Impl::finish_drain() {
   {
     std::lock_guard lock(state_mutex);
@@ -928,22 +940,7 @@ void Server::request_shutdown() {
   if (s.draining.exchange(true)) return;
   auto deadline = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(s.config.shutdown_timeout_s * 1000));
   auto timer = std::make_shared<net::steady_timer>(s.ioc);
-  auto poll = std::make_shared<std::function<void()>>();
-  *poll = [&s, timer, poll, deadline] {
-    if (s.jobs_alive.load() == 0 || Clock::now() >= deadline) {
-      if (s.jobs_alive.load() != 0) s.abort_all();
-      *poll = nullptr;
-      // Let the last answers reach their sockets before reporting the drain complete.
-      timer->expires_after(std::chrono::milliseconds(100));
-      timer->async_wait([&s, timer](beast::error_code) { s.finish_drain(); });
-      return;
-    }
-    timer->expires_after(std::chrono::milliseconds(20));
-    timer->async_wait([poll](beast::error_code ec) {
-      if (!ec && *poll) (*poll)();
-    });
-  };
-  net::post(s.ioc, [poll] { (*poll)(); });
+  net::post(s.ioc, [&s, timer, deadline] { s.poll_drain(timer, deadline); });
 }
 
 void Server::wait() {
