@@ -91,4 +91,4 @@ class Result {
   auto tmp = (expr);                    \
   if (!tmp.is_ok()) return tmp.status(); \
   decl = std::move(tmp).value()
-#define SY_ASSIGN(decl, expr) SY_ASSIGN_IMPL(SY_CONCAT(sy_result_, __LINE__), decl, expr)
+#define SY_ASSIGN(decl, expr) SY_ASSIGN_IMPL(SY_CONCAT(sy_result_, __COUNTER__), decl, expr)

@@ -1,0 +1,109 @@
+// Backend: the operations the decoder's forward pass needs, on buffers the backend owns, each
+// batched over the step's tokens. The CPU backend is the reference; a CUDA backend implements
+// the same interface. Within a step nothing returns to the host except through download().
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "moe/experts_kernel.h"
+#include "tensor/tensor.h"
+#include "util/status.h"
+
+namespace sy::backend {
+
+// Where each of the step's tokens sits in the paged KV cache, uploaded once per step.
+struct AttentionBatch {
+  Tensor positions;     // [T] int32: the token's position in its sequence
+  Tensor token_seq;     // [T] int32: which of the step's sequences it belongs to
+  Tensor slot_mapping;  // [T] int32: KV slot written for this token (block * block_size + offset)
+  Tensor block_tables;  // [S, max_blocks_per_seq] int32
+  int block_size = 16;
+};
+
+struct RopeSpec {
+  double theta = 10000.0;
+  int64_t head_dim = 0;
+};
+
+// One step's sampling parameters, a row per sampled sequence (host side; a device backend
+// uploads what it needs).
+struct SamplingRow {
+  float temperature = 1.0f;
+  float top_p = 1.0f;
+  int top_k = -1;
+  float min_p = 0.0f;
+  uint64_t seed = 0;
+  uint64_t draw_index = 0;  // which random draw of this request: same seed+index -> same token
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+  float repetition_penalty = 1.0f;
+  const std::vector<std::pair<int32_t, float>>* logit_bias = nullptr;
+  const std::vector<int32_t>* prompt_tokens = nullptr;  // for the repetition penalty
+  const std::vector<int32_t>* output_tokens = nullptr;  // for all penalties
+  std::vector<int32_t> banned_tokens;                   // e.g. EOS before min_tokens
+  int logprobs = -1;  // top-k alternatives to report (-1: none)
+};
+
+struct SampledToken {
+  int32_t token_id = 0;
+  float logprob = 0.0f;                          // under the raw model distribution
+  std::vector<std::pair<int32_t, float>> top;    // (id, logprob) descending, `logprobs` entries
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+  virtual Device device() const = 0;
+
+  // Buffers owned by the backend, valid until free_buffer or the backend's end.
+  virtual Tensor alloc(DType dtype, std::initializer_list<int64_t> shape) = 0;
+  virtual void free_buffer(Tensor& tensor) = 0;
+  // Weights: makes a checkpoint tensor (host memory, e.g. an mmap) usable by this backend. The
+  // CPU backend keeps BF16/F32 as views and converts F16 to F32.
+  virtual Result<Tensor> load_weight(const Tensor& host) = 0;
+  virtual void upload(const void* host, Tensor& dst) = 0;
+  virtual void download(const Tensor& src, void* host) = 0;
+  virtual void fill_i32(Tensor& dst, int32_t value) = 0;
+
+  // out[t] = table[ids[t]]; out is f32 [T, hidden].
+  virtual void embedding(const Tensor& table, const Tensor& ids, Tensor& out) = 0;
+  // Row-wise RMSNorm over the last dimension: out = x / rms(x) * weight.
+  virtual void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) = 0;
+  // out[r, o] = sum_i x[r, i] * weight[o, i] (+ bias[o]); batch-invariant per row.
+  virtual void matmul(const Tensor& x, const Tensor& weight, const Tensor* bias, Tensor& out) = 0;
+  virtual void add_inplace(Tensor& x, const Tensor& y) = 0;
+  // out = silu(gate) * up, element-wise.
+  virtual void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) = 0;
+  // Rotary embedding (rotate-half) on x [T, heads, head_dim] at the batch's positions.
+  virtual void rope(Tensor& x, const AttentionBatch& batch, const RopeSpec& spec) = 0;
+  // Writes this step's K/V ([T, kv_heads, head_dim]) into the layer's cache
+  // ([slots, kv_heads, head_dim]) at batch.slot_mapping.
+  virtual void write_kv(const Tensor& k, const Tensor& v, Tensor& k_cache, Tensor& v_cache,
+                        const AttentionBatch& batch) = 0;
+  // Causal attention of q [T, heads, head_dim] over positions 0..position of each token's own
+  // sequence; out [T, heads * head_dim]. GQA by heads / kv_heads.
+  virtual void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                         const AttentionBatch& batch, float scale, Tensor& out) = 0;
+  // out[r] = x[rows[r]].
+  virtual void gather_rows(const Tensor& x, const Tensor& rows, Tensor& out) = 0;
+  // Samples one token per logits row and its logprobs.
+  virtual void sample(const Tensor& logits, const std::vector<SamplingRow>& rows,
+                      std::vector<SampledToken>& out) = 0;
+  // Log-softmax logprob of `targets[r]` in logits row r, plus top-k alternatives.
+  virtual void score_tokens(const Tensor& logits, const std::vector<int32_t>& targets, int top_k,
+                            std::vector<SampledToken>& out) = 0;
+
+  // The MoE kernels this backend offers (registered at construction, explicit list).
+  virtual void register_kernels(moe::ExpertsKernelRegistry& registry) = 0;
+};
+
+struct CpuBackendOptions {
+  int num_threads = 0;  // 0 = all cores
+};
+std::unique_ptr<Backend> make_cpu_backend(const CpuBackendOptions& options);
+
+}  // namespace sy::backend

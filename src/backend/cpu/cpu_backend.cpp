@@ -1,0 +1,218 @@
+#include "backend/cpu/cpu_backend.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "backend/cpu/cpu_matmul.h"
+
+namespace sy::backend::cpu {
+
+CpuBackend::CpuBackend(const CpuBackendOptions& options) : pool_(options.num_threads) {}
+CpuBackend::~CpuBackend() = default;
+
+Tensor CpuBackend::alloc(DType dtype, std::initializer_list<int64_t> shape) {
+  Tensor tensor(nullptr, dtype, shape);
+  size_t bytes = std::max<size_t>(64, (tensor.nbytes() + 63) / 64 * 64);
+  tensor.data = std::aligned_alloc(64, bytes);
+  return tensor;
+}
+
+void CpuBackend::free_buffer(Tensor& tensor) {
+  std::free(tensor.data);
+  tensor.data = nullptr;
+}
+
+Result<Tensor> CpuBackend::load_weight(const Tensor& host) {
+  if (host.dtype == DType::kBF16 || host.dtype == DType::kF32) return host;
+  if (host.dtype == DType::kF16) {
+    Tensor converted = host;
+    converted.dtype = DType::kF32;
+    converted.data = std::aligned_alloc(64, std::max<size_t>(64, (converted.nbytes() + 63) / 64 * 64));
+    const uint16_t* src = host.ptr<uint16_t>();
+    float* dst = converted.ptr<float>();
+    for (int64_t i = 0; i < host.numel(); ++i) dst[i] = f16_to_f32(src[i]);
+    return converted;  // owned by the caller's weight store (freed with free_buffer)
+  }
+  return Status::errorf("cpu backend: weight dtype {} is not supported", dtype_name(host.dtype));
+}
+
+void CpuBackend::upload(const void* host, Tensor& dst) { std::memcpy(dst.data, host, dst.nbytes()); }
+void CpuBackend::download(const Tensor& src, void* host) { std::memcpy(host, src.data, src.nbytes()); }
+void CpuBackend::fill_i32(Tensor& dst, int32_t value) {
+  std::fill_n(dst.ptr<int32_t>(), dst.numel(), value);
+}
+
+void CpuBackend::embedding(const Tensor& table, const Tensor& ids, Tensor& out) {
+  const int64_t hidden = table.dim(1);
+  const int32_t* token_ids = ids.ptr<int32_t>();
+  for (int64_t t = 0; t < ids.numel(); ++t) {
+    float* row = out.ptr<float>() + t * hidden;
+    if (table.dtype == DType::kBF16) {
+      const uint16_t* src = table.ptr<uint16_t>() + token_ids[t] * hidden;
+      for (int64_t i = 0; i < hidden; ++i) row[i] = bf16_to_f32(src[i]);
+    } else {
+      std::memcpy(row, table.ptr<float>() + token_ids[t] * hidden, hidden * sizeof(float));
+    }
+  }
+}
+
+void CpuBackend::rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) {
+  const int64_t width = weight.numel(), rows = x.numel() / width;
+  pool_.parallel_for(rows, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float* in = x.ptr<float>() + r * width;
+      float* dst = out.ptr<float>() + r * width;
+      float sum_squares = 0.0f;
+      for (int64_t i = 0; i < width; ++i) sum_squares += in[i] * in[i];
+      float scale = 1.0f / std::sqrt(sum_squares / static_cast<float>(width) + eps);
+      for (int64_t i = 0; i < width; ++i) {
+        float w = weight.dtype == DType::kBF16 ? bf16_to_f32(weight.ptr<uint16_t>()[i])
+                                               : weight.ptr<float>()[i];
+        dst[i] = w * (in[i] * scale);
+      }
+    }
+  });
+}
+
+void CpuBackend::matmul(const Tensor& x, const Tensor& weight, const Tensor* bias, Tensor& out) {
+  std::vector<float> bias_f32;
+  const float* bias_ptr = nullptr;
+  if (bias && bias->data) {
+    bias_f32.resize(static_cast<size_t>(bias->numel()));
+    for (int64_t i = 0; i < bias->numel(); ++i)
+      bias_f32[i] = bias->dtype == DType::kBF16 ? bf16_to_f32(bias->ptr<uint16_t>()[i])
+                                                : bias->ptr<float>()[i];
+    bias_ptr = bias_f32.data();
+  }
+  const int64_t in = weight.dim(1), out_features = weight.dim(0);
+  matmul_rows(x.ptr<float>(), in, x.numel() / in, weight, bias_ptr, out.ptr<float>(), out_features,
+              &pool_);
+}
+
+void CpuBackend::add_inplace(Tensor& x, const Tensor& y) {
+  float* dst = x.ptr<float>();
+  const float* src = y.ptr<float>();
+  for (int64_t i = 0; i < x.numel(); ++i) dst[i] += src[i];
+}
+
+void CpuBackend::silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) {
+  const float* g = gate.ptr<float>();
+  const float* u = up.ptr<float>();
+  float* dst = out.ptr<float>();
+  for (int64_t i = 0; i < out.numel(); ++i) dst[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+}
+
+void CpuBackend::rope(Tensor& x, const AttentionBatch& batch, const RopeSpec& spec) {
+  const int64_t tokens = x.dim(0), heads = x.dim(1), head_dim = x.dim(2), half = head_dim / 2;
+  // As transformers computes it in f32: inv_freq = 1 / theta^(2i/d), angle = position * inv_freq.
+  std::vector<float> inv_freq(static_cast<size_t>(half));
+  for (int64_t i = 0; i < half; ++i)
+    inv_freq[i] = static_cast<float>(1.0 / std::pow(spec.theta, static_cast<double>(2 * i) / static_cast<double>(head_dim)));
+  const int32_t* positions = batch.positions.ptr<int32_t>();
+  pool_.parallel_for(tokens, 16, [&](int64_t begin, int64_t end) {
+    std::vector<float> cos_v(static_cast<size_t>(half)), sin_v(static_cast<size_t>(half));
+    for (int64_t t = begin; t < end; ++t) {
+      float position = static_cast<float>(positions[t]);
+      for (int64_t i = 0; i < half; ++i) {
+        float angle = position * inv_freq[i];
+        cos_v[i] = std::cos(angle);
+        sin_v[i] = std::sin(angle);
+      }
+      for (int64_t h = 0; h < heads; ++h) {
+        float* v = x.ptr<float>() + (t * heads + h) * head_dim;
+        for (int64_t i = 0; i < half; ++i) {
+          float a = v[i], b = v[i + half];
+          v[i] = a * cos_v[i] - b * sin_v[i];
+          v[i + half] = b * cos_v[i] + a * sin_v[i];
+        }
+      }
+    }
+  });
+}
+
+void CpuBackend::write_kv(const Tensor& k, const Tensor& v, Tensor& k_cache, Tensor& v_cache,
+                          const AttentionBatch& batch) {
+  const int64_t row = k.numel() / k.dim(0);
+  const int32_t* slots = batch.slot_mapping.ptr<int32_t>();
+  for (int64_t t = 0; t < k.dim(0); ++t) {
+    std::memcpy(k_cache.ptr<float>() + slots[t] * row, k.ptr<float>() + t * row, row * sizeof(float));
+    std::memcpy(v_cache.ptr<float>() + slots[t] * row, v.ptr<float>() + t * row, row * sizeof(float));
+  }
+}
+
+void CpuBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                           const AttentionBatch& batch, float scale, Tensor& out) {
+  const int64_t tokens = q.dim(0), heads = q.dim(1), head_dim = q.dim(2);
+  const int64_t kv_heads = k_cache.dim(1), group = heads / kv_heads;
+  const int64_t max_blocks = batch.block_tables.dim(1);
+  const int32_t* positions = batch.positions.ptr<int32_t>();
+  const int32_t* token_seq = batch.token_seq.ptr<int32_t>();
+  const int32_t* tables = batch.block_tables.ptr<int32_t>();
+  const int block_size = batch.block_size;
+  pool_.parallel_for(tokens * heads, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores;
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t t = task / heads, h = task % heads, kv_head = h / group;
+      const int64_t context = positions[t] + 1;
+      const int32_t* table = tables + token_seq[t] * max_blocks;
+      const float* qv = q.ptr<float>() + (t * heads + h) * head_dim;
+      scores.resize(static_cast<size_t>(context));
+      float max_score = -INFINITY;
+      for (int64_t p = 0; p < context; ++p) {
+        int64_t slot = static_cast<int64_t>(table[p / block_size]) * block_size + p % block_size;
+        const float* kv = k_cache.ptr<float>() + (slot * kv_heads + kv_head) * head_dim;
+        float dot = 0.0f;
+        for (int64_t i = 0; i < head_dim; ++i) dot += qv[i] * kv[i];
+        scores[p] = dot * scale;
+        max_score = std::max(max_score, scores[p]);
+      }
+      float sum = 0.0f;
+      for (int64_t p = 0; p < context; ++p) sum += scores[p] = std::exp(scores[p] - max_score);
+      float* dst = out.ptr<float>() + (t * heads + h) * head_dim;
+      std::fill_n(dst, head_dim, 0.0f);
+      for (int64_t p = 0; p < context; ++p) {
+        int64_t slot = static_cast<int64_t>(table[p / block_size]) * block_size + p % block_size;
+        const float* vv = v_cache.ptr<float>() + (slot * kv_heads + kv_head) * head_dim;
+        float weight = scores[p] / sum;
+        for (int64_t i = 0; i < head_dim; ++i) dst[i] += weight * vv[i];
+      }
+    }
+  });
+}
+
+void CpuBackend::gather_rows(const Tensor& x, const Tensor& rows, Tensor& out) {
+  const int64_t width = x.numel() / x.dim(0);
+  const int32_t* index = rows.ptr<int32_t>();
+  for (int64_t r = 0; r < rows.numel(); ++r)
+    std::memcpy(out.ptr<float>() + r * width, x.ptr<float>() + index[r] * width, width * sizeof(float));
+}
+
+void CpuBackend::register_kernels(moe::ExpertsKernelRegistry& registry) {
+  registry.add(make_modular_kernel(pool_));
+  registry.add(make_fused_kernel(pool_));
+}
+
+void expert_mlp(const float* x, int64_t rows, const Tensor& gate, const Tensor& up,
+                const Tensor& down, float* out, ThreadPool* pool) {
+  const int64_t hidden = gate.dim(1), inter = gate.dim(0);
+  std::vector<float> g(static_cast<size_t>(rows * inter)), u(static_cast<size_t>(rows * inter));
+  matmul_rows(x, hidden, rows, gate, nullptr, g.data(), inter, pool);
+  matmul_rows(x, hidden, rows, up, nullptr, u.data(), inter, pool);
+  for (size_t i = 0; i < g.size(); ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+  matmul_rows(g.data(), inter, rows, down, nullptr, out, hidden, pool);
+}
+
+std::unique_ptr<Backend> make_cpu_backend_impl(const CpuBackendOptions& options) {
+  return std::make_unique<CpuBackend>(options);
+}
+
+}  // namespace sy::backend::cpu
+
+namespace sy::backend {
+std::unique_ptr<Backend> make_cpu_backend(const CpuBackendOptions& options) {
+  return cpu::make_cpu_backend_impl(options);
+}
+}  // namespace sy::backend

@@ -1,0 +1,56 @@
+// The CPU backend: host memory, f32 compute over BF16/F32 weights, multi-threaded, batch-invariant.
+#pragma once
+
+#include <memory>
+
+#include "backend/backend.h"
+#include "util/thread_pool.h"
+
+namespace sy::backend::cpu {
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(const CpuBackendOptions& options);
+  ~CpuBackend() override;
+
+  std::string name() const override { return "cpu"; }
+  Device device() const override { return Device::kCpu; }
+  ThreadPool& pool() { return pool_; }
+
+  Tensor alloc(DType dtype, std::initializer_list<int64_t> shape) override;
+  void free_buffer(Tensor& tensor) override;
+  Result<Tensor> load_weight(const Tensor& host) override;
+  void upload(const void* host, Tensor& dst) override;
+  void download(const Tensor& src, void* host) override;
+  void fill_i32(Tensor& dst, int32_t value) override;
+
+  void embedding(const Tensor& table, const Tensor& ids, Tensor& out) override;
+  void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) override;
+  void matmul(const Tensor& x, const Tensor& weight, const Tensor* bias, Tensor& out) override;
+  void add_inplace(Tensor& x, const Tensor& y) override;
+  void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) override;
+  void rope(Tensor& x, const AttentionBatch& batch, const RopeSpec& spec) override;
+  void write_kv(const Tensor& k, const Tensor& v, Tensor& k_cache, Tensor& v_cache,
+                const AttentionBatch& batch) override;
+  void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                 const AttentionBatch& batch, float scale, Tensor& out) override;
+  void gather_rows(const Tensor& x, const Tensor& rows, Tensor& out) override;
+  void sample(const Tensor& logits, const std::vector<SamplingRow>& rows,
+              std::vector<SampledToken>& out) override;
+  void score_tokens(const Tensor& logits, const std::vector<int32_t>& targets, int top_k,
+                    std::vector<SampledToken>& out) override;
+  void register_kernels(moe::ExpertsKernelRegistry& registry) override;
+
+ private:
+  ThreadPool pool_;
+};
+
+// The CPU MoE kernels (explicit list; see register_kernels).
+std::unique_ptr<moe::ExpertsKernel> make_modular_kernel(ThreadPool& pool);
+std::unique_ptr<moe::ExpertsKernel> make_fused_kernel(ThreadPool& pool);
+
+// Shared by the kernels: one expert's SwiGLU MLP for `rows` token rows of x (stride hidden).
+void expert_mlp(const float* x, int64_t rows, const Tensor& gate, const Tensor& up,
+                const Tensor& down, float* out, ThreadPool* pool);
+
+}  // namespace sy::backend::cpu

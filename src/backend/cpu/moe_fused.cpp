@@ -1,0 +1,95 @@
+// cpu-fused: the monolithic shape. Each token's routing is computed inside the kernel's own
+// expert loop (its own scoring and selection, not the modular router), and the kernel writes the
+// route sink itself — the case where other engines returned all-zero routes.
+#include <cmath>
+#include <vector>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/cpu_matmul.h"
+
+namespace sy::backend::cpu {
+namespace {
+
+class FusedKernel final : public moe::ExpertsKernel {
+ public:
+  explicit FusedKernel(ThreadPool& pool) : pool_(pool) {}
+  std::string_view name() const override { return "cpu-fused"; }
+  Device device() const override { return Device::kCpu; }
+  bool routes_inside() const override { return true; }
+  bool captures_routes() const override { return true; }
+  bool replays_routes() const override { return true; }
+
+  Status forward(const moe::MoeForwardArgs& args) override {
+    const moe::MoeLayerWeights& w = *args.weights;
+    const int64_t tokens = args.hidden.dim(0), hidden = args.hidden.dim(1);
+    const int64_t experts = args.spec.num_experts, top_k = args.spec.top_k;
+    const int64_t layers = args.routes.sink.data ? args.routes.sink.dim(1)
+                           : args.routes.source.data ? args.routes.source.dim(1) : 0;
+    if (args.spec.scoring != moe::RouterScoring::kSoftmax || args.spec.softmax_after_topk)
+      return Status::error(ErrorCode::kUnsupported, "cpu-fused supports softmax-then-top-k routing only");
+
+    pool_.parallel_for(tokens, 1, [&](int64_t begin, int64_t end) {
+      std::vector<float> probs(static_cast<size_t>(experts)), y(static_cast<size_t>(hidden));
+      std::vector<int32_t> chosen(static_cast<size_t>(top_k));
+      std::vector<float> gates(static_cast<size_t>(top_k));
+      for (int64_t t = begin; t < end; ++t) {
+        const float* x = args.hidden.ptr<float>() + t * hidden;
+        // Score every expert: logits, then a softmax in f32.
+        float max_logit = -INFINITY;
+        for (int64_t e = 0; e < experts; ++e) {
+          probs[e] = dot_row(x, w.router, e);
+          if (probs[e] > max_logit) max_logit = probs[e];
+        }
+        float sum = 0.0f;
+        for (int64_t e = 0; e < experts; ++e) sum += probs[e] = std::exp(probs[e] - max_logit);
+        for (int64_t e = 0; e < experts; ++e) probs[e] /= sum;
+
+        bool forced = args.routes.forced.data && args.routes.forced.ptr<uint8_t>()[t];
+        if (forced) {
+          const int32_t* given = args.routes.source.ptr<int32_t>() + (t * layers + args.layer) * top_k;
+          for (int64_t k = 0; k < top_k; ++k) chosen[k] = given[k];
+        } else {
+          // Insertion into a descending list of length k; an equal score never displaces a
+          // lower id (ties -> lower id first).
+          int64_t filled = 0;
+          for (int32_t e = 0; e < experts; ++e) {
+            int64_t at = filled;
+            while (at > 0 && probs[e] > probs[chosen[at - 1]]) --at;
+            if (at >= top_k) continue;
+            for (int64_t j = std::min(filled, top_k - 1); j > at; --j) chosen[j] = chosen[j - 1];
+            chosen[at] = e;
+            if (filled < top_k) ++filled;
+          }
+        }
+        float gate_sum = 0.0f;
+        for (int64_t k = 0; k < top_k; ++k) gate_sum += gates[k] = probs[chosen[k]];
+        if (args.spec.renormalize)
+          for (int64_t k = 0; k < top_k; ++k) gates[k] /= gate_sum;
+        if (args.spec.routed_scaling_factor != 1.0f)
+          for (int64_t k = 0; k < top_k; ++k) gates[k] *= args.spec.routed_scaling_factor;
+        if (args.routes.sink.data) {
+          int32_t* sink = args.routes.sink.ptr<int32_t>() + (t * layers + args.layer) * top_k;
+          for (int64_t k = 0; k < top_k; ++k) sink[k] = chosen[k];
+        }
+        float* dst = args.out.ptr<float>() + t * hidden;
+        std::fill_n(dst, hidden, 0.0f);
+        for (int64_t k = 0; k < top_k; ++k) {
+          expert_mlp(x, 1, w.gate_proj[chosen[k]], w.up_proj[chosen[k]], w.down_proj[chosen[k]], y.data(), nullptr);
+          for (int64_t i = 0; i < hidden; ++i) dst[i] += gates[k] * y[i];
+        }
+      }
+    });
+    return Status::ok();
+  }
+
+ private:
+  ThreadPool& pool_;
+};
+
+}  // namespace
+
+std::unique_ptr<moe::ExpertsKernel> make_fused_kernel(ThreadPool& pool) {
+  return std::make_unique<FusedKernel>(pool);
+}
+
+}  // namespace sy::backend::cpu

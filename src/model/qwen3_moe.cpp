@@ -1,0 +1,126 @@
+// qwen3_moe: Qwen3MoeForCausalLM tensor names -> DecoderWeights. Experts as one tensor each
+// (published checkpoints) or as fused 3-D tensors (gate_up_proj / down_proj).
+#include <fmt/format.h>
+
+#include "model/model.h"
+
+namespace sy::model {
+namespace {
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string text = "[";
+  for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
+  return text + "]";
+}
+
+Tensor view_of(const TensorInfo& info) {
+  Tensor tensor;
+  tensor.data = const_cast<uint8_t*>(info.data);
+  tensor.dtype = info.dtype;
+  tensor.rank = static_cast<int>(info.shape.size());
+  for (size_t i = 0; i < info.shape.size(); ++i) tensor.shape[i] = info.shape[i];
+  return tensor;
+}
+
+class Loader {
+ public:
+  Loader(const Checkpoint& checkpoint, backend::Backend& backend, std::vector<Tensor>& owned)
+      : checkpoint_(checkpoint), backend_(backend), owned_(owned) {}
+
+  bool has(const std::string& name) const { return checkpoint_.find(name) != nullptr; }
+
+  Result<Tensor> get(const std::string& name, const std::vector<int64_t>& shape) {
+    const TensorInfo* info = checkpoint_.find(name);
+    if (!info) return Status::errorf("missing tensor '{}' (expected shape {})", name, shape_text(shape));
+    if (info->shape != shape)
+      return Status::errorf("tensor '{}' in {} has shape {}, expected {}", name, info->file,
+                            shape_text(info->shape), shape_text(shape));
+    auto loaded = backend_.load_weight(view_of(*info));
+    if (!loaded) return loaded.status().with_context(fmt::format("tensor '{}': ", name));
+    if (loaded->data != info->data) owned_.push_back(*loaded);
+    return *loaded;
+  }
+
+ private:
+  const Checkpoint& checkpoint_;
+  backend::Backend& backend_;
+  std::vector<Tensor>& owned_;
+};
+
+// Row range [begin, begin+count) of expert e in a fused [E, rows, cols] tensor, as a 2-D view.
+Tensor expert_slice(const Tensor& fused, int64_t e, int64_t begin, int64_t count) {
+  Tensor view = fused;
+  view.rank = 2;
+  view.shape = {count, fused.shape[2], 0, 0};
+  size_t offset = static_cast<size_t>((e * fused.shape[1] + begin) * fused.shape[2]) * dtype_size(fused.dtype);
+  view.data = static_cast<char*>(fused.data) + offset;
+  return view;
+}
+
+}  // namespace
+
+Result<DecoderWeights> load_qwen3_moe(const ModelConfig& c, const Checkpoint& checkpoint,
+                                      backend::Backend& backend, std::vector<Tensor>& owned) {
+  Loader load(checkpoint, backend, owned);
+  DecoderWeights w;
+  const int64_t hidden = c.hidden_size, q_out = c.num_attention_heads * c.head_dim,
+                kv_out = c.num_key_value_heads * c.head_dim;
+  SY_ASSIGN(w.embed_tokens, load.get("model.embed_tokens.weight", {c.vocab_size, hidden}));
+  SY_ASSIGN(w.final_norm, load.get("model.norm.weight", {hidden}));
+  if (c.tie_word_embeddings && !load.has("lm_head.weight")) {
+    w.lm_head = w.embed_tokens;
+  } else {
+    SY_ASSIGN(w.lm_head, load.get("lm_head.weight", {c.vocab_size, hidden}));
+  }
+  for (int layer = 0; layer < c.num_hidden_layers; ++layer) {
+    const std::string p = fmt::format("model.layers.{}.", layer);
+    LayerWeights lw;
+    SY_ASSIGN(lw.input_norm, load.get(p + "input_layernorm.weight", {hidden}));
+    SY_ASSIGN(lw.post_attention_norm, load.get(p + "post_attention_layernorm.weight", {hidden}));
+    AttentionWeights& a = lw.attention;
+    SY_ASSIGN(a.q_proj, load.get(p + "self_attn.q_proj.weight", {q_out, hidden}));
+    SY_ASSIGN(a.k_proj, load.get(p + "self_attn.k_proj.weight", {kv_out, hidden}));
+    SY_ASSIGN(a.v_proj, load.get(p + "self_attn.v_proj.weight", {kv_out, hidden}));
+    SY_ASSIGN(a.o_proj, load.get(p + "self_attn.o_proj.weight", {hidden, q_out}));
+    if (c.attention_bias) {
+      SY_ASSIGN(a.q_bias, load.get(p + "self_attn.q_proj.bias", {q_out}));
+      SY_ASSIGN(a.k_bias, load.get(p + "self_attn.k_proj.bias", {kv_out}));
+      SY_ASSIGN(a.v_bias, load.get(p + "self_attn.v_proj.bias", {kv_out}));
+    }
+    SY_ASSIGN(a.q_norm, load.get(p + "self_attn.q_norm.weight", {c.head_dim}));
+    SY_ASSIGN(a.k_norm, load.get(p + "self_attn.k_norm.weight", {c.head_dim}));
+    lw.is_moe = c.is_moe_layer(layer);
+    if (!lw.is_moe) {
+      const int64_t inter = c.intermediate_size;
+      SY_ASSIGN(lw.mlp.gate_proj, load.get(p + "mlp.gate_proj.weight", {inter, hidden}));
+      SY_ASSIGN(lw.mlp.up_proj, load.get(p + "mlp.up_proj.weight", {inter, hidden}));
+      SY_ASSIGN(lw.mlp.down_proj, load.get(p + "mlp.down_proj.weight", {hidden, inter}));
+    } else {
+      const int64_t inter = c.moe_intermediate_size, experts = c.num_experts;
+      SY_ASSIGN(lw.moe.router, load.get(p + "mlp.gate.weight", {experts, hidden}));
+      if (load.has(p + "mlp.experts.gate_up_proj")) {
+        SY_ASSIGN(Tensor gate_up, load.get(p + "mlp.experts.gate_up_proj", {experts, 2 * inter, hidden}));
+        SY_ASSIGN(Tensor down, load.get(p + "mlp.experts.down_proj", {experts, hidden, inter}));
+        for (int64_t e = 0; e < experts; ++e) {
+          lw.moe.gate_proj.push_back(expert_slice(gate_up, e, 0, inter));
+          lw.moe.up_proj.push_back(expert_slice(gate_up, e, inter, inter));
+          lw.moe.down_proj.push_back(expert_slice(down, e, 0, hidden));
+        }
+      } else {
+        for (int64_t e = 0; e < experts; ++e) {
+          const std::string ep = fmt::format("{}mlp.experts.{}.", p, e);
+          SY_ASSIGN(Tensor gate, load.get(ep + "gate_proj.weight", {inter, hidden}));
+          SY_ASSIGN(Tensor up, load.get(ep + "up_proj.weight", {inter, hidden}));
+          SY_ASSIGN(Tensor down, load.get(ep + "down_proj.weight", {hidden, inter}));
+          lw.moe.gate_proj.push_back(gate);
+          lw.moe.up_proj.push_back(up);
+          lw.moe.down_proj.push_back(down);
+        }
+      }
+    }
+    w.layers.push_back(std::move(lw));
+  }
+  return w;
+}
+
+}  // namespace sy::model
