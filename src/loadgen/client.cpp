@@ -58,6 +58,15 @@ Result<BaseUrl> parse_base_url(const std::string& url) {
   return parsed;
 }
 
+namespace {
+double process_cpu_s() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  auto seconds = [](const timeval& time) { return time.tv_sec + time.tv_usec / 1e6; };
+  return seconds(usage.ru_utime) + seconds(usage.ru_stime);
+}
+}  // namespace
+
 long raise_fd_limit() {
   rlimit limit{};
   if (getrlimit(RLIMIT_NOFILE, &limit) != 0) return -1;
@@ -164,11 +173,13 @@ class Runner {
     if (config_.max_concurrency > 0) {
       semaphore_.emplace(io_.get_executor(), config_.max_concurrency);
     }
+    const double cpu_before_s = process_cpu_s();
     start_ = Clock::now();
     asio::co_spawn(io_, dispatch(), asio::detached);
     if (config_.progress) asio::co_spawn(io_, show_progress(), asio::detached);
     io_.run();
     result.duration_s = seconds_since_start();
+    result.client_cpu_s = process_cpu_s() - cpu_before_s;
     if (config_.progress) print_progress(/*final=*/true);
     idle_.clear();
 

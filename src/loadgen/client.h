@@ -51,6 +51,7 @@ struct RunResult {
   std::vector<int> choice_chunks;      // chunks carrying a choice, per request
   double duration_s = 0;
   int peak_open_streams = 0;  // requests in flight at once, counted by the client
+  double client_cpu_s = 0;    // user + system CPU of this process during the run
   int usage_missing = 0;      // successful requests whose stream had no usage counts
   int prompt_len_mismatch = 0;  // usage.prompt_tokens != the dataset's prompt length
   RouteReport routes;

@@ -68,6 +68,7 @@ std::string format_report(const ReportContext& context, const BenchmarkMetrics& 
   }
   header(out, "Switchyard checks", '-');
   line(out, "Peak open streams (client):", std::to_string(run.peak_open_streams));
+  line(out, "Client CPU (% of one core):", run.duration_s > 0 ? 100 * run.client_cpu_s / run.duration_s : 0.0);
   line(out, "Requests without usage counts:", std::to_string(run.usage_missing));
   line(out, "Prompt length != usage.prompt_tokens:", std::to_string(run.prompt_len_mismatch));
   if (context.tokenizer_output_tokens >= 0) {
@@ -87,9 +88,9 @@ std::string format_report(const ReportContext& context, const BenchmarkMetrics& 
   return out;
 }
 
-nlohmann::json report_json(const ReportContext& context, const BenchmarkMetrics& metrics,
+nlohmann::ordered_json report_json(const ReportContext& context, const BenchmarkMetrics& metrics,
                            const RunResult& run, bool detailed) {
-  using nlohmann::json;
+  using json = nlohmann::ordered_json;
   char date[32];
   const std::time_t now = std::time(nullptr);
   std::strftime(date, sizeof date, "%Y%m%d-%H%M%S", std::localtime(&now));
@@ -116,6 +117,8 @@ nlohmann::json report_json(const ReportContext& context, const BenchmarkMetrics&
       {"max_output_tokens_per_s", metrics.max_output_tokens_per_s},
       {"max_concurrent_requests", metrics.max_concurrent_requests},
       {"peak_open_streams", run.peak_open_streams},
+      {"client_cpu_s", run.client_cpu_s},
+      {"client_cpu_percent", run.duration_s > 0 ? 100 * run.client_cpu_s / run.duration_s : 0.0},
       {"usage_missing", run.usage_missing},
       {"prompt_len_mismatch", run.prompt_len_mismatch},
   };

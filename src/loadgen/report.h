@@ -30,7 +30,7 @@ struct ReportContext {
 std::string format_report(const ReportContext& context, const BenchmarkMetrics& metrics,
                           const RunResult& run);
 // `detailed` adds the per-request arrays (ttfts, itls, output_lens, errors, ...).
-nlohmann::json report_json(const ReportContext& context, const BenchmarkMetrics& metrics,
+nlohmann::ordered_json report_json(const ReportContext& context, const BenchmarkMetrics& metrics,
                            const RunResult& run, bool detailed);
 
 }  // namespace sy::loadgen

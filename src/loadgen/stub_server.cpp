@@ -193,6 +193,22 @@ struct StubServer::Impl {
     co_await http::async_write_header(stream, serializer, asio::use_awaitable);
 
     asio::steady_timer pacing(stream.get_executor());
+    // Middle tokens of completions and chat are the same bytes every time: build them once, so
+    // the stub spends its time writing, not formatting JSON.
+    auto completion_chunk = [&](bool first, bool last) {
+      json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", last ? json("length") : json()}};
+      if (chat) {
+        choice["delta"] = first ? json{{"role", "assistant"}, {"content", " tok"}} : json{{"content", " tok"}};
+      } else {
+        choice["text"] = " tok";
+      }
+      if (last && routed) choice["routed_experts"] = make_routes(prompt_tokens, tokens, false);
+      return "data: " +
+             json{{"id", "stub-1"}, {"object", chat ? "chat.completion.chunk" : "text_completion"},
+                  {"created", 0}, {"model", model}, {"choices", json::array({choice})}}.dump() +
+             "\n\n";
+    };
+    const std::string middle_chunk = generate ? std::string() : completion_chunk(false, false);
     std::string event, cumulative_text;
     for (int i = 0; i < tokens; ++i) {
       const bool last = i + 1 == tokens;
@@ -202,19 +218,10 @@ struct StubServer::Impl {
                      {"finish_reason", last ? json{{"type", "length"}, {"length", tokens}} : json()}};
         if (last && routed) meta["routed_experts"] = make_routes(prompt_tokens, tokens, true);
         event = "data: " + json{{"text", cumulative_text}, {"meta_info", meta}}.dump() + "\n\n";
+      } else if (i == 0 || last) {
+        event = completion_chunk(i == 0, last);
       } else {
-        json choice = {{"index", 0}, {"logprobs", nullptr},
-                       {"finish_reason", last ? json("length") : json()}};
-        if (chat) {
-          choice["delta"] = i == 0 ? json{{"role", "assistant"}, {"content", " tok"}} : json{{"content", " tok"}};
-        } else {
-          choice["text"] = " tok";
-        }
-        if (last && routed) choice["routed_experts"] = make_routes(prompt_tokens, tokens, false);
-        event = "data: " +
-                json{{"id", "stub-1"}, {"object", chat ? "chat.completion.chunk" : "text_completion"},
-                     {"created", 0}, {"model", model}, {"choices", json::array({choice})}}.dump() +
-                "\n\n";
+        event = middle_chunk;
       }
       co_await write_event(stream, event, i);
       if (options.token_interval_s > 0 && !last) {
