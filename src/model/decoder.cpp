@@ -104,7 +104,7 @@ Status Decoder::forward(const Model& model, const StepInputs& in, StepOutputs& o
     backend_.rope(k, batch, rope);
     backend_.write_kv(k, v, k_cache_[layer], v_cache_[layer], batch);
     backend_.attention(q, k_cache_[layer], v_cache_[layer], batch, scale, attn);
-    backend_.matmul(attn, a.o_proj, nullptr, block_out);
+    backend_.matmul(attn, a.o_proj, a.o_bias.data ? &a.o_bias : nullptr, block_out);
     backend_.add_inplace(x, block_out);
     // Feed-forward block: dense MLP or MoE.
     backend_.rms_norm(x, lw.post_attention_norm, c.rms_norm_eps, normed);

@@ -16,7 +16,7 @@ namespace sy::model {
 
 struct AttentionWeights {
   Tensor q_proj, k_proj, v_proj, o_proj;  // [out, in]
-  Tensor q_bias, k_bias, v_bias;          // undefined unless attention_bias
+  Tensor q_bias, k_bias, v_bias, o_bias;  // undefined unless attention_bias
   Tensor q_norm, k_norm;                  // [head_dim], undefined unless qk_norm
 };
 

@@ -86,6 +86,9 @@ Result<DecoderWeights> load_qwen3_moe(const ModelConfig& c, const Checkpoint& ch
       SY_ASSIGN(a.q_bias, load.get(p + "self_attn.q_proj.bias", {q_out}));
       SY_ASSIGN(a.k_bias, load.get(p + "self_attn.k_proj.bias", {kv_out}));
       SY_ASSIGN(a.v_bias, load.get(p + "self_attn.v_proj.bias", {kv_out}));
+      if (load.has(p + "self_attn.o_proj.bias")) {
+        SY_ASSIGN(a.o_bias, load.get(p + "self_attn.o_proj.bias", {hidden}));
+      }
     }
     SY_ASSIGN(a.q_norm, load.get(p + "self_attn.q_norm.weight", {c.head_dim}));
     SY_ASSIGN(a.k_norm, load.get(p + "self_attn.k_norm.weight", {c.head_dim}));

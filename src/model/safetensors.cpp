@@ -256,8 +256,6 @@ Result<SafetensorsFile> SafetensorsFile::parse(const uint8_t* data, size_t size,
   // JSON never contains a raw NUL, and nlohmann's lexer would take one as the end of input.
   if (size_t nul = header.find('\0'); nul != std::string_view::npos)
     return fail(fmt::format("header is not valid JSON: NUL byte at byte {} of the header", nul));
-  if (header.empty() || header.front() != '{')
-    return fail("header must be a JSON object, starting with '{'");
   auto parsed = parse_json_strict(header);
   if (!parsed) return fail(fmt::format("header is not valid JSON: {}", parsed.message()));
   const json& root = *parsed;
@@ -347,7 +345,10 @@ Result<Checkpoint> Checkpoint::open(const std::string& model_dir) {
   std::string index_name = index_path.string();
   if (!fs::exists(index_path, error)) {
     if (!fs::is_directory(dir, error))
-      return Status::error(ErrorCode::kNotFound, fmt::format("{}: no such model folder", model_dir));
+      return Status::error(ErrorCode::kNotFound,
+                           fmt::format("{}: not a model folder (expected a folder holding model.safetensors "
+                                       "or model.safetensors.index.json, or a .safetensors file)",
+                                       model_dir));
     return Status::error(ErrorCode::kNotFound,
                          fmt::format("{}: no model.safetensors or model.safetensors.index.json in this folder",
                                      model_dir));
