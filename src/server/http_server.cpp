@@ -551,7 +551,7 @@ void Session::handle_generation(const http::request<http::string_body>& http_req
     Result<engine::RequestId> id = engine.submit(std::move(generation), std::move(callback));
     if (!id) {
       cancel_job();
-      return send_error(api_error_from(id.status(), id.status().code() == ErrorCode::kInvalidArgument ? "prompt" : ""));
+      return send_error(api_error_from(id.status()));
     }
     job->choices[i].engine_id = *id;
     job->choices[i].submitted = true;

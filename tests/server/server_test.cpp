@@ -534,3 +534,71 @@ TEST(Server, KeepAliveServesSeveralRequestsOnOneConnection) {
 
 }  // namespace
 }  // namespace sy::server
+
+namespace sy::server {
+namespace {
+
+using nlohmann::json;
+using namespace sy::testing;
+
+// Bounded load: 64 concurrent clients, streaming and not, mixed lengths, for a fixed time.
+// Every request must succeed with complete routes, and the engine must end idle.
+TEST(Load, SixtyFourConcurrentClients) {
+  ServerConfig config;
+  config.enable_return_routed_experts = true;
+  config.io_threads = 2;
+  Fixture f(config);
+  std::atomic<int> ok{0}, failed{0};
+  std::mutex failure_mutex;
+  std::string first_failure;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+  std::vector<std::thread> clients;
+  for (int c = 0; c < 64; ++c) {
+    clients.emplace_back([&, c] {
+      for (int i = 0; std::chrono::steady_clock::now() < deadline; ++i) {
+        int max_tokens = 1 + (c * 7 + i * 3) % 24;
+        std::string prompt(1 + (c * 13 + i) % 40, static_cast<char>('a' + c % 26));
+        bool stream = (c + i) % 2 == 0;
+        HttpResponse r = post_json(f.port, "/v1/completions",
+                                   {{"prompt", prompt}, {"max_tokens", max_tokens}, {"stream", stream}});
+        std::string routes;
+        int64_t tokens = 0;
+        if (r.status == 200 && stream) {
+          for (const std::string& event : r.events()) {
+            if (event == "[DONE]") continue;
+            json chunk = json::parse(event, nullptr, false);
+            if (chunk.is_discarded() || chunk["choices"].empty()) continue;
+            tokens += static_cast<int64_t>(chunk["choices"][0]["text"].get<std::string>().size());
+            if (chunk["choices"][0].contains("routed_experts")) routes = chunk["choices"][0]["routed_experts"];
+          }
+        } else if (r.status == 200) {
+          json body = r.json();
+          tokens = static_cast<int64_t>(body["choices"][0]["text"].get<std::string>().size());
+          routes = body["choices"][0].value("routed_experts", "");
+        }
+        bool good = r.status == 200 && tokens == max_tokens && !routes.empty();
+        if (good) {
+          Result<std::string> bytes = base64_decode(routes);
+          Result<NpyArray> array = bytes ? npy_decode(*bytes) : Result<NpyArray>(bytes.status());
+          good = array && array->shape[0] == static_cast<int64_t>(prompt.size() + 1 + max_tokens - 1);
+        }
+        if (good) {
+          ++ok;
+        } else {
+          ++failed;
+          std::lock_guard lock(failure_mutex);
+          if (first_failure.empty()) first_failure = std::to_string(r.status) + " " + r.body.substr(0, 300);
+        }
+      }
+    });
+  }
+  for (auto& t : clients) t.join();
+  EXPECT_EQ(failed.load(), 0) << first_failure;
+  EXPECT_GT(ok.load(), 64);
+  EXPECT_TRUE(f.engine_drains());
+  EXPECT_TRUE(f.healthy());
+  std::printf("load: %d requests ok in 3 s with 64 clients\n", ok.load());
+}
+
+}  // namespace
+}  // namespace sy::server
