@@ -867,6 +867,9 @@ void Server::Impl::stop_now() {
   }
   threads.clear();
   blocking.join();
+  // Sessions still owned by the io_context are destroyed with it, possibly after the engine:
+  // they must not reach it any more.
+  engine.store(nullptr);
 }
 
 // Every 20 ms: done when no request is left or the deadline passed (then what is left is aborted).
