@@ -17,13 +17,20 @@ namespace sy::server {
 
 int http_status_for(ErrorCode code) {
   switch (code) {
-    case ErrorCode::kOk: return 200;
-    case ErrorCode::kInvalidArgument: return 400;
-    case ErrorCode::kUnsupported: return 400;
-    case ErrorCode::kNotFound: return 404;
-    case ErrorCode::kResourceExhausted: return 429;
-    case ErrorCode::kUnavailable: return 503;
-    case ErrorCode::kInternal: return 500;
+    case ErrorCode::kOk:
+      return 200;
+    case ErrorCode::kInvalidArgument:
+      return 400;
+    case ErrorCode::kUnsupported:
+      return 400;
+    case ErrorCode::kNotFound:
+      return 404;
+    case ErrorCode::kResourceExhausted:
+      return 429;
+    case ErrorCode::kUnavailable:
+      return 503;
+    case ErrorCode::kInternal:
+      return 500;
   }
   return 500;
 }
@@ -34,15 +41,24 @@ ApiError api_error_from(const Status& status, std::string param) {
 
 static std::string error_type_for(int http_status) {
   switch (http_status) {
-    case 400: return "BadRequestError";
-    case 401: return "AuthenticationError";
-    case 404: return "NotFoundError";
-    case 405: return "MethodNotAllowed";
-    case 413: return "RequestEntityTooLarge";
-    case 429: return "RateLimitError";
-    case 431: return "RequestHeaderFieldsTooLarge";
-    case 503: return "ServiceUnavailableError";
-    default: return http_status >= 500 ? "InternalServerError" : "BadRequestError";
+    case 400:
+      return "BadRequestError";
+    case 401:
+      return "AuthenticationError";
+    case 404:
+      return "NotFoundError";
+    case 405:
+      return "MethodNotAllowed";
+    case 413:
+      return "RequestEntityTooLarge";
+    case 429:
+      return "RateLimitError";
+    case 431:
+      return "RequestHeaderFieldsTooLarge";
+    case 503:
+      return "ServiceUnavailableError";
+    default:
+      return http_status >= 500 ? "InternalServerError" : "BadRequestError";
   }
 }
 
@@ -63,8 +79,8 @@ ApiResult<json> parse_json_body(const std::string& body) {
   try {
     json value = json::parse(body);
     if (!value.is_object()) {
-      return ApiError{400, fmt::format("request body must be a JSON object, got {}",
-                                       value.type_name()), ""};
+      return ApiError{
+          400, fmt::format("request body must be a JSON object, got {}", value.type_name()), ""};
     }
     return value;
   } catch (const json::exception& e) {
@@ -94,7 +110,8 @@ const json* field(const json& object, const char* name) {
 double read_number(const json& object, const char* name, double fallback) {
   const json* value = field(object, name);
   if (!value) return fallback;
-  if (!value->is_number()) fail(name, fmt::format("{} must be a number, got {}", name, value->type_name()));
+  if (!value->is_number())
+    fail(name, fmt::format("{} must be a number, got {}", name, value->type_name()));
   double number = value->get<double>();
   if (!std::isfinite(number)) fail(name, fmt::format("{} must be finite", name));
   return number;
@@ -126,14 +143,16 @@ std::optional<int64_t> read_integer(const json& object, const char* name) {
 bool read_bool(const json& object, const char* name, bool fallback) {
   const json* value = field(object, name);
   if (!value) return fallback;
-  if (!value->is_boolean()) fail(name, fmt::format("{} must be a boolean, got {}", name, value->type_name()));
+  if (!value->is_boolean())
+    fail(name, fmt::format("{} must be a boolean, got {}", name, value->type_name()));
   return value->get<bool>();
 }
 
 std::optional<std::string> read_string(const json& object, const char* name) {
   const json* value = field(object, name);
   if (!value) return std::nullopt;
-  if (!value->is_string()) fail(name, fmt::format("{} must be a string, got {}", name, value->type_name()));
+  if (!value->is_string())
+    fail(name, fmt::format("{} must be a string, got {}", name, value->type_name()));
   return value->get<std::string>();
 }
 
@@ -141,8 +160,8 @@ void check_range(const char* name, double value, double low, bool low_open, doub
                  bool high_open) {
   bool ok = (low_open ? value > low : value >= low) && (high_open ? value < high : value <= high);
   if (!ok) {
-    fail(name, fmt::format("{} must be in {}{}, {}{}, got {}", name, low_open ? "(" : "[", low, high,
-                           high_open ? ")" : "]", value));
+    fail(name, fmt::format("{} must be in {}{}, {}{}, got {}", name, low_open ? "(" : "[", low,
+                           high, high_open ? ")" : "]", value));
   }
 }
 
@@ -168,10 +187,11 @@ void reject_unsupported(const json& body) {
   auto unsupported = [](const char* name, const std::string& what) {
     fail(name, fmt::format("{} is not supported by this server ({})", name, what));
   };
-  for (const char* name : {"guided_json", "guided_regex", "guided_choice", "guided_grammar",
-                           "structured_outputs", "guided_decoding_backend", "prompt_embeds",
-                           "multi_modal_data", "lora_request", "suffix"}) {
-    if (field(body, name)) unsupported(name, "structured output, multimodal, LoRA and suffix are out of scope");
+  for (const char* name :
+       {"guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs",
+        "guided_decoding_backend", "prompt_embeds", "multi_modal_data", "lora_request", "suffix"}) {
+    if (field(body, name))
+      unsupported(name, "structured output, multimodal, LoRA and suffix are out of scope");
   }
   if (const json* format = field(body, "response_format")) {
     bool plain_text = format->is_object() && format->value("type", "") == "text";
@@ -191,11 +211,13 @@ std::vector<std::string> read_stop(const json& object, const char* name) {
     stop.push_back(value->get<std::string>());
   } else if (value->is_array()) {
     for (const json& element : *value) {
-      if (!element.is_string()) fail(name, fmt::format("{} must be a string or a list of strings", name));
+      if (!element.is_string())
+        fail(name, fmt::format("{} must be a string or a list of strings", name));
       stop.push_back(element.get<std::string>());
     }
   } else {
-    fail(name, fmt::format("{} must be a string or a list of strings, got {}", name, value->type_name()));
+    fail(name,
+         fmt::format("{} must be a string or a list of strings, got {}", name, value->type_name()));
   }
   for (const std::string& s : stop) {
     if (s.empty()) fail(name, fmt::format("{} strings must not be empty", name));
@@ -239,7 +261,8 @@ void read_sampling(const json& object, const ParseContext& context, const Sampli
     s.stop_token_ids = read_token_list(*ids, "stop_token_ids", context.model.vocab_size);
   }
   if (const json* bias = field(object, "logit_bias")) {
-    if (!bias->is_object()) fail("logit_bias", "logit_bias must be an object mapping token ids to biases");
+    if (!bias->is_object())
+      fail("logit_bias", "logit_bias must be an object mapping token ids to biases");
     for (auto it = bias->begin(); it != bias->end(); ++it) {
       int64_t id = 0;
       try {
@@ -250,8 +273,9 @@ void read_sampling(const json& object, const ParseContext& context, const Sampli
         fail("logit_bias", fmt::format("logit_bias key '{}' is not a token id", it.key()));
       }
       if (id < 0 || id >= context.model.vocab_size) {
-        fail("logit_bias", fmt::format("logit_bias: token id {} is out of range; valid ids are 0 .. {}",
-                                       id, context.model.vocab_size - 1));
+        fail("logit_bias",
+             fmt::format("logit_bias: token id {} is out of range; valid ids are 0 .. {}", id,
+                         context.model.vocab_size - 1));
       }
       if (!it->is_number()) fail("logit_bias", "logit_bias values must be numbers");
       double value = it->get<double>();
@@ -263,7 +287,8 @@ void read_sampling(const json& object, const ParseContext& context, const Sampli
   }
   if (auto min_tokens = read_integer(object, names.min_tokens)) {
     if (*min_tokens < 0 || *min_tokens > INT32_MAX) {
-      fail(names.min_tokens, fmt::format("{} must be at least 0, got {}", names.min_tokens, *min_tokens));
+      fail(names.min_tokens,
+           fmt::format("{} must be at least 0, got {}", names.min_tokens, *min_tokens));
     }
     s.min_tokens = static_cast<int>(*min_tokens);
   }
@@ -295,7 +320,8 @@ void resolve_max_tokens(const json& object, const ParseContext& context,
     }
   }
   int64_t longest_prompt = 0;
-  for (const PromptInput& p : request.prompts) longest_prompt = std::max<int64_t>(longest_prompt, p.ids.size());
+  for (const PromptInput& p : request.prompts)
+    longest_prompt = std::max<int64_t>(longest_prompt, p.ids.size());
   int64_t context_len = context.model.max_model_len;
   if (longest_prompt >= context_len) {
     fail("prompt", fmt::format("This model's maximum context length is {} tokens. However, your "
@@ -303,7 +329,8 @@ void resolve_max_tokens(const json& object, const ParseContext& context,
                                context_len, longest_prompt));
   }
   if (max_tokens) {
-    if (*max_tokens < 1) fail(used, fmt::format("{} must be at least 1, got {}", used, *max_tokens));
+    if (*max_tokens < 1)
+      fail(used, fmt::format("{} must be at least 1, got {}", used, *max_tokens));
     if (longest_prompt + *max_tokens > context_len) {
       fail(used, fmt::format("This model's maximum context length is {} tokens. However, you "
                              "requested {} tokens ({} in the prompt, {} in the completion). "
@@ -324,7 +351,8 @@ void resolve_max_tokens(const json& object, const ParseContext& context,
 
 void read_logprob_count(const json& object, const char* name, int& out) {
   if (auto value = read_integer(object, name)) {
-    if (*value < 0 || *value > 20) fail(name, fmt::format("{} must be in [0, 20], got {}", name, *value));
+    if (*value < 0 || *value > 20)
+      fail(name, fmt::format("{} must be in [0, 20], got {}", name, *value));
     out = static_cast<int>(*value);
   }
 }
@@ -375,8 +403,10 @@ void read_route_options(const json& object, const ParseContext& context, ApiRequ
 void check_model(const json& body, const ParseContext& context) {
   if (auto model = read_string(body, "model")) {
     if (*model != context.config.served_model_name) {
-      fail("model", fmt::format("The model `{}` does not exist; this server serves `{}`.", *model,
-                                context.config.served_model_name), 404);
+      fail("model",
+           fmt::format("The model `{}` does not exist; this server serves `{}`.", *model,
+                       context.config.served_model_name),
+           404);
     }
   }
 }
@@ -399,7 +429,8 @@ PromptInput prompt_from_ids(const json& value, const ParseContext& context, cons
 void check_prompts_nonempty(const ApiRequest& request, const char* param) {
   if (request.prompts.empty()) fail(param, fmt::format("{} must not be empty", param));
   for (const PromptInput& p : request.prompts) {
-    if (p.ids.empty()) fail(param, fmt::format("{} must not be empty (it encodes to zero tokens)", param));
+    if (p.ids.empty())
+      fail(param, fmt::format("{} must not be empty (it encodes to zero tokens)", param));
   }
 }
 
@@ -415,7 +446,8 @@ void read_stream_options(const json& body, ApiRequest& request) {
   request.stream = read_bool(body, "stream", false);
   if (const json* options = field(body, "stream_options")) {
     if (!options->is_object()) fail("stream_options", "stream_options must be an object");
-    if (!request.stream) fail("stream_options", "stream_options is only allowed when stream is true");
+    if (!request.stream)
+      fail("stream_options", "stream_options is only allowed when stream is true");
     request.include_usage = read_bool(*options, "include_usage", false);
     request.continuous_usage_stats = read_bool(*options, "continuous_usage_stats", false);
   }
@@ -444,9 +476,11 @@ ApiResult<ApiRequest> parse_completion_request(const json& body, const ParseCont
     reject_unsupported(body);
     bool add_special = read_bool(body, "add_special_tokens", true);
     const json* prompt = field(body, "prompt");
-    if (!prompt) fail("prompt", "prompt is required: a string, a list of token ids, or a list of either");
+    if (!prompt)
+      fail("prompt", "prompt is required: a string, a list of token ids, or a list of either");
     if (prompt->is_string()) {
-      request.prompts.push_back(prompt_from_text(prompt->get<std::string>(), add_special, context, "prompt"));
+      request.prompts.push_back(
+          prompt_from_text(prompt->get<std::string>(), add_special, context, "prompt"));
     } else if (prompt->is_array()) {
       if (prompt->empty()) fail("prompt", "prompt must not be empty");
       const json& first = prompt->front();
@@ -459,7 +493,8 @@ ApiResult<ApiRequest> parse_completion_request(const json& body, const ParseCont
         }
         for (const json& element : *prompt) {
           if (element.is_string()) {
-            request.prompts.push_back(prompt_from_text(element.get<std::string>(), add_special, context, "prompt"));
+            request.prompts.push_back(
+                prompt_from_text(element.get<std::string>(), add_special, context, "prompt"));
           } else if (element.is_array()) {
             request.prompts.push_back(prompt_from_ids(element, context, "prompt"));
           } else {
@@ -468,8 +503,9 @@ ApiResult<ApiRequest> parse_completion_request(const json& body, const ParseCont
         }
       }
     } else {
-      fail("prompt", fmt::format("prompt must be a string, a list of token ids, or a list of either, got {}",
-                                 prompt->type_name()));
+      fail("prompt",
+           fmt::format("prompt must be a string, a list of token ids, or a list of either, got {}",
+                       prompt->type_name()));
     }
     check_prompts_nonempty(request, "prompt");
     read_n(body, context, request);
@@ -510,8 +546,9 @@ static json normalize_messages(const json& messages) {
         for (const json& part : *content) {
           if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
               !part["text"].is_string()) {
-            fail("messages", where + ".content: only text parts are supported (multimodal input is "
-                                     "not supported by this server)");
+            fail("messages", where +
+                                 ".content: only text parts are supported (multimodal input is "
+                                 "not supported by this server)");
           }
           if (!text.empty()) text += "\n";
           text += part["text"].get<std::string>();
@@ -542,8 +579,9 @@ ApiResult<ApiRequest> parse_chat_request(const json& body, const ParseContext& c
     }
     if (const json* choice = field(body, "tool_choice")) {
       if (!(choice->is_string() && choice->get<std::string>() == "none")) {
-        fail("tool_choice", "tool_choice other than \"none\" is not supported (no tool-call parser); "
-                            "tools are rendered into the prompt only");
+        fail("tool_choice",
+             "tool_choice other than \"none\" is not supported (no tool-call parser); "
+             "tools are rendered into the prompt only");
       }
     }
     bool add_generation_prompt = read_bool(body, "add_generation_prompt", true);
@@ -558,16 +596,19 @@ ApiResult<ApiRequest> parse_chat_request(const json& body, const ParseContext& c
       kwargs = *k;
     }
     if (field(body, "chat_template")) {
-      fail("chat_template", "a per-request chat_template is not supported; the model's own is used");
+      fail("chat_template",
+           "a per-request chat_template is not supported; the model's own is used");
     }
-    Result<std::string> rendered = context.codec.render_chat(messages, tools, add_generation_prompt, kwargs);
+    Result<std::string> rendered =
+        context.codec.render_chat(messages, tools, add_generation_prompt, kwargs);
     if (!rendered) fail("messages", fmt::format("chat template: {}", rendered.message()));
     std::string prompt_text = std::move(rendered).value();
     if (continue_final) {
       // Cut the rendered prompt right after the final message's content (drops its end marker).
       const json& last = messages.back();
       std::string content = last.contains("content") && last["content"].is_string()
-                                ? last["content"].get<std::string>() : "";
+                                ? last["content"].get<std::string>()
+                                : "";
       size_t at = content.empty() ? std::string::npos : prompt_text.rfind(content);
       if (at != std::string::npos) prompt_text.resize(at + content.size());
     }
@@ -585,7 +626,8 @@ ApiResult<ApiRequest> parse_chat_request(const json& body, const ParseContext& c
     }
     read_logprob_count(body, "prompt_logprobs", request.sampling.prompt_logprobs);
     request.echo = read_bool(body, "echo", false);
-    if (request.echo && messages.back().contains("content") && messages.back()["content"].is_string()) {
+    if (request.echo && messages.back().contains("content") &&
+        messages.back()["content"].is_string()) {
       request.echo_text = messages.back()["content"].get<std::string>();
     }
     request.return_token_ids = read_bool(body, "return_token_ids", false);
@@ -606,12 +648,14 @@ ApiResult<ApiRequest> parse_generate_request(const json& body, const ParseContex
     if ((text != nullptr) == (input_ids != nullptr)) {
       fail(text ? "text" : "input_ids", "exactly one of text and input_ids is required");
     }
-    for (const char* name : {"image_data", "audio_data", "video_data", "input_embeds", "lora_path"}) {
+    for (const char* name :
+         {"image_data", "audio_data", "video_data", "input_embeds", "lora_path"}) {
       if (field(body, name)) fail(name, fmt::format("{} is not supported by this server", name));
     }
     if (text) {
       if (text->is_string()) {
-        request.prompts.push_back(prompt_from_text(text->get<std::string>(), true, context, "text"));
+        request.prompts.push_back(
+            prompt_from_text(text->get<std::string>(), true, context, "text"));
       } else if (text->is_array() && !text->empty()) {
         request.batch_input = true;
         if (text->size() > static_cast<size_t>(context.config.max_n)) {
@@ -619,7 +663,8 @@ ApiResult<ApiRequest> parse_generate_request(const json& body, const ParseContex
         }
         for (const json& element : *text) {
           if (!element.is_string()) fail("text", "text must be a string or a list of strings");
-          request.prompts.push_back(prompt_from_text(element.get<std::string>(), true, context, "text"));
+          request.prompts.push_back(
+              prompt_from_text(element.get<std::string>(), true, context, "text"));
         }
       } else {
         fail("text", "text must be a string or a non-empty list of strings");
@@ -633,7 +678,8 @@ ApiResult<ApiRequest> parse_generate_request(const json& body, const ParseContex
         if (input_ids->size() > static_cast<size_t>(context.config.max_n)) {
           fail("input_ids", fmt::format("at most {} prompts per request", context.config.max_n));
         }
-        for (const json& element : *input_ids) request.prompts.push_back(prompt_from_ids(element, context, "input_ids"));
+        for (const json& element : *input_ids)
+          request.prompts.push_back(prompt_from_ids(element, context, "input_ids"));
       } else {
         request.prompts.push_back(prompt_from_ids(*input_ids, context, "input_ids"));
       }
@@ -646,10 +692,11 @@ ApiResult<ApiRequest> parse_generate_request(const json& body, const ParseContex
     }
     read_n(sampling, context, request);
     check_choice_count(request, context);
-    read_sampling(sampling, context, SamplingNames{"max_new_tokens", "min_new_tokens", "sampling_seed"},
-                  request);
+    read_sampling(sampling, context,
+                  SamplingNames{"max_new_tokens", "min_new_tokens", "sampling_seed"}, request);
     if (!request.sampling.seed) {
-      if (auto seed = read_integer(sampling, "seed")) request.sampling.seed = static_cast<uint64_t>(*seed);
+      if (auto seed = read_integer(sampling, "seed"))
+        request.sampling.seed = static_cast<uint64_t>(*seed);
     }
     if (read_bool(sampling, "no_stop_trim", false)) request.include_stop_str_in_output = true;
     resolve_max_tokens(sampling, context, {"max_new_tokens"}, 128, request);
@@ -715,7 +762,8 @@ Result<moe::RouteArray> decode_replay(const std::string& base64_npy, bool moe_on
   if (!bytes) return Status::errorf("{} is not valid base64: {}", name, bytes.message());
   Result<NpyArray> array = npy_decode(*bytes);
   if (!array) return Status::errorf("{} is not a valid .npy file: {}", name, array.message());
-  int64_t layers = moe_only ? static_cast<int64_t>(model.moe_layers.size()) : model.num_hidden_layers;
+  int64_t layers =
+      moe_only ? static_cast<int64_t>(model.moe_layers.size()) : model.num_hidden_layers;
   const std::vector<int64_t>& shape = array->shape;
   if (shape.size() != 3 || shape[1] != layers || shape[2] != model.top_k) {
     std::string got;
@@ -751,7 +799,8 @@ Result<moe::RouteArray> decode_replay(const std::string& base64_npy, bool moe_on
                                   name, row, j, ids[k]);
           }
         }
-        out.ids[static_cast<size_t>((row * out.layers + layer) * k_count + k)] = static_cast<int32_t>(ids[k]);
+        out.ids[static_cast<size_t>((row * out.layers + layer) * k_count + k)] =
+            static_cast<int32_t>(ids[k]);
       }
     }
   }
@@ -763,7 +812,9 @@ Result<moe::RouteArray> decode_replay(const std::string& base64_npy, bool moe_on
 
 ChoiceText::ChoiceText(std::unique_ptr<TokenStream> stream, std::vector<std::string> stop,
                        bool include_stop_str_in_output)
-    : stream_(std::move(stream)), stop_(std::move(stop)), include_stop_(include_stop_str_in_output) {
+    : stream_(std::move(stream)),
+      stop_(std::move(stop)),
+      include_stop_(include_stop_str_in_output) {
   for (const std::string& s : stop_) longest_stop_ = std::max(longest_stop_, s.size());
 }
 
@@ -829,11 +880,16 @@ std::string ChoiceText::take_safe(bool final) {
 
 std::string finish_reason_name(engine::FinishReason reason) {
   switch (reason) {
-    case engine::FinishReason::kStop: return "stop";
-    case engine::FinishReason::kLength: return "length";
-    case engine::FinishReason::kAbort: return "abort";
-    case engine::FinishReason::kError: return "error";
-    case engine::FinishReason::kNone: return "";
+    case engine::FinishReason::kStop:
+      return "stop";
+    case engine::FinishReason::kLength:
+      return "length";
+    case engine::FinishReason::kAbort:
+      return "abort";
+    case engine::FinishReason::kError:
+      return "error";
+    case engine::FinishReason::kNone:
+      return "";
   }
   return "";
 }
@@ -857,8 +913,10 @@ static json bytes_of(const std::string& text) {
 static json completion_logprobs(const ResponseContext& context,
                                 const std::vector<engine::TokenLogprob>& logprobs,
                                 int64_t text_offset) {
-  json out = {{"text_offset", json::array()}, {"token_logprobs", json::array()},
-              {"tokens", json::array()}, {"top_logprobs", json::array()}};
+  json out = {{"text_offset", json::array()},
+              {"token_logprobs", json::array()},
+              {"tokens", json::array()},
+              {"top_logprobs", json::array()}};
   int64_t offset = text_offset;
   for (const engine::TokenLogprob& lp : logprobs) {
     std::string token = token_string(context, lp.token_id);
@@ -867,7 +925,8 @@ static json completion_logprobs(const ResponseContext& context,
     out["token_logprobs"].push_back(lp.logprob);
     out["tokens"].push_back(token);
     json top = json::object();
-    for (const engine::TopLogprob& alt : lp.top) top[token_string(context, alt.token_id)] = alt.logprob;
+    for (const engine::TopLogprob& alt : lp.top)
+      top[token_string(context, alt.token_id)] = alt.logprob;
     out["top_logprobs"].push_back(std::move(top));
   }
   return out;
@@ -881,9 +940,12 @@ static json chat_logprobs(const ResponseContext& context,
     json top = json::array();
     for (const engine::TopLogprob& alt : lp.top) {
       std::string alt_token = token_string(context, alt.token_id);
-      top.push_back({{"token", alt_token}, {"logprob", alt.logprob}, {"bytes", bytes_of(alt_token)}});
+      top.push_back(
+          {{"token", alt_token}, {"logprob", alt.logprob}, {"bytes", bytes_of(alt_token)}});
     }
-    content.push_back({{"token", token}, {"logprob", lp.logprob}, {"bytes", bytes_of(token)},
+    content.push_back({{"token", token},
+                       {"logprob", lp.logprob},
+                       {"bytes", bytes_of(token)},
                        {"top_logprobs", std::move(top)}});
   }
   return json{{"content", std::move(content)}};
@@ -900,10 +962,12 @@ static json prompt_logprobs_json(const ResponseContext& context,
     for (size_t i = 0; i < lp.top.size(); ++i) {
       if (lp.top[i].token_id == lp.token_id) rank = static_cast<int>(i + 1);
       position[std::to_string(lp.top[i].token_id)] = {
-          {"logprob", lp.top[i].logprob}, {"rank", static_cast<int>(i + 1)},
+          {"logprob", lp.top[i].logprob},
+          {"rank", static_cast<int>(i + 1)},
           {"decoded_token", token_string(context, lp.top[i].token_id)}};
     }
-    position[std::to_string(lp.token_id)] = {{"logprob", lp.logprob}, {"rank", rank},
+    position[std::to_string(lp.token_id)] = {{"logprob", lp.logprob},
+                                             {"rank", rank},
                                              {"decoded_token", token_string(context, lp.token_id)}};
     out.push_back(std::move(position));
   }
@@ -929,7 +993,8 @@ json usage_json(const ApiRequest& request, const std::vector<ChoiceResult>& choi
               {"prompt_tokens_details", {{"cached_tokens", cached}}}};
 }
 
-static void add_final_fields(const ResponseContext& context, const ChoiceResult& result, json& choice) {
+static void add_final_fields(const ResponseContext& context, const ChoiceResult& result,
+                             json& choice) {
   choice["finish_reason"] = finish_json(result.finish_reason);
   choice["stop_reason"] = result.stop_reason;
   if (context.request.routes.return_routes && result.routes) {
@@ -946,19 +1011,25 @@ json completion_response(const ResponseContext& context, const std::vector<Choic
     std::string text = request.echo ? prompt.text + result.text : result.text;
     json choice = {{"index", i}, {"text", text}};
     choice["logprobs"] = request.sampling.logprobs >= 0
-                             ? completion_logprobs(context, result.logprobs, 0) : json(nullptr);
+                             ? completion_logprobs(context, result.logprobs, 0)
+                             : json(nullptr);
     add_final_fields(context, result, choice);
     choice["prompt_logprobs"] = request.sampling.prompt_logprobs >= 0
-                                    ? prompt_logprobs_json(context, result.prompt_logprobs) : json(nullptr);
+                                    ? prompt_logprobs_json(context, result.prompt_logprobs)
+                                    : json(nullptr);
     if (request.return_token_ids) {
       choice["prompt_token_ids"] = prompt.ids;
       choice["token_ids"] = result.token_ids;
     }
     out_choices.push_back(std::move(choice));
   }
-  return json{{"id", context.id}, {"object", "text_completion"}, {"created", context.created},
-              {"model", context.config.served_model_name}, {"choices", std::move(out_choices)},
-              {"usage", usage_json(request, choices)}, {"system_fingerprint", nullptr}};
+  return json{{"id", context.id},
+              {"object", "text_completion"},
+              {"created", context.created},
+              {"model", context.config.served_model_name},
+              {"choices", std::move(out_choices)},
+              {"usage", usage_json(request, choices)},
+              {"system_fingerprint", nullptr}};
 }
 
 json chat_response(const ResponseContext& context, const std::vector<ChoiceResult>& choices) {
@@ -967,18 +1038,24 @@ json chat_response(const ResponseContext& context, const std::vector<ChoiceResul
   for (size_t i = 0; i < choices.size(); ++i) {
     const ChoiceResult& result = choices[i];
     std::string text = request.echo ? request.echo_text + result.text : result.text;
-    json message = {{"role", "assistant"}, {"content", text}, {"reasoning_content", nullptr},
+    json message = {{"role", "assistant"},
+                    {"content", text},
+                    {"reasoning_content", nullptr},
                     {"tool_calls", json::array()}};
     json choice = {{"index", i}, {"message", std::move(message)}};
-    choice["logprobs"] = request.sampling.logprobs >= 0 ? chat_logprobs(context, result.logprobs)
-                                                        : json(nullptr);
+    choice["logprobs"] =
+        request.sampling.logprobs >= 0 ? chat_logprobs(context, result.logprobs) : json(nullptr);
     add_final_fields(context, result, choice);
     if (request.return_token_ids) choice["token_ids"] = result.token_ids;
     out_choices.push_back(std::move(choice));
   }
-  json out = {{"id", context.id}, {"object", "chat.completion"}, {"created", context.created},
-              {"model", context.config.served_model_name}, {"choices", std::move(out_choices)},
-              {"usage", usage_json(request, choices)}, {"system_fingerprint", nullptr}};
+  json out = {{"id", context.id},
+              {"object", "chat.completion"},
+              {"created", context.created},
+              {"model", context.config.served_model_name},
+              {"choices", std::move(out_choices)},
+              {"usage", usage_json(request, choices)},
+              {"system_fingerprint", nullptr}};
   if (request.sampling.prompt_logprobs >= 0 && !choices.empty()) {
     out["prompt_logprobs"] = prompt_logprobs_json(context, choices[0].prompt_logprobs);
   }
@@ -1018,19 +1095,23 @@ json generate_response(const ResponseContext& context, const std::vector<ChoiceR
                  {"e2e_latency", e2e_latency_s}};
     if (request.return_logprob) {
       json output = json::array();
-      for (const engine::TokenLogprob& lp : result.logprobs) output.push_back({lp.logprob, lp.token_id, nullptr});
+      for (const engine::TokenLogprob& lp : result.logprobs)
+        output.push_back({lp.logprob, lp.token_id, nullptr});
       meta["output_token_logprobs"] = std::move(output);
       if (request.sampling.prompt_logprobs >= 0) {
         json input = json::array();
-        input.push_back({nullptr, prompt.ids.empty() ? json(nullptr) : json(prompt.ids[0]), nullptr});
-        for (const engine::TokenLogprob& lp : result.prompt_logprobs) input.push_back({lp.logprob, lp.token_id, nullptr});
+        input.push_back(
+            {nullptr, prompt.ids.empty() ? json(nullptr) : json(prompt.ids[0]), nullptr});
+        for (const engine::TokenLogprob& lp : result.prompt_logprobs)
+          input.push_back({lp.logprob, lp.token_id, nullptr});
         meta["input_token_logprobs"] = std::move(input);
       }
     }
     if (request.routes.return_routes && result.routes) {
       meta["routed_experts"] = encode_routes_int32_base64(*result.routes);
     }
-    items.push_back({{"text", result.text}, {"output_ids", result.token_ids}, {"meta_info", std::move(meta)}});
+    items.push_back(
+        {{"text", result.text}, {"output_ids", result.token_ids}, {"meta_info", std::move(meta)}});
   }
   if (items.size() == 1 && !request.batch_input) return items[0];
   return items;
@@ -1043,7 +1124,8 @@ json completion_chunk(const ResponseContext& context, int index, const std::stri
   const ApiRequest& request = context.request;
   json choice = {{"index", index}, {"text", text}};
   choice["logprobs"] = request.sampling.logprobs >= 0
-                           ? completion_logprobs(context, logprobs, text_offset) : json(nullptr);
+                           ? completion_logprobs(context, logprobs, text_offset)
+                           : json(nullptr);
   if (final) {
     add_final_fields(context, *final, choice);
   } else {
@@ -1051,8 +1133,11 @@ json completion_chunk(const ResponseContext& context, int index, const std::stri
     choice["stop_reason"] = nullptr;
   }
   if (request.return_token_ids) choice["token_ids"] = token_ids;
-  return json{{"id", context.id}, {"object", "text_completion"}, {"created", context.created},
-              {"model", context.config.served_model_name}, {"choices", json::array({std::move(choice)})}};
+  return json{{"id", context.id},
+              {"object", "text_completion"},
+              {"created", context.created},
+              {"model", context.config.served_model_name},
+              {"choices", json::array({std::move(choice)})}};
 }
 
 json chat_chunk(const ResponseContext& context, int index, bool first, const std::string& text,
@@ -1064,22 +1149,27 @@ json chat_chunk(const ResponseContext& context, int index, bool first, const std
   delta["content"] = text;
   json choice = {{"index", index}, {"delta", std::move(delta)}};
   choice["logprobs"] = request.sampling.logprobs >= 0 && !logprobs.empty()
-                           ? chat_logprobs(context, logprobs) : json(nullptr);
+                           ? chat_logprobs(context, logprobs)
+                           : json(nullptr);
   if (final) {
     add_final_fields(context, *final, choice);
   } else {
     choice["finish_reason"] = nullptr;
   }
   if (request.return_token_ids) choice["token_ids"] = token_ids;
-  return json{{"id", context.id}, {"object", "chat.completion.chunk"}, {"created", context.created},
-              {"model", context.config.served_model_name}, {"choices", json::array({std::move(choice)})}};
+  return json{{"id", context.id},
+              {"object", "chat.completion.chunk"},
+              {"created", context.created},
+              {"model", context.config.served_model_name},
+              {"choices", json::array({std::move(choice)})}};
 }
 
 json usage_chunk(const ResponseContext& context, const json& usage) {
   bool chat = context.request.endpoint == Endpoint::kChat;
-  return json{{"id", context.id}, {"object", chat ? "chat.completion.chunk" : "text_completion"},
-              {"created", context.created}, {"model", context.config.served_model_name},
-              {"choices", json::array()}, {"usage", usage}};
+  return json{
+      {"id", context.id},           {"object", chat ? "chat.completion.chunk" : "text_completion"},
+      {"created", context.created}, {"model", context.config.served_model_name},
+      {"choices", json::array()},   {"usage", usage}};
 }
 
 json models_response(const ServerConfig& config, const engine::ModelInfo& model, int64_t created) {

@@ -30,7 +30,7 @@ json error_body(const ApiError& error);
 
 template <typename T>
 struct ApiResult {
-  ApiResult(T v) : value(std::move(v)) {}  // NOLINT: implicit by design
+  ApiResult(T v) : value(std::move(v)) {}         // NOLINT: implicit by design
   ApiResult(ApiError e) : error(std::move(e)) {}  // NOLINT
   bool is_ok() const { return value.has_value(); }
   std::optional<T> value;
@@ -118,9 +118,9 @@ class ChoiceText {
   std::vector<std::string> stop_;
   bool include_stop_;
   size_t longest_stop_ = 0;
-  std::string text_;       // all text so far (trimmed at a stop match)
-  size_t emitted_ = 0;     // bytes of text_ already returned
-  size_t searched_ = 0;    // stop strings cannot end before this offset
+  std::string text_;     // all text so far (trimmed at a stop match)
+  size_t emitted_ = 0;   // bytes of text_ already returned
+  size_t searched_ = 0;  // stop strings cannot end before this offset
   bool stopped_ = false;
   std::string matched_;
 };
@@ -133,7 +133,7 @@ struct ChoiceResult {
   std::vector<engine::TokenLogprob> prompt_logprobs;
   int64_t cached_prompt_tokens = 0;
   engine::FinishReason finish_reason = engine::FinishReason::kNone;
-  json stop_reason;  // null, the matched stop token id, or the stop string
+  json stop_reason;                       // null, the matched stop token id, or the stop string
   std::optional<moe::RouteArray> routes;  // already selected (start / layers)
 };
 

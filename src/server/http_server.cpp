@@ -15,10 +15,10 @@
 #include <unordered_map>
 #include <utility>  // before Asio: Boost 1.74's awaitable.hpp uses std::exchange without it
 
+#include <fmt/format.h>
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
-#include <fmt/format.h>
 
 #include "server/api.h"
 #include "server/metrics.h"
@@ -48,7 +48,8 @@ std::string random_hex(size_t length) {
 
 int64_t unix_seconds() {
   return std::chrono::duration_cast<std::chrono::seconds>(
-             std::chrono::system_clock::now().time_since_epoch()).count();
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
 }
 
 double seconds_between(Clock::time_point from, Clock::time_point to) {
@@ -74,7 +75,9 @@ std::string http_chunk(std::string_view data) {
   return fmt::format("{:x}\r\n", data.size()) + std::string(data) + "\r\n";
 }
 
-std::string sse_event(const json& value) { return "data: " + dump_json(value) + "\n\n"; }
+std::string sse_event(const json& value) {
+  return "data: " + dump_json(value) + "\n\n";
+}
 
 // What the engine thread hands to the strand for one event of one choice.
 struct ChoiceUpdate {
@@ -170,8 +173,7 @@ struct Job {
 
 class Session : public std::enable_shared_from_this<Session> {
  public:
-  Session(tcp::socket socket, Server::Impl& server)
-      : stream_(std::move(socket)), server_(server) {}
+  Session(tcp::socket socket, Server::Impl& server) : stream_(std::move(socket)), server_(server) {}
   ~Session() { cancel_job(); }
 
   void run() {
@@ -197,7 +199,9 @@ class Session : public std::enable_shared_from_this<Session> {
   void handle_blocking(std::function<Status(engine::Engine&)> work, std::string ok_message);
 
   void send(int status, std::string_view content_type, std::string body);
-  void send_json(int status, const json& body) { send(status, "application/json", dump_json(body)); }
+  void send_json(int status, const json& body) {
+    send(status, "application/json", dump_json(body));
+  }
   void send_error(const ApiError& error) { send_json(error.http_status, error_body(error)); }
   void send_error(int status, std::string message, std::string param = "") {
     send_error(ApiError{status, std::move(message), std::move(param)});
@@ -214,8 +218,8 @@ class Session : public std::enable_shared_from_this<Session> {
   void stream_update(Job& job, ChoiceSlot& slot, size_t index, const ChoiceUpdate& update);
   void finish_job(const std::shared_ptr<Job>& job);
   ResponseContext response_context(const Job& job) const {
-    return ResponseContext{job.request, server_.config, server_.model, *server_.codec.load(),
-                           job.id, job.created};
+    return ResponseContext{job.request,           server_.config, server_.model,
+                           *server_.codec.load(), job.id,         job.created};
   }
 
   beast::tcp_stream stream_;
@@ -225,7 +229,7 @@ class Session : public std::enable_shared_from_this<Session> {
   bool keep_alive_ = true;
   bool close_after_write_ = false;
   bool closed_ = false;
-  bool responding_ = false;   // a response (or stream) is in progress
+  bool responding_ = false;     // a response (or stream) is in progress
   bool response_done_ = false;  // the last bytes of it are queued
   bool writing_ = false;
   bool watching_ = false;
@@ -242,14 +246,16 @@ void Session::read_header() {
   parser_->header_limit(static_cast<std::uint32_t>(server_.config.max_header_bytes));
   parser_->body_limit(static_cast<std::uint64_t>(server_.config.max_request_bytes));
   stream_.expires_after(kIdleTimeout);
-  http::async_read_header(stream_, buffer_, *parser_,
-                          [self = shared_from_this()](beast::error_code ec, size_t) { self->on_header(ec); });
+  http::async_read_header(
+      stream_, buffer_, *parser_,
+      [self = shared_from_this()](beast::error_code ec, size_t) { self->on_header(ec); });
 }
 
 void Session::on_header(beast::error_code ec) {
   if (ec == http::error::header_limit) {
     close_after_write_ = true;
-    return send_error(431, fmt::format("request headers exceed {} bytes", server_.config.max_header_bytes));
+    return send_error(
+        431, fmt::format("request headers exceed {} bytes", server_.config.max_header_bytes));
   }
   if (ec == http::error::body_limit) {
     close_after_write_ = true;
@@ -271,8 +277,9 @@ void Session::on_header(beast::error_code ec) {
     enqueue("HTTP/1.1 100 Continue\r\n\r\n");
   }
   stream_.expires_after(kBodyTimeout);
-  http::async_read(stream_, buffer_, *parser_,
-                   [self = shared_from_this()](beast::error_code ec, size_t) { self->on_body(ec); });
+  http::async_read(
+      stream_, buffer_, *parser_,
+      [self = shared_from_this()](beast::error_code ec, size_t) { self->on_body(ec); });
 }
 
 void Session::on_body(beast::error_code ec) {
@@ -309,7 +316,8 @@ void Session::handle(http::request<http::string_body> request) {
     std::string expected = "Bearer " + server_.config.api_key;
     auto given = request[http::field::authorization];
     if (given != expected) {
-      return send_error(401, "invalid or missing API key: send the header 'Authorization: Bearer <key>'");
+      return send_error(
+          401, "invalid or missing API key: send the header 'Authorization: Bearer <key>'");
     }
   }
 
@@ -319,14 +327,22 @@ void Session::handle(http::request<http::string_body> request) {
     bool post;
   };
   static const Route kRoutes[] = {
-      {"/health", true, false},        {"/v1/models", true, false},
-      {"/metrics", true, false},       {"/version", true, false},
-      {"/v1/completions", false, true}, {"/v1/chat/completions", false, true},
-      {"/generate", false, true},      {"/tokenize", false, true},
-      {"/detokenize", false, true},    {"/abort_request", false, true},
-      {"/flush_cache", true, true},    {"/update_weights_from_disk", false, true},
-      {"/v1/embeddings", false, true}, {"/v1/responses", false, true},
-      {"/v1/audio/transcriptions", false, true}, {"/pooling", false, true},
+      {"/health", true, false},
+      {"/v1/models", true, false},
+      {"/metrics", true, false},
+      {"/version", true, false},
+      {"/v1/completions", false, true},
+      {"/v1/chat/completions", false, true},
+      {"/generate", false, true},
+      {"/tokenize", false, true},
+      {"/detokenize", false, true},
+      {"/abort_request", false, true},
+      {"/flush_cache", true, true},
+      {"/update_weights_from_disk", false, true},
+      {"/v1/embeddings", false, true},
+      {"/v1/responses", false, true},
+      {"/v1/audio/transcriptions", false, true},
+      {"/pooling", false, true},
   };
   const Route* route = nullptr;
   for (const Route& r : kRoutes) {
@@ -354,7 +370,8 @@ void Session::handle(http::request<http::string_body> request) {
     return send(200, "text/plain; version=0.0.4",
                 server_.metrics.render(server_.config.served_model_name, engine->metrics()));
   }
-  if (path == "/v1/models") return send_json(200, models_response(server_.config, server_.model, unix_seconds()));
+  if (path == "/v1/models")
+    return send_json(200, models_response(server_.config, server_.model, unix_seconds()));
 
   if (server_.draining) return send_error(503, "server is shutting down");
   if (path == "/v1/completions") return handle_generation(request, Endpoint::kCompletions);
@@ -371,8 +388,10 @@ void Session::handle(http::request<http::string_body> request) {
   if (path == "/abort_request") return handle_abort(*body.value);
   if (path == "/update_weights_from_disk") {
     const json& b = *body.value;
-    if (!b.contains("model_path") || !b["model_path"].is_string() || b["model_path"].get<std::string>().empty()) {
-      return send_error(400, "model_path is required: a directory with the new weights", "model_path");
+    if (!b.contains("model_path") || !b["model_path"].is_string() ||
+        b["model_path"].get<std::string>().empty()) {
+      return send_error(400, "model_path is required: a directory with the new weights",
+                        "model_path");
     }
     std::string model_path = b["model_path"].get<std::string>();
     return handle_blocking(
@@ -424,13 +443,15 @@ void Session::handle_tokenize(const json& body) {
       }
       add_special = body["add_special_tokens"].get<bool>();
     }
-    Result<std::vector<int32_t>> encoded = codec.encode(body["prompt"].get<std::string>(), add_special);
+    Result<std::vector<int32_t>> encoded =
+        codec.encode(body["prompt"].get<std::string>(), add_special);
     if (!encoded) return send_error(400, encoded.message(), "prompt");
     ids = std::move(encoded).value();
   } else {
     return send_error(400, "tokenize needs prompt (a string) or messages", "prompt");
   }
-  json out = {{"count", ids.size()}, {"max_model_len", server_.model.max_model_len}, {"tokens", ids}};
+  json out = {
+      {"count", ids.size()}, {"max_model_len", server_.model.max_model_len}, {"tokens", ids}};
   if (body.value("return_token_strs", false)) {
     json strs = json::array();
     for (int32_t id : ids) strs.push_back(codec.token_text(id));
@@ -447,9 +468,12 @@ void Session::handle_detokenize(const json& body) {
   }
   std::vector<int32_t> ids;
   for (const json& t : body["tokens"]) {
-    if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= server_.model.vocab_size) {
-      return send_error(400, fmt::format("tokens: every id must be an integer in [0, {})",
-                                         server_.model.vocab_size), "tokens");
+    if (!t.is_number_integer() || t.get<int64_t>() < 0 ||
+        t.get<int64_t>() >= server_.model.vocab_size) {
+      return send_error(
+          400,
+          fmt::format("tokens: every id must be an integer in [0, {})", server_.model.vocab_size),
+          "tokens");
     }
     ids.push_back(t.get<int32_t>());
   }
@@ -458,8 +482,10 @@ void Session::handle_detokenize(const json& body) {
 
 void Session::handle_abort(const json& body) {
   bool all = body.value("abort_all", false);
-  std::string rid = body.contains("rid") && body["rid"].is_string() ? body["rid"].get<std::string>() : "";
-  if (!all && rid.empty()) return send_error(400, "abort_request needs rid (a request id) or abort_all", "rid");
+  std::string rid =
+      body.contains("rid") && body["rid"].is_string() ? body["rid"].get<std::string>() : "";
+  if (!all && rid.empty())
+    return send_error(400, "abort_request needs rid (a request id) or abort_all", "rid");
   if (all) {
     server_.abort_all();
     return send_json(200, json{{"success", true}});
@@ -478,14 +504,16 @@ void Session::handle_abort(const json& body) {
 // ---------------------------------------------------------------------------------------------
 // Generation.
 
-void Session::handle_generation(const http::request<http::string_body>& http_request, Endpoint endpoint) {
+void Session::handle_generation(const http::request<http::string_body>& http_request,
+                                Endpoint endpoint) {
   ApiResult<json> body = parse_json_body(http_request.body());
   if (!body.is_ok()) return send_error(body.error);
   const TextCodec& codec = *server_.codec.load();
   ParseContext context{server_.config, server_.model, codec};
-  ApiResult<ApiRequest> parsed = endpoint == Endpoint::kCompletions ? parse_completion_request(*body.value, context)
-                                 : endpoint == Endpoint::kChat      ? parse_chat_request(*body.value, context)
-                                                                    : parse_generate_request(*body.value, context);
+  ApiResult<ApiRequest> parsed =
+      endpoint == Endpoint::kCompletions ? parse_completion_request(*body.value, context)
+      : endpoint == Endpoint::kChat      ? parse_chat_request(*body.value, context)
+                                         : parse_generate_request(*body.value, context);
   if (!parsed.is_ok()) return send_error(parsed.error);
   body.value.reset();  // a 64 MB replay body need not stay around while we generate
 
@@ -495,8 +523,11 @@ void Session::handle_generation(const http::request<http::string_body>& http_req
     auto header = http_request["X-Request-Id"];
     if (!header.empty()) request.rid = std::string(header);
   }
-  const char* prefix = endpoint == Endpoint::kChat ? "chatcmpl-" : endpoint == Endpoint::kCompletions ? "cmpl-" : "";
-  job->id = endpoint == Endpoint::kGenerate && !request.rid.empty() ? request.rid : prefix + random_hex(32);
+  const char* prefix = endpoint == Endpoint::kChat          ? "chatcmpl-"
+                       : endpoint == Endpoint::kCompletions ? "cmpl-"
+                                                            : "";
+  job->id = endpoint == Endpoint::kGenerate && !request.rid.empty() ? request.rid
+                                                                    : prefix + random_hex(32);
   job->created = unix_seconds();
   job->arrival = Clock::now();
   job->session = weak_from_this();
@@ -510,8 +541,8 @@ void Session::handle_generation(const http::request<http::string_body>& http_req
   size_t total = request.prompts.size() * static_cast<size_t>(request.n);
   job->choices.resize(total);
   for (ChoiceSlot& slot : job->choices) {
-    slot.text = std::make_unique<ChoiceText>(codec.stream(request.skip_special_tokens), request.stop,
-                                             request.include_stop_str_in_output);
+    slot.text = std::make_unique<ChoiceText>(codec.stream(request.skip_special_tokens),
+                                             request.stop, request.include_stop_str_in_output);
   }
   job_ = job;
   server_.register_job(job);
@@ -567,7 +598,8 @@ void Session::on_update(const std::shared_ptr<Job>& job, ChoiceUpdate& update) {
   ChoiceSlot& slot = job->choices[update.choice];
   if (slot.finished) return;
   ChoiceResult& result = slot.result;
-  if (!update.token_ids.empty() && slot.first_token_at == Clock::time_point{}) slot.first_token_at = update.at;
+  if (!update.token_ids.empty() && slot.first_token_at == Clock::time_point{})
+    slot.first_token_at = update.at;
   result.text += update.text;
   result.token_ids.insert(result.token_ids.end(), update.token_ids.begin(), update.token_ids.end());
   result.logprobs.insert(result.logprobs.end(), update.logprobs.begin(), update.logprobs.end());
@@ -581,9 +613,9 @@ void Session::on_update(const std::shared_ptr<Job>& job, ChoiceUpdate& update) {
     if (!update.matched_stop.empty()) {
       result.finish_reason = engine::FinishReason::kStop;
       result.stop_reason = update.matched_stop;
-    } else if (update.stop_token_id &&
-               (job->request.endpoint == Endpoint::kGenerate ||
-                std::find(stop_ids.begin(), stop_ids.end(), *update.stop_token_id) != stop_ids.end())) {
+    } else if (update.stop_token_id && (job->request.endpoint == Endpoint::kGenerate ||
+                                        std::find(stop_ids.begin(), stop_ids.end(),
+                                                  *update.stop_token_id) != stop_ids.end())) {
       result.stop_reason = *update.stop_token_id;
     }
     if (update.routes && job->request.routes.return_routes) {
@@ -595,7 +627,9 @@ void Session::on_update(const std::shared_ptr<Job>& job, ChoiceUpdate& update) {
                                         : update.error);
       if (job->failure->http_status < 500) job->failure->http_status = 500;
     }
-    double ttft = slot.first_token_at == Clock::time_point{} ? -1 : seconds_between(job->arrival, slot.first_token_at);
+    double ttft = slot.first_token_at == Clock::time_point{}
+                      ? -1
+                      : seconds_between(job->arrival, slot.first_token_at);
     server_.metrics.record_choice(ttft, seconds_between(job->arrival, update.at),
                                   static_cast<int64_t>(result.token_ids.size()),
                                   finish_reason_name(result.finish_reason));
@@ -607,7 +641,8 @@ void Session::on_update(const std::shared_ptr<Job>& job, ChoiceUpdate& update) {
 void Session::stream_update(Job& job, ChoiceSlot& slot, size_t index, const ChoiceUpdate& update) {
   ResponseContext context = response_context(job);
   const ApiRequest& request = job.request;
-  if (update.finished && update.finish_reason == engine::FinishReason::kError) return;  // finish_job reports it
+  if (update.finished && update.finish_reason == engine::FinishReason::kError)
+    return;  // finish_job reports it
   if (!update.finished && update.text.empty() && update.token_ids.empty()) return;
   const ChoiceResult* final = update.finished ? &slot.result : nullptr;
   json chunk;
@@ -620,19 +655,21 @@ void Session::stream_update(Job& job, ChoiceSlot& slot, size_t index, const Choi
     single.sampling.prompt_logprobs = request.sampling.prompt_logprobs;
     single.routes = request.routes;
     single.prompts = {request.prompts[index / static_cast<size_t>(request.n)]};
-    ResponseContext single_context{single, server_.config, server_.model, context.codec, job.id, job.created};
+    ResponseContext single_context{single,        server_.config, server_.model,
+                                   context.codec, job.id,         job.created};
     chunk = generate_response(single_context, one, seconds_between(job.arrival, update.at));
     chunk["index"] = index;
     if (!update.finished) chunk["meta_info"]["finish_reason"] = nullptr;
   } else if (request.endpoint == Endpoint::kChat) {
-    chunk = chat_chunk(context, static_cast<int>(index), !slot.sent_first, update.text, update.token_ids,
-                       update.logprobs, final);
+    chunk = chat_chunk(context, static_cast<int>(index), !slot.sent_first, update.text,
+                       update.token_ids, update.logprobs, final);
     slot.sent_first = true;
   } else {
     std::string text = update.text;
-    if (request.echo && !slot.sent_first) text = request.prompts[index / static_cast<size_t>(request.n)].text + text;
-    chunk = completion_chunk(context, static_cast<int>(index), text, update.token_ids, update.logprobs,
-                             slot.streamed_text_bytes, final);
+    if (request.echo && !slot.sent_first)
+      text = request.prompts[index / static_cast<size_t>(request.n)].text + text;
+    chunk = completion_chunk(context, static_cast<int>(index), text, update.token_ids,
+                             update.logprobs, slot.streamed_text_bytes, final);
     slot.sent_first = true;
     slot.streamed_text_bytes += static_cast<int64_t>(text.size());
   }
@@ -664,10 +701,11 @@ void Session::finish_job(const std::shared_ptr<Job>& job) {
   } else if (job->failure) {
     send_error(*job->failure);
   } else {
-    json body = request.endpoint == Endpoint::kCompletions ? completion_response(context, results)
-                : request.endpoint == Endpoint::kChat
-                    ? chat_response(context, results)
-                    : generate_response(context, results, seconds_between(job->arrival, Clock::now()));
+    json body =
+        request.endpoint == Endpoint::kCompletions ? completion_response(context, results)
+        : request.endpoint == Endpoint::kChat
+            ? chat_response(context, results)
+            : generate_response(context, results, seconds_between(job->arrival, Clock::now()));
     send_json(200, body);
   }
   job_.reset();
@@ -708,24 +746,27 @@ void Session::cancel_job() {
 void Session::watch_for_close() {
   if (watching_ || closed_ || !job_) return;
   watching_ = true;
-  stream_.socket().async_wait(tcp::socket::wait_read, [self = shared_from_this()](beast::error_code ec) {
-    self->watching_ = false;
-    if (!self->job_ || self->closed_) return;
-    if (ec) {
-      if (ec == net::error::operation_aborted && !self->closed_) return;
-      self->cancel_job();
-      return self->close();
-    }
-    char byte;
-    beast::error_code peek_ec;
-    size_t n = self->stream_.socket().receive(net::buffer(&byte, 1), tcp::socket::message_peek, peek_ec);
-    if (peek_ec == net::error::would_block || peek_ec == net::error::try_again) return self->watch_for_close();
-    if (peek_ec || n == 0) {
-      self->cancel_job();
-      return self->close();
-    }
-    // Pipelined bytes: stop watching; the next read will take them.
-  });
+  stream_.socket().async_wait(
+      tcp::socket::wait_read, [self = shared_from_this()](beast::error_code ec) {
+        self->watching_ = false;
+        if (!self->job_ || self->closed_) return;
+        if (ec) {
+          if (ec == net::error::operation_aborted && !self->closed_) return;
+          self->cancel_job();
+          return self->close();
+        }
+        char byte;
+        beast::error_code peek_ec;
+        size_t n = self->stream_.socket().receive(net::buffer(&byte, 1), tcp::socket::message_peek,
+                                                  peek_ec);
+        if (peek_ec == net::error::would_block || peek_ec == net::error::try_again)
+          return self->watch_for_close();
+        if (peek_ec || n == 0) {
+          self->cancel_job();
+          return self->close();
+        }
+        // Pipelined bytes: stop watching; the next read will take them.
+      });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -784,10 +825,11 @@ void Session::lingering_close() {
 }
 
 void Session::discard_until_eof(std::shared_ptr<std::array<char, 65536>> scratch) {
-  stream_.async_read_some(net::buffer(*scratch), [self = shared_from_this(), scratch](beast::error_code ec, size_t) {
-    if (ec) return self->close();
-    self->discard_until_eof(scratch);
-  });
+  stream_.async_read_some(net::buffer(*scratch),
+                          [self = shared_from_this(), scratch](beast::error_code ec, size_t) {
+                            if (ec) return self->close();
+                            self->discard_until_eof(scratch);
+                          });
 }
 
 void Session::close() {
@@ -873,7 +915,8 @@ void Server::Impl::stop_now() {
 }
 
 // Every 20 ms: done when no request is left or the deadline passed (then what is left is aborted).
-void Server::Impl::poll_drain(std::shared_ptr<net::steady_timer> timer, Clock::time_point deadline) {
+void Server::Impl::poll_drain(std::shared_ptr<net::steady_timer> timer,
+                              Clock::time_point deadline) {
   if (jobs_alive.load() == 0 || Clock::now() >= deadline) {
     if (jobs_alive.load() != 0) abort_all();
     // Let the last answers reach their sockets before reporting the drain complete.
@@ -897,7 +940,9 @@ void Server::Impl::finish_drain() {
 
 Server::Server(ServerConfig config) : impl_(std::make_unique<Impl>(std::move(config))) {}
 
-Server::~Server() { stop(); }
+Server::~Server() {
+  stop();
+}
 
 Status Server::start() {
   Impl& s = *impl_;
@@ -941,7 +986,8 @@ void Server::attach(engine::Engine& engine, const TextCodec& codec) {
 void Server::request_shutdown() {
   Impl& s = *impl_;
   if (s.draining.exchange(true)) return;
-  auto deadline = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(s.config.shutdown_timeout_s * 1000));
+  auto deadline = Clock::now() + std::chrono::milliseconds(
+                                     static_cast<int64_t>(s.config.shutdown_timeout_s * 1000));
   auto timer = std::make_shared<net::steady_timer>(s.ioc);
   net::post(s.ioc, [&s, timer, deadline] { s.poll_drain(timer, deadline); });
 }
@@ -954,6 +1000,8 @@ void Server::wait() {
   stop();
 }
 
-void Server::stop() { impl_->stop_now(); }
+void Server::stop() {
+  impl_->stop_now();
+}
 
 }  // namespace sy::server

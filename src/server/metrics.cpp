@@ -29,12 +29,12 @@ void Histogram::render(const std::string& name, const std::string& labels, std::
 
 // vLLM's bucket boundaries, so dashboards built for it read ours the same way.
 ServerMetrics::ServerMetrics()
-    : ttft_({0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
-             7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0}),
+    : ttft_({0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,  0.25,  0.5,   0.75,
+             1.0,   2.5,   5.0,  7.5,  10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0}),
       tpot_({0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
              10.0, 20.0, 40.0, 80.0}),
-      e2e_({0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
-            120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0}) {}
+      e2e_({0.3,  0.5,  0.8,  1.0,  1.5,   2.0,   2.5,   5.0,   10.0,   15.0,  20.0,
+            30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0}) {}
 
 void ServerMetrics::record_choice(double ttft_s, double e2e_s, int64_t generated_tokens,
                                   const std::string& finish_reason) {
@@ -69,10 +69,11 @@ std::string ServerMetrics::render(const std::string& model_name,
   double usage = e.kv_blocks_total > 0 ? double(e.kv_blocks_used) / double(e.kv_blocks_total) : 0;
   metric(out, "vllm:kv_cache_usage_perc", "gauge", "Fraction of KV blocks in use (1 = full).",
          labels, usage);
-  metric(out, "vllm:prefix_cache_queries_total", "counter", "Prompt tokens looked up in the prefix cache.",
-         labels, double(e.prefix_cache_queries_tokens));
-  metric(out, "vllm:prefix_cache_hits_total", "counter", "Prompt tokens served by the prefix cache.",
-         labels, double(e.prefix_cache_hits_tokens));
+  metric(out, "vllm:prefix_cache_queries_total", "counter",
+         "Prompt tokens looked up in the prefix cache.", labels,
+         double(e.prefix_cache_queries_tokens));
+  metric(out, "vllm:prefix_cache_hits_total", "counter",
+         "Prompt tokens served by the prefix cache.", labels, double(e.prefix_cache_hits_tokens));
   metric(out, "vllm:prompt_tokens_total", "counter", "Prompt tokens admitted.", labels,
          double(e.prompt_tokens_total));
   metric(out, "vllm:generation_tokens_total", "counter", "Tokens generated.", labels,
@@ -82,36 +83,45 @@ std::string ServerMetrics::render(const std::string& model_name,
   metric(out, "switchyard:prompt_tokens_computed_total", "counter",
          "Prompt tokens that went through the forward pass (admitted minus prefix-cache hits).",
          labels, double(e.prompt_tokens_computed));
-  metric(out, "switchyard:kv_blocks_total", "gauge", "KV cache blocks.", labels, double(e.kv_blocks_total));
+  metric(out, "switchyard:kv_blocks_total", "gauge", "KV cache blocks.", labels,
+         double(e.kv_blocks_total));
   metric(out, "switchyard:kv_blocks_used", "gauge", "KV blocks referenced by requests.", labels,
          double(e.kv_blocks_used));
   metric(out, "switchyard:kv_blocks_cached", "gauge",
          "Unreferenced KV blocks holding reusable prefix content (and its routes).", labels,
          double(e.kv_blocks_cached));
-  metric(out, "switchyard:kv_blocks_free", "gauge", "Empty KV blocks.", labels, double(e.kv_blocks_free));
+  metric(out, "switchyard:kv_blocks_free", "gauge", "Empty KV blocks.", labels,
+         double(e.kv_blocks_free));
   metric(out, "switchyard:route_capture_errors_total", "counter",
          "Requests failed because a route was not written by any kernel.", labels,
          double(e.route_capture_errors_total));
 
   std::lock_guard lock(mutex_);
-  out += "# HELP vllm:request_success_total Finished requests by finish reason.\n"
-         "# TYPE vllm:request_success_total counter\n";
+  out +=
+      "# HELP vllm:request_success_total Finished requests by finish reason.\n"
+      "# TYPE vllm:request_success_total counter\n";
   for (const auto& [reason, count] : finished_by_reason_) {
-    out += fmt::format("vllm:request_success_total{{{},finished_reason=\"{}\"}} {}\n", labels, reason, count);
+    out += fmt::format("vllm:request_success_total{{{},finished_reason=\"{}\"}} {}\n", labels,
+                       reason, count);
   }
-  out += "# HELP vllm:time_to_first_token_seconds Time to first token.\n"
-         "# TYPE vllm:time_to_first_token_seconds histogram\n";
+  out +=
+      "# HELP vllm:time_to_first_token_seconds Time to first token.\n"
+      "# TYPE vllm:time_to_first_token_seconds histogram\n";
   ttft_.render("vllm:time_to_first_token_seconds", labels, out);
-  out += "# HELP vllm:time_per_output_token_seconds Time per output token after the first.\n"
-         "# TYPE vllm:time_per_output_token_seconds histogram\n";
+  out +=
+      "# HELP vllm:time_per_output_token_seconds Time per output token after the first.\n"
+      "# TYPE vllm:time_per_output_token_seconds histogram\n";
   tpot_.render("vllm:time_per_output_token_seconds", labels, out);
-  out += "# HELP vllm:e2e_request_latency_seconds End-to-end request latency.\n"
-         "# TYPE vllm:e2e_request_latency_seconds histogram\n";
+  out +=
+      "# HELP vllm:e2e_request_latency_seconds End-to-end request latency.\n"
+      "# TYPE vllm:e2e_request_latency_seconds histogram\n";
   e2e_.render("vllm:e2e_request_latency_seconds", labels, out);
-  out += "# HELP switchyard:http_responses_total HTTP responses by status code.\n"
-         "# TYPE switchyard:http_responses_total counter\n";
+  out +=
+      "# HELP switchyard:http_responses_total HTTP responses by status code.\n"
+      "# TYPE switchyard:http_responses_total counter\n";
   for (const auto& [status, count] : http_by_status_) {
-    out += fmt::format("switchyard:http_responses_total{{{},status=\"{}\"}} {}\n", labels, status, count);
+    out += fmt::format("switchyard:http_responses_total{{{},status=\"{}\"}} {}\n", labels, status,
+                       count);
   }
   return out;
 }

@@ -98,7 +98,8 @@ std::string npy_b64(DType dtype, std::vector<int64_t> shape, const void* data) {
 TEST(Replay, DecodesAnyIntegerDtypeAndExpandsMoeLayers) {
   engine::ModelInfo info = fake_info();
   std::vector<int16_t> ids = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};  // (2 rows, 3 MoE layers, 2)
-  Result<moe::RouteArray> replay = decode_replay(npy_b64(DType::kI16, {2, 3, 2}, ids.data()), true, info);
+  Result<moe::RouteArray> replay =
+      decode_replay(npy_b64(DType::kI16, {2, 3, 2}, ids.data()), true, info);
   ASSERT_TRUE(replay) << replay.message();
   EXPECT_EQ(replay->layers, 4);
   EXPECT_EQ(replay->at(0, 0, 0), 0);  // dense layer
@@ -138,7 +139,8 @@ TEST(Parse, RangesFollowVllmAndNameTheParameter) {
     return r.is_ok() ? std::string("ok") : r.error.param + ": " + r.error.message;
   };
   EXPECT_EQ(error_of({}), "ok");
-  EXPECT_EQ(error_of({{"temperature", 2.5}}), "temperature: temperature must be in [0, 2], got 2.5");
+  EXPECT_EQ(error_of({{"temperature", 2.5}}),
+            "temperature: temperature must be in [0, 2], got 2.5");
   EXPECT_EQ(error_of({{"top_p", 0}}), "top_p: top_p must be in (0, 1], got 0");
   EXPECT_EQ(error_of({{"top_k", -2}}), "top_k: top_k must be -1 (disable) or at least 1, got -2");
   EXPECT_EQ(error_of({{"min_p", 1.5}}), "min_p: min_p must be in [0, 1], got 1.5");
@@ -146,7 +148,8 @@ TEST(Parse, RangesFollowVllmAndNameTheParameter) {
   EXPECT_EQ(error_of({{"max_tokens", 0}}), "max_tokens: max_tokens must be at least 1, got 0");
   EXPECT_EQ(error_of({{"logprobs", 21}}), "logprobs: logprobs must be in [0, 20], got 21");
   EXPECT_EQ(error_of({{"stop", {""}}}), "stop: stop strings must not be empty");
-  EXPECT_EQ(error_of({{"temperature", "hot"}}), "temperature: temperature must be a number, got string");
+  EXPECT_EQ(error_of({{"temperature", "hot"}}),
+            "temperature: temperature must be a number, got string");
   EXPECT_EQ(error_of({{"max_tokens", 1.5}}), "max_tokens: max_tokens must be an integer, got 1.5");
   EXPECT_EQ(error_of({{"prompt", ""}}).substr(0, 7), "prompt:");
   EXPECT_EQ(error_of({{"prompt", {1, 300}}}),
@@ -155,8 +158,9 @@ TEST(Parse, RangesFollowVllmAndNameTheParameter) {
   EXPECT_EQ(error_of({{"return_routed_experts", true}}),
             "return_routed_experts: return_routed_experts requires the server to be started with "
             "--enable-return-routed-experts");
-  EXPECT_EQ(error_of({{"routed_experts_layers", "dense"}}),
-            "routed_experts_layers: routed_experts_layers must be \"all\" or \"moe\", got \"dense\"");
+  EXPECT_EQ(
+      error_of({{"routed_experts_layers", "dense"}}),
+      "routed_experts_layers: routed_experts_layers must be \"all\" or \"moe\", got \"dense\"");
   // Context: the fake model has 512 positions; "hi" + BOS = 3 tokens.
   EXPECT_EQ(error_of({{"max_tokens", 509}}), "ok");
   EXPECT_EQ(error_of({{"max_tokens", 510}}).substr(0, 11), "max_tokens:");
@@ -169,17 +173,20 @@ TEST(Parse, SeedsAliasesAndDefaults) {
   config.enable_return_routed_experts = true;
   ParseContext context{config, info, codec};
   ApiResult<ApiRequest> r = parse_completion_request(
-      {{"prompt", {{1, 2}, {3, 4, 5}}}, {"n", 2}, {"seed", 7}, {"routed_experts_start_len", 3}}, context);
+      {{"prompt", {{1, 2}, {3, 4, 5}}}, {"n", 2}, {"seed", 7}, {"routed_experts_start_len", 3}},
+      context);
   ASSERT_TRUE(r.is_ok()) << r.error.message;
   EXPECT_EQ(r.value->prompts.size(), 2u);
   EXPECT_EQ(r.value->sampling.max_tokens, 16);
   EXPECT_TRUE(r.value->routes.return_routes);  // default on with the flag
   EXPECT_EQ(r.value->routes.start, 3);
-  ApiResult<ApiRequest> chat = parse_chat_request({{"messages", {{{"role", "user"}, {"content", "hi"}}}}}, context);
+  ApiResult<ApiRequest> chat =
+      parse_chat_request({{"messages", {{{"role", "user"}, {"content", "hi"}}}}}, context);
   ASSERT_TRUE(chat.is_ok()) << chat.error.message;
   // Chat: no BOS (the template carries special tokens) and max_tokens = rest of the context.
   EXPECT_EQ(chat.value->prompts[0].ids.size(), std::string("<|user|>hi\n<|assistant|>").size());
-  EXPECT_EQ(chat.value->sampling.max_tokens, 512 - static_cast<int>(chat.value->prompts[0].ids.size()));
+  EXPECT_EQ(chat.value->sampling.max_tokens,
+            512 - static_cast<int>(chat.value->prompts[0].ids.size()));
 }
 
 }  // namespace

@@ -53,7 +53,9 @@ class FakeCodec : public server::TextCodec {
       // Emit the longest prefix that ends on a complete UTF-8 character.
       size_t end = pending_.size();
       size_t back = 0;
-      while (back < 4 && back < end && (static_cast<unsigned char>(pending_[end - 1 - back]) & 0xC0) == 0x80) ++back;
+      while (back < 4 && back < end &&
+             (static_cast<unsigned char>(pending_[end - 1 - back]) & 0xC0) == 0x80)
+        ++back;
       if (back < end) {
         unsigned char lead = static_cast<unsigned char>(pending_[end - 1 - back]);
         size_t need = lead >= 0xF0 ? 4 : lead >= 0xE0 ? 3 : lead >= 0xC0 ? 2 : 1;
@@ -74,13 +76,16 @@ class FakeCodec : public server::TextCodec {
     return std::make_unique<Stream>(*this, skip_special);
   }
   Result<std::string> render_chat(const nlohmann::json& messages, const nlohmann::json&,
-                                  bool add_generation_prompt, const nlohmann::json&) const override {
+                                  bool add_generation_prompt,
+                                  const nlohmann::json&) const override {
     std::string out;
     for (const auto& m : messages) {
       std::string role = m.value("role", "");
       if (role == "invalid") return Status::error("role 'invalid' is not allowed by this template");
-      out += "<|" + role + "|>" + (m.contains("content") && m["content"].is_string()
-                                       ? m["content"].get<std::string>() : "") + "\n";
+      out += "<|" + role + "|>" +
+             (m.contains("content") && m["content"].is_string() ? m["content"].get<std::string>()
+                                                                : "") +
+             "\n";
     }
     if (add_generation_prompt) out += "<|assistant|>";
     return out;
@@ -133,7 +138,8 @@ class FakeEngine : public engine::Engine {
       if (id < 0 || id >= info_.vocab_size) return Status::errorf("token id {} out of range", id);
     }
     if (request.prompt_ids.empty()) return Status::error("empty prompt");
-    if (static_cast<int64_t>(request.prompt_ids.size()) + request.sampling.max_tokens > info_.max_model_len) {
+    if (static_cast<int64_t>(request.prompt_ids.size()) + request.sampling.max_tokens >
+        info_.max_model_len) {
       return Status::error("prompt + max_tokens exceeds the context");
     }
     if (request.replay) {
@@ -166,7 +172,8 @@ class FakeEngine : public engine::Engine {
     m.running_requests = static_cast<int64_t>(active_.size());
     m.kv_blocks_total = 1024;
     for (const auto& [id, a] : active_) {
-      m.kv_blocks_used += static_cast<int64_t>(a.request.prompt_ids.size() + a.generated.size() + 15) / 16;
+      m.kv_blocks_used +=
+          static_cast<int64_t>(a.request.prompt_ids.size() + a.generated.size() + 15) / 16;
     }
     m.kv_blocks_free = m.kv_blocks_total - m.kv_blocks_used;
     m.generation_tokens_total = generated_total_;
@@ -174,7 +181,8 @@ class FakeEngine : public engine::Engine {
   }
   engine::ModelInfo model_info() const override { return info_; }
   Status update_weights_from_disk(const std::string& model_dir) override {
-    if (model_dir == "/nonexistent") return Status::error(ErrorCode::kNotFound, "no such directory: " + model_dir);
+    if (model_dir == "/nonexistent")
+      return Status::error(ErrorCode::kNotFound, "no such directory: " + model_dir);
     std::lock_guard lock(mutex_);
     ++weight_version_;
     return Status::ok();
@@ -235,8 +243,10 @@ class FakeEngine : public engine::Engine {
   }
 
   engine::TokenLogprob logprob_of(int32_t token, int k) const {
-    engine::TokenLogprob lp{token, -0.01f * static_cast<float>(token % 50) - 0.001f * weight_version_, {}};
-    for (int i = 0; i < k; ++i) lp.top.push_back({(token + i) % 256, -0.1f * static_cast<float>(i)});
+    engine::TokenLogprob lp{
+        token, -0.01f * static_cast<float>(token % 50) - 0.001f * weight_version_, {}};
+    for (int i = 0; i < k; ++i)
+      lp.top.push_back({(token + i) % 256, -0.1f * static_cast<float>(i)});
     return lp;
   }
 
@@ -262,7 +272,8 @@ class FakeEngine : public engine::Engine {
             for (size_t p = 1; p < a.request.prompt_ids.size(); ++p) {
               engine::TokenLogprob lp = logprob_of(a.request.prompt_ids[p], s.prompt_logprobs);
               if (a.request.replay && static_cast<int64_t>(p - 1) < a.request.replay->rows) {
-                lp.logprob -= 0.0001f * static_cast<float>(a.request.replay->at(static_cast<int64_t>(p - 1), 1, 0));
+                lp.logprob -= 0.0001f * static_cast<float>(a.request.replay->at(
+                                            static_cast<int64_t>(p - 1), 1, 0));
               }
               event.prompt_logprobs.push_back(lp);
             }
@@ -272,8 +283,9 @@ class FakeEngine : public engine::Engine {
           if (poisoned) {
             event.finished = true;
             event.finish_reason = engine::FinishReason::kError;
-            event.error = Status::error(ErrorCode::kInternal,
-                                        "route for layer 2 was not written by kernel 'fake' (poison left in the buffer)");
+            event.error = Status::error(
+                ErrorCode::kInternal,
+                "route for layer 2 was not written by kernel 'fake' (poison left in the buffer)");
             auto callback = std::move(a.callback);
             active_.erase(it);
             lock.unlock();
@@ -288,7 +300,8 @@ class FakeEngine : public engine::Engine {
         ++generated_total_;
         event.new_token_ids = {token};
         if (s.logprobs >= 0) event.new_logprobs = {logprob_of(token, s.logprobs)};
-        bool stop_token = std::find(s.stop_token_ids.begin(), s.stop_token_ids.end(), token) != s.stop_token_ids.end();
+        bool stop_token = std::find(s.stop_token_ids.begin(), s.stop_token_ids.end(), token) !=
+                          s.stop_token_ids.end();
         if (stop_token && j + 1 >= s.min_tokens) {
           event.finished = true;
           event.finish_reason = engine::FinishReason::kStop;

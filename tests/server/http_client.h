@@ -104,7 +104,8 @@ inline HttpResponse parse_response(const std::string& raw) {
     size_t colon = header.find(':');
     if (colon != std::string::npos) {
       std::string name = header.substr(0, colon);
-      std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return std::tolower(c); });
+      std::transform(name.begin(), name.end(), name.begin(),
+                     [](unsigned char c) { return std::tolower(c); });
       std::string value = header.substr(colon + 1);
       value.erase(0, value.find_first_not_of(' '));
       response.headers[name] = value;
@@ -131,9 +132,11 @@ inline HttpResponse parse_response(const std::string& raw) {
 
 inline std::string build_request(const std::string& method, const std::string& path,
                                  const std::string& body, const std::string& extra_headers = "") {
-  std::string request = method + " " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n";
+  std::string request =
+      method + " " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n";
   if (!body.empty() || method == "POST") {
-    request += "Content-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) + "\r\n";
+    request +=
+        "Content-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) + "\r\n";
   }
   request += extra_headers + "\r\n" + body;
   return request;

@@ -14,7 +14,8 @@
 namespace sy::testing {
 
 struct Fixture {
-  explicit Fixture(server::ServerConfig config = {}, FakeEngineOptions options = {}) : engine(options) {
+  explicit Fixture(server::ServerConfig config = {}, FakeEngineOptions options = {})
+      : engine(options) {
     config.port = 0;
     config.served_model_name = "fake";
     server = std::make_unique<server::Server>(config);

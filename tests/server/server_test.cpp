@@ -35,7 +35,8 @@ NpyArray decode_routes(const json& b64) {
 std::string expected_text(const std::vector<int32_t>& prompt, int count,
                           std::optional<uint64_t> seed = std::nullopt, float temperature = 1.0f) {
   std::string out;
-  for (int j = 0; j < count; ++j) out += static_cast<char>(fake_token(prompt, j, seed, temperature));
+  for (int j = 0; j < count; ++j)
+    out += static_cast<char>(fake_token(prompt, j, seed, temperature));
   return out;
 }
 
@@ -52,7 +53,8 @@ TEST(Server, HealthModelsAndNotFound) {
   HttpResponse missing = http_call(f.port, "GET", "/v1/nothing");
   EXPECT_EQ(missing.status, 404);
   EXPECT_EQ(missing.json()["error"]["code"], 404);
-  HttpResponse wrong_model = post_json(f.port, "/v1/completions", {{"model", "other"}, {"prompt", "x"}});
+  HttpResponse wrong_model =
+      post_json(f.port, "/v1/completions", {{"model", "other"}, {"prompt", "x"}});
   EXPECT_EQ(wrong_model.status, 404);
   EXPECT_EQ(wrong_model.json()["error"]["param"], "model");
   EXPECT_EQ(http_call(f.port, "GET", "/v1/completions").status, 405);
@@ -73,7 +75,10 @@ TEST(Server, LoadingAnswers503) {
 TEST(Server, CompletionWithRoutes) {
   Fixture f(with_routes());
   HttpResponse r = post_json(f.port, "/v1/completions",
-                             {{"model", "fake"}, {"prompt", "hello"}, {"max_tokens", 5}, {"temperature", 0},
+                             {{"model", "fake"},
+                              {"prompt", "hello"},
+                              {"max_tokens", 5},
+                              {"temperature", 0},
                               {"return_token_ids", true}});
   ASSERT_EQ(r.status, 200) << r.body;
   json body = r.json();
@@ -103,22 +108,27 @@ TEST(Server, CompletionWithRoutes) {
   }
   // Start offset and MoE layers only.
   HttpResponse moe = post_json(f.port, "/v1/completions",
-                               {{"prompt", "hello"}, {"max_tokens", 5}, {"routed_experts_start", 6},
+                               {{"prompt", "hello"},
+                                {"max_tokens", 5},
+                                {"routed_experts_start", 6},
                                 {"routed_experts_layers", "moe"}});
   NpyArray sliced = decode_routes(moe.json()["choices"][0]["routed_experts"]);
   ASSERT_EQ(sliced.shape, (std::vector<int64_t>{4, 3, 2}));
   EXPECT_EQ(sliced.data[0], routes.data[6 * 8 + 2]);
   // Asked not to: no routes.
-  HttpResponse none = post_json(f.port, "/v1/completions",
-                                {{"prompt", "hello"}, {"max_tokens", 2}, {"return_routed_experts", false}});
+  HttpResponse none =
+      post_json(f.port, "/v1/completions",
+                {{"prompt", "hello"}, {"max_tokens", 2}, {"return_routed_experts", false}});
   EXPECT_FALSE(none.json()["choices"][0].contains("routed_experts"));
 }
 
 TEST(Server, RoutesWithoutTheFlagAre400NamingTheFlag) {
   Fixture f;
-  HttpResponse r = post_json(f.port, "/v1/completions", {{"prompt", "hi"}, {"return_routed_experts", true}});
+  HttpResponse r =
+      post_json(f.port, "/v1/completions", {{"prompt", "hi"}, {"return_routed_experts", true}});
   EXPECT_EQ(r.status, 400);
-  EXPECT_NE(r.json()["error"]["message"].get<std::string>().find("--enable-return-routed-experts"), std::string::npos);
+  EXPECT_NE(r.json()["error"]["message"].get<std::string>().find("--enable-return-routed-experts"),
+            std::string::npos);
   EXPECT_EQ(r.json()["error"]["param"], "return_routed_experts");
   HttpResponse plain = post_json(f.port, "/v1/completions", {{"prompt", "hi"}});
   EXPECT_EQ(plain.status, 200);
@@ -152,8 +162,12 @@ TEST(Server, StopStringTrimsTextButRoutesCoverAllTokens) {
   size_t cut = full.find(stop);
   for (bool stream : {false, true}) {
     HttpResponse r = post_json(f.port, "/v1/completions",
-                               {{"prompt", prompt}, {"max_tokens", 12}, {"temperature", 0}, {"stop", stop},
-                                {"stream", stream}, {"return_token_ids", true}});
+                               {{"prompt", prompt},
+                                {"max_tokens", 12},
+                                {"temperature", 0},
+                                {"stop", stop},
+                                {"stream", stream},
+                                {"return_token_ids", true}});
     ASSERT_EQ(r.status, 200) << r.body;
     std::string text;
     json final_choice;
@@ -175,7 +189,8 @@ TEST(Server, StopStringTrimsTextButRoutesCoverAllTokens) {
     EXPECT_EQ(final_choice["stop_reason"], stop);
     size_t tokens = cut + stop.size();  // generation stopped on the token completing the match
     NpyArray routes = decode_routes(final_choice["routed_experts"]);
-    EXPECT_EQ(routes.shape[0], static_cast<int64_t>(prompt.size() + tokens - 1)) << "stream=" << stream;
+    EXPECT_EQ(routes.shape[0], static_cast<int64_t>(prompt.size() + tokens - 1))
+        << "stream=" << stream;
   }
 }
 
@@ -217,8 +232,11 @@ TEST(Server, StreamingMatchesNonStreaming) {
 
 TEST(Server, ChatCompletionAndStream) {
   Fixture f(with_routes());
-  json request = {{"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"max_completion_tokens", 6},
-                  {"temperature", 0}, {"logprobs", true}, {"top_logprobs", 2}};
+  json request = {{"messages", {{{"role", "user"}, {"content", "hi"}}}},
+                  {"max_completion_tokens", 6},
+                  {"temperature", 0},
+                  {"logprobs", true},
+                  {"top_logprobs", 2}};
   HttpResponse r = post_json(f.port, "/v1/chat/completions", request);
   ASSERT_EQ(r.status, 200) << r.body;
   json body = r.json();
@@ -248,7 +266,8 @@ TEST(Server, ChatCompletionAndStream) {
   json image = {{"messages", {{{"role", "user"}, {"content", {{{"type", "image_url"}}}}}}}};
   EXPECT_EQ(post_json(f.port, "/v1/chat/completions", image).status, 400);
   json tools = {{"messages", {{{"role", "user"}, {"content", "x"}}}}, {"tool_choice", "auto"}};
-  EXPECT_EQ(post_json(f.port, "/v1/chat/completions", tools).json()["error"]["param"], "tool_choice");
+  EXPECT_EQ(post_json(f.port, "/v1/chat/completions", tools).json()["error"]["param"],
+            "tool_choice");
   json bad_template = {{"messages", {{{"role", "invalid"}, {"content", "x"}}}}};
   EXPECT_EQ(post_json(f.port, "/v1/chat/completions", bad_template).status, 400);
 }
@@ -256,8 +275,10 @@ TEST(Server, ChatCompletionAndStream) {
 TEST(Server, SglangGenerate) {
   Fixture f(with_routes());
   HttpResponse r = post_json(f.port, "/generate",
-                             {{"input_ids", {10, 11, 12}}, {"sampling_params", {{"max_new_tokens", 4}, {"temperature", 0}}},
-                              {"return_logprob", true}, {"rid", "my-rid"}});
+                             {{"input_ids", {10, 11, 12}},
+                              {"sampling_params", {{"max_new_tokens", 4}, {"temperature", 0}}},
+                              {"return_logprob", true},
+                              {"rid", "my-rid"}});
   ASSERT_EQ(r.status, 200) << r.body;
   json body = r.json();
   EXPECT_EQ(body["text"], expected_text({10, 11, 12}, 4, std::nullopt, 0));
@@ -273,7 +294,8 @@ TEST(Server, SglangGenerate) {
   ASSERT_TRUE(bytes);
   EXPECT_EQ(bytes->size(), 6u * 4 * 2 * 4);
   // A list of texts answers a list.
-  HttpResponse batch = post_json(f.port, "/generate", {{"text", {"a", "b"}}, {"sampling_params", {{"max_new_tokens", 2}}}});
+  HttpResponse batch = post_json(
+      f.port, "/generate", {{"text", {"a", "b"}}, {"sampling_params", {{"max_new_tokens", 2}}}});
   ASSERT_EQ(batch.status, 200);
   EXPECT_TRUE(batch.json().is_array());
   EXPECT_EQ(batch.json().size(), 2u);
@@ -286,7 +308,9 @@ TEST(Server, ReplayedRoutesComeBackAsGiven) {
   std::vector<uint8_t> replay = {9, 8, 7, 6, 5, 4, 3, 2, 1, 0, 15, 14, 13, 12, 11, 10, 9, 1};
   std::string b64 = base64_encode(npy_encode(DType::kU8, {3, 3, 2}, replay.data()));
   HttpResponse r = post_json(f.port, "/v1/completions",
-                             {{"prompt", prompt}, {"max_tokens", 2}, {"routed_experts_layers", "moe"},
+                             {{"prompt", prompt},
+                              {"max_tokens", 2},
+                              {"routed_experts_layers", "moe"},
                               {"routed_experts_replay", b64}});
   ASSERT_EQ(r.status, 200) << r.body;
   NpyArray routes = decode_routes(r.json()["choices"][0]["routed_experts"]);
@@ -298,13 +322,16 @@ TEST(Server, BadInputEachAnsweredAndServerStaysHealthy) {
   ServerConfig config = with_routes();
   config.max_request_bytes = 4 << 20;
   Fixture f(config);
-  auto check = [&](const std::string& name, const HttpResponse& r, int status, const std::string& param) {
+  auto check = [&](const std::string& name, const HttpResponse& r, int status,
+                   const std::string& param) {
     EXPECT_EQ(r.status, status) << name << ": " << r.body;
     json body = r.json();
     ASSERT_TRUE(body.contains("error")) << name << ": " << r.body;
     EXPECT_FALSE(body["error"]["message"].get<std::string>().empty()) << name;
     EXPECT_EQ(body["error"]["code"], status) << name;
-    if (!param.empty()) { EXPECT_EQ(body["error"]["param"], param) << name << ": " << r.body; }
+    if (!param.empty()) {
+      EXPECT_EQ(body["error"]["param"], param) << name << ": " << r.body;
+    }
     EXPECT_TRUE(f.healthy()) << "after " << name;
   };
   auto completion = [&](json extra) {
@@ -313,9 +340,11 @@ TEST(Server, BadInputEachAnsweredAndServerStaysHealthy) {
     return post_json(f.port, "/v1/completions", body);
   };
   check("non-JSON", http_call(f.port, "POST", "/v1/completions", "this is not json"), 400, "");
-  check("truncated JSON", http_call(f.port, "POST", "/v1/completions", R"({"prompt": "hel)"), 400, "");
+  check("truncated JSON", http_call(f.port, "POST", "/v1/completions", R"({"prompt": "hel)"), 400,
+        "");
   check("JSON array body", http_call(f.port, "POST", "/v1/completions", "[1,2]"), 400, "");
-  check("invalid UTF-8", http_call(f.port, "POST", "/v1/completions", "{\"prompt\": \"\xff\xfe\"}"), 400, "");
+  check("invalid UTF-8", http_call(f.port, "POST", "/v1/completions", "{\"prompt\": \"\xff\xfe\"}"),
+        400, "");
   check("prompt wrong type", completion({{"prompt", 5}}), 400, "prompt");
   check("max_tokens wrong type", completion({{"max_tokens", "ten"}}), 400, "max_tokens");
   check("stream wrong type", completion({{"stream", "yes"}}), 400, "stream");
@@ -327,20 +356,37 @@ TEST(Server, BadInputEachAnsweredAndServerStaysHealthy) {
   check("stop token >= vocab", completion({{"stop_token_ids", {1000}}}), 400, "stop_token_ids");
   check("logit_bias key", completion({{"logit_bias", {{"abc", 1}}}}), 400, "logit_bias");
   check("logit_bias range", completion({{"logit_bias", {{"5", 101}}}}), 400, "logit_bias");
-  for (auto [name, value] : std::vector<std::pair<std::string, json>>{
-           {"temperature", -0.1}, {"temperature", 2.01}, {"top_p", 0.0}, {"top_p", 1.1}, {"top_k", -5},
-           {"min_p", -0.1}, {"min_p", 1.1}, {"n", 0}, {"n", 1000000}, {"max_tokens", 0}, {"max_tokens", -3},
-           {"max_tokens", 100000}, {"logprobs", 21}, {"logprobs", -1}, {"prompt_logprobs", 21},
-           {"presence_penalty", 2.5}, {"frequency_penalty", -2.5}, {"repetition_penalty", 0.0},
-           {"min_tokens", -1}, {"min_tokens", 10}, {"routed_experts_start", -1}}) {
+  for (auto [name, value] :
+       std::vector<std::pair<std::string, json>>{{"temperature", -0.1},
+                                                 {"temperature", 2.01},
+                                                 {"top_p", 0.0},
+                                                 {"top_p", 1.1},
+                                                 {"top_k", -5},
+                                                 {"min_p", -0.1},
+                                                 {"min_p", 1.1},
+                                                 {"n", 0},
+                                                 {"n", 1000000},
+                                                 {"max_tokens", 0},
+                                                 {"max_tokens", -3},
+                                                 {"max_tokens", 100000},
+                                                 {"logprobs", 21},
+                                                 {"logprobs", -1},
+                                                 {"prompt_logprobs", 21},
+                                                 {"presence_penalty", 2.5},
+                                                 {"frequency_penalty", -2.5},
+                                                 {"repetition_penalty", 0.0},
+                                                 {"min_tokens", -1},
+                                                 {"min_tokens", 10},
+                                                 {"routed_experts_start", -1}}) {
     check(name + "=" + value.dump(), completion({{name, value}}), 400, name);
   }
   check("empty stop string", completion({{"stop", {"ok", ""}}}), 400, "stop");
   check("best_of", completion({{"best_of", 3}}), 400, "best_of");
-  check("response_format", completion({{"response_format", {{"type", "json_object"}}}}), 400, "response_format");
+  check("response_format", completion({{"response_format", {{"type", "json_object"}}}}), 400,
+        "response_format");
   check("guided_json", completion({{"guided_json", {{"type", "object"}}}}), 400, "guided_json");
-  check("stream_options without stream", completion({{"stream_options", {{"include_usage", true}}}}), 400,
-        "stream_options");
+  check("stream_options without stream",
+        completion({{"stream_options", {{"include_usage", true}}}}), 400, "stream_options");
   // A 1 MB stop string is valid (never matches here); it must not hurt.
   HttpResponse stop_ok = completion({{"stop", std::string(1 << 20, 'q')}});
   EXPECT_EQ(stop_ok.status, 200) << stop_ok.body.substr(0, 300);
@@ -349,38 +395,51 @@ TEST(Server, BadInputEachAnsweredAndServerStaysHealthy) {
   // Replay: shape, base64, ids out of range, duplicates, more rows than the prompt.
   std::vector<int32_t> ids(2 * 4 * 2, 1);
   for (size_t i = 0; i < ids.size(); i += 2) ids[i] = 0;
-  check("replay base64", completion({{"routed_experts_replay", "@@@"}}), 400, "routed_experts_replay");
-  check("replay not npy", completion({{"routed_experts_replay", base64_encode("hello")}}), 400, "routed_experts_replay");
-  check("replay shape", completion({{"routed_experts_replay", base64_encode(npy_encode(DType::kI32, {4, 4}, ids.data()))}}),
+  check("replay base64", completion({{"routed_experts_replay", "@@@"}}), 400,
+        "routed_experts_replay");
+  check("replay not npy", completion({{"routed_experts_replay", base64_encode("hello")}}), 400,
+        "routed_experts_replay");
+  check("replay shape",
+        completion({{"routed_experts_replay",
+                     base64_encode(npy_encode(DType::kI32, {4, 4}, ids.data()))}}),
         400, "routed_experts_replay");
   std::vector<int32_t> big = ids;
   big[3] = 16;
   check("replay id >= experts",
-        completion({{"routed_experts_replay", base64_encode(npy_encode(DType::kI32, {2, 4, 2}, big.data()))}}), 400,
-        "routed_experts_replay");
+        completion({{"routed_experts_replay",
+                     base64_encode(npy_encode(DType::kI32, {2, 4, 2}, big.data()))}}),
+        400, "routed_experts_replay");
   std::vector<int32_t> long_replay(10 * 4 * 2);
   for (size_t i = 0; i < long_replay.size(); ++i) long_replay[i] = static_cast<int32_t>(i % 2);
   check("replay rows > prompt",
-        completion({{"routed_experts_replay", base64_encode(npy_encode(DType::kI32, {10, 4, 2}, long_replay.data()))}}),
+        completion({{"routed_experts_replay",
+                     base64_encode(npy_encode(DType::kI32, {10, 4, 2}, long_replay.data()))}}),
         400, "routed_experts_replay");
-  check("replay wrong type", completion({{"routed_experts_replay", 12}}), 400, "routed_experts_replay");
+  check("replay wrong type", completion({{"routed_experts_replay", 12}}), 400,
+        "routed_experts_replay");
   // Body over the limit and a huge header: answered, then the connection is closed.
   HttpResponse too_big = http_call(f.port, "POST", "/v1/completions", std::string(5 << 20, ' '));
   EXPECT_EQ(too_big.status, 413);
   EXPECT_TRUE(f.healthy());
-  HttpResponse huge_header = http_call(f.port, "GET", "/health", "", "X-Big: " + std::string(200 << 10, 'h') + "\r\n");
+  HttpResponse huge_header =
+      http_call(f.port, "GET", "/health", "", "X-Big: " + std::string(200 << 10, 'h') + "\r\n");
   EXPECT_EQ(huge_header.status, 431);
   EXPECT_TRUE(f.healthy());
   std::string garbage = raw_exchange(f.port, "NOT HTTP AT ALL\r\n\r\n");
   EXPECT_EQ(parse_response(garbage).status, 400);
   EXPECT_TRUE(f.healthy());
   // Chat and /generate validate too.
-  check("chat messages type", post_json(f.port, "/v1/chat/completions", {{"messages", "hi"}}), 400, "messages");
-  check("chat empty messages", post_json(f.port, "/v1/chat/completions", {{"messages", json::array()}}), 400, "messages");
-  check("generate both", post_json(f.port, "/generate", {{"text", "a"}, {"input_ids", {1}}}), 400, "");
-  check("generate sampling type", post_json(f.port, "/generate", {{"text", "a"}, {"sampling_params", 3}}), 400,
+  check("chat messages type", post_json(f.port, "/v1/chat/completions", {{"messages", "hi"}}), 400,
+        "messages");
+  check("chat empty messages",
+        post_json(f.port, "/v1/chat/completions", {{"messages", json::array()}}), 400, "messages");
+  check("generate both", post_json(f.port, "/generate", {{"text", "a"}, {"input_ids", {1}}}), 400,
+        "");
+  check("generate sampling type",
+        post_json(f.port, "/generate", {{"text", "a"}, {"sampling_params", 3}}), 400,
         "sampling_params");
-  check("generate temperature", post_json(f.port, "/generate", {{"text", "a"}, {"sampling_params", {{"temperature", 9}}}}),
+  check("generate temperature",
+        post_json(f.port, "/generate", {{"text", "a"}, {"sampling_params", {{"temperature", 9}}}}),
         400, "temperature");
   EXPECT_EQ(f.engine.active_count(), 0);
 }
@@ -396,8 +455,14 @@ TEST(Server, ApiKeyOnEveryRouteButHealth) {
     EXPECT_EQ(r.json()["error"]["code"], 401);
   }
   EXPECT_EQ(post_json(f.port, "/v1/completions", {{"prompt", "x"}}).status, 401);
-  EXPECT_EQ(post_json(f.port, "/v1/completions", {{"prompt", "x"}}, "Authorization: Bearer wrong\r\n").status, 401);
-  EXPECT_EQ(post_json(f.port, "/v1/completions", {{"prompt", "x"}}, "Authorization: Bearer sekret\r\n").status, 200);
+  EXPECT_EQ(
+      post_json(f.port, "/v1/completions", {{"prompt", "x"}}, "Authorization: Bearer wrong\r\n")
+          .status,
+      401);
+  EXPECT_EQ(
+      post_json(f.port, "/v1/completions", {{"prompt", "x"}}, "Authorization: Bearer sekret\r\n")
+          .status,
+      200);
 }
 
 TEST(Server, QueueFullIs429) {
@@ -411,10 +476,13 @@ TEST(Server, QueueFullIs429) {
 
 TEST(Server, RouteCaptureFailureIs500AndNeverData) {
   Fixture f(with_routes());
-  HttpResponse r = post_json(f.port, "/v1/completions", {{"prompt", {1, FakeEngine::kPoisonToken}}});
+  HttpResponse r =
+      post_json(f.port, "/v1/completions", {{"prompt", {1, FakeEngine::kPoisonToken}}});
   EXPECT_EQ(r.status, 500);
   EXPECT_NE(r.json()["error"]["message"].get<std::string>().find("layer 2"), std::string::npos);
-  auto events = post_json(f.port, "/v1/completions", {{"prompt", {1, FakeEngine::kPoisonToken}}, {"stream", true}}).events();
+  auto events = post_json(f.port, "/v1/completions",
+                          {{"prompt", {1, FakeEngine::kPoisonToken}}, {"stream", true}})
+                    .events();
   ASSERT_EQ(events.size(), 2u);
   EXPECT_TRUE(json::parse(events[0]).contains("error"));
   EXPECT_EQ(events[1], "[DONE]");
@@ -431,12 +499,15 @@ TEST(Server, ClosedConnectionCancelsTheEngineRequest) {
     int fd = connect_to(f.port);
     ASSERT_GE(fd, 0);
     ASSERT_TRUE(send_all(fd, build_request("POST", "/v1/completions", body.dump())));
-    for (int i = 0; i < 100 && f.engine.active_count() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    for (int i = 0; i < 100 && f.engine.active_count() == 0; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
     ASSERT_EQ(f.engine.active_count(), 1) << "stream=" << stream;
     ::close(fd);
     auto closed_at = std::chrono::steady_clock::now();
     EXPECT_TRUE(f.engine_drains()) << "stream=" << stream;
-    double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - closed_at).count();
+    double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - closed_at)
+            .count();
     EXPECT_LT(ms, 500) << "stream=" << stream;
     EXPECT_EQ(f.engine.cancelled_total(), cancelled_before + 1) << "stream=" << stream;
   }
@@ -447,12 +518,14 @@ TEST(Server, AbortRequestByRid) {
   Fixture f;
   f.engine.set_step_delay_ms(20);
   std::thread client([&] {
-    HttpResponse r = post_json(f.port, "/generate",
-                               {{"text", "abc"}, {"rid", "rollout-7"}, {"sampling_params", {{"max_new_tokens", 400}}}});
+    HttpResponse r = post_json(
+        f.port, "/generate",
+        {{"text", "abc"}, {"rid", "rollout-7"}, {"sampling_params", {{"max_new_tokens", 400}}}});
     EXPECT_EQ(r.status, 200);
     EXPECT_EQ(r.json()["meta_info"]["finish_reason"]["type"], "abort");
   });
-  for (int i = 0; i < 100 && f.engine.active_count() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  for (int i = 0; i < 100 && f.engine.active_count() == 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
   HttpResponse abort = post_json(f.port, "/abort_request", {{"rid", "rollout-7"}});
   EXPECT_EQ(abort.status, 200) << abort.body;
   client.join();
@@ -466,7 +539,8 @@ TEST(Server, TokenizeDetokenizeMetricsAndRlRoutes) {
   ASSERT_EQ(tok.status, 200);
   EXPECT_EQ(tok.json()["tokens"], json({FakeCodec::kBos, 'a', 'b'}));
   EXPECT_EQ(tok.json()["count"], 3);
-  HttpResponse chat_tok = post_json(f.port, "/tokenize", {{"messages", {{{"role", "user"}, {"content", "x"}}}}});
+  HttpResponse chat_tok =
+      post_json(f.port, "/tokenize", {{"messages", {{{"role", "user"}, {"content", "x"}}}}});
   EXPECT_EQ(chat_tok.json()["count"], std::string("<|user|>x\n<|assistant|>").size());
   HttpResponse detok = post_json(f.port, "/detokenize", {{"tokens", {'h', 'i'}}});
   EXPECT_EQ(detok.json()["prompt"], "hi");
@@ -474,21 +548,26 @@ TEST(Server, TokenizeDetokenizeMetricsAndRlRoutes) {
   post_json(f.port, "/v1/completions", {{"prompt", "abc"}, {"max_tokens", 3}});
   HttpResponse metrics = http_call(f.port, "GET", "/metrics");
   ASSERT_EQ(metrics.status, 200);
-  for (const char* name : {"vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
-                           "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total",
-                           "vllm:prompt_tokens_total", "vllm:generation_tokens_total",
-                           "vllm:time_to_first_token_seconds_bucket", "vllm:time_per_output_token_seconds_count",
-                           "vllm:e2e_request_latency_seconds_sum", "switchyard:kv_blocks_used",
-                           "switchyard:kv_blocks_cached", "switchyard:kv_blocks_free",
-                           "switchyard:route_capture_errors_total"}) {
+  for (const char* name :
+       {"vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+        "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total",
+        "vllm:prompt_tokens_total", "vllm:generation_tokens_total",
+        "vllm:time_to_first_token_seconds_bucket", "vllm:time_per_output_token_seconds_count",
+        "vllm:e2e_request_latency_seconds_sum", "switchyard:kv_blocks_used",
+        "switchyard:kv_blocks_cached", "switchyard:kv_blocks_free",
+        "switchyard:route_capture_errors_total"}) {
     EXPECT_NE(metrics.body.find(name), std::string::npos) << name;
   }
-  EXPECT_NE(metrics.body.find("vllm:request_success_total{model_name=\"fake\",finished_reason=\"length\"} 1"),
-            std::string::npos) << metrics.body;
-  HttpResponse update = post_json(f.port, "/update_weights_from_disk", {{"model_path", "/some/dir"}});
+  EXPECT_NE(metrics.body.find(
+                "vllm:request_success_total{model_name=\"fake\",finished_reason=\"length\"} 1"),
+            std::string::npos)
+      << metrics.body;
+  HttpResponse update =
+      post_json(f.port, "/update_weights_from_disk", {{"model_path", "/some/dir"}});
   EXPECT_EQ(update.status, 200);
   EXPECT_EQ(update.json()["success"], true);
-  HttpResponse bad_update = post_json(f.port, "/update_weights_from_disk", {{"model_path", "/nonexistent"}});
+  HttpResponse bad_update =
+      post_json(f.port, "/update_weights_from_disk", {{"model_path", "/nonexistent"}});
   EXPECT_EQ(bad_update.status, 404);
   EXPECT_EQ(bad_update.json()["success"], false);
   EXPECT_EQ(post_json(f.port, "/update_weights_from_disk", json::object()).status, 400);
@@ -503,7 +582,8 @@ TEST(Server, GracefulDrainFinishesInFlightThenStops) {
     EXPECT_EQ(r.status, 200);
     EXPECT_EQ(r.json()["choices"][0]["finish_reason"], "length");
   });
-  for (int i = 0; i < 100 && f.engine.active_count() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  for (int i = 0; i < 100 && f.engine.active_count() == 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
   f.server->request_shutdown();
   EXPECT_EQ(http_call(f.port, "GET", "/health").status, 503);
   EXPECT_EQ(post_json(f.port, "/v1/completions", {{"prompt", "x"}}).status, 503);
@@ -516,12 +596,14 @@ TEST(Server, KeepAliveServesSeveralRequestsOnOneConnection) {
   int fd = connect_to(f.port);
   ASSERT_GE(fd, 0);
   std::string body = json{{"prompt", "ab"}, {"max_tokens", 2}}.dump();
-  std::string request = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " +
-                        std::to_string(body.size()) + "\r\n\r\n" + body;
+  std::string request =
+      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " + std::to_string(body.size()) +
+      "\r\n\r\n" + body;
   ASSERT_TRUE(send_all(fd, request + request));  // pipelined
   std::string received;
   char buffer[4096];
-  while (received.find("text_completion", received.find("text_completion") + 1) == std::string::npos) {
+  while (received.find("text_completion", received.find("text_completion") + 1) ==
+         std::string::npos) {
     ssize_t n = ::recv(fd, buffer, sizeof buffer, 0);
     if (n <= 0) break;
     received.append(buffer, static_cast<size_t>(n));
@@ -559,8 +641,9 @@ TEST(Load, SixtyFourConcurrentClients) {
         int max_tokens = 1 + (c * 7 + i * 3) % 24;
         std::string prompt(1 + (c * 13 + i) % 40, static_cast<char>('a' + c % 26));
         bool stream = (c + i) % 2 == 0;
-        HttpResponse r = post_json(f.port, "/v1/completions",
-                                   {{"prompt", prompt}, {"max_tokens", max_tokens}, {"stream", stream}});
+        HttpResponse r =
+            post_json(f.port, "/v1/completions",
+                      {{"prompt", prompt}, {"max_tokens", max_tokens}, {"stream", stream}});
         std::string routes;
         int64_t tokens = 0;
         if (r.status == 200 && stream) {
@@ -569,7 +652,8 @@ TEST(Load, SixtyFourConcurrentClients) {
             json chunk = json::parse(event, nullptr, false);
             if (chunk.is_discarded() || chunk["choices"].empty()) continue;
             tokens += static_cast<int64_t>(chunk["choices"][0]["text"].get<std::string>().size());
-            if (chunk["choices"][0].contains("routed_experts")) routes = chunk["choices"][0]["routed_experts"];
+            if (chunk["choices"][0].contains("routed_experts"))
+              routes = chunk["choices"][0]["routed_experts"];
           }
         } else if (r.status == 200) {
           json body = r.json();
@@ -580,14 +664,16 @@ TEST(Load, SixtyFourConcurrentClients) {
         if (good) {
           Result<std::string> bytes = base64_decode(routes);
           Result<NpyArray> array = bytes ? npy_decode(*bytes) : Result<NpyArray>(bytes.status());
-          good = array && array->shape[0] == static_cast<int64_t>(prompt.size() + 1 + max_tokens - 1);
+          good =
+              array && array->shape[0] == static_cast<int64_t>(prompt.size() + 1 + max_tokens - 1);
         }
         if (good) {
           ++ok;
         } else {
           ++failed;
           std::lock_guard lock(failure_mutex);
-          if (first_failure.empty()) first_failure = std::to_string(r.status) + " " + r.body.substr(0, 300);
+          if (first_failure.empty())
+            first_failure = std::to_string(r.status) + " " + r.body.substr(0, 300);
         }
       }
     });
