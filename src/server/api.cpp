@@ -236,9 +236,11 @@ struct SamplingNames {
 void read_sampling(const json& object, const ParseContext& context, const SamplingNames& names,
                    ApiRequest& request) {
   engine::SamplingParams& s = request.sampling;
-  s.temperature = static_cast<float>(read_number(object, "temperature", 1.0));
+  const engine::SamplingParams& defaults = context.config.sampling_defaults;
+  s.top_k = defaults.top_k;
+  s.temperature = static_cast<float>(read_number(object, "temperature", defaults.temperature));
   check_range("temperature", s.temperature, 0, false, 2, false);
-  s.top_p = static_cast<float>(read_number(object, "top_p", 1.0));
+  s.top_p = static_cast<float>(read_number(object, "top_p", defaults.top_p));
   check_range("top_p", s.top_p, 0, true, 1, false);
   if (auto top_k = read_integer(object, "top_k")) {
     if (*top_k == 0) *top_k = -1;  // vLLM: 0 also disables
@@ -247,13 +249,14 @@ void read_sampling(const json& object, const ParseContext& context, const Sampli
     }
     s.top_k = static_cast<int>(*top_k);
   }
-  s.min_p = static_cast<float>(read_number(object, "min_p", 0.0));
+  s.min_p = static_cast<float>(read_number(object, "min_p", defaults.min_p));
   check_range("min_p", s.min_p, 0, false, 1, false);
   s.presence_penalty = static_cast<float>(read_number(object, "presence_penalty", 0.0));
   check_range("presence_penalty", s.presence_penalty, -2, false, 2, false);
   s.frequency_penalty = static_cast<float>(read_number(object, "frequency_penalty", 0.0));
   check_range("frequency_penalty", s.frequency_penalty, -2, false, 2, false);
-  s.repetition_penalty = static_cast<float>(read_number(object, "repetition_penalty", 1.0));
+  s.repetition_penalty =
+      static_cast<float>(read_number(object, "repetition_penalty", defaults.repetition_penalty));
   check_range("repetition_penalty", s.repetition_penalty, 0, true, 2, false);
   if (auto seed = read_integer(object, names.seed)) s.seed = static_cast<uint64_t>(*seed);
   s.ignore_eos = read_bool(object, "ignore_eos", false);

@@ -26,6 +26,9 @@ struct ServerConfig {
   int64_t max_header_bytes = 64 << 10;            // 431 beyond
   double shutdown_timeout_s = 30.0;
   int max_n = 128;  // per-request cap on `n` (times the number of prompts)
+  // Used where a request leaves temperature, top_p, top_k, min_p or repetition_penalty out: the
+  // model's generation_config.json, as vLLM does (`serve` loads it).
+  engine::SamplingParams sampling_defaults;
   int io_threads = 2;
   bool handle_signals = false;  // SIGTERM/SIGINT start a graceful drain (the CLI sets this)
 };

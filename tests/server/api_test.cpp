@@ -189,5 +189,25 @@ TEST(Parse, SeedsAliasesAndDefaults) {
             512 - static_cast<int>(chat.value->prompts[0].ids.size()));
 }
 
+TEST(Parse, GenerationConfigDefaultsApplyWhereTheRequestIsSilent) {
+  FakeCodec codec;
+  engine::ModelInfo info = fake_info();
+  ServerConfig config;
+  config.sampling_defaults.temperature = 0.6f;
+  config.sampling_defaults.top_p = 0.95f;
+  config.sampling_defaults.top_k = 20;
+  ParseContext context{config, info, codec};
+  ApiResult<ApiRequest> silent = parse_completion_request({{"prompt", "x"}}, context);
+  ASSERT_TRUE(silent.is_ok());
+  EXPECT_FLOAT_EQ(silent.value->sampling.temperature, 0.6f);
+  EXPECT_FLOAT_EQ(silent.value->sampling.top_p, 0.95f);
+  EXPECT_EQ(silent.value->sampling.top_k, 20);
+  ApiResult<ApiRequest> explicit_values =
+      parse_completion_request({{"prompt", "x"}, {"temperature", 0}, {"top_k", -1}}, context);
+  ASSERT_TRUE(explicit_values.is_ok());
+  EXPECT_EQ(explicit_values.value->sampling.temperature, 0.0f);
+  EXPECT_EQ(explicit_values.value->sampling.top_k, -1);
+}
+
 }  // namespace
 }  // namespace sy::server
