@@ -6,12 +6,15 @@
 #include <cstdio>
 #include <fstream>
 #include <limits>
+#include <optional>
 
 #include "cli/commands.h"
 #include "loadgen/client.h"
 #include "loadgen/dataset.h"
 #include "loadgen/report.h"
 #include "loadgen/stats.h"
+#include "loadgen/tokenizer_codec.h"
+#include "tokenizer/tokenizer.h"
 
 namespace sy::cli {
 
@@ -31,6 +34,7 @@ struct BenchArgs {
   int max_concurrency = 0;
   bool ignore_eos = false;
   bool routed_experts = false;
+  bool no_routed_experts = false;
   int route_layers = 0, route_top_k = 0, route_num_experts = 0;
   std::string result_file;
   bool save_detailed = false;
@@ -69,16 +73,11 @@ Result<std::vector<double>> parse_percentiles(const std::string& text) {
   return percentiles;
 }
 
-// Prompts need a vocabulary; a tokenizer gives text prompts and output-token cross-checks.
-Result<loadgen::TokenCodec> make_codec(const BenchArgs& args) {
-  loadgen::TokenCodec codec;
-  if (!args.tokenizer_dir.empty()) {
-    return Status::error(ErrorCode::kUnsupported,
-                         "--tokenizer: the tokenizer module is not available in this build yet; "
-                         "use --vocab-size N with token-id prompts");
-  }
-  codec.vocab_size = args.vocab_size;
-  return codec;
+// --tokenizer, or else --model when it names a folder with a tokenizer.json.
+std::string tokenizer_folder(const BenchArgs& args) {
+  if (!args.tokenizer_dir.empty()) return args.tokenizer_dir;
+  if (!args.model.empty() && std::ifstream(args.model + "/tokenizer.json")) return args.model;
+  return "";
 }
 
 int run_bench(const BenchArgs& args) {
@@ -97,12 +96,25 @@ int run_bench(const BenchArgs& args) {
   if (!percentiles) return fail(percentiles.status());
   auto slo = loadgen::parse_goodput(args.goodput);
   if (!slo) return fail(slo.status());
-  auto codec = make_codec(args);
-  if (!codec) return fail(codec.status());
-
+  // Prompts need a vocabulary; a tokenizer also gives text prompts and output-token cross-checks.
+  std::optional<tokenizer::Tokenizer> tokenizer;
+  loadgen::TokenCodec codec;
+  const std::string tokenizer_dir = tokenizer_folder(args);
+  if (!tokenizer_dir.empty()) {
+    auto loaded = tokenizer::Tokenizer::load(tokenizer_dir);
+    if (!loaded) return fail(loaded.status().with_context("--tokenizer " + tokenizer_dir + ": "));
+    tokenizer = std::move(loaded).value();
+    codec = loadgen::make_token_codec(*tokenizer);
+    if (args.vocab_size > 0 && args.vocab_size != codec.vocab_size) {
+      return fail(Status::errorf("--vocab-size {} disagrees with the tokenizer's {}", args.vocab_size,
+                                 codec.vocab_size));
+    }
+  } else {
+    codec.vocab_size = args.vocab_size;
+  }
   loadgen::RandomDatasetOptions dataset_options = args.random;
   if (args.prompt_format == "auto") {
-    dataset_options.text_prompts = codec->can_text();
+    dataset_options.text_prompts = codec.can_text();
   } else if (args.prompt_format == "text" || args.prompt_format == "ids") {
     dataset_options.text_prompts = args.prompt_format == "text";
   } else {
@@ -111,7 +123,7 @@ int run_bench(const BenchArgs& args) {
   if (*endpoint == loadgen::Endpoint::kChat && !dataset_options.text_prompts) {
     return fail(Status::error("--endpoint chat sends text prompts: give --tokenizer DIR"));
   }
-  auto dataset = loadgen::make_random_dataset(dataset_options, *codec);
+  auto dataset = loadgen::make_random_dataset(dataset_options, codec);
   if (!dataset) return fail(dataset.status());
 
   loadgen::BenchConfig config;
@@ -121,6 +133,10 @@ int run_bench(const BenchArgs& args) {
   config.request.model = args.model;
   config.request.ignore_eos = args.ignore_eos;
   config.request.routed_experts = args.routed_experts;
+  config.request.routed_experts_off = args.no_routed_experts;
+  if (args.routed_experts && args.no_routed_experts) {
+    return fail(Status::error("--routed-experts and --no-routed-experts exclude each other"));
+  }
   config.request_rate = *rate;
   config.burstiness = args.burstiness;
   config.max_concurrency = args.max_concurrency;
@@ -132,10 +148,19 @@ int run_bench(const BenchArgs& args) {
   if (args.route_top_k > 0) config.route_expectation.top_k = args.route_top_k;
   if (args.route_num_experts > 0) config.route_expectation.num_experts = args.route_num_experts;
 
-  if (config.request.model.empty() && config.endpoint != loadgen::Endpoint::kGenerate) {
-    auto model = loadgen::fetch_first_model(config.base_url, 30);
-    if (!model) return fail(model.status());
-    config.request.model = *model;
+  // The model card names the model (when --model is not given) and, from Switchyard, the layout
+  // routes must have; flags given explicitly win.
+  const bool need_model = config.request.model.empty() && config.endpoint != loadgen::Endpoint::kGenerate;
+  if (need_model || config.request.routed_experts) {
+    auto card = loadgen::fetch_first_model(config.base_url, 30);
+    if (!card && need_model) return fail(card.status());
+    if (card) {
+      if (need_model) config.request.model = card->id;
+      auto& expectation = config.route_expectation;
+      if (!expectation.layers) expectation.layers = card->num_hidden_layers;
+      if (!expectation.top_k) expectation.top_k = card->top_k;
+      if (!expectation.num_experts) expectation.num_experts = card->num_experts;
+    }
   }
 
   std::printf("Endpoint: %s%s  model: %s\n", config.base_url.c_str(),
@@ -154,11 +179,27 @@ int run_bench(const BenchArgs& args) {
   if (!run) return fail(run.status());
 
   loadgen::TokenCounter counter;  // only with a tokenizer; without one vLLM counts 1
+  long long tokenizer_output_tokens = -1;
+  int tokenizer_output_mismatch = 0;
+  if (tokenizer) {
+    counter = [&tokenizer](const std::string& text) {
+      return loadgen::count_output_tokens(*tokenizer, text);
+    };
+    tokenizer_output_tokens = 0;
+    for (const loadgen::RequestOutput& output : run->outputs) {
+      if (!output.success) continue;
+      const int counted = counter(output.generated_text);
+      tokenizer_output_tokens += counted;
+      tokenizer_output_mismatch += output.output_tokens > 0 && counted != output.output_tokens;
+    }
+  }
   loadgen::ReportContext context;
   context.endpoint = std::string(loadgen::endpoint_name(config.endpoint));
   context.model = config.request.model;
   context.base_url = config.base_url;
-  context.tokenizer = args.tokenizer_dir;
+  context.tokenizer = tokenizer_dir;
+  context.tokenizer_output_tokens = tokenizer_output_tokens;
+  context.tokenizer_output_mismatch = tokenizer_output_mismatch;
   context.num_prompts = dataset_options.num_prompts;
   context.request_rate = config.request_rate;
   context.burstiness = config.burstiness;
@@ -208,6 +249,8 @@ void add_bench_command(CLI::App& app, int& exit_code) {
   command->add_option("--max-concurrency", args->max_concurrency, "Cap on requests in flight (0: none)")->capture_default_str();
   command->add_flag("--ignore-eos", args->ignore_eos, "Ask the server to ignore EOS");
   command->add_flag("--routed-experts", args->routed_experts, "Ask for routed experts and check every payload");
+  command->add_flag("--no-routed-experts", args->no_routed_experts,
+                    "Send return_routed_experts: false (the \"off\" side of an A/B)");
   command->add_option("--route-layers", args->route_layers, "Expected L of the routes (0: any, consistent)");
   command->add_option("--route-top-k", args->route_top_k, "Expected K of the routes (0: any, consistent)");
   command->add_option("--route-num-experts", args->route_num_experts, "Expert ids must be below this (0: unchecked)");

@@ -46,7 +46,9 @@ Result<std::string> build_request_body(Endpoint endpoint, const DatasetRequest& 
       body["stream"] = true;
       body["stream_options"] = {{"include_usage", true}};
       if (options.ignore_eos) body["ignore_eos"] = true;
-      if (options.routed_experts) body["return_routed_experts"] = true;
+      if (options.routed_experts || options.routed_experts_off) {
+        body["return_routed_experts"] = options.routed_experts;
+      }
       break;
     case Endpoint::kChat:
       if (!text_prompt) {
@@ -59,7 +61,9 @@ Result<std::string> build_request_body(Endpoint endpoint, const DatasetRequest& 
       body["stream"] = true;
       body["stream_options"] = {{"include_usage", true}};
       if (options.ignore_eos) body["ignore_eos"] = true;
-      if (options.routed_experts) body["return_routed_experts"] = true;
+      if (options.routed_experts || options.routed_experts_off) {
+        body["return_routed_experts"] = options.routed_experts;
+      }
       break;
     case Endpoint::kGenerate: {
       if (text_prompt) {
@@ -71,7 +75,9 @@ Result<std::string> build_request_body(Endpoint endpoint, const DatasetRequest& 
       if (options.ignore_eos) sampling["ignore_eos"] = true;
       body["sampling_params"] = sampling;
       body["stream"] = true;
-      if (options.routed_experts) body["return_routed_experts"] = true;
+      if (options.routed_experts || options.routed_experts_off) {
+        body["return_routed_experts"] = options.routed_experts;
+      }
       break;
     }
   }

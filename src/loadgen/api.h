@@ -23,6 +23,9 @@ struct RequestOptions {
   std::string model;  // not sent to /generate
   bool ignore_eos = false;
   bool routed_experts = false;  // ask for `return_routed_experts`
+  // Send `return_routed_experts: false` explicitly (Switchyard defaults it to true when the
+  // server captures routes, so an A/B needs the "off" side spelled out).
+  bool routed_experts_off = false;
 };
 
 // The JSON body of one streaming request. Text prompts use prompt_text; otherwise the ids are

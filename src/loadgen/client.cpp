@@ -188,7 +188,9 @@ class Runner {
       RequestOutput& output = attempt.output;
       if (output.success) {
         if (!attempt.usage_completion_tokens) ++result.usage_missing;
-        if (attempt.usage_prompt_tokens && *attempt.usage_prompt_tokens != requests_[i].prompt_len) {
+        // Chat prompts gain the chat template on the server, so only raw prompts compare.
+        if (config_.endpoint != Endpoint::kChat && attempt.usage_prompt_tokens &&
+            *attempt.usage_prompt_tokens != requests_[i].prompt_len) {
           ++result.prompt_len_mismatch;
         }
         if (config_.request.routed_experts) check_routes(i, attempt, result.routes);
@@ -464,7 +466,7 @@ Result<RunResult> run_benchmark(const BenchConfig& config,
   return runner.run();
 }
 
-Result<std::string> fetch_first_model(const std::string& base_url, double timeout_s) {
+Result<ModelCard> fetch_first_model(const std::string& base_url, double timeout_s) {
   SY_ASSIGN(BaseUrl url, parse_base_url(base_url));
   asio::io_context io;
   beast::tcp_stream stream(io);
@@ -499,7 +501,18 @@ Result<std::string> fetch_first_model(const std::string& base_url, double timeou
       !models["data"][0]["id"].is_string()) {
     return Status::errorf("GET {}/v1/models: no model listed; pass --model NAME", base_url);
   }
-  return models["data"][0]["id"].get<std::string>();
+  const nlohmann::json& first = models["data"][0];
+  ModelCard card;
+  card.id = first["id"].get<std::string>();
+  auto number = [&first](const char* key) -> std::optional<int64_t> {
+    auto it = first.find(key);
+    if (it == first.end() || !it->is_number_integer()) return std::nullopt;
+    return it->get<int64_t>();
+  };
+  card.num_hidden_layers = number("num_hidden_layers");
+  card.top_k = number("top_k");
+  card.num_experts = number("num_experts");
+  return card;
 }
 
 }  // namespace sy::loadgen

@@ -53,7 +53,7 @@ struct RunResult {
   int peak_open_streams = 0;  // requests in flight at once, counted by the client
   double client_cpu_s = 0;    // user + system CPU of this process during the run
   int usage_missing = 0;      // successful requests whose stream had no usage counts
-  int prompt_len_mismatch = 0;  // usage.prompt_tokens != the dataset's prompt length
+  int prompt_len_mismatch = 0;  // usage.prompt_tokens != the dataset's (not checked for chat)
   RouteReport routes;
 };
 
@@ -62,8 +62,13 @@ struct RunResult {
 Result<RunResult> run_benchmark(const BenchConfig& config,
                                 const std::vector<DatasetRequest>& requests);
 
-// The id of the first model in GET /v1/models (vLLM's default for --model).
-Result<std::string> fetch_first_model(const std::string& base_url, double timeout_s);
+// The first model card of GET /v1/models: its id is vLLM's default for --model; Switchyard's card
+// also gives the route layout (num_hidden_layers, top_k, num_experts).
+struct ModelCard {
+  std::string id;
+  std::optional<int64_t> num_hidden_layers, top_k, num_experts;
+};
+Result<ModelCard> fetch_first_model(const std::string& base_url, double timeout_s);
 
 // Raises the soft open-file limit to the hard one (thousands of streams need thousands of
 // descriptors); returns the limit now in force.
