@@ -6,6 +6,13 @@
 #include <filesystem>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#if __has_include("chat/chat_template.h")
+#include "chat/chat_template.h"
+#define SY_HAVE_CHAT 1
+#endif
+
 namespace sy::cli {
 
 std::string default_tokenizer_dir() {
@@ -23,6 +30,26 @@ std::string default_tokenizer_dir() {
   for (const auto& root : roots)
     if (fs::exists(root / relative / "tokenizer.json")) return (root / relative).string();
   return "";
+}
+
+Result<std::string> render_chat_prompt(const std::string& model_dir, const std::string& messages_json) {
+  auto parsed = nlohmann::json::parse(messages_json, nullptr, false);
+  if (parsed.is_discarded()) return Status::error("not valid JSON");
+  nlohmann::json messages = parsed, tools = nullptr, kwargs = nlohmann::json::object();
+  if (parsed.is_object()) {
+    messages = parsed.value("messages", nlohmann::json());
+    tools = parsed.value("tools", nlohmann::json());
+    kwargs = parsed.value("chat_template_kwargs", nlohmann::json::object());
+  }
+  if (!messages.is_array()) return Status::error("expected a JSON array of messages");
+#ifdef SY_HAVE_CHAT
+  auto chat_template = chat::ChatTemplate::load(model_dir);
+  if (!chat_template) return chat_template.status();
+  return chat_template->render(messages, tools, true, kwargs);
+#else
+  (void)model_dir;
+  return Status::error(ErrorCode::kUnsupported, "chat templates are not built into this binary yet");
+#endif
 }
 
 }  // namespace sy::cli

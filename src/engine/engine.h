@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "moe/experts_kernel.h"
 #include "moe/route_log.h"
 #include "util/status.h"
 
@@ -115,6 +116,9 @@ struct EngineConfig {
   int max_waiting_requests = 4096;    // beyond this submit fails with kResourceExhausted (429)
   int num_threads = 0;                // 0 = all cores
   bool show_progress = false;         // loading progress on a terminal
+  bool require_replay = false;        // the run replays routes (generate --routes-in): guard on it
+  // Extra MoE kernels to offer besides the backend's (tests use it for deliberately broken ones).
+  std::function<void(moe::ExpertsKernelRegistry&)> register_extra_kernels;
 };
 
 class Engine {

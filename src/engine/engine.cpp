@@ -1,0 +1,764 @@
+// The engine: one thread runs schedule -> forward -> sample -> deliver. Continuous batching with
+// caps on sequences and tokens per step, chunked prefill, prefix caching with routes, and
+// preemption by recompute (which replays logged routes).
+#include "engine/engine.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <future>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <unordered_map>
+
+#include "engine/kv_cache.h"
+#include "engine/sequence.h"
+#include "model/decoder.h"
+#include "moe/router.h"
+
+namespace sy::engine {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+class EngineImpl final : public Engine {
+ public:
+  ~EngineImpl() override { shutdown(0); }
+
+  Status init(const EngineConfig& config) {
+    config_ = config;
+    backend_ = backend::make_cpu_backend({config.num_threads});
+    backend_->register_kernels(registry_);
+    if (config.register_extra_kernels) config.register_extra_kernels(registry_);
+    moe::KernelNeeds needs{backend_->device(), config.capture_routes, config.require_replay};
+    // A kernel that can replay is preferred so replay requests work; a named kernel is kept as is.
+    needs.replay = config.require_replay || config.moe_kernel == "auto";
+    auto kernel = registry_.select(config.moe_kernel, needs);
+    if (!kernel && needs.replay && !config.require_replay) {
+      needs.replay = false;
+      kernel = registry_.select(config.moe_kernel, needs);
+    }
+    if (!kernel) return kernel.status();
+    kernel_ = *kernel;
+    // The guard runs before loading, so a refused kernel costs no load time.
+    SY_ASSIGN(model_, model::Model::load(config.model_dir, *backend_, progress_printer(config.show_progress)));
+    const model::ModelConfig& c = model_->config();
+    config_at_start_ = c;  // shapes never change (weight updates must keep them)
+    max_model_len_ = config.max_model_len > 0 ? config.max_model_len : c.max_position_embeddings;
+    row_ints_ = c.num_hidden_layers * c.experts_per_token;
+    int64_t kv_tokens = config.kv_cache_tokens;
+    if (kv_tokens <= 0) {
+      const int64_t per_token = 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * 4;
+      const int64_t budget = std::min<int64_t>(available_memory_bytes() / 4, int64_t{8} << 30);
+      kv_tokens = std::clamp<int64_t>(budget / per_token, 4096, 262144);
+    }
+    const int64_t blocks = std::max<int64_t>(2, (kv_tokens + config.block_size_tokens - 1) / config.block_size_tokens);
+    decoder_ = std::make_unique<model::Decoder>(*backend_, *kernel_, config.block_size_tokens);
+    decoder_->allocate_kv_cache(c, blocks);
+    kv_ = std::make_unique<KvCache>(blocks, config.block_size_tokens, row_ints_);
+    eos_ids_ = c.eos_token_ids;
+    thread_ = std::thread([this] { loop(); });
+    return Status::ok();
+  }
+
+  Result<RequestId> submit(GenerationRequest request, EventCallback on_event) override {
+    SY_TRY(validate(request));
+    auto seq = std::make_unique<Sequence>();
+    seq->request = std::move(request);
+    seq->on_event = std::move(on_event);
+    seq->tokens = seq->request.prompt_ids;
+    seq->prompt_len = static_cast<int64_t>(seq->tokens.size());
+    if (seq->request.replay) {
+      // The replay becomes the first rows of the route log: those positions are forced.
+      const moe::RouteArray& replay = *seq->request.replay;
+      seq->routes.assign(replay.ids.begin(), replay.ids.end());
+      seq->route_rows = seq->user_forced_rows = replay.rows;
+    }
+    std::lock_guard lock(mutex_);
+    if (stopping_) return Status::error(ErrorCode::kUnavailable, "engine is shutting down");
+    if (static_cast<int>(incoming_.size() + waiting_.size()) >= config_.max_waiting_requests)
+      return Status::error(ErrorCode::kResourceExhausted,
+                           fmt::format("request queue is full ({} waiting)", config_.max_waiting_requests));
+    seq->id = next_id_++;
+    seq->seed = seq->request.sampling.seed ? *seq->request.sampling.seed : seed_rng_();
+    RequestId id = seq->id;
+    incoming_.push_back(std::move(seq));
+    wake_.notify_one();
+    return id;
+  }
+
+  void cancel(RequestId id) override {
+    std::lock_guard lock(mutex_);
+    cancelled_.push_back(id);
+    wake_.notify_one();
+  }
+
+  EngineMetrics metrics() const override {
+    std::lock_guard lock(metrics_mutex_);
+    return metrics_;
+  }
+
+  ModelInfo model_info() const override {
+    const model::ModelConfig& c = config_at_start_;
+    ModelInfo info;
+    info.architecture = c.architecture;
+    info.vocab_size = c.vocab_size;
+    info.max_model_len = max_model_len_;
+    info.num_hidden_layers = c.num_hidden_layers;
+    info.moe_layers = c.moe_layers();
+    info.num_experts = c.num_experts;
+    info.top_k = c.experts_per_token;
+    info.eos_token_ids = eos_ids_;
+    return info;
+  }
+
+  Status update_weights_from_disk(const std::string& model_dir) override {
+    return run_on_engine_thread([this, model_dir]() -> Status {
+      auto fresh = model::Model::load(model_dir, *backend_);
+      if (!fresh) return fresh.status();
+      SY_TRY(model_->check_same_shapes(**fresh).with_context(model_dir + ": not the same shapes: "));
+      model_ = std::move(fresh).value();
+      kv_->flush();
+      return Status::ok();
+    }, /*drain=*/true);
+  }
+
+  Status flush_cache() override {
+    return run_on_engine_thread([this]() -> Status {
+      kv_->flush();
+      return Status::ok();
+    }, /*drain=*/false);
+  }
+
+  void shutdown(int64_t timeout_ms) override {
+    {
+      std::lock_guard lock(mutex_);
+      if (!thread_.joinable()) return;
+      stopping_ = true;
+      drain_deadline_ = Clock::now() + std::chrono::milliseconds(timeout_ms);
+      wake_.notify_all();
+    }
+    thread_.join();
+  }
+
+ private:
+  static model::LoadProgress progress_printer(bool show) {
+    if (!show || !isatty(STDERR_FILENO)) return {};
+    return [](size_t done, size_t total, uint64_t bytes, uint64_t total_bytes) {
+      std::fprintf(stderr, "\rloading: %zu/%zu tensors, %.1f/%.1f MB", done, total, bytes / 1e6, total_bytes / 1e6);
+      if (done == total) std::fprintf(stderr, "\n");
+    };
+  }
+
+  static int64_t available_memory_bytes() {
+    long pages = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    return pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : int64_t{4} << 30;
+  }
+
+  Status validate(const GenerationRequest& request) const {
+    const model::ModelConfig& c = config_at_start_;
+    const SamplingParams& s = request.sampling;
+    const int64_t prompt = static_cast<int64_t>(request.prompt_ids.size());
+    if (prompt == 0) return Status::error("prompt must contain at least one token");
+    for (int32_t id : request.prompt_ids)
+      if (id < 0 || id >= c.vocab_size)
+        return Status::errorf("prompt token id {} is out of range [0, {})", id, c.vocab_size);
+    if (s.max_tokens < 1) return Status::errorf("max_tokens must be >= 1, got {}", s.max_tokens);
+    if (prompt + s.max_tokens > max_model_len_)
+      return Status::errorf(
+          "This model's maximum context length is {} tokens. However, you requested {} tokens ({} in "
+          "the prompt, {} for the completion)",
+          max_model_len_, prompt + s.max_tokens, prompt, s.max_tokens);
+    for (int32_t id : s.stop_token_ids)
+      if (id < 0 || id >= c.vocab_size) return Status::errorf("stop_token_ids entry {} is out of range", id);
+    for (auto [id, bias] : s.logit_bias)
+      if (id < 0 || id >= c.vocab_size) return Status::errorf("logit_bias token id {} is out of range", id);
+    if (request.return_routes && !config_.capture_routes)
+      return Status::error("routed experts were requested but capture is off (start the server with "
+                           "--enable-return-routed-experts)");
+    if (request.replay) {
+      if (!kernel_->replays_routes())
+        return Status::error(ErrorCode::kUnsupported,
+                             fmt::format("MoE kernel {} cannot replay routes", kernel_->name()));
+      const moe::RouteArray& r = *request.replay;
+      if (r.layers != c.num_hidden_layers || r.top_k != c.experts_per_token)
+        return Status::errorf("routed_experts_replay must have shape (n, {}, {}), got ({}, {}, {})",
+                              c.num_hidden_layers, c.experts_per_token, r.rows, r.layers, r.top_k);
+      if (r.rows < 0 || r.rows > prompt)
+        return Status::errorf("routed_experts_replay has {} rows; at most the prompt's {} tokens", r.rows, prompt);
+      if (static_cast<int64_t>(r.ids.size()) != r.rows * r.layers * r.top_k)
+        return Status::error("routed_experts_replay data does not match its shape");
+      const moe::RouterSpec spec = c.router_spec();
+      const std::vector<int> moe_layers = c.moe_layers();
+      for (int64_t row = 0; row < r.rows; ++row)
+        for (int layer : moe_layers) {
+          Status status = moe::validate_route_row(r.row_ptr(row) + layer * r.top_k, spec);
+          if (!status)
+            return Status::errorf("routed_experts_replay row {} layer {}: {}", row, layer, status.message());
+        }
+    }
+    return Status::ok();
+  }
+
+  // Runs `work` on the engine thread between steps; with drain, after running sequences finish.
+  Status run_on_engine_thread(std::function<Status()> work, bool drain) {
+    auto task = std::make_shared<std::packaged_task<Status()>>(std::move(work));
+    auto result = task->get_future();
+    {
+      std::lock_guard lock(mutex_);
+      if (!thread_.joinable() || stopping_) return Status::error(ErrorCode::kUnavailable, "engine is shutting down");
+      tasks_.push_back({[task] { (*task)(); }, drain});
+      wake_.notify_one();
+    }
+    return result.get();
+  }
+
+  // ---- engine thread ----
+
+  void loop() {
+    for (;;) {
+      std::vector<std::unique_ptr<Sequence>> incoming;
+      std::vector<RequestId> cancelled;
+      std::vector<Task> tasks;
+      bool stopping;
+      {
+        std::unique_lock lock(mutex_);
+        wake_.wait(lock, [&] {
+          return stopping_ || !incoming_.empty() || !cancelled_.empty() || !tasks_.empty() ||
+                 !running_.empty() || (!waiting_.empty() && !paused_for_drain()) ||
+                 (!pending_tasks_.empty() && running_.empty());
+        });
+        incoming.swap(incoming_);
+        cancelled.swap(cancelled_);
+        tasks.swap(tasks_);
+        stopping = stopping_;
+      }
+      for (auto& seq : incoming) waiting_.push_back(std::move(seq));
+      for (RequestId id : cancelled) drop(id);
+      for (auto& task : tasks) pending_tasks_.push_back(std::move(task));
+      run_ready_tasks();
+      if (stopping) {
+        if ((running_.empty() && waiting_.empty()) || Clock::now() >= drain_deadline_) break;
+      }
+      if (!running_.empty() || (!waiting_.empty() && !paused_for_drain())) step();
+      publish_metrics();
+    }
+    for (auto& seq : running_) finish(*seq, FinishReason::kAbort, Status::ok());
+    for (auto& seq : waiting_) finish(*seq, FinishReason::kAbort, Status::ok());
+    running_.clear();
+    waiting_.clear();
+    for (auto& task : pending_tasks_) task.run();
+    std::lock_guard lock(mutex_);
+    for (auto& task : tasks_) task.run();
+    tasks_.clear();
+  }
+
+  // Admission pauses while a weight update waits for running sequences to finish.
+  bool paused_for_drain() const {
+    for (const auto& task : pending_tasks_)
+      if (task.drain) return true;
+    return false;
+  }
+
+  void run_ready_tasks() {
+    while (!pending_tasks_.empty()) {
+      if (pending_tasks_.front().drain && !running_.empty()) return;
+      Task task = std::move(pending_tasks_.front());
+      pending_tasks_.pop_front();
+      task.run();
+    }
+  }
+
+  void drop(RequestId id) {
+    auto erase_from = [&](auto& list) {
+      for (auto it = list.begin(); it != list.end(); ++it)
+        if ((*it)->id == id) {
+          free_blocks(**it);
+          list.erase(it);
+          return true;
+        }
+      return false;
+    };
+    if (!erase_from(running_)) erase_from(waiting_);
+  }
+
+  void free_blocks(Sequence& seq) {
+    for (int32_t block : seq.blocks) kv_->release(block);
+    seq.blocks.clear();
+    seq.published_blocks = 0;
+  }
+
+  // Ensures blocks for positions [0, end) exist; false when the cache has too few.
+  bool reserve(Sequence& seq, int64_t end) {
+    const int64_t needed = (end + kv_->block_size() - 1) / kv_->block_size();
+    while (static_cast<int64_t>(seq.blocks.size()) < needed) {
+      auto block = kv_->allocate();
+      if (!block) return false;
+      seq.blocks.push_back(*block);
+    }
+    return true;
+  }
+
+  // Chained hash of full block `index` of seq (its tokens and forced routes must be known).
+  uint64_t block_hash(Sequence& seq, int64_t index) {
+    while (static_cast<int64_t>(seq.block_hashes.size()) <= index) {
+      const int64_t b = static_cast<int64_t>(seq.block_hashes.size());
+      const int64_t begin = b * kv_->block_size();
+      const uint64_t previous = b ? seq.block_hashes[b - 1] : 0;
+      std::vector<uint8_t> forced(static_cast<size_t>(kv_->block_size()));
+      for (int i = 0; i < kv_->block_size(); ++i) forced[i] = begin + i < seq.user_forced_rows;
+      const int32_t* routes = seq.routes.empty() ? nullptr : seq.routes.data() + begin * row_ints_;
+      seq.block_hashes.push_back(KvCache::chain_hash(previous, seq.tokens.data() + begin, routes,
+                                                     forced.data(), kv_->block_size(), row_ints_));
+    }
+    return seq.block_hashes[index];
+  }
+
+  // Prefix-cache lookup for a sequence with nothing computed: reuse leading full blocks (always
+  // leaving the last token to compute) and restore their routes into the route log.
+  void lookup_prefix(Sequence& seq) {
+    seq.prefix_lookup_done = true;
+    if (!config_.enable_prefix_caching || seq.request.sampling.prompt_logprobs >= 0) return;
+    const int64_t bs = kv_->block_size();
+    const int64_t max_blocks = (static_cast<int64_t>(seq.tokens.size()) - 1) / bs;
+    int64_t hits = 0;
+    for (int64_t b = 0; b < max_blocks; ++b) {
+      auto block = kv_->lookup(block_hash(seq, b));
+      if (!block) break;
+      seq.blocks.push_back(*block);
+      const std::vector<int32_t>& stored = kv_->routes(*block);
+      if (config_.capture_routes && seq.route_rows < (b + 1) * bs) {
+        seq.routes.resize(static_cast<size_t>((b + 1) * bs * row_ints_));
+        std::copy(stored.begin(), stored.end(), seq.routes.begin() + b * bs * row_ints_);
+        seq.route_rows = (b + 1) * bs;
+      }
+      ++hits;
+    }
+    seq.published_blocks = hits;
+    seq.num_computed = hits * bs;
+    if (seq.first_event_sent) return;  // a recompute after preemption: counted already
+    seq.cached_prompt_tokens = std::min(seq.num_computed, seq.prompt_len);
+    std::lock_guard lock(metrics_mutex_);
+    metrics_.prefix_cache_queries_tokens += seq.prompt_len;
+    metrics_.prefix_cache_hits_tokens += seq.cached_prompt_tokens;
+  }
+
+  void preempt(std::unique_ptr<Sequence> seq) {
+    free_blocks(*seq);
+    seq->num_computed = 0;
+    seq->prefix_lookup_done = false;
+    {
+      std::lock_guard lock(metrics_mutex_);
+      ++metrics_.preemptions_total;
+    }
+    waiting_.push_front(std::move(seq));
+  }
+
+  struct Scheduled {
+    Sequence* seq;
+    int64_t begin, count;
+  };
+
+  std::vector<Scheduled> schedule() {
+    std::vector<Scheduled> batch;
+    int64_t budget = config_.max_num_batched_tokens;
+    // Running sequences first (decodes and unfinished prefills), oldest first; when blocks run
+    // out, preempt from the back.
+    for (size_t i = 0; i < running_.size() && budget > 0;) {
+      Sequence& seq = *running_[i];
+      const int64_t count = std::min<int64_t>(static_cast<int64_t>(seq.tokens.size()) - seq.num_computed, budget);
+      if (reserve(seq, seq.num_computed + count)) {
+        batch.push_back({&seq, seq.num_computed, count});
+        budget -= count;
+        ++i;
+        continue;
+      }
+      // Out of blocks: the newest running sequence gives its blocks back (maybe this one).
+      std::unique_ptr<Sequence> victim = std::move(running_.back());
+      running_.pop_back();
+      for (auto it = batch.begin(); it != batch.end(); ++it)
+        if (it->seq == victim.get()) {
+          budget += it->count;
+          batch.erase(it);
+          break;
+        }
+      bool was_current = victim.get() == &seq;
+      preempt(std::move(victim));
+      if (was_current) break;
+    }
+    // Then admit waiting sequences while tokens, sequence slots and blocks allow.
+    while (budget > 0 && !waiting_.empty() && !paused_for_drain() &&
+           static_cast<int>(running_.size()) < config_.max_num_seqs) {
+      Sequence& seq = *waiting_.front();
+      if (!seq.prefix_lookup_done) lookup_prefix(seq);
+      const int64_t count = std::min<int64_t>(static_cast<int64_t>(seq.tokens.size()) - seq.num_computed, budget);
+      if (!reserve(seq, seq.num_computed + count)) {
+        if (running_.empty() && batch.empty()) {
+          // Not even one sequence fits: the request can never run in this cache.
+          auto failing = std::move(waiting_.front());
+          waiting_.pop_front();
+          finish(*failing, FinishReason::kError,
+                 Status::error(ErrorCode::kResourceExhausted, "KV cache too small for this request"));
+          continue;
+        }
+        break;
+      }
+      batch.push_back({&seq, seq.num_computed, count});
+      budget -= count;
+      running_.push_back(std::move(waiting_.front()));
+      waiting_.pop_front();
+    }
+    return batch;
+  }
+
+  void step() {
+    std::vector<Scheduled> batch = schedule();
+    if (batch.empty()) return;
+    const model::ModelConfig& c = model_->config();
+    const int64_t bs = kv_->block_size();
+
+    model::StepInputs in;
+    in.capture_routes = config_.capture_routes;
+    in.num_seqs = static_cast<int>(batch.size());
+    for (const auto& s : batch) in.max_blocks_per_seq = std::max<int>(in.max_blocks_per_seq, static_cast<int>(s.seq->blocks.size()));
+    in.block_tables.assign(static_cast<size_t>(in.num_seqs * std::max(in.max_blocks_per_seq, 1)), 0);
+    in.max_blocks_per_seq = std::max(in.max_blocks_per_seq, 1);
+    bool any_forced = false;
+    struct LogitsUse {
+      size_t item;
+      int64_t position;
+      bool sample;
+    };
+    std::vector<LogitsUse> logits_uses;
+    for (size_t i = 0; i < batch.size(); ++i) {
+      const Scheduled& s = batch[i];
+      Sequence& seq = *s.seq;
+      std::copy(seq.blocks.begin(), seq.blocks.end(), in.block_tables.begin() + i * in.max_blocks_per_seq);
+      const bool wants_prompt_logprobs = seq.request.sampling.prompt_logprobs >= 0;
+      for (int64_t p = s.begin; p < s.begin + s.count; ++p) {
+        const int32_t t = static_cast<int32_t>(in.token_ids.size());
+        in.token_ids.push_back(seq.tokens[p]);
+        in.positions.push_back(static_cast<int32_t>(p));
+        in.token_seq.push_back(static_cast<int32_t>(i));
+        in.slot_mapping.push_back(static_cast<int32_t>(seq.blocks[p / bs] * bs + p % bs));
+        const bool forced = p < seq.route_rows && kernel_->replays_routes();
+        in.forced.push_back(forced ? 1 : 0);
+        any_forced |= forced;
+        const bool last = p + 1 == static_cast<int64_t>(seq.tokens.size());
+        if (last || (wants_prompt_logprobs && p + 1 < seq.prompt_len)) {
+          in.logits_rows.push_back(t);
+          logits_uses.push_back({i, p, last});
+        }
+      }
+    }
+    if (any_forced) {
+      in.forced_routes.assign(in.token_ids.size() * static_cast<size_t>(row_ints_), 0);
+      size_t t = 0;
+      for (const auto& s : batch)
+        for (int64_t p = s.begin; p < s.begin + s.count; ++p, ++t)
+          if (in.forced[t])
+            std::copy_n(s.seq->routes.begin() + p * row_ints_, row_ints_, in.forced_routes.begin() + t * row_ints_);
+    } else {
+      in.forced.clear();
+    }
+
+    model::StepOutputs out;
+    Status status = decoder_->forward(*model_, in, out);
+    if (!status) {
+      // E.g. a route no kernel wrote: fail the step's requests, keep serving the rest.
+      if (status.code() == ErrorCode::kInternal) {
+        std::lock_guard lock(metrics_mutex_);
+        ++metrics_.route_capture_errors_total;
+      }
+      for (const auto& s : batch) fail_running(s.seq, status);
+      return;
+    }
+
+    // Route log: positions computed for the first time get the rows the kernels wrote.
+    if (config_.capture_routes) {
+      size_t t = 0;
+      for (const auto& s : batch) {
+        Sequence& seq = *s.seq;
+        for (int64_t p = s.begin; p < s.begin + s.count; ++p, ++t) {
+          if (p < seq.route_rows) continue;
+          seq.routes.insert(seq.routes.end(), out.routes.begin() + t * row_ints_, out.routes.begin() + (t + 1) * row_ints_);
+          seq.route_rows = p + 1;
+        }
+      }
+    }
+    for (const auto& s : batch) {
+      s.seq->num_computed = s.begin + s.count;
+      publish_full_blocks(*s.seq);
+    }
+    {
+      std::lock_guard lock(metrics_mutex_);
+      for (const auto& s : batch) {
+        int64_t prompt_part = std::max<int64_t>(0, std::min(s.begin + s.count, s.seq->prompt_len) - s.begin);
+        metrics_.prompt_tokens_computed += prompt_part;
+      }
+    }
+
+    // Prompt logprobs (score the next prompt token) and sampling (the last position).
+    std::vector<backend::SamplingRow> rows;
+    std::vector<size_t> sample_items, sample_logit_rows;
+    std::vector<int32_t> score_targets;
+    std::vector<size_t> score_uses;
+    int max_prompt_top = 0;
+    for (size_t r = 0; r < logits_uses.size(); ++r) {
+      const LogitsUse& use = logits_uses[r];
+      Sequence& seq = *batch[use.item].seq;
+      if (use.sample) {
+        sample_items.push_back(use.item);
+        sample_logit_rows.push_back(r);
+        rows.push_back(sampling_row(seq));
+      }
+      if (seq.request.sampling.prompt_logprobs >= 0 && use.position + 1 < seq.prompt_len) {
+        score_targets.push_back(seq.tokens[use.position + 1]);
+        score_uses.push_back(r);
+        max_prompt_top = std::max(max_prompt_top, seq.request.sampling.prompt_logprobs);
+      }
+    }
+    if (!score_targets.empty()) {
+      std::vector<backend::SampledToken> scored;
+      Tensor logits = gather_logits(out.logits, score_uses);
+      backend_->score_tokens(logits, score_targets, max_prompt_top, scored);
+      for (size_t j = 0; j < scored.size(); ++j) {
+        Sequence& seq = *batch[logits_uses[score_uses[j]].item].seq;
+        TokenLogprob entry{scored[j].token_id, scored[j].logprob, {}};
+        for (int k = 0; k < seq.request.sampling.prompt_logprobs && k < static_cast<int>(scored[j].top.size()); ++k)
+          entry.top.push_back({scored[j].top[k].first, scored[j].top[k].second});
+        seq.prompt_logprobs.push_back(std::move(entry));
+      }
+    }
+    std::vector<backend::SampledToken> sampled;
+    if (!rows.empty()) {
+      Tensor logits = gather_logits(out.logits, sample_logit_rows);
+      backend_->sample(logits, rows, sampled);
+    }
+    std::vector<Sequence*> finished;
+    for (size_t j = 0; j < sampled.size(); ++j) {
+      Sequence& seq = *batch[sample_items[j]].seq;
+      const backend::SampledToken& token = sampled[j];
+      seq.tokens.push_back(token.token_id);
+      seq.new_tokens.push_back(token.token_id);
+      if (seq.request.sampling.logprobs >= 0) {
+        TokenLogprob entry{token.token_id, token.logprob, {}};
+        for (auto [id, lp] : token.top) entry.top.push_back({id, lp});
+        seq.new_logprobs.push_back(std::move(entry));
+      }
+      {
+        std::lock_guard lock(metrics_mutex_);
+        ++metrics_.generation_tokens_total;
+      }
+      FinishReason reason = finish_reason_after(seq, token.token_id);
+      std::optional<int32_t> stop_token;
+      if (reason == FinishReason::kStop) stop_token = token.token_id;
+      Continuation next = deliver(seq, reason, stop_token);
+      if (reason == FinishReason::kNone && next == Continuation::kStop) {
+        reason = FinishReason::kStop;
+        deliver(seq, reason, std::nullopt);
+      }
+      if (reason != FinishReason::kNone) finished.push_back(&seq);
+    }
+    (void)c;
+    for (Sequence* seq : finished) remove_running(seq);
+  }
+
+  Tensor gather_logits(const Tensor& logits, const std::vector<size_t>& rows) {
+    // Rows are ascending and usually contiguous from 0; copy into a compact view otherwise.
+    bool identity = true;
+    for (size_t i = 0; i < rows.size(); ++i) identity &= rows[i] == i;
+    if (identity) return logits.slice_rows(0, static_cast<int64_t>(rows.size()));
+    const int64_t vocab = logits.dim(1);
+    gathered_.resize(rows.size() * static_cast<size_t>(vocab));
+    for (size_t i = 0; i < rows.size(); ++i)
+      std::copy_n(logits.ptr<float>() + rows[i] * vocab, vocab, gathered_.begin() + i * vocab);
+    return Tensor(gathered_.data(), DType::kF32, {static_cast<int64_t>(rows.size()), vocab});
+  }
+
+  backend::SamplingRow sampling_row(const Sequence& seq) {
+    const SamplingParams& s = seq.request.sampling;
+    backend::SamplingRow row;
+    row.temperature = s.temperature;
+    row.top_p = s.top_p;
+    row.top_k = s.top_k;
+    row.min_p = s.min_p;
+    row.seed = seq.seed;
+    row.draw_index = static_cast<uint64_t>(seq.output_len());
+    row.presence_penalty = s.presence_penalty;
+    row.frequency_penalty = s.frequency_penalty;
+    row.repetition_penalty = s.repetition_penalty;
+    row.logit_bias = &s.logit_bias;
+    row.prompt_tokens = &seq.request.prompt_ids;
+    output_scratch_.assign(seq.tokens.begin() + seq.prompt_len, seq.tokens.end());
+    row.output_tokens = nullptr;
+    if (!output_scratch_.empty()) {
+      outputs_kept_.push_back(output_scratch_);
+      row.output_tokens = &outputs_kept_.back();
+    }
+    if (seq.output_len() < s.min_tokens) {
+      if (!s.ignore_eos) row.banned_tokens = eos_ids_;
+      row.banned_tokens.insert(row.banned_tokens.end(), s.stop_token_ids.begin(), s.stop_token_ids.end());
+    }
+    row.logprobs = s.logprobs;
+    return row;
+  }
+
+  FinishReason finish_reason_after(const Sequence& seq, int32_t token) const {
+    const SamplingParams& s = seq.request.sampling;
+    if (seq.output_len() >= s.min_tokens) {
+      if (!s.ignore_eos && std::find(eos_ids_.begin(), eos_ids_.end(), token) != eos_ids_.end())
+        return FinishReason::kStop;
+      if (std::find(s.stop_token_ids.begin(), s.stop_token_ids.end(), token) != s.stop_token_ids.end())
+        return FinishReason::kStop;
+    }
+    if (seq.output_len() >= s.max_tokens) return FinishReason::kLength;
+    if (static_cast<int64_t>(seq.tokens.size()) >= max_model_len_) return FinishReason::kLength;
+    return FinishReason::kNone;
+  }
+
+  // Registers newly completed full blocks (tokens known and computed) in the prefix cache.
+  void publish_full_blocks(Sequence& seq) {
+    if (!config_.enable_prefix_caching) return;
+    const int64_t bs = kv_->block_size();
+    const int64_t full = seq.num_computed / bs;
+    for (int64_t b = seq.published_blocks; b < full; ++b) {
+      std::vector<int32_t> routes;
+      if (config_.capture_routes) {
+        if (seq.route_rows < (b + 1) * bs) break;
+        routes.assign(seq.routes.begin() + b * bs * row_ints_, seq.routes.begin() + (b + 1) * bs * row_ints_);
+      }
+      kv_->publish(seq.blocks[b], block_hash(seq, b), std::move(routes));
+      seq.published_blocks = b + 1;
+    }
+  }
+
+  Continuation deliver(Sequence& seq, FinishReason reason, std::optional<int32_t> stop_token) {
+    Event event;
+    event.request_id = seq.id;
+    event.new_token_ids.swap(seq.new_tokens);
+    event.new_logprobs.swap(seq.new_logprobs);
+    if (!seq.first_event_sent) {
+      event.prompt_logprobs.swap(seq.prompt_logprobs);
+      event.cached_prompt_tokens = seq.cached_prompt_tokens;
+      seq.first_event_sent = true;
+      std::lock_guard lock(metrics_mutex_);
+      metrics_.prompt_tokens_total += seq.prompt_len;
+    }
+    event.finished = reason != FinishReason::kNone;
+    event.finish_reason = reason;
+    event.stop_token_id = stop_token;
+    if (event.finished && seq.request.return_routes) event.routes = route_array(seq);
+    return seq.on_event ? seq.on_event(event) : Continuation::kContinue;
+  }
+
+  moe::RouteArray route_array(const Sequence& seq) const {
+    moe::RouteArray routes;
+    routes.rows = static_cast<int64_t>(seq.tokens.size()) - 1;
+    routes.layers = model_->config().num_hidden_layers;
+    routes.top_k = model_->config().experts_per_token;
+    routes.ids.assign(seq.routes.begin(), seq.routes.begin() + routes.rows * row_ints_);
+    // Replayed rows are returned as given; dense layers' entries are 0 on the wire.
+    const auto moe_layers = model_->config().moe_layers();
+    for (int64_t row = 0; row < routes.rows; ++row)
+      for (int64_t layer = 0; layer < routes.layers; ++layer)
+        if (std::find(moe_layers.begin(), moe_layers.end(), layer) == moe_layers.end())
+          std::fill_n(routes.ids.begin() + (row * routes.layers + layer) * routes.top_k, routes.top_k, 0);
+    return routes;
+  }
+
+  void finish(Sequence& seq, FinishReason reason, const Status& error) {
+    free_blocks(seq);
+    Event event;
+    event.request_id = seq.id;
+    event.new_token_ids.swap(seq.new_tokens);
+    event.finished = true;
+    event.finish_reason = reason;
+    event.error = error;
+    if (seq.on_event) seq.on_event(event);
+  }
+
+  void fail_running(Sequence* seq, const Status& error) {
+    for (auto it = running_.begin(); it != running_.end(); ++it)
+      if (it->get() == seq) {
+        finish(*seq, FinishReason::kError, error);
+        running_.erase(it);
+        return;
+      }
+  }
+
+  void remove_running(Sequence* seq) {
+    for (auto it = running_.begin(); it != running_.end(); ++it)
+      if (it->get() == seq) {
+        free_blocks(*seq);
+        running_.erase(it);
+        return;
+      }
+  }
+
+  void publish_metrics() {
+    outputs_kept_.clear();
+    std::lock_guard lock(metrics_mutex_);
+    metrics_.running_requests = static_cast<int64_t>(running_.size());
+    metrics_.waiting_requests = static_cast<int64_t>(waiting_.size());
+    metrics_.kv_blocks_total = kv_->num_blocks();
+    metrics_.kv_blocks_used = kv_->used();
+    metrics_.kv_blocks_cached = kv_->cached();
+    metrics_.kv_blocks_free = kv_->free_uncached();
+  }
+
+  struct Task {
+    std::function<void()> run;
+    bool drain = false;
+  };
+
+  EngineConfig config_;
+  std::unique_ptr<backend::Backend> backend_;
+  moe::ExpertsKernelRegistry registry_;
+  moe::ExpertsKernel* kernel_ = nullptr;
+  std::unique_ptr<model::Model> model_;
+  model::ModelConfig config_at_start_;
+  std::unique_ptr<model::Decoder> decoder_;
+  std::unique_ptr<KvCache> kv_;
+  int64_t max_model_len_ = 0;
+  int64_t row_ints_ = 0;
+  std::vector<int32_t> eos_ids_;
+
+  // Engine-thread state.
+  std::deque<std::unique_ptr<Sequence>> waiting_;
+  std::vector<std::unique_ptr<Sequence>> running_;
+  std::deque<Task> pending_tasks_;
+  std::vector<float> gathered_;
+  std::vector<int32_t> output_scratch_;
+  std::deque<std::vector<int32_t>> outputs_kept_;
+
+  // Shared with submitters.
+  mutable std::mutex mutex_;
+  std::condition_variable wake_;
+  std::vector<std::unique_ptr<Sequence>> incoming_;
+  std::vector<RequestId> cancelled_;
+  std::vector<Task> tasks_;
+  bool stopping_ = false;
+  Clock::time_point drain_deadline_;
+  RequestId next_id_ = 1;
+  std::mt19937_64 seed_rng_{std::random_device{}()};
+  std::thread thread_;
+
+  mutable std::mutex metrics_mutex_;
+  EngineMetrics metrics_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Engine>> create_engine(const EngineConfig& config) {
+  auto engine = std::make_unique<EngineImpl>();
+  SY_TRY(engine->init(config));
+  return std::unique_ptr<Engine>(std::move(engine));
+}
+
+}  // namespace sy::engine

@@ -1,0 +1,41 @@
+// Sequence: one request's state inside the engine — its tokens, KV blocks and route log.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "engine/engine.h"
+
+namespace sy::engine {
+
+struct Sequence {
+  RequestId id = 0;
+  GenerationRequest request;
+  EventCallback on_event;
+  uint64_t seed = 0;
+
+  std::vector<int32_t> tokens;  // prompt + generated
+  int64_t prompt_len = 0;
+  int64_t num_computed = 0;     // positions whose KV is in the cache
+  std::vector<int32_t> blocks;  // block table
+  int64_t published_blocks = 0; // leading full blocks already registered in the prefix cache
+  std::vector<uint64_t> block_hashes;  // chained hashes of the leading full blocks
+
+  // Route log by position (DESIGN.md): rows [0, route_rows) are known, [route_rows*row_ints).
+  // A known row is replayed whenever its position is computed again.
+  std::vector<int32_t> routes;
+  int64_t route_rows = 0;
+  int64_t user_forced_rows = 0;  // rows [0, user_forced_rows) came from the request's replay
+
+  // Pending output for the next event.
+  std::vector<int32_t> new_tokens;
+  std::vector<TokenLogprob> new_logprobs;
+  std::vector<TokenLogprob> prompt_logprobs;
+  int64_t cached_prompt_tokens = 0;
+  bool first_event_sent = false;
+  bool prefix_lookup_done = false;
+
+  int64_t output_len() const { return static_cast<int64_t>(tokens.size()) - prompt_len; }
+};
+
+}  // namespace sy::engine
