@@ -285,6 +285,23 @@ def gen_random_codepoints(rng):
     return "".join(out)
 
 
+# Blocks added in Unicode 14-16: where regex engines and normalisers of different Unicode versions
+# disagree about \p{...} classes (the DeepSeek pattern's \p{S} on U+1FACF did, with Debian's onig).
+RECENT_BLOCKS = [(0x1FA70, 0x1FAFF), (0x1F6D5, 0x1F6DF), (0x2EBF0, 0x2EE5D), (0x31350, 0x323AF), (0x11F00, 0x11F5F),
+                 (0x1E4D0, 0x1E4FF), (0x10D40, 0x10D8F), (0x16D40, 0x16D7F), (0x1CC00, 0x1CEBF), (0x13460, 0x143FF),
+                 (0x105C0, 0x105FF), (0x11BC0, 0x11BFF), (0x1E5D0, 0x1E5FF), (0x2FF0, 0x2FFF), (0x31E0, 0x31EF),
+                 (0x1E030, 0x1E08F), (0x1AFF0, 0x1AFFF), (0x1B130, 0x1B16F), (0x10EC0, 0x10EFF), (0x11B00, 0x11B5F)]
+
+
+def gen_recent_unicode(rng):
+    out = []
+    for _ in range(rng.randint(1, 12)):
+        lo, hi = rng.choice(RECENT_BLOCKS)
+        run = "".join(chr(rng.randint(lo, hi)) for _ in range(rng.randint(1, 4)))
+        out.append(rng.choice(["", " ", "a", "1", "!", "\n", " x"]) + run)
+    return "".join(out)
+
+
 def gen_prose(rng):
     words = []
     for _ in range(rng.randint(5, 120)):
@@ -309,7 +326,7 @@ CATEGORIES = [
     ("code", gen_code, 220), ("scripts", gen_script, 320), ("emoji", gen_emoji, 160), ("combining_nfc", gen_combining, 180),
     ("digits", gen_digits, 160), ("whitespace", gen_whitespace, 200), ("contractions", gen_contractions, 140),
     ("special_tokens", gen_special, 200), ("long_words", gen_long_word, 60), ("random_codepoints", gen_random_codepoints, 260),
-    ("prose", gen_prose, 150),
+    ("prose", gen_prose, 150), ("recent_unicode", gen_recent_unicode, 150),
 ]
 
 
