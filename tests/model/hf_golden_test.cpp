@@ -1,0 +1,251 @@
+// The CPU reference engine against HF transformers (goldens made by tools/gpu/model_goldens.py on
+// the GPU machine, transformers 5.17): logits, greedy tokens, routes, and replay.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <future>
+
+#include <nlohmann/json.hpp>
+
+#include "backend/backend.h"
+#include "engine/engine.h"
+#include "model/decoder.h"
+#include "util/npy.h"
+
+namespace sy {
+namespace {
+
+const std::string kGoldenRoot = std::string(SY_SOURCE_DIR) + "/tests/golden/hf_qwen3_moe";
+const char* kCheckpoints[] = {"qwen3moe_sharded", "qwen3moe_dense_nonorm", "qwen3moe_sparse_step"};
+
+nlohmann::json read_json(const std::string& path) {
+  std::ifstream in(path);
+  return nlohmann::json::parse(in);
+}
+
+std::vector<float> read_f32(const std::string& path, std::vector<int64_t>* shape = nullptr) {
+  auto array = npy_read_file(path);
+  EXPECT_TRUE(array.is_ok()) << array.message();
+  if (!array) return {};
+  EXPECT_EQ(array->dtype, DType::kF32) << path;
+  if (shape) *shape = array->shape;
+  std::vector<float> values(array->data.size() / 4);
+  std::memcpy(values.data(), array->data.data(), array->data.size());
+  return values;
+}
+
+std::vector<int64_t> read_ints(const std::string& path, std::vector<int64_t>* shape = nullptr) {
+  auto array = npy_read_file(path);
+  EXPECT_TRUE(array.is_ok()) << array.message();
+  if (!array) return {};
+  if (shape) *shape = array->shape;
+  auto values = npy_to_int64(*array);
+  EXPECT_TRUE(values.is_ok());
+  return values.is_ok() ? *values : std::vector<int64_t>{};
+}
+
+// One model on the CPU backend with a chosen kernel, run as single full-sequence steps.
+struct Harness {
+  std::unique_ptr<backend::Backend> backend = backend::make_cpu_backend({2});
+  moe::ExpertsKernelRegistry registry;
+  std::unique_ptr<model::Model> model;
+  std::unique_ptr<model::Decoder> decoder;
+
+  explicit Harness(const std::string& dir, const std::string& kernel_name = "cpu-modular") {
+    backend->register_kernels(registry);
+    auto loaded = model::Model::load(dir, *backend);
+    EXPECT_TRUE(loaded.is_ok()) << loaded.message();
+    model = std::move(loaded).value();
+    auto kernel = registry.select(kernel_name, {Device::kCpu, true, true});
+    EXPECT_TRUE(kernel.is_ok()) << kernel.message();
+    decoder = std::make_unique<model::Decoder>(*backend, **kernel, 16);
+    decoder->allocate_kv_cache(model->config(), 64);
+  }
+
+  // All positions' logits [n, vocab] and routes [n, L, K] of a fresh sequence; `forced` replays.
+  Status run(const std::vector<int32_t>& tokens, std::vector<float>& logits, std::vector<int32_t>& routes,
+             const std::vector<int32_t>* forced = nullptr) {
+    model::StepInputs in;
+    const int32_t n = static_cast<int32_t>(tokens.size());
+    in.token_ids = tokens;
+    for (int32_t p = 0; p < n; ++p) {
+      in.positions.push_back(p);
+      in.token_seq.push_back(0);
+      in.slot_mapping.push_back(p);
+      in.logits_rows.push_back(p);
+    }
+    in.num_seqs = 1;
+    in.max_blocks_per_seq = (n + 15) / 16;
+    for (int b = 0; b < in.max_blocks_per_seq; ++b) in.block_tables.push_back(b);
+    in.capture_routes = true;
+    if (forced) {
+      in.forced.assign(static_cast<size_t>(n), 1);
+      in.forced_routes = *forced;
+    }
+    model::StepOutputs out;
+    SY_TRY(decoder->forward(*model, in, out));
+    logits.assign(out.logits.ptr<float>(), out.logits.ptr<float>() + out.logits.numel());
+    routes = out.routes;
+    return Status::ok();
+  }
+};
+
+float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  float worst = 0.0f;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+    if (std::isnan(a[i]) || std::isnan(b[i])) return INFINITY;
+    worst = std::max(worst, std::fabs(a[i] - b[i]));
+  }
+  return worst;
+}
+
+std::vector<int32_t> ids_of(const nlohmann::json& list) { return list.get<std::vector<int32_t>>(); }
+
+class HfGolden : public ::testing::TestWithParam<const char*> {
+ protected:
+  std::string dir() const { return kGoldenRoot + "/" + GetParam(); }
+};
+
+TEST_P(HfGolden, LogitsAndRoutesMatchTransformers) {
+  const nlohmann::json fixture = read_json(dir() + "/fixture.json");
+  Harness harness(dir());
+  const int64_t layers = harness.model->config().num_hidden_layers, top_k = fixture["top_k"];
+  int64_t compared_rows = 0, excluded_rows = 0, set_rows = 0;
+  float worst_logits = 0.0f;
+  for (size_t p = 0; p < fixture["prompts"].size(); ++p) {
+    const auto& prompt = fixture["prompts"][p];
+    const std::vector<int32_t> sequence = ids_of(prompt["sequence_ids"]);
+    const int64_t prompt_len = static_cast<int64_t>(prompt["prompt_ids"].size());
+    std::vector<float> logits;
+    std::vector<int32_t> routes;
+    ASSERT_TRUE(harness.run(sequence, logits, routes).is_ok());
+
+    const std::string prefix = dir() + "/p" + std::to_string(p) + "_";
+    const std::vector<float> hf_all = read_f32(prefix + "logits_all.npy");
+    const float diff_all = max_abs_diff(logits, hf_all);
+    worst_logits = std::max(worst_logits, diff_all);
+    EXPECT_LE(diff_all, 1e-3f) << "prompt " << p;
+    const std::vector<float> hf_last = read_f32(prefix + "logits_last.npy");
+    const int64_t vocab = static_cast<int64_t>(hf_last.size());
+    std::vector<float> ours_last(logits.begin() + (prompt_len - 1) * vocab, logits.begin() + prompt_len * vocab);
+    EXPECT_LE(max_abs_diff(ours_last, hf_last), 1e-3f) << "prompt " << p;
+
+    for (int layer : fixture["moe_layers"].get<std::vector<int>>()) {
+      std::vector<int64_t> shape;
+      const std::vector<float> router = read_f32(prefix + "router_logits_l" + std::to_string(layer) + ".npy", &shape);
+      const std::vector<int64_t> hf_topk = read_ints(prefix + "topk_l" + std::to_string(layer) + ".npy");
+      const int64_t experts = shape[1];
+      for (size_t t = 0; t < sequence.size(); ++t) {
+        const float* row = router.data() + t * experts;
+        std::vector<float> sorted(row, row + experts);
+        std::sort(sorted.begin(), sorted.end(), std::greater<>());
+        // Excluded: the k-th and (k+1)-th logits within 1e-5 (the choice itself is a near-tie).
+        if (top_k < experts && sorted[top_k - 1] - sorted[top_k] < 1e-5f) {
+          ++excluded_rows;
+          continue;
+        }
+        bool near_tie_inside = false;
+        for (int64_t k = 0; k + 1 < top_k; ++k) near_tie_inside |= sorted[k] - sorted[k + 1] < 1e-5f;
+        std::vector<int32_t> ours(routes.begin() + (t * layers + layer) * top_k,
+                                  routes.begin() + (t * layers + layer + 1) * top_k);
+        std::vector<int32_t> theirs(hf_topk.begin() + t * top_k, hf_topk.begin() + (t + 1) * top_k);
+        if (near_tie_inside) {
+          ++set_rows;
+          std::sort(ours.begin(), ours.end());
+          std::sort(theirs.begin(), theirs.end());
+        }
+        EXPECT_EQ(ours, theirs) << "prompt " << p << " layer " << layer << " row " << t;
+        ++compared_rows;
+      }
+    }
+  }
+  std::printf("[ %s ] logits max |diff| %.3g; route rows compared %lld, compared as sets %lld, excluded as near-ties %lld\n", GetParam(), worst_logits,
+              static_cast<long long>(compared_rows), static_cast<long long>(set_rows),
+              static_cast<long long>(excluded_rows));
+  EXPECT_GT(compared_rows, 0);
+}
+
+TEST_P(HfGolden, GreedyContinuationThroughTheEngineMatches) {
+  const nlohmann::json fixture = read_json(dir() + "/fixture.json");
+  engine::EngineConfig config;
+  config.model_dir = dir();
+  config.capture_routes = true;
+  config.num_threads = 2;
+  auto created = engine::create_engine(config);
+  ASSERT_TRUE(created.is_ok()) << created.message();
+  auto& engine = *created;
+  for (const auto& prompt : fixture["prompts"]) {
+    engine::GenerationRequest request;
+    request.prompt_ids = ids_of(prompt["prompt_ids"]);
+    request.sampling.temperature = 0.0f;
+    request.sampling.max_tokens = static_cast<int>(prompt["continuation_ids"].size());
+    request.sampling.ignore_eos = true;
+    request.return_routes = true;
+    std::vector<int32_t> tokens;
+    std::promise<engine::Event> done;
+    auto id = engine->submit(request, [&](const engine::Event& event) {
+      tokens.insert(tokens.end(), event.new_token_ids.begin(), event.new_token_ids.end());
+      if (event.finished) done.set_value(event);
+      return engine::Continuation::kContinue;
+    });
+    ASSERT_TRUE(id.is_ok()) << id.message();
+    engine::Event final_event = done.get_future().get();
+    EXPECT_EQ(tokens, ids_of(prompt["continuation_ids"]));
+    ASSERT_TRUE(final_event.routes.has_value());
+    EXPECT_EQ(final_event.routes->rows, static_cast<int64_t>(prompt["sequence_ids"].size()));
+  }
+}
+
+TEST_P(HfGolden, ModularAndFusedKernelsAgreeExactly) {
+  const nlohmann::json fixture = read_json(dir() + "/fixture.json");
+  Harness modular(dir(), "cpu-modular"), fused(dir(), "cpu-fused");
+  for (const auto& prompt : fixture["prompts"]) {
+    std::vector<float> logits_a, logits_b;
+    std::vector<int32_t> routes_a, routes_b;
+    ASSERT_TRUE(modular.run(ids_of(prompt["sequence_ids"]), logits_a, routes_a).is_ok());
+    ASSERT_TRUE(fused.run(ids_of(prompt["sequence_ids"]), logits_b, routes_b).is_ok());
+    EXPECT_EQ(routes_a, routes_b);
+    EXPECT_EQ(max_abs_diff(logits_a, logits_b), 0.0f);
+  }
+}
+
+TEST_P(HfGolden, ReplayReproducesCaptureAndForcedRoutesMatchTheHfOracle) {
+  const nlohmann::json fixture = read_json(dir() + "/fixture.json");
+  for (const char* kernel : {"cpu-modular", "cpu-fused"}) {
+    Harness harness(dir(), kernel);
+    for (size_t p = 0; p < fixture["prompts"].size(); ++p) {
+      const std::vector<int32_t> sequence = ids_of(fixture["prompts"][p]["sequence_ids"]);
+      std::vector<float> logits, replayed_logits, forced_logits;
+      std::vector<int32_t> routes, replayed_routes, forced_echo;
+      ASSERT_TRUE(harness.run(sequence, logits, routes).is_ok());
+      // Replaying the captured routes gives the same logits and routes.
+      ASSERT_TRUE(harness.run(sequence, replayed_logits, replayed_routes, &routes).is_ok());
+      EXPECT_EQ(max_abs_diff(logits, replayed_logits), 0.0f) << kernel;
+      EXPECT_EQ(routes, replayed_routes) << kernel;
+      // Replaying different routes gives the logits of HF's forward pass run with those ids.
+      const std::string prefix = dir() + "/p" + std::to_string(p) + "_";
+      const std::vector<int64_t> forced64 = read_ints(prefix + "forced_routes.npy");
+      std::vector<int32_t> forced(forced64.begin(), forced64.end());
+      ASSERT_TRUE(harness.run(sequence, forced_logits, forced_echo, &forced).is_ok());
+      const std::vector<float> hf_forced = read_f32(prefix + "forced_logits_all.npy");
+      EXPECT_LE(max_abs_diff(forced_logits, hf_forced), 1e-3f) << kernel << " prompt " << p;
+      EXPECT_GT(max_abs_diff(forced_logits, logits), 1e-2f) << "forced routes must change the logits";
+      // Replayed rows come back as given (dense layers' rows are 0).
+      const auto moe_layers = harness.model->config().moe_layers();
+      const int64_t row = harness.model->config().num_hidden_layers * harness.model->config().experts_per_token;
+      const int64_t k = harness.model->config().experts_per_token;
+      for (size_t t = 0; t < sequence.size(); ++t)
+        for (int layer : moe_layers)
+          for (int64_t j = 0; j < k; ++j)
+            ASSERT_EQ(forced_echo[t * row + layer * k + j], forced[t * row + layer * k + j]);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Checkpoints, HfGolden, ::testing::ValuesIn(kCheckpoints));
+
+}  // namespace
+}  // namespace sy
