@@ -1,0 +1,385 @@
+// The engine's route guarantees on the CPU backend: routes under batching, chunked prefill,
+// prefix-cache hits and preemption equal the routes of the request run alone; the poison check
+// catches a kernel that skips a layer; the capability guard refuses a kernel that cannot capture.
+#include <gtest/gtest.h>
+
+#include <future>
+#include <set>
+#include <random>
+#include <thread>
+
+#include "backend/backend.h"
+#include "engine/engine.h"
+#include "model/decoder.h"
+
+namespace sy {
+namespace {
+
+const std::string kModel = std::string(SY_SOURCE_DIR) + "/tests/golden/hf_qwen3_moe/qwen3moe_dense_nonorm";
+
+struct Outcome {
+  std::vector<int32_t> tokens;
+  engine::Event final_event;
+};
+
+// Submits and waits; returns tokens and the final event.
+struct Runner {
+  std::unique_ptr<engine::Engine> engine;
+
+  explicit Runner(engine::EngineConfig config) {
+    config.model_dir = config.model_dir.empty() ? kModel : config.model_dir;
+    config.num_threads = 2;
+    auto created = engine::create_engine(config);
+    EXPECT_TRUE(created.is_ok()) << created.message();
+    engine = std::move(created).value();
+  }
+
+  std::future<Outcome> start(engine::GenerationRequest request) {
+    auto promise = std::make_shared<std::promise<Outcome>>();
+    auto outcome = std::make_shared<Outcome>();
+    auto id = engine->submit(std::move(request), [promise, outcome](const engine::Event& event) {
+      outcome->tokens.insert(outcome->tokens.end(), event.new_token_ids.begin(), event.new_token_ids.end());
+      if (event.finished) {
+        outcome->final_event = event;
+        promise->set_value(*outcome);
+      }
+      return engine::Continuation::kContinue;
+    });
+    EXPECT_TRUE(id.is_ok()) << id.message();
+    return promise->get_future();
+  }
+  Outcome run(engine::GenerationRequest request) { return start(std::move(request)).get(); }
+};
+
+engine::GenerationRequest greedy(std::vector<int32_t> prompt, int max_tokens) {
+  engine::GenerationRequest request;
+  request.prompt_ids = std::move(prompt);
+  request.sampling.temperature = 0.0f;
+  request.sampling.max_tokens = max_tokens;
+  request.sampling.ignore_eos = true;
+  request.return_routes = true;
+  return request;
+}
+
+std::vector<int32_t> random_prompt(std::mt19937& rng, int length) {
+  std::uniform_int_distribution<int32_t> token(1, 500);
+  std::vector<int32_t> prompt(static_cast<size_t>(length));
+  for (auto& id : prompt) id = token(rng);
+  return prompt;
+}
+
+engine::EngineConfig capture_config() {
+  engine::EngineConfig config;
+  config.capture_routes = true;
+  return config;
+}
+
+void expect_same(const Outcome& a, const Outcome& b, const std::string& what) {
+  EXPECT_EQ(a.tokens, b.tokens) << what;
+  ASSERT_TRUE(a.final_event.routes && b.final_event.routes) << what;
+  EXPECT_EQ(a.final_event.routes->rows, b.final_event.routes->rows) << what;
+  EXPECT_EQ(a.final_event.routes->ids, b.final_event.routes->ids) << what;
+}
+
+TEST(Engine, RoutesUnderConcurrencyChunkingPrefixHitsAndPreemptionEqualRoutesAlone) {
+  std::mt19937 rng(std::random_device{}());
+  std::vector<engine::GenerationRequest> requests;
+  const std::vector<int32_t> shared = random_prompt(rng, 40);
+  for (int i = 0; i < 12; ++i) {
+    std::vector<int32_t> prompt = i % 3 == 0 ? shared : random_prompt(rng, 5 + 9 * i);
+    if (i % 3 == 0) {
+      auto suffix = random_prompt(rng, 3 + i);
+      prompt.insert(prompt.end(), suffix.begin(), suffix.end());
+    }
+    requests.push_back(greedy(prompt, 6 + i % 5));
+  }
+  // Alone: one request at a time, no prefix cache, big token budget.
+  std::vector<Outcome> alone;
+  {
+    engine::EngineConfig config = capture_config();
+    config.enable_prefix_caching = false;
+    Runner runner(config);
+    for (const auto& request : requests) alone.push_back(runner.run(request));
+  }
+  for (size_t i = 0; i < alone.size(); ++i) {
+    ASSERT_TRUE(alone[i].final_event.routes);
+    EXPECT_EQ(alone[i].final_event.routes->rows,
+              static_cast<int64_t>(requests[i].prompt_ids.size() + alone[i].tokens.size()) - 1);
+  }
+  // Together, in a small cache with small steps: chunked prefill, prefix hits, preemption.
+  engine::EngineConfig config = capture_config();
+  config.max_num_batched_tokens = 24;
+  config.kv_cache_tokens = 16 * 12;
+  config.block_size_tokens = 16;
+  Runner runner(config);
+  std::vector<std::future<Outcome>> pending;
+  for (const auto& request : requests) pending.push_back(runner.start(request));
+  for (size_t i = 0; i < requests.size(); ++i) expect_same(alone[i], pending[i].get(), "request " + std::to_string(i));
+  // Repeat after they finished: full prefix-cache hits, routes restored from the blocks.
+  const engine::EngineMetrics before = runner.engine->metrics();
+  for (size_t i = 0; i < requests.size(); i += 3) expect_same(alone[i], runner.run(requests[i]), "repeat " + std::to_string(i));
+  // Metrics are published after the step that delivered the final event: let it settle.
+  engine::EngineMetrics after = runner.engine->metrics();
+  for (int i = 0; i < 200 && after.kv_blocks_used != 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    after = runner.engine->metrics();
+  }
+  EXPECT_GT(after.preemptions_total, 0) << "the cache was meant to be too small";
+  EXPECT_GT(after.prefix_cache_hits_tokens, before.prefix_cache_hits_tokens);
+  EXPECT_LT(after.prompt_tokens_computed - before.prompt_tokens_computed,
+            after.prompt_tokens_total - before.prompt_tokens_total)
+      << "a prefix hit skips prefill compute";
+  EXPECT_EQ(after.kv_blocks_used, 0) << "finished requests hold no blocks";
+}
+
+TEST(Engine, RouteRowsCoverEveryInputPosition) {
+  Runner runner(capture_config());
+  Outcome outcome = runner.run(greedy({5, 6, 7}, 4));
+  ASSERT_TRUE(outcome.final_event.routes);
+  const auto& routes = *outcome.final_event.routes;
+  EXPECT_EQ(routes.rows, 3 + 4 - 1);  // N - 1: the last sampled token never went in
+  EXPECT_EQ(routes.layers, 4);
+  EXPECT_EQ(routes.top_k, 4);
+  for (int64_t row = 0; row < routes.rows; ++row) {
+    for (int k = 0; k < 4; ++k) EXPECT_EQ(routes.at(row, 1, k), 0) << "layer 1 is dense";
+    for (int layer : {0, 2, 3}) {
+      std::set<int32_t> ids;
+      for (int k = 0; k < 4; ++k) ids.insert(routes.at(row, layer, k));
+      EXPECT_EQ(ids.size(), 4u);
+      EXPECT_LT(*ids.rbegin(), 16);
+    }
+  }
+}
+
+TEST(Engine, ReplayThroughTheEngineForcesTheGivenRoutes) {
+  Runner runner(capture_config());
+  Outcome free_run = runner.run(greedy({11, 12, 13, 14, 15}, 5));
+  // Replay the rollout: same tokens, same routes.
+  engine::GenerationRequest replay = greedy({11, 12, 13, 14, 15}, 5);
+  moe::RouteArray rows = *free_run.final_event.routes;
+  rows.rows = 5;
+  rows.ids.resize(static_cast<size_t>(5 * rows.layers * rows.top_k));
+  replay.replay = rows;
+  expect_same(free_run, runner.run(replay), "replayed");
+  // Different routes: the returned rows are the given ones.
+  engine::GenerationRequest other = greedy({11, 12, 13, 14, 15}, 2);
+  moe::RouteArray forced = rows;
+  for (int64_t row = 0; row < 5; ++row)
+    for (int layer : {0, 2, 3})
+      for (int k = 0; k < 4; ++k) forced.ids[(row * 4 + layer) * 4 + k] = static_cast<int32_t>((row + layer + 3 * k) % 16);
+  other.replay = forced;
+  Outcome forced_run = runner.run(other);
+  for (int64_t i = 0; i < 5 * 16; ++i) EXPECT_EQ(forced_run.final_event.routes->ids[i], forced.ids[i]);
+}
+
+TEST(Engine, InvalidReplayAndRequestsAreErrors) {
+  Runner runner(capture_config());
+  auto submit = [&](engine::GenerationRequest request) {
+    return runner.engine->submit(std::move(request), [](const engine::Event&) { return engine::Continuation::kContinue; });
+  };
+  engine::GenerationRequest request = greedy({1, 2, 3}, 2);
+  request.replay = moe::RouteArray{2, 4, 4, std::vector<int32_t>(32, 0)};
+  for (int64_t i = 0; i < 32; ++i) request.replay->ids[i] = static_cast<int32_t>(i % 4);
+  EXPECT_TRUE(submit(request).is_ok());
+  request.replay->ids[0] = 16;  // id >= experts
+  auto bad_id = submit(request);
+  ASSERT_FALSE(bad_id.is_ok());
+  EXPECT_NE(bad_id.message().find("out of range"), std::string::npos) << bad_id.message();
+  request.replay->ids[0] = request.replay->ids[1];  // duplicate in a row
+  auto duplicate = submit(request);
+  ASSERT_FALSE(duplicate.is_ok());
+  EXPECT_NE(duplicate.message().find("twice"), std::string::npos) << duplicate.message();
+  request.replay = moe::RouteArray{2, 3, 4, std::vector<int32_t>(24, 0)};  // wrong shape
+  EXPECT_FALSE(submit(request).is_ok());
+  request.replay = moe::RouteArray{4, 4, 4, std::vector<int32_t>(64, 0)};  // more rows than prompt
+  EXPECT_FALSE(submit(request).is_ok());
+  EXPECT_FALSE(submit(greedy({}, 2)).is_ok());
+  EXPECT_FALSE(submit(greedy({1, 100000}, 2)).is_ok());
+  EXPECT_FALSE(submit(greedy({1}, 5000)).is_ok());
+}
+
+TEST(Engine, SeededSamplingIsReproducibleAloneAndInABatch) {
+  engine::EngineConfig config;
+  Runner runner(config);
+  engine::GenerationRequest request = greedy({3, 4, 5, 6}, 10);
+  request.return_routes = false;
+  request.sampling.temperature = 1.0f;
+  request.sampling.top_p = 0.9f;
+  request.sampling.seed = 1234;
+  Outcome alone = runner.run(request);
+  std::vector<std::future<Outcome>> batch;
+  std::mt19937 rng(7);
+  for (int i = 0; i < 6; ++i) {
+    engine::GenerationRequest noise = greedy(random_prompt(rng, 9 + i), 10);
+    noise.return_routes = false;
+    noise.sampling.temperature = 1.0f;
+    batch.push_back(runner.start(noise));
+    if (i == 2) batch.push_back(runner.start(request));
+  }
+  Outcome together = batch[3].get();
+  for (size_t i = 0; i < batch.size(); ++i)
+    if (i != 3) batch[i].wait();
+  EXPECT_EQ(alone.tokens, together.tokens);
+  request.sampling.seed = 99;
+  EXPECT_NE(runner.run(request).tokens, alone.tokens);
+}
+
+TEST(Engine, CancelFreesBlocks) {
+  engine::EngineConfig config;
+  config.max_num_batched_tokens = 8;
+  Runner runner(config);
+  std::promise<void> started;
+  bool signalled = false;
+  engine::GenerationRequest request = greedy(std::vector<int32_t>(64, 7), 200);
+  request.return_routes = false;
+  auto id = runner.engine->submit(request, [&](const engine::Event& event) {
+    if (!signalled && !event.new_token_ids.empty()) {
+      signalled = true;
+      started.set_value();
+    }
+    return engine::Continuation::kContinue;
+  });
+  ASSERT_TRUE(id.is_ok());
+  started.get_future().wait();
+  runner.engine->cancel(*id);
+  for (int i = 0; i < 200 && runner.engine->metrics().kv_blocks_used != 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_EQ(runner.engine->metrics().kv_blocks_used, 0);
+  EXPECT_EQ(runner.engine->metrics().running_requests, 0);
+}
+
+TEST(Engine, StopFromTheCallbackEndsWithRoutes) {
+  Runner runner(capture_config());
+  std::promise<engine::Event> done;
+  int events = 0;
+  auto id = runner.engine->submit(greedy({1, 2, 3}, 50), [&](const engine::Event& event) {
+    if (event.finished) {
+      done.set_value(event);
+      return engine::Continuation::kContinue;
+    }
+    return ++events == 3 ? engine::Continuation::kStop : engine::Continuation::kContinue;
+  });
+  ASSERT_TRUE(id.is_ok());
+  engine::Event final_event = done.get_future().get();
+  EXPECT_EQ(final_event.finish_reason, engine::FinishReason::kStop);
+  ASSERT_TRUE(final_event.routes);
+  EXPECT_EQ(final_event.routes->rows, 3 + 3 - 1);
+}
+
+// ---- Deliberately broken kernels (test-only) ----
+
+// Delegates to cpu-modular but leaves one layer's routes unwritten.
+class SkipsLayerKernel final : public moe::ExpertsKernel {
+ public:
+  SkipsLayerKernel(moe::ExpertsKernel& inner, int skipped) : inner_(inner), skipped_(skipped) {}
+  std::string_view name() const override { return "test-skips-layer"; }
+  Device device() const override { return Device::kCpu; }
+  bool routes_inside() const override { return false; }
+  bool captures_routes() const override { return true; }  // it claims to, and fails to
+  bool replays_routes() const override { return false; }
+  Status forward(const moe::MoeForwardArgs& args) override {
+    moe::MoeForwardArgs copy = args;
+    if (args.layer == skipped_) copy.routes.sink = Tensor();
+    return inner_.forward(copy);
+  }
+
+ private:
+  moe::ExpertsKernel& inner_;
+  int skipped_;
+};
+
+class NoCaptureKernel final : public moe::ExpertsKernel {
+ public:
+  explicit NoCaptureKernel(moe::ExpertsKernel& inner) : inner_(inner) {}
+  std::string_view name() const override { return "test-no-capture"; }
+  Device device() const override { return Device::kCpu; }
+  bool routes_inside() const override { return true; }
+  bool captures_routes() const override { return false; }
+  bool replays_routes() const override { return false; }
+  Status forward(const moe::MoeForwardArgs& args) override { return inner_.forward(args); }
+
+ private:
+  moe::ExpertsKernel& inner_;
+};
+
+TEST(RouteCapture, AnUnwrittenRouteIsAnErrorNamingLayerAndKernel) {
+  auto backend = backend::make_cpu_backend({1});
+  moe::ExpertsKernelRegistry registry;
+  backend->register_kernels(registry);
+  auto modular = registry.select("cpu-modular", {Device::kCpu, true, false});
+  ASSERT_TRUE(modular.is_ok());
+  SkipsLayerKernel broken(**modular, 2);
+  auto model = model::Model::load(kModel, *backend);
+  ASSERT_TRUE(model.is_ok()) << model.message();
+  model::Decoder decoder(*backend, broken, 16);
+  decoder.allocate_kv_cache((*model)->config(), 4);
+  model::StepInputs in;
+  in.token_ids = {1, 2, 3};
+  in.positions = {0, 1, 2};
+  in.token_seq = {0, 0, 0};
+  in.slot_mapping = {0, 1, 2};
+  in.block_tables = {0};
+  in.num_seqs = 1;
+  in.max_blocks_per_seq = 1;
+  in.logits_rows = {2};
+  in.capture_routes = true;
+  model::StepOutputs out;
+  Status status = decoder.forward(**model, in, out);
+  ASSERT_FALSE(status.is_ok());
+  EXPECT_EQ(status.code(), ErrorCode::kInternal);
+  EXPECT_NE(status.message().find("layer 2"), std::string::npos) << status.message();
+  EXPECT_NE(status.message().find("test-skips-layer"), std::string::npos) << status.message();
+  // The same kernel with layer 2 intact passes: the check is about the skipped layer.
+  SkipsLayerKernel skips_nothing(**modular, -1);
+  model::Decoder good(*backend, skips_nothing, 16);
+  good.allocate_kv_cache((*model)->config(), 4);
+  EXPECT_TRUE(good.forward(**model, in, out).is_ok());
+}
+
+TEST(RouteCapture, TheEngineFailsTheRequestAndKeepsServing) {
+  moe::ExpertsKernel* modular = nullptr;
+  engine::EngineConfig config = capture_config();
+  config.moe_kernel = "test-skips-layer";
+  config.register_extra_kernels = [&](moe::ExpertsKernelRegistry& registry) {
+    modular = *registry.select("cpu-modular", {Device::kCpu, true, false});
+    registry.add(std::make_unique<SkipsLayerKernel>(*modular, 3));
+  };
+  Runner runner(config);
+  Outcome outcome = runner.run(greedy({1, 2, 3}, 3));
+  EXPECT_EQ(outcome.final_event.finish_reason, engine::FinishReason::kError);
+  EXPECT_NE(outcome.final_event.error.message().find("layer 3"), std::string::npos);
+  EXPECT_FALSE(outcome.final_event.routes.has_value()) << "poison never reaches a client";
+  EXPECT_EQ(runner.engine->metrics().route_capture_errors_total, 1);
+  EXPECT_EQ(runner.engine->metrics().kv_blocks_used, 0);
+}
+
+TEST(KernelGuard, CaptureWithAKernelThatCannotIsRefusedNamingThoseThatCan) {
+  engine::EngineConfig config = capture_config();
+  config.model_dir = kModel;
+  config.moe_kernel = "test-no-capture";
+  config.register_extra_kernels = [](moe::ExpertsKernelRegistry& registry) {
+    static auto backend = backend::make_cpu_backend({1});
+    moe::ExpertsKernelRegistry inner;
+    backend->register_kernels(inner);
+    registry.add(std::make_unique<NoCaptureKernel>(**inner.select("cpu-modular", {Device::kCpu, false, false})));
+  };
+  auto refused = engine::create_engine(config);
+  ASSERT_FALSE(refused.is_ok());
+  EXPECT_NE(refused.message().find("cannot capture"), std::string::npos) << refused.message();
+  EXPECT_NE(refused.message().find("cpu-modular"), std::string::npos) << refused.message();
+  EXPECT_NE(refused.message().find("cpu-fused"), std::string::npos) << refused.message();
+  // Without capture the same kernel is accepted, and auto never picks it for capture.
+  moe::ExpertsKernelRegistry registry;
+  auto backend = backend::make_cpu_backend({1});
+  moe::ExpertsKernelRegistry base;
+  backend->register_kernels(base);
+  registry.add(std::make_unique<NoCaptureKernel>(**base.select("cpu-modular", {Device::kCpu, false, false})));
+  backend->register_kernels(registry);
+  EXPECT_TRUE(registry.select("test-no-capture", {Device::kCpu, false, false}).is_ok());
+  auto chosen = registry.select("auto", {Device::kCpu, true, false});
+  ASSERT_TRUE(chosen.is_ok());
+  EXPECT_EQ((*chosen)->name(), "cpu-modular");
+}
+
+}  // namespace
+}  // namespace sy
