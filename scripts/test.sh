@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Runs every test: Release build + all tests (unit and load), ASan+UBSan build + unit tests,
+# each libFuzzer target for ~30 s, and a compile of the CUDA backend when nvcc is present.
+# Usage: scripts/test.sh   (after scripts/setup.sh)
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+jobs=${JOBS:-$(nproc)}
+fuzz_seconds=${FUZZ_SECONDS:-30}
+section() { echo; echo "=== $* ($(date +%T))"; }
+
+section "Release build"
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+ninja -C build -j "$jobs"
+section "Release tests (all)"
+ctest --test-dir build --output-on-failure -j "$jobs" --timeout 600
+
+section "ASan+UBSan build"
+cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSWITCHYARD_SANITIZE=ON \
+  -DSWITCHYARD_BENCH=OFF -DSWITCHYARD_CUDA=OFF >/dev/null
+ninja -C build-asan -j "$jobs"
+section "ASan+UBSan unit tests"
+ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+  ctest --test-dir build-asan --output-on-failure -j "$jobs" -L unit --timeout 900
+
+section "libFuzzer targets"
+cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_COMPILER=clang-14 \
+  -DCMAKE_CXX_COMPILER=clang++-14 -DSWITCHYARD_FUZZ=ON -DSWITCHYARD_TESTS=OFF -DSWITCHYARD_BENCH=OFF \
+  -DSWITCHYARD_CUDA=OFF >/dev/null
+targets=()
+for src in fuzz/*_fuzz.cpp; do targets+=("$(basename "$src" .cpp)"); done
+ninja -C build-fuzz -j "$jobs" "${targets[@]}"
+fuzz_failed=0
+for target in "${targets[@]}"; do
+  corpus="fuzz/corpus/${target%_fuzz}"
+  work=$(mktemp -d)
+  [[ -d $corpus ]] && cp -r "$corpus/." "$work/"
+  echo "fuzzing $target for ${fuzz_seconds}s"
+  if ! "./build-fuzz/fuzz/$target" -max_total_time="$fuzz_seconds" -rss_limit_mb=4096 "$work" \
+      > "build-fuzz/$target.log" 2>&1; then
+    echo "FUZZ FAILURE: $target"; tail -40 "build-fuzz/$target.log"; fuzz_failed=1
+  else
+    grep -E "^Done|#[0-9]+.*DONE" "build-fuzz/$target.log" | tail -1 || true
+  fi
+  rm -rf "$work"
+done
+[[ $fuzz_failed == 0 ]] || exit 1
+
+if command -v nvcc >/dev/null || [[ -x /usr/local/cuda/bin/nvcc ]]; then
+  section "CUDA backend compile"
+  if [[ -f src/backend/cuda/CMakeLists.txt ]]; then
+    cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc \
+      -DSWITCHYARD_TESTS=OFF -DSWITCHYARD_BENCH=OFF >/dev/null
+    ninja -C build-cuda -j "$jobs"
+  else
+    echo "no CUDA backend in src/backend/cuda yet: nothing to compile"
+  fi
+fi
+echo
+echo "all tests passed"
