@@ -28,7 +28,10 @@ using Clock = std::chrono::steady_clock;
 
 class EngineImpl final : public Engine {
  public:
-  ~EngineImpl() override { shutdown(0); }
+  ~EngineImpl() override {
+    shutdown(0);
+    for (Tensor& t : step_buffers_) backend_->free_buffer(t);
+  }
 
   Status init(const EngineConfig& config) {
     config_ = config;
@@ -569,16 +572,21 @@ class EngineImpl final : public Engine {
     for (Sequence* seq : finished) remove_running(seq);
   }
 
+  // The step's logits rows that one consumer needs, compacted on the backend (never via the host).
   Tensor gather_logits(const Tensor& logits, const std::vector<size_t>& rows) {
-    // Rows are ascending and usually contiguous from 0; copy into a compact view otherwise.
     bool identity = true;
     for (size_t i = 0; i < rows.size(); ++i) identity &= rows[i] == i;
     if (identity) return logits.slice_rows(0, static_cast<int64_t>(rows.size()));
-    const int64_t vocab = logits.dim(1);
-    gathered_.resize(rows.size() * static_cast<size_t>(vocab));
-    for (size_t i = 0; i < rows.size(); ++i)
-      std::copy_n(logits.ptr<float>() + rows[i] * vocab, vocab, gathered_.begin() + i * vocab);
-    return Tensor(gathered_.data(), DType::kF32, {static_cast<int64_t>(rows.size()), vocab});
+    for (Tensor& t : step_buffers_) backend_->free_buffer(t);
+    step_buffers_.clear();
+    std::vector<int32_t> index(rows.begin(), rows.end());
+    Tensor index_tensor = backend_->alloc(DType::kI32, {static_cast<int64_t>(index.size())});
+    backend_->upload(index.data(), index_tensor);
+    Tensor gathered = backend_->alloc(DType::kF32, {static_cast<int64_t>(rows.size()), logits.dim(1)});
+    backend_->gather_rows(logits, index_tensor, gathered);
+    step_buffers_.push_back(index_tensor);
+    step_buffers_.push_back(gathered);
+    return gathered;
   }
 
   backend::SamplingRow sampling_row(const Sequence& seq) {
@@ -733,7 +741,7 @@ class EngineImpl final : public Engine {
   std::deque<std::unique_ptr<Sequence>> waiting_;
   std::vector<std::unique_ptr<Sequence>> running_;
   std::deque<Task> pending_tasks_;
-  std::vector<float> gathered_;
+  std::vector<Tensor> step_buffers_;  // gathered logits, freed at the next gather or the end
   std::vector<int32_t> output_scratch_;
   std::deque<std::vector<int32_t>> outputs_kept_;
 
