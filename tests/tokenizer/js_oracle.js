@@ -4,7 +4,7 @@
 const path = require("path");
 const fs = require("fs");
 const [nodeModules, modelDir, inPath, outPath] = process.argv.slice(2);
-const { TokenizerLoader } = require(path.join(nodeModules, "@lenml/tokenizers"));
+const { TokenizerLoader } = require(path.resolve(nodeModules, "@lenml/tokenizers"));
 const tokenizer = TokenizerLoader.fromPreTrained({
   tokenizerJSON: JSON.parse(fs.readFileSync(path.join(modelDir, "tokenizer.json"), "utf8")),
   tokenizerConfig: JSON.parse(fs.readFileSync(path.join(modelDir, "tokenizer_config.json"), "utf8")),
