@@ -1,17 +1,203 @@
-// `switchyard serve`: placeholder until its owner lands it; exits 2 so nobody mistakes it for done.
+// `switchyard serve`: the OpenAI / vLLM / SGLang-compatible HTTP server over the engine.
+// Listens first (so /health answers 503 while the model loads), then loads, then serves until
+// SIGTERM/SIGINT, which drains in-flight requests up to --shutdown-timeout and exits 0.
 #include <cstdio>
+#include <cstdlib>
 
 #include "cli/commands.h"
+#include "engine/engine.h"
+#include "engine/generation_defaults.h"
+#include "server/server.h"
+#include "tokenizer/tokenizer.h"
+
+#if __has_include("chat/chat_template.h")
+#include "chat/chat_template.h"
+#define SY_HAVE_CHAT 1
+#endif
 
 namespace sy::cli {
+namespace {
+
+#ifdef SY_HAVE_CHAT
+using ChatTemplate = chat::ChatTemplate;
+#else
+// Until the chat module lands: no template, so chat requests get a clear 400.
+struct ChatTemplate {
+  Result<std::string> render(const nlohmann::json&, const nlohmann::json&, bool,
+                             const nlohmann::json&) const {
+    return Status::error(ErrorCode::kUnsupported, "no chat template");
+  }
+};
+#endif
+
+// The model's own tokenizer.json and chat_template behind the server's TextCodec.
+class ModelCodec : public server::TextCodec {
+ public:
+  ModelCodec(tokenizer::Tokenizer tokenizer, std::optional<ChatTemplate> chat_template,
+             std::string chat_template_error)
+      : tokenizer_(std::move(tokenizer)),
+        chat_template_(std::move(chat_template)),
+        chat_template_error_(std::move(chat_template_error)) {}
+
+  Result<std::vector<int32_t>> encode(std::string_view text, bool add_special) const override {
+    return tokenizer_.try_encode(text, add_special);  // rejects invalid UTF-8
+  }
+  std::string decode(const std::vector<int32_t>& ids, bool skip_special) const override {
+    return tokenizer_.decode(ids, skip_special);
+  }
+  std::string token_text(int32_t id) const override { return tokenizer_.id_to_token(id); }
+  class Stream : public server::TokenStream {
+   public:
+    Stream(const tokenizer::Tokenizer& tokenizer, bool skip) : decoder_(tokenizer, skip) {}
+    std::string push(int32_t id) override { return decoder_.push(id); }
+    std::string flush() override { return decoder_.flush(); }
+
+   private:
+    tokenizer::StreamDecoder decoder_;
+  };
+  std::unique_ptr<server::TokenStream> stream(bool skip_special) const override {
+    return std::make_unique<Stream>(tokenizer_, skip_special);
+  }
+  Result<std::string> render_chat(const nlohmann::json& messages, const nlohmann::json& tools,
+                                  bool add_generation_prompt,
+                                  const nlohmann::json& extra_kwargs) const override {
+    if (!chat_template_) {
+      return Status::error(
+          ErrorCode::kInvalidArgument,
+          "this model has no chat template (" + chat_template_error_ + "); use /v1/completions");
+    }
+    return chat_template_->render(messages, tools, add_generation_prompt, extra_kwargs);
+  }
+
+ private:
+  tokenizer::Tokenizer tokenizer_;
+  std::optional<ChatTemplate> chat_template_;
+  std::string chat_template_error_;
+};
+
+struct ServeOptions {
+  server::ServerConfig server;
+  engine::EngineConfig engine;
+  bool no_prefix_caching = false;
+};
+
+int run_serve(ServeOptions options) {
+  server::ServerConfig& config = options.server;
+  config.model_dir = options.engine.model_dir;
+  config.handle_signals = true;
+  if (config.api_key.empty()) {
+    if (const char* key = std::getenv("SWITCHYARD_API_KEY")) config.api_key = key;
+  }
+  if (config.served_model_name.empty()) config.served_model_name = options.engine.model_dir;
+  options.engine.capture_routes = config.enable_return_routed_experts;
+  options.engine.enable_prefix_caching = !options.no_prefix_caching;
+
+  Result<engine::SamplingParams> defaults = engine::load_generation_defaults(options.engine.model_dir);
+  if (!defaults) {
+    std::fprintf(stderr, "switchyard serve: %s\n", defaults.message().c_str());
+    return 1;
+  }
+  config.sampling_defaults = *defaults;
+
+  server::Server server(config);
+  if (Status started = server.start(); !started) {
+    std::fprintf(stderr, "switchyard serve: %s\n", started.message().c_str());
+    return 1;
+  }
+  std::printf("switchyard serve: listening on http://%s:%u (loading %s)\n", config.host.c_str(),
+              static_cast<unsigned>(server.port()), options.engine.model_dir.c_str());
+  std::fflush(stdout);
+
+  auto tokenizer = tokenizer::Tokenizer::load(options.engine.model_dir);
+  if (!tokenizer) {
+    std::fprintf(stderr, "switchyard serve: tokenizer: %s\n", tokenizer.message().c_str());
+    return 1;
+  }
+  std::optional<ChatTemplate> chat_template;
+  std::string chat_template_error = "chat templates are not built into this binary yet";
+#ifdef SY_HAVE_CHAT
+  if (auto loaded = chat::ChatTemplate::load(options.engine.model_dir)) {
+    chat_template.emplace(std::move(loaded).value());
+  } else {
+    chat_template_error = loaded.message();
+  }
+#endif
+  Result<std::unique_ptr<engine::Engine>> engine = engine::create_engine(options.engine);
+  if (!engine) {
+    std::fprintf(stderr, "switchyard serve: %s\n", engine.message().c_str());
+    return 1;
+  }
+  ModelCodec codec(std::move(tokenizer).value(), std::move(chat_template), chat_template_error);
+  server.attach(**engine, codec);
+  engine::ModelInfo info = (*engine)->model_info();
+  std::printf(
+      "switchyard serve: ready: model %s (%s, %lld layers, %lld experts, top_k %lld), "
+      "routes %s\n",
+      config.served_model_name.c_str(), info.architecture.c_str(),
+      static_cast<long long>(info.num_hidden_layers), static_cast<long long>(info.num_experts),
+      static_cast<long long>(info.top_k), config.enable_return_routed_experts ? "captured" : "off");
+  std::fflush(stdout);
+
+  server.wait();  // returns after SIGTERM/SIGINT and the drain
+  (*engine)->shutdown(static_cast<int64_t>(config.shutdown_timeout_s * 1000));
+  std::printf("switchyard serve: stopped\n");
+  return 0;
+}
+
+}  // namespace
 
 void add_serve_command(CLI::App& app, int& exit_code) {
-  auto* command = app.add_subcommand("serve", "(not implemented yet)");
-  command->allow_extras();
-  command->callback([&exit_code] {
-    std::fprintf(stderr, "switchyard serve: not implemented yet\n");
-    exit_code = 2;
-  });
+  auto options = std::make_shared<ServeOptions>();
+  auto* command = app.add_subcommand("serve", "OpenAI/vLLM/SGLang-compatible HTTP server");
+  server::ServerConfig& s = options->server;
+  engine::EngineConfig& e = options->engine;
+  s.served_model_name.clear();
+  command
+      ->add_option("--model", e.model_dir, "model directory (config.json, safetensors, tokenizer)")
+      ->required();
+  command->add_option("--host", s.host, "address to listen on")->capture_default_str();
+  command->add_option("--port", s.port, "port (0 = any free port; the chosen one is printed)")
+      ->capture_default_str();
+  command->add_option("--served-model-name", s.served_model_name,
+                      "model name in the API (default: --model)");
+  command->add_option("--api-key", s.api_key,
+                      "require 'Authorization: Bearer KEY' (env SWITCHYARD_API_KEY)");
+  command->add_flag("--enable-return-routed-experts", s.enable_return_routed_experts,
+                    "capture every request's routed experts; requests may ask for them");
+  command->add_option("--moe-kernel", e.moe_kernel, "MoE kernel: auto or a name")
+      ->capture_default_str();
+  command->add_option("--max-num-seqs", e.max_num_seqs, "sequences per step")
+      ->capture_default_str();
+  command
+      ->add_option("--max-num-batched-tokens", e.max_num_batched_tokens,
+                   "tokens per step; longer prompts are chunked")
+      ->capture_default_str();
+  command->add_option("--max-model-len", e.max_model_len, "context length (0 = config.json)")
+      ->capture_default_str();
+  command
+      ->add_option("--kv-cache-tokens", e.kv_cache_tokens,
+                   "KV cache size in tokens (0 = from memory)")
+      ->capture_default_str();
+  command->add_option("--block-size", e.block_size_tokens, "KV block size in tokens")
+      ->capture_default_str();
+  command->add_flag("--no-enable-prefix-caching", options->no_prefix_caching,
+                    "turn the prefix cache off");
+  command->add_option("--max-waiting-requests", e.max_waiting_requests, "queue length before 429")
+      ->capture_default_str();
+  command->add_option("--threads", e.num_threads, "CPU threads for the engine (0 = all cores)")
+      ->capture_default_str();
+  command->add_option("--max-request-bytes", s.max_request_bytes, "request body limit (413 beyond)")
+      ->capture_default_str();
+  command->add_option("--max-header-bytes", s.max_header_bytes, "request header limit (431 beyond)")
+      ->capture_default_str();
+  command
+      ->add_option("--shutdown-timeout", s.shutdown_timeout_s,
+                   "seconds to finish in-flight requests after SIGTERM")
+      ->capture_default_str();
+  command->add_option("--max-n", s.max_n, "cap on choices per request (n x prompts)")
+      ->capture_default_str();
+  command->add_option("--io-threads", s.io_threads, "HTTP I/O threads")->capture_default_str();
+  command->callback([options, &exit_code] { exit_code = run_serve(*options); });
 }
 
 }  // namespace sy::cli
