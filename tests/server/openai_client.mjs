@@ -1,6 +1,6 @@
 // End-to-end check with the real `openai` npm client: completions and chat, streaming and not,
 // routed_experts decoded from base64 .npy and checked for shape, dtype and valid distinct ids.
-// Usage: node openai_client.mjs --base-url URL --deps DIR [--api-key K] [--prompt TEXT]
+// Usage: node openai_client.mjs --base-url URL --deps DIR [--api-key K] [--prompt TEXT] [--no-chat 1]
 // Prints one JSON summary line; exits 1 (after printing every failure) if any check fails.
 import { createRequire } from 'node:module';
 
@@ -122,30 +122,34 @@ try {
     check(same, 'completions n=2: prompt rows differ between choices');
   }
 
-  // Chat, not streaming and streaming.
-  const messages = [{ role: 'user', content: 'Say hello.' }];
-  const chat = await client.chat.completions.create({ model: model.id, messages, max_tokens: 8, temperature: 0 });
-  const m0 = chat.choices[0];
-  check(m0.message.role === 'assistant', 'chat: role');
-  check(typeof m0.message.content === 'string', 'chat: content');
-  checkRoutes('chat', m0.routed_experts, chat.usage.prompt_tokens + chat.usage.completion_tokens - 1, model);
-  summary.chat = { content: m0.message.content, usage: chat.usage };
+  if (!args['no-chat']) {
+    // Chat, not streaming and streaming.
+    const messages = [{ role: 'user', content: 'Say hello.' }];
+    const chat = await client.chat.completions.create({ model: model.id, messages, max_tokens: 8, temperature: 0 });
+    const m0 = chat.choices[0];
+    check(m0.message.role === 'assistant', 'chat: role');
+    check(typeof m0.message.content === 'string', 'chat: content');
+    checkRoutes('chat', m0.routed_experts, chat.usage.prompt_tokens + chat.usage.completion_tokens - 1, model);
+    summary.chat = { content: m0.message.content, usage: chat.usage };
 
-  const chatStream = await client.chat.completions.create({ model: model.id, messages, max_tokens: 8, temperature: 0,
-                                                           stream: true });
-  let chatText = '';
-  let chatRoutes = null;
-  let sawRole = false;
-  for await (const chunk of chatStream) {
-    for (const choice of chunk.choices) {
-      if (choice.delta.role === 'assistant') sawRole = true;
-      chatText += choice.delta.content ?? '';
-      if (choice.finish_reason) chatRoutes = choice.routed_experts;
+    const chatStream = await client.chat.completions.create({ model: model.id, messages, max_tokens: 8, temperature: 0,
+                                                             stream: true });
+    let chatText = '';
+    let chatRoutes = null;
+    let sawRole = false;
+    for await (const chunk of chatStream) {
+      for (const choice of chunk.choices) {
+        if (choice.delta.role === 'assistant') sawRole = true;
+        chatText += choice.delta.content ?? '';
+        if (choice.finish_reason) chatRoutes = choice.routed_experts;
+      }
     }
+    check(sawRole, 'chat stream: no role delta');
+    check(chatText === m0.message.content, `chat stream: text ${JSON.stringify(chatText)} != ${JSON.stringify(m0.message.content)}`);
+    check(chatRoutes === m0.routed_experts, 'chat stream: routes differ from non-streaming');
+  } else {
+    summary.chat = 'skipped (--no-chat)';
   }
-  check(sawRole, 'chat stream: no role delta');
-  check(chatText === m0.message.content, `chat stream: text ${JSON.stringify(chatText)} != ${JSON.stringify(m0.message.content)}`);
-  check(chatRoutes === m0.routed_experts, 'chat stream: routes differ from non-streaming');
 
   // Errors surface as the client's typed errors with the parameter named.
   try {

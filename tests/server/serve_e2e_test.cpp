@@ -1,0 +1,415 @@
+// `switchyard serve` end to end on a tiny random model (CPU backend): real clients, routes equal to
+// `switchyard generate`'s, concurrency, prefix-cache hits, cancellation, replay rescoring, weight
+// updates, preemption and a graceful SIGTERM.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <thread>
+
+#include "http_client.h"
+#include "process_util.h"
+#include "serve_process.h"
+#include "util/base64.h"
+#include "util/npy.h"
+
+namespace sy::server {
+namespace {
+
+using nlohmann::json;
+using namespace sy::testing;
+namespace fs = std::filesystem;
+
+std::string model_dir(int seed) {
+  return std::string(SY_BINARY_DIR) + "/serve_e2e_tiny_" + std::to_string(seed);
+}
+
+// Makes (once) a tiny random model with the given weight seed.
+std::string make_model(int seed) {
+  std::string dir = model_dir(seed);
+  if (fs::exists(dir + "/config.json")) return dir;
+  CommandResult r =
+      run_command(shell_quote(switchyard_binary()) + " make-model --preset tiny --seed " +
+                  std::to_string(seed) + " --out " + shell_quote(dir));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  return dir;
+}
+
+// The value of the first sample of `name` (a Prometheus text line "name{labels} value").
+double metric_value(const std::string& metrics, const std::string& name) {
+  size_t line = 0;
+  while (line < metrics.size()) {
+    size_t eol = metrics.find('\n', line);
+    if (eol == std::string::npos) eol = metrics.size();
+    std::string text = metrics.substr(line, eol - line);
+    if (text.rfind(name, 0) == 0 && text.size() > name.size() &&
+        (text[name.size()] == '{' || text[name.size()] == ' ')) {
+      return std::stod(text.substr(text.rfind(' ') + 1));
+    }
+    line = eol + 1;
+  }
+  return -1;
+}
+
+NpyArray decode_npy(const json& b64) {
+  Result<std::string> bytes = base64_decode(b64.get<std::string>());
+  EXPECT_TRUE(bytes) << bytes.message();
+  Result<NpyArray> array = npy_decode(bytes ? *bytes : std::string());
+  EXPECT_TRUE(array) << array.message();
+  return array ? *array : NpyArray{};
+}
+
+std::vector<int64_t> routes_of(const json& choice) {
+  Result<std::vector<int64_t>> values = npy_to_int64(decode_npy(choice["routed_experts"]));
+  return values ? *values : std::vector<int64_t>{};
+}
+
+class ServeE2E : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    model_ = make_model(1);
+    serve_ = new ServeProcess();
+    std::string error =
+        serve_->start({"--model", model_, "--served-model-name", "tiny",
+                       "--enable-return-routed-experts", "--max-num-batched-tokens", "64"});
+    if (!error.empty()) {
+      start_error_ = error;
+      return;
+    }
+    json models = http_call(serve_->port(), "GET", "/v1/models").json();
+    card_ = models["data"][0];
+  }
+  static void TearDownTestSuite() {
+    if (serve_) {
+      int status = serve_->terminate();
+      EXPECT_EQ(status, 0) << "SIGTERM must drain and exit 0:\n" << serve_->output();
+      delete serve_;
+      serve_ = nullptr;
+    }
+  }
+  void SetUp() override { ASSERT_TRUE(start_error_.empty()) << start_error_; }
+
+  uint16_t port() const { return serve_->port(); }
+  json complete(json body) {
+    body["model"] = "tiny";
+    HttpResponse r = post_json(port(), "/v1/completions", body);
+    EXPECT_EQ(r.status, 200) << r.body;
+    return r.json();
+  }
+  std::string metrics() { return http_call(port(), "GET", "/metrics").body; }
+
+  static inline std::string model_;
+  static inline ServeProcess* serve_ = nullptr;
+  static inline std::string start_error_;
+  static inline json card_;
+};
+
+TEST_F(ServeE2E, ModelCardAndHealth) {
+  EXPECT_EQ(http_call(port(), "GET", "/health").status, 200);
+  EXPECT_EQ(card_["id"], "tiny");
+  EXPECT_GT(card_["num_experts"].get<int>(), 0);
+  EXPECT_GT(card_["moe_layers"].size(), 0u);
+}
+
+TEST_F(ServeE2E, OpenAiNodeClient) {
+  std::string deps = node_deps_dir();
+  ASSERT_FALSE(deps.empty()) << "deps/node_modules/openai is missing: run scripts/setup.sh";
+  // Chat is checked whenever the binary has the chat module; a binary built without it says so.
+  HttpResponse chat = post_json(port(), "/v1/chat/completions",
+                                {{"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"max_tokens", 1}});
+  bool chat_missing = chat.status == 400 && chat.body.find("not built into this binary") != std::string::npos;
+  if (chat_missing) std::cout << "NOTE: this binary has no chat module; chat checks not run\n";
+  CommandResult r = run_command(
+      "node " + shell_quote(std::string(SY_SOURCE_DIR) + "/tests/server/openai_client.mjs") +
+      " --base-url http://127.0.0.1:" + std::to_string(port()) + "/v1 --deps " + shell_quote(deps) +
+      (chat_missing ? " --no-chat 1" : ""));
+  std::cout << r.output;
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+}
+
+std::vector<int> token_prompt(int length, int salt) {
+  std::vector<int> ids;
+  for (int i = 0; i < length; ++i) ids.push_back(1000 + (i * 37 + salt * 101) % 20000);
+  return ids;
+}
+
+struct Outcome {
+  std::vector<int> tokens;
+  std::vector<int64_t> routes;
+  int64_t cached_tokens = 0;
+  bool operator==(const Outcome& other) const {
+    return tokens == other.tokens && routes == other.routes;
+  }
+};
+
+Outcome outcome_of(const json& body) {
+  Outcome o;
+  const json& choice = body["choices"][0];
+  for (const json& t : choice["token_ids"]) o.tokens.push_back(t.get<int>());
+  o.routes = routes_of(choice);
+  o.cached_tokens = body["usage"]["prompt_tokens_details"]["cached_tokens"].get<int64_t>();
+  return o;
+}
+
+// Streams the request and rebuilds the same Outcome from the chunks.
+Outcome streamed_outcome(uint16_t port, json body) {
+  body["stream"] = true;
+  body["stream_options"] = {{"include_usage", true}};
+  HttpResponse r = post_json(port, "/v1/completions", body);
+  Outcome o;
+  EXPECT_EQ(r.status, 200) << r.body;
+  for (const std::string& event : r.events()) {
+    if (event == "[DONE]") continue;
+    json chunk = json::parse(event);
+    if (chunk.contains("usage") && chunk["choices"].empty()) {
+      o.cached_tokens = chunk["usage"]["prompt_tokens_details"]["cached_tokens"].get<int64_t>();
+      continue;
+    }
+    const json& choice = chunk["choices"][0];
+    for (const json& t : choice["token_ids"]) o.tokens.push_back(t.get<int>());
+    if (choice.contains("routed_experts")) o.routes = routes_of(choice);
+  }
+  return o;
+}
+
+json greedy_request(const std::vector<int>& prompt, int max_tokens) {
+  return json{{"model", "tiny"},  {"prompt", prompt},   {"max_tokens", max_tokens},
+              {"temperature", 0}, {"ignore_eos", true}, {"return_token_ids", true}};
+}
+
+TEST_F(ServeE2E, RoutesCoverPromptAndCompletion) {
+  std::vector<int> prompt = token_prompt(20, 1);
+  json body = complete(greedy_request(prompt, 5));
+  NpyArray routes = decode_npy(body["choices"][0]["routed_experts"]);
+  ASSERT_EQ(routes.shape.size(), 3u);
+  EXPECT_EQ(routes.shape[0], 20 + 5 - 1);
+  EXPECT_EQ(routes.shape[1], card_["num_hidden_layers"].get<int64_t>());
+  EXPECT_EQ(routes.shape[2], card_["top_k"].get<int64_t>());
+}
+
+// Under concurrency (32 mixed requests, streaming and not, prompts longer than the 64-token
+// chunk), every request's tokens and routes equal those it gets alone.
+TEST_F(ServeE2E, ConcurrentRequestsEqualAlone) {
+  ASSERT_EQ(post_json(port(), "/flush_cache", json::object()).status, 200);
+  std::vector<std::vector<int>> prompts;
+  for (int i = 0; i < 8; ++i) prompts.push_back(token_prompt(5 + i * 23, i));
+  std::vector<Outcome> alone;
+  for (auto& p : prompts) {
+    ASSERT_EQ(post_json(port(), "/flush_cache", json::object()).status, 200);
+    alone.push_back(outcome_of(complete(greedy_request(p, 6))));
+    ASSERT_EQ(alone.back().tokens.size(), 6u);
+  }
+  ASSERT_EQ(post_json(port(), "/flush_cache", json::object()).status, 200);
+  std::vector<Outcome> together(32);
+  std::vector<std::thread> clients;
+  for (int i = 0; i < 32; ++i) {
+    clients.emplace_back([&, i] {
+      json request = greedy_request(prompts[i % 8], 6);
+      together[i] = i % 2 ? streamed_outcome(port(), request)
+                          : outcome_of(post_json(port(), "/v1/completions", request).json());
+    });
+  }
+  for (auto& c : clients) c.join();
+  for (int i = 0; i < 32; ++i) {
+    EXPECT_EQ(together[i].tokens, alone[i % 8].tokens) << "request " << i;
+    EXPECT_TRUE(together[i].routes == alone[i % 8].routes) << "request " << i;
+  }
+}
+
+// Repeating a finished request is a full prefix-cache hit: the metrics show the hit and the
+// skipped prefill, and the restored routes equal the computed ones.
+TEST_F(ServeE2E, RepeatedRequestHitsThePrefixCacheWithRoutes) {
+  ASSERT_EQ(post_json(port(), "/flush_cache", json::object()).status, 200);
+  std::vector<int> prompt = token_prompt(100, 7);
+  Outcome first = outcome_of(complete(greedy_request(prompt, 4)));
+  std::string before = metrics();
+  Outcome second = outcome_of(complete(greedy_request(prompt, 4)));
+  std::string after = metrics();
+  EXPECT_GE(second.cached_tokens, 64) << "a 100-token prompt has at least 6 full 16-token blocks";
+  EXPECT_EQ(first.tokens, second.tokens);
+  EXPECT_TRUE(first.routes == second.routes);
+  double hits = metric_value(after, "vllm:prefix_cache_hits_total") -
+                metric_value(before, "vllm:prefix_cache_hits_total");
+  double computed = metric_value(after, "switchyard:prompt_tokens_computed_total") -
+                    metric_value(before, "switchyard:prompt_tokens_computed_total");
+  EXPECT_EQ(hits, static_cast<double>(second.cached_tokens));
+  EXPECT_EQ(computed, 100.0 - static_cast<double>(second.cached_tokens));
+  // Shared prefix, different suffix: equals the same request on a cold cache.
+  std::vector<int> other = prompt;
+  other.resize(90);
+  for (int t : token_prompt(15, 9)) other.push_back(t);
+  Outcome warm = outcome_of(complete(greedy_request(other, 4)));
+  EXPECT_GT(warm.cached_tokens, 0);
+  ASSERT_EQ(post_json(port(), "/flush_cache", json::object()).status, 200);
+  Outcome cold = outcome_of(complete(greedy_request(other, 4)));
+  EXPECT_EQ(cold.cached_tokens, 0);
+  EXPECT_EQ(warm.tokens, cold.tokens);
+  EXPECT_TRUE(warm.routes == cold.routes);
+}
+
+// A client that hangs up (mid-prefill or mid-decode, streaming or not) frees its KV blocks.
+TEST_F(ServeE2E, ClosedConnectionFreesKvBlocks) {
+  ASSERT_EQ(post_json(port(), "/flush_cache", json::object()).status, 200);
+  double used_before = metric_value(metrics(), "switchyard:kv_blocks_used");
+  struct Case {
+    const char* name;
+    int prompt_tokens;
+    bool stream;
+    bool wait_for_decode;
+  };
+  for (Case c :
+       {Case{"mid-decode", 30, false, true}, Case{"mid-decode stream", 30, true, true},
+        Case{"mid-prefill", 1500, false, false}, Case{"mid-prefill stream", 1500, true, false}}) {
+    json body = greedy_request(token_prompt(c.prompt_tokens, 3), 500);
+    body["stream"] = c.stream;
+    int fd = connect_to(port());
+    ASSERT_GE(fd, 0);
+    ASSERT_TRUE(send_all(fd, build_request("POST", "/v1/completions", body.dump())));
+    if (c.wait_for_decode) {
+      for (int i = 0; i < 400 && metric_value(metrics(), "vllm:num_requests_running") < 1; ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    ::close(fd);
+    bool freed = false;
+    for (int i = 0; i < 400 && !freed; ++i) {
+      std::string m = metrics();
+      freed = metric_value(m, "switchyard:kv_blocks_used") == used_before &&
+              metric_value(m, "vllm:num_requests_running") == 0 &&
+              metric_value(m, "vllm:num_requests_waiting") == 0;
+      if (!freed) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    EXPECT_TRUE(freed) << c.name << ": kv_blocks_used "
+                       << metric_value(metrics(), "switchyard:kv_blocks_used") << " vs "
+                       << used_before;
+  }
+}
+
+// R3: rescoring a rollout under its own routes gives the rollout's logprobs.
+TEST_F(ServeE2E, ReplayRescoresTheRollout) {
+  std::vector<int> prompt = token_prompt(12, 11);
+  json rollout = complete({{"prompt", prompt},
+                           {"max_tokens", 6},
+                           {"temperature", 1},
+                           {"seed", 5},
+                           {"logprobs", 0},
+                           {"ignore_eos", true},
+                           {"return_token_ids", true}});
+  const json& choice = rollout["choices"][0];
+  std::vector<int> full = prompt;
+  for (const json& t : choice["token_ids"]) full.push_back(t.get<int>());
+  ASSERT_EQ(full.size(), 18u);
+  json rescore = complete({{"prompt", full},
+                           {"max_tokens", 1},
+                           {"temperature", 0},
+                           {"prompt_logprobs", 0},
+                           {"routed_experts_replay", choice["routed_experts"]}});
+  const json& prompt_logprobs = rescore["choices"][0]["prompt_logprobs"];
+  ASSERT_EQ(prompt_logprobs.size(), full.size());
+  for (size_t j = 0; j < 6; ++j) {
+    int token = full[12 + j];
+    double expected = choice["logprobs"]["token_logprobs"][j].get<double>();
+    double got = prompt_logprobs[12 + j][std::to_string(token)]["logprob"].get<double>();
+    EXPECT_NEAR(got, expected, 1e-5) << "position " << 12 + j;
+  }
+  // The replayed rows come back as given.
+  std::vector<int64_t> given = routes_of(choice);
+  std::vector<int64_t> returned = routes_of(rescore["choices"][0]);
+  ASSERT_GE(returned.size(), given.size());
+  EXPECT_TRUE(std::equal(given.begin(), given.end(), returned.begin()));
+}
+
+// New weights change outputs; the old weights' cached routes are never served.
+TEST_F(ServeE2E, WeightUpdateChangesOutputsAndFlushesCachedRoutes) {
+  std::string other = make_model(2);
+  std::vector<int> prompt = token_prompt(40, 13);
+  Outcome old_weights = outcome_of(complete(greedy_request(prompt, 5)));
+  HttpResponse bad =
+      post_json(port(), "/update_weights_from_disk", {{"model_path", "/nonexistent/model"}});
+  EXPECT_GE(bad.status, 400);
+  EXPECT_EQ(bad.json()["success"], false);
+  EXPECT_TRUE(outcome_of(complete(greedy_request(prompt, 5))) == old_weights)
+      << "old weights must stay in service";
+  HttpResponse update = post_json(port(), "/update_weights_from_disk", {{"model_path", other}});
+  ASSERT_EQ(update.status, 200) << update.body;
+  Outcome new_weights = outcome_of(complete(greedy_request(prompt, 5)));
+  EXPECT_EQ(new_weights.cached_tokens, 0) << "the prefix cache must be flushed with the weights";
+  EXPECT_FALSE(new_weights == old_weights);
+  ASSERT_EQ(post_json(port(), "/update_weights_from_disk", {{"model_path", model_}}).status, 200);
+  Outcome back = outcome_of(complete(greedy_request(prompt, 5)));
+  EXPECT_EQ(back.cached_tokens, 0);
+  EXPECT_TRUE(back == old_weights);
+}
+
+// A KV cache so small that requests must be preempted: results still equal those computed alone.
+TEST_F(ServeE2E, PreemptionKeepsRoutesExact) {
+  std::vector<std::vector<int>> prompts;
+  std::vector<Outcome> alone;
+  for (int i = 0; i < 6; ++i) {
+    prompts.push_back(token_prompt(40, 20 + i));
+    alone.push_back(outcome_of(complete(greedy_request(prompts.back(), 24))));
+  }
+  ServeProcess small;
+  std::string error = small.start({"--model", model_, "--served-model-name", "tiny",
+                                   "--enable-return-routed-experts", "--kv-cache-tokens", "160",
+                                   "--max-num-batched-tokens", "64"});
+  ASSERT_TRUE(error.empty()) << error;
+  std::vector<Outcome> squeezed(6);
+  std::vector<std::thread> clients;
+  for (int i = 0; i < 6; ++i) {
+    clients.emplace_back([&, i] {
+      squeezed[i] = outcome_of(
+          post_json(small.port(), "/v1/completions", greedy_request(prompts[i], 24)).json());
+    });
+  }
+  for (auto& c : clients) c.join();
+  double preemptions =
+      metric_value(http_call(small.port(), "GET", "/metrics").body, "vllm:num_preemptions_total");
+  EXPECT_GT(preemptions, 0) << "the test must actually preempt";
+  for (int i = 0; i < 6; ++i) {
+    EXPECT_EQ(squeezed[i].tokens, alone[i].tokens) << "request " << i;
+    EXPECT_TRUE(squeezed[i].routes == alone[i].routes) << "request " << i;
+  }
+  EXPECT_EQ(small.terminate(), 0) << small.output();
+}
+
+// The server's tokens and routes equal `switchyard generate`'s for the same prompt (greedy):
+// alone, after a full prefix-cache hit, and for a prompt longer than the 64-token chunk.
+TEST_F(ServeE2E, EqualsGenerate) {
+  for (int length : {3, 20, 150}) {
+    std::vector<int> prompt = token_prompt(length, length);
+    std::string ids;
+    for (int t : prompt) ids += (ids.empty() ? "" : ",") + std::to_string(t);
+    std::string routes_path = std::string(SY_BINARY_DIR) + "/serve_e2e_generate_routes.npy";
+    CommandResult g =
+        run_command(shell_quote(switchyard_binary()) + " generate --model " + shell_quote(model_) +
+                    " --prompt-ids " + ids +
+                    " --max-tokens 6 --temperature 0 --ignore-eos --json --routes-out " +
+                    shell_quote(routes_path) + " 2>/dev/null");
+    ASSERT_EQ(g.exit_code, 0) << g.output;
+    json generated = json::parse(g.output.substr(g.output.find('{')), nullptr, false);
+    ASSERT_TRUE(generated.is_object()) << g.output;
+    Result<NpyArray> file = npy_read_file(routes_path);
+    ASSERT_TRUE(file) << file.message();
+    std::vector<int64_t> generate_routes = *npy_to_int64(*file);
+    for (int round = 0; round < 2; ++round) {  // round 1 is a prefix-cache hit
+      json body = complete(greedy_request(prompt, 6));
+      Outcome served = outcome_of(body);
+      EXPECT_EQ(json(served.tokens), generated["completion_token_ids"])
+          << "length " << length << " round " << round;
+      EXPECT_TRUE(served.routes == generate_routes) << "length " << length << " round " << round;
+      NpyArray wire = decode_npy(body["choices"][0]["routed_experts"]);
+      EXPECT_EQ(wire.dtype, file->dtype);
+      EXPECT_EQ(wire.shape, file->shape);
+      if (round == 1 && length >= 20) EXPECT_GT(served.cached_tokens, 0) << "length " << length;
+    }
+    std::filesystem::remove(routes_path);
+  }
+}
+
+}  // namespace
+}  // namespace sy::server
