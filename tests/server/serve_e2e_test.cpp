@@ -116,9 +116,11 @@ TEST_F(ServeE2E, OpenAiNodeClient) {
   std::string deps = node_deps_dir();
   ASSERT_FALSE(deps.empty()) << "deps/node_modules/openai is missing: run scripts/setup.sh";
   // Chat is checked whenever the binary has the chat module; a binary built without it says so.
-  HttpResponse chat = post_json(port(), "/v1/chat/completions",
-                                {{"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"max_tokens", 1}});
-  bool chat_missing = chat.status == 400 && chat.body.find("not built into this binary") != std::string::npos;
+  HttpResponse chat =
+      post_json(port(), "/v1/chat/completions",
+                {{"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"max_tokens", 1}});
+  bool chat_missing =
+      chat.status == 400 && chat.body.find("not built into this binary") != std::string::npos;
   if (chat_missing) std::cout << "NOTE: this binary has no chat module; chat checks not run\n";
   CommandResult r = run_command(
       "node " + shell_quote(std::string(SY_SOURCE_DIR) + "/tests/server/openai_client.mjs") +
@@ -409,6 +411,105 @@ TEST_F(ServeE2E, EqualsGenerate) {
     }
     std::filesystem::remove(routes_path);
   }
+}
+
+int64_t rss_kib(pid_t pid) {
+  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6));
+  }
+  return -1;
+}
+
+// Every MoE row a set of distinct valid ids, dense rows zero, rows = prompt + completion - 1.
+bool routes_complete(const json& choice, int64_t rows, const json& card) {
+  NpyArray routes = decode_npy(choice["routed_experts"]);
+  int64_t layers = card["num_hidden_layers"].get<int64_t>(), k = card["top_k"].get<int64_t>();
+  if (routes.shape != std::vector<int64_t>{rows, layers, k}) return false;
+  std::vector<int64_t> ids = *npy_to_int64(routes);
+  std::vector<bool> moe(static_cast<size_t>(layers), false);
+  for (const json& l : card["moe_layers"]) moe[l.get<size_t>()] = true;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t l = 0; l < layers; ++l) {
+      const int64_t* row = ids.data() + (r * layers + l) * k;
+      for (int64_t a = 0; a < k; ++a) {
+        if (!moe[l] && row[a] != 0) return false;
+        if (moe[l] && (row[a] < 0 || row[a] >= card["num_experts"].get<int64_t>())) return false;
+        for (int64_t b = 0; moe[l] && b < a; ++b) {
+          if (row[a] == row[b]) return false;
+        }
+      }
+    }
+  }
+  return true;
+}
+
+// Bounded load (loopback, fixed clients and time; SY_LOAD_SECONDS, default 10): 64 clients with
+// mixed lengths, streaming and not. Zero failures, every route complete, RSS back to baseline.
+TEST_F(ServeE2E, LoadSixtyFourClients) {
+  int seconds = std::getenv("SY_LOAD_SECONDS") ? std::atoi(std::getenv("SY_LOAD_SECONDS")) : 10;
+  auto run_clients = [&](int clients_count, std::chrono::steady_clock::time_point deadline,
+                         std::atomic<int>& ok, std::atomic<int>& failed, std::string& first_failure,
+                         std::mutex& mutex) {
+    std::vector<std::thread> clients;
+    for (int c = 0; c < clients_count; ++c) {
+      clients.emplace_back([&, c] {
+        for (int i = 0; std::chrono::steady_clock::now() < deadline; ++i) {
+          std::vector<int> prompt = token_prompt(1 + (c * 17 + i * 5) % 120, c * 1000 + i);
+          int max_tokens = 1 + (c + i * 3) % 16;
+          json request = greedy_request(prompt, max_tokens);
+          bool good = false;
+          std::string what;
+          if ((c + i) % 2) {
+            Outcome o = streamed_outcome(port(), request);
+            good = static_cast<int>(o.tokens.size()) == max_tokens &&
+                   o.routes.size() == (prompt.size() + max_tokens - 1) *
+                                          card_["num_hidden_layers"].get<size_t>() *
+                                          card_["top_k"].get<size_t>();
+            what = "stream";
+          } else {
+            HttpResponse r = post_json(port(), "/v1/completions", request);
+            json body = r.json();
+            good = r.status == 200 &&
+                   body["choices"][0]["token_ids"].size() == static_cast<size_t>(max_tokens) &&
+                   routes_complete(body["choices"][0],
+                                   static_cast<int64_t>(prompt.size()) + max_tokens - 1, card_);
+            what = std::to_string(r.status) + " " + r.body.substr(0, 200);
+          }
+          if (good) {
+            ++ok;
+          } else {
+            ++failed;
+            std::lock_guard lock(mutex);
+            if (first_failure.empty()) first_failure = what;
+          }
+        }
+      });
+    }
+    for (auto& t : clients) t.join();
+  };
+  std::atomic<int> ok{0}, failed{0};
+  std::string first_failure;
+  std::mutex mutex;
+  // Warm-up: the KV cache and allocator reach their working size.
+  run_clients(64, std::chrono::steady_clock::now() + std::chrono::seconds(2), ok, failed,
+              first_failure, mutex);
+  ASSERT_EQ(post_json(port(), "/flush_cache", json::object()).status, 200);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  int64_t baseline = rss_kib(serve_->pid());
+  run_clients(64, std::chrono::steady_clock::now() + std::chrono::seconds(seconds), ok, failed,
+              first_failure, mutex);
+  EXPECT_EQ(failed.load(), 0) << first_failure;
+  ASSERT_EQ(post_json(port(), "/flush_cache", json::object()).status, 200);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  int64_t after = rss_kib(serve_->pid());
+  std::string m = metrics();
+  EXPECT_EQ(metric_value(m, "vllm:num_requests_running"), 0);
+  std::cout << "load: " << ok.load() << " requests ok, " << failed.load() << " failed; RSS "
+            << baseline / 1024 << " MiB -> " << after / 1024 << " MiB\n";
+  EXPECT_LE(after, baseline + baseline / 10 + 16 * 1024)
+      << "RSS grew from " << baseline << " KiB to " << after << " KiB";
 }
 
 }  // namespace
