@@ -519,5 +519,40 @@ TEST_F(ServeE2E, LoadSixtyFourClients) {
       << "RSS grew from " << baseline << " KiB to " << after << " KiB";
 }
 
+// Chat goes through the model's own template, tokenized without special tokens: the same prompt
+// ids, tokens and routes as `switchyard generate --chat`.
+TEST_F(ServeE2E, ChatEqualsGenerate) {
+  json messages = {{{"role", "system"}, {"content", "You are terse."}},
+                   {{"role", "user"}, {"content", "Name a colour. ünïcödé ✓"}}};
+  HttpResponse r = post_json(port(), "/v1/chat/completions",
+                             {{"model", "tiny"},
+                              {"messages", messages},
+                              {"max_tokens", 6},
+                              {"temperature", 0},
+                              {"ignore_eos", true},
+                              {"return_token_ids", true}});
+  if (r.status == 400 && r.body.find("not built into this binary") != std::string::npos) {
+    GTEST_SKIP() << "this binary was built without the chat module";
+  }
+  ASSERT_EQ(r.status, 200) << r.body;
+  json body = r.json();
+  std::string routes_path = std::string(SY_BINARY_DIR) + "/serve_e2e_chat_routes.npy";
+  CommandResult g =
+      run_command(shell_quote(switchyard_binary()) + " generate --model " + shell_quote(model_) +
+                  " --chat " + shell_quote(messages.dump()) +
+                  " --max-tokens 6 --temperature 0 --ignore-eos --json --routes-out " +
+                  shell_quote(routes_path) + " 2>/dev/null");
+  ASSERT_EQ(g.exit_code, 0) << g.output;
+  json generated = json::parse(g.output.substr(g.output.find('{')), nullptr, false);
+  ASSERT_TRUE(generated.is_object()) << g.output;
+  EXPECT_EQ(body["prompt_token_ids"], generated["prompt_token_ids"]);
+  EXPECT_EQ(body["choices"][0]["token_ids"], generated["completion_token_ids"]);
+  EXPECT_EQ(body["choices"][0]["message"]["content"], generated["text"]);
+  Result<NpyArray> file = npy_read_file(routes_path);
+  ASSERT_TRUE(file) << file.message();
+  EXPECT_TRUE(routes_of(body["choices"][0]) == *npy_to_int64(*file));
+  std::filesystem::remove(routes_path);
+}
+
 }  // namespace
 }  // namespace sy::server
