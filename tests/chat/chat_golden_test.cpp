@@ -58,8 +58,10 @@ const Golden& golden() {
   static const Golden g = [] {
     Golden out;
     out.rows = read_json(kChatDir + "/chat_goldens.json")["renders"];
-    const ordered_json conversations = read_json(kChatDir + "/conversations.json");
-    for (const auto& c : conversations["cases"]) out.cases[c["name"].get<std::string>()] = c;
+    for (const char* file : {"/conversations.json", "/generated_conversations.json"}) {
+      const ordered_json conversations = read_json(kChatDir + file);
+      for (const auto& c : conversations["cases"]) out.cases[c["name"].get<std::string>()] = c;
+    }
     out.feature_context = read_json(kChatDir + "/features/context.json");
     return out;
   }();

@@ -13,7 +13,8 @@ Writes $OUT/chat_goldens.json:
             tokenizer.apply_chat_template(..., tokenize=False) gave the identical string (else that
             string / error).
 Inputs (all in the repo): tests/chat/models/<name>/ (tokenizer_config.json and/or
-chat_template.jinja, read as transformers does: chat_template.jinja wins), tests/chat/conversations.json,
+chat_template.jinja, read as transformers does: chat_template.jinja wins), tests/chat/conversations.json
+(hand-written) and tests/chat/generated_conversations.json (seeded, from tests/chat/jinja_js_test.cpp),
 tests/chat/features/*.jinja rendered with tests/chat/features/context.json.
 Calls: transformers.utils.chat_template_utils.render_jinja_template(conversations=[messages],
 tools=tools, chat_template=source, add_generation_prompt=..., **special_tokens, **kwargs) and
@@ -132,8 +133,10 @@ def main():
         print("render_jinja_template smoke test failed, using _compile_jinja_template:", repr(e))
         RENDERER[0] = render_with_compiled
     meta["renderer"] = RENDERER[0].__name__
-    with open(os.path.join(CHAT, "conversations.json"), encoding="utf-8") as f:
-        cases = json.load(f)["cases"]
+    cases = []
+    for name in ("conversations.json", "generated_conversations.json"):
+        with open(os.path.join(CHAT, name), encoding="utf-8") as f:
+            cases += json.load(f)["cases"]
     renders = []
     for model_dir in sorted(glob.glob(os.path.join(CHAT, "models", "*"))):
         name = os.path.basename(model_dir)
