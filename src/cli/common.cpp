@@ -8,10 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
-#if __has_include("chat/chat_template.h")
 #include "chat/chat_template.h"
-#define SY_HAVE_CHAT 1
-#endif
 
 namespace sy::cli {
 
@@ -42,14 +39,9 @@ Result<std::string> render_chat_prompt(const std::string& model_dir, const std::
     kwargs = parsed.value("chat_template_kwargs", nlohmann::json::object());
   }
   if (!messages.is_array()) return Status::error("expected a JSON array of messages");
-#ifdef SY_HAVE_CHAT
   auto chat_template = chat::ChatTemplate::load(model_dir);
   if (!chat_template) return chat_template.status();
   return chat_template->render(messages, tools, true, kwargs);
-#else
-  (void)model_dir;
-  return Status::error(ErrorCode::kUnsupported, "chat templates are not built into this binary yet");
-#endif
 }
 
 }  // namespace sy::cli

@@ -109,6 +109,22 @@ TEST_F(Cli, GenerateFromTextPrintsText) {
   EXPECT_FALSE(r.out.empty());
 }
 
+TEST_F(Cli, GenerateChatUsesTheModelsTemplate) {
+  CommandResult r = run("generate --model " + model().string() +
+                        " --chat '[{\"role\":\"user\",\"content\":\"Hi there\"}]' --max-tokens 2 --temperature 0 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  auto json = nlohmann::json::parse(r.out.substr(r.out.find('{')));
+  // The rendered prompt, tokenized without extra special tokens, through the other subcommands.
+  std::ofstream(path("chat.json")) << R"({"messages":[{"role":"user","content":"Hi there"}],"add_generation_prompt":true})";
+  CommandResult rendered = run("render-chat --model " + model().string() + " < " + path("chat.json").string());
+  ASSERT_EQ(rendered.exit_code, 0) << rendered.out;
+  EXPECT_NE(rendered.out.find("<|im_start|>assistant"), std::string::npos) << rendered.out;
+  std::ofstream(path("rendered.jsonl")) << nlohmann::json(rendered.out).dump() << "\n";
+  CommandResult ids = run("tokenize --no-special-tokens --model " + model().string() + " < " + path("rendered.jsonl").string());
+  ASSERT_EQ(ids.exit_code, 0) << ids.out;
+  EXPECT_EQ(json["prompt_token_ids"], nlohmann::json::parse(ids.out));
+}
+
 TEST_F(Cli, BadReplayAndUnknownKernelAreRefused) {
   std::vector<uint8_t> rows(2 * 16, 0);  // duplicate ids in every MoE row
   const std::string bad = path("bad_replay.npy").string();
