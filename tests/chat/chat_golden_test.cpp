@@ -72,7 +72,7 @@ TEST(ChatGolden, GoldensWereMadeByTransformers) {
   const ordered_json meta = read_json(kChatDir + "/chat_goldens.json")["meta"];
   EXPECT_EQ(meta["transformers"], "5.17.0");
   EXPECT_EQ(meta["jinja2"], "3.1.6");
-  EXPECT_GE(golden().rows.size(), 150u);
+  EXPECT_GE(golden().rows.size(), 450u);
 }
 
 TEST(ChatGolden, RealTemplatesMatchTransformersByteForByte) {
@@ -107,7 +107,7 @@ TEST(ChatGolden, RealTemplatesMatchTransformersByteForByte) {
     EXPECT_EQ(*rendered, want) << first_difference(want, *rendered);
     ++compared;
   }
-  EXPECT_GE(compared, 110);
+  EXPECT_GE(compared, 400);
   EXPECT_GE(errors, 8);
   std::cout << "compared " << compared << " renders byte-for-byte, " << errors << " expected errors\n";
 }
