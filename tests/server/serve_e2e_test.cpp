@@ -554,5 +554,37 @@ TEST_F(ServeE2E, ChatEqualsGenerate) {
   std::filesystem::remove(routes_path);
 }
 
+// Cached prefix blocks evicted by later requests (a 256-token KV cache): a repeat still gets the
+// tokens and routes it got the first time, whatever part of its prefix survived.
+TEST_F(ServeE2E, PartialEvictionKeepsRoutesExact) {
+  ServeProcess small;
+  std::string error = small.start({"--model", model_, "--served-model-name", "tiny",
+                                   "--enable-return-routed-experts", "--kv-cache-tokens", "256",
+                                   "--max-num-batched-tokens", "64"});
+  ASSERT_TRUE(error.empty()) << error;
+  auto run = [&](const std::vector<int>& prompt) {
+    return outcome_of(post_json(small.port(), "/v1/completions", greedy_request(prompt, 4)).json());
+  };
+  std::vector<int> a = token_prompt(100, 31), b = token_prompt(200, 32);
+  Outcome first = run(a);
+  Outcome hit = run(a);
+  EXPECT_GT(hit.cached_tokens, 0);
+  // d shares a's first 40 tokens: their blocks become the most recently used, so b (which
+  // needs most of the cache) evicts a's later blocks and a's repeat is a partial hit.
+  std::vector<int> d(a.begin(), a.begin() + 40);
+  for (int t : token_prompt(10, 34)) d.push_back(t);
+  EXPECT_GE(run(d).cached_tokens, 32);
+  run(b);
+  Outcome again = run(a);
+  std::cout << "cached tokens: full hit " << hit.cached_tokens << ", after eviction "
+            << again.cached_tokens << "\n";
+  EXPECT_LT(again.cached_tokens, hit.cached_tokens) << "the test must evict some of a's blocks";
+  EXPECT_GT(again.cached_tokens, 0) << "and keep some";
+  EXPECT_EQ(again.tokens, first.tokens);
+  EXPECT_TRUE(again.routes == first.routes);
+  EXPECT_TRUE(hit.routes == first.routes);
+  EXPECT_EQ(small.terminate(), 0) << small.output();
+}
+
 }  // namespace
 }  // namespace sy::server
