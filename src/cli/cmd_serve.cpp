@@ -10,25 +10,12 @@
 #include "server/server.h"
 #include "tokenizer/tokenizer.h"
 
-#if __has_include("chat/chat_template.h")
 #include "chat/chat_template.h"
-#define SY_HAVE_CHAT 1
-#endif
 
 namespace sy::cli {
 namespace {
 
-#ifdef SY_HAVE_CHAT
 using ChatTemplate = chat::ChatTemplate;
-#else
-// Until the chat module lands: no template, so chat requests get a clear 400.
-struct ChatTemplate {
-  Result<std::string> render(const nlohmann::json&, const nlohmann::json&, bool,
-                             const nlohmann::json&) const {
-    return Status::error(ErrorCode::kUnsupported, "no chat template");
-  }
-};
-#endif
 
 // The model's own tokenizer.json and chat_template behind the server's TextCodec.
 class ModelCodec : public server::TextCodec {
@@ -114,14 +101,12 @@ int run_serve(ServeOptions options) {
     return 1;
   }
   std::optional<ChatTemplate> chat_template;
-  std::string chat_template_error = "chat templates are not built into this binary yet";
-#ifdef SY_HAVE_CHAT
+  std::string chat_template_error;
   if (auto loaded = chat::ChatTemplate::load(options.engine.model_dir)) {
     chat_template.emplace(std::move(loaded).value());
   } else {
-    chat_template_error = loaded.message();
+    chat_template_error = loaded.message();  // a model without a template: chat requests get a 400
   }
-#endif
   Result<std::unique_ptr<engine::Engine>> engine = engine::create_engine(options.engine);
   if (!engine) {
     std::fprintf(stderr, "switchyard serve: %s\n", engine.message().c_str());
