@@ -531,9 +531,6 @@ TEST_F(ServeE2E, ChatEqualsGenerate) {
                               {"temperature", 0},
                               {"ignore_eos", true},
                               {"return_token_ids", true}});
-  if (r.status == 400 && r.body.find("not built into this binary") != std::string::npos) {
-    GTEST_SKIP() << "this binary was built without the chat module";
-  }
   ASSERT_EQ(r.status, 200) << r.body;
   json body = r.json();
   std::string routes_path = std::string(SY_BINARY_DIR) + "/serve_e2e_chat_routes.npy";
