@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs every test: Release build + all tests (unit and load), ASan+UBSan build + unit tests,
+# Runs every test: Release build + all tests (unit and load), ASan+UBSan build + unit tests (load
+# tests are Release-only),
 # each libFuzzer target for ~30 s, and a compile of the CUDA backend when nvcc is present.
 # Usage: scripts/test.sh   (after scripts/setup.sh)
 set -euo pipefail
@@ -21,7 +22,7 @@ cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSWITCHYARD
 ninja -C build-asan -j "$jobs"
 section "ASan+UBSan unit tests"
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-  ctest --test-dir build-asan --output-on-failure -j "$jobs" -L unit --timeout 900
+  ctest --test-dir build-asan --output-on-failure -j "$jobs" -L unit -E '(ServeE2E\.Load|^Load\.)' --timeout 900
 
 section "libFuzzer targets"
 cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_COMPILER=clang-14 \
