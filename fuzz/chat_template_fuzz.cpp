@@ -38,7 +38,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   now.tm_mday = 1;
   sy::chat::RenderOptions options;
   options.now = now;
-  auto rendered = parsed->render_ordered(messages, tools, true, {{"enable_thinking", false}}, options);
+  auto rendered =
+      parsed->render_ordered(messages, tools, true, {{"enable_thinking", false}}, options);
   if (rendered && rendered->size() > limits.max_output_bytes) __builtin_trap();
   return 0;
 }

@@ -74,7 +74,8 @@ struct Stmt {
   std::string attribute;  // kSet on a namespace: {% set ns.attribute = ... %}
   std::string name;       // macro name
   std::vector<std::pair<std::string, ExprPtr>> params;  // macro params and defaults (null = none)
-  bool catches_varargs = false;  // macro body mentions `varargs` / `kwargs` (jinja2 then accepts extras)
+  bool catches_varargs =
+      false;  // macro body mentions `varargs` / `kwargs` (jinja2 then accepts extras)
   bool catches_kwargs = false;
 };
 

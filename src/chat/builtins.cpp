@@ -13,7 +13,9 @@ namespace {
 
 // ---- small helpers ----
 
-Status undefined_error(const Value& v) { return Status::error(v.text.empty() ? "value is undefined" : v.text); }
+Status undefined_error(const Value& v) {
+  return Status::error(v.text.empty() ? "value is undefined" : v.text);
+}
 
 bool is_ascii(std::string_view s) {
   for (char c : s)
@@ -26,9 +28,15 @@ Status require_ascii(std::string_view s, const char* operation) {
   return Status::errorf("{} of non-ASCII text is not supported (Unicode case mapping)", operation);
 }
 
-char ascii_lower(char c) { return c >= 'A' && c <= 'Z' ? static_cast<char>(c + 32) : c; }
-char ascii_upper(char c) { return c >= 'a' && c <= 'z' ? static_cast<char>(c - 32) : c; }
-bool ascii_alpha(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); }
+char ascii_lower(char c) {
+  return c >= 'A' && c <= 'Z' ? static_cast<char>(c + 32) : c;
+}
+char ascii_upper(char c) {
+  return c >= 'a' && c <= 'z' ? static_cast<char>(c - 32) : c;
+}
+bool ascii_alpha(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
+}
 
 std::string lower(std::string s) {
   for (char& c : s) c = ascii_lower(c);
@@ -65,11 +73,14 @@ Result<const std::string*> string_arg(const Value* v, const char* what) {
 
 Result<int64_t> int_arg(const Value* v, const char* what, int64_t fallback) {
   if (!v || v->is_none()) return fallback;
-  if (!v->is_integral()) return Status::errorf("{} must be an integer, got {}", what, type_name(*v));
+  if (!v->is_integral())
+    return Status::errorf("{} must be an integer, got {}", what, type_name(*v));
   return v->as_int();
 }
 
-bool bool_arg(const Value* v, bool fallback) { return v ? truthy(*v) : fallback; }
+bool bool_arg(const Value* v, bool fallback) {
+  return v ? truthy(*v) : fallback;
+}
 
 Value generator(ValueList items) {
   Value v = Value::from_list(std::move(items));
@@ -104,7 +115,8 @@ std::string strip_chars(const std::string& s, const std::string* chars, bool lef
   return std::string(first, last);
 }
 
-Result<std::string> strip_with(const Value* chars_value, const std::string& s, bool left, bool right) {
+Result<std::string> strip_with(const Value* chars_value, const std::string& s, bool left,
+                               bool right) {
   if (chars_value && !chars_value->is_none()) {
     if (!chars_value->is_string()) return Status::error("strip arg must be None or str");
     return strip_chars(s, &chars_value->text, left, right);
@@ -112,7 +124,8 @@ Result<std::string> strip_with(const Value* chars_value, const std::string& s, b
   return strip_chars(s, nullptr, left, right);
 }
 
-Result<ValueList> split_string(const std::string& s, const Value* sep_value, int64_t max_split, bool from_right) {
+Result<ValueList> split_string(const std::string& s, const Value* sep_value, int64_t max_split,
+                               bool from_right) {
   ValueList parts;
   if (sep_value && !sep_value->is_none()) {
     if (!sep_value->is_string()) return Status::error("split separator must be str or None");
@@ -142,7 +155,8 @@ Result<ValueList> split_string(const std::string& s, const Value* sep_value, int
         ++splits;
       }
       reversed.push_back(s.substr(0, end));
-      for (auto it = reversed.rbegin(); it != reversed.rend(); ++it) parts.push_back(Value::from_string(*it));
+      for (auto it = reversed.rbegin(); it != reversed.rend(); ++it)
+        parts.push_back(Value::from_string(*it));
     }
     return parts;
   }
@@ -186,13 +200,15 @@ Result<ValueList> split_string(const std::string& s, const Value* sep_value, int
       reversed.push_back(text_of(end, stop));
       ++splits;
     }
-    for (auto it = reversed.rbegin(); it != reversed.rend(); ++it) parts.push_back(Value::from_string(*it));
+    for (auto it = reversed.rbegin(); it != reversed.rend(); ++it)
+      parts.push_back(Value::from_string(*it));
   }
   return parts;
 }
 
 bool is_line_break(std::string_view cp) {
-  static const char* kBreaks[] = {"\n", "\r", "\v", "\f", "\x1c", "\x1d", "\x1e", "\xc2\x85", "\xe2\x80\xa8", "\xe2\x80\xa9"};
+  static const char* kBreaks[] = {"\n",   "\r",   "\v",       "\f",           "\x1c",
+                                  "\x1d", "\x1e", "\xc2\x85", "\xe2\x80\xa8", "\xe2\x80\xa9"};
   for (const char* b : kBreaks)
     if (cp == b) return true;
   return false;
@@ -216,7 +232,8 @@ std::vector<std::string> split_lines(const std::string& s) {
   return lines;
 }
 
-std::string replace_all(const std::string& s, const std::string& old_text, const std::string& new_text, int64_t count) {
+std::string replace_all(const std::string& s, const std::string& old_text,
+                        const std::string& new_text, int64_t count) {
   std::string out;
   if (old_text.empty()) {
     auto points = code_points(s);
@@ -250,9 +267,11 @@ Result<Value> attribute_path(Renderer& r, const Value& item, const std::string& 
   size_t start = 0;
   while (true) {
     size_t dot = path.find('.', start);
-    std::string part = path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
-    Value key = !part.empty() && std::all_of(part.begin(), part.end(), ::isdigit) ? Value::from_int(std::stoll(part))
-                                                                                  : Value::from_string(part);
+    std::string part =
+        path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+    Value key = !part.empty() && std::all_of(part.begin(), part.end(), ::isdigit)
+                    ? Value::from_int(std::stoll(part))
+                    : Value::from_string(part);
     SY_ASSIGN(current, r.get_item(current, key));
     if (dot == std::string::npos) return current;
     start = dot + 1;
@@ -288,7 +307,8 @@ Result<Value> python_int(const Value& v, const Value* default_value, int64_t bas
   Value fallback = default_value ? *default_value : Value::from_int(0);
   switch (v.kind) {
     case Kind::kInt:
-    case Kind::kBool: return Value::from_int(v.as_int());
+    case Kind::kBool:
+      return Value::from_int(v.as_int());
     case Kind::kFloat:
       if (!std::isfinite(v.number) || std::fabs(v.number) >= 9.2e18) return fallback;
       return Value::from_int(static_cast<int64_t>(v.number));
@@ -306,7 +326,9 @@ Result<Value> python_int(const Value& v, const Value* default_value, int64_t bas
           offset = 1;
         }
         std::string body = digits.substr(offset);
-        auto prefixed = [&](char p) { return body.size() > 2 && body[0] == '0' && ascii_lower(body[1]) == p; };
+        auto prefixed = [&](char p) {
+          return body.size() > 2 && body[0] == '0' && ascii_lower(body[1]) == p;
+        };
         if ((effective == 16 || effective == 0) && prefixed('x')) {
           body = body.substr(2);
           effective = 16;
@@ -336,7 +358,8 @@ Result<Value> python_int(const Value& v, const Value* default_value, int64_t bas
         return Value::from_int(static_cast<int64_t>(d));
       return fallback;
     }
-    default: return fallback;
+    default:
+      return fallback;
   }
 }
 
@@ -348,7 +371,8 @@ Result<Value> python_float(const Value& v, const Value* default_value) {
     for (char c : strip_chars(v.text, nullptr, true, true))
       if (c != '_') s += c;
     std::string low = lower(s);
-    if (low == "inf" || low == "+inf" || low == "infinity" || low == "+infinity") return Value::from_float(INFINITY);
+    if (low == "inf" || low == "+inf" || low == "infinity" || low == "+infinity")
+      return Value::from_float(INFINITY);
     if (low == "-inf" || low == "-infinity") return Value::from_float(-INFINITY);
     if (low == "nan" || low == "+nan" || low == "-nan") return Value::from_float(NAN);
     if (!s.empty() && s.find_first_of("xXpP") == std::string::npos) {
@@ -439,21 +463,27 @@ Result<bool> run_test(Renderer& r, const std::string& name, const Value& v, Call
   }
   if (name == "sameas") {
     SY_TRY(need_arg());
-    // `is` identity: singletons and small ints behave as in CPython; containers are never the same here.
+    // `is` identity: singletons and small ints behave as in CPython; containers are never the same
+    // here.
     if (v.kind != arg->kind) return false;
     if (v.is_none() || v.is_undefined()) return v.kind == Kind::kNone;
     if (v.kind == Kind::kBool) return v.boolean == arg->boolean;
-    if (v.kind == Kind::kInt) return v.integer == arg->integer && v.integer >= -5 && v.integer <= 256;
-    if (v.is_sequence() || v.is_mapping() || v.kind == Kind::kNamespace) return v.list == arg->list && v.dict == arg->dict;
-    return Status::error("'sameas' on strings and floats depends on CPython's object identity; not supported");
+    if (v.kind == Kind::kInt)
+      return v.integer == arg->integer && v.integer >= -5 && v.integer <= 256;
+    if (v.is_sequence() || v.is_mapping() || v.kind == Kind::kNamespace)
+      return v.list == arg->list && v.dict == arg->dict;
+    return Status::error(
+        "'sameas' on strings and floats depends on CPython's object identity; not supported");
   }
-  if (name == "lt" || name == "lessthan" || name == "<" || name == "gt" || name == "greaterthan" || name == ">" ||
-      name == "le" || name == "<=" || name == "ge" || name == ">=") {
+  if (name == "lt" || name == "lessthan" || name == "<" || name == "gt" || name == "greaterthan" ||
+      name == ">" || name == "le" || name == "<=" || name == "ge" || name == ">=") {
     SY_TRY(need_arg());
     if (v.is_undefined()) return undefined_error(v);
     bool comparable = (v.is_number() && arg->is_number()) || (v.is_string() && arg->is_string()) ||
                       (v.is_sequence() && v.kind == arg->kind);
-    if (!comparable) return Status::errorf("comparison not supported between '{}' and '{}'", type_name(v), type_name(*arg));
+    if (!comparable)
+      return Status::errorf("comparison not supported between '{}' and '{}'", type_name(v),
+                            type_name(*arg));
     if (name == "lt" || name == "lessthan" || name == "<") return less(v, *arg);
     if (name == "gt" || name == "greaterthan" || name == ">") return less(*arg, v);
     if (name == "le" || name == "<=") {
@@ -466,28 +496,33 @@ Result<bool> run_test(Renderer& r, const std::string& name, const Value& v, Call
   if (name == "in") {
     SY_TRY(need_arg());
     switch (arg->kind) {
-      case Kind::kUndefined: return false;
+      case Kind::kUndefined:
+        return false;
       case Kind::kString:
-        if (!v.is_string()) return Status::errorf("'in <string>' requires string as left operand, not {}", type_name(v));
+        if (!v.is_string())
+          return Status::errorf("'in <string>' requires string as left operand, not {}",
+                                type_name(v));
         return arg->text.find(v.text) != std::string::npos;
       case Kind::kList:
       case Kind::kTuple:
         for (const Value& item : *arg->list)
           if (equal(item, v)) return true;
         return false;
-      case Kind::kDict: return v.is_string() && arg->dict->find(v.text) != nullptr;
-      default: return Status::errorf("argument of type '{}' is not iterable", type_name(*arg));
+      case Kind::kDict:
+        return v.is_string() && arg->dict->find(v.text) != nullptr;
+      default:
+        return Status::errorf("argument of type '{}' is not iterable", type_name(*arg));
     }
   }
   return Status::errorf("no test named '{}'", name);
 }
 
-const char* const kTests[] = {"defined", "undefined", "none",   "boolean", "true",    "false",      "integer",
-                              "float",   "number",    "string", "mapping", "iterable", "sequence",  "callable",
-                              "escaped", "lower",     "upper",  "odd",     "even",    "divisibleby", "eq",
-                              "equalto", "ne",        "sameas", "lt",      "lessthan", "gt",        "greaterthan",
-                              "le",      "ge",        "in",     "==",      "!=",      "<",          "<=",
-                              ">",       ">="};
+const char* const kTests[] = {
+    "defined", "undefined", "none",    "boolean",     "true",     "false",    "integer", "float",
+    "number",  "string",    "mapping", "iterable",    "sequence", "callable", "escaped", "lower",
+    "upper",   "odd",       "even",    "divisibleby", "eq",       "equalto",  "ne",      "sameas",
+    "lt",      "lessthan",  "gt",      "greaterthan", "le",       "ge",       "in",      "==",
+    "!=",      "<",         "<=",      ">",           ">="};
 
 // Consumes a select-style test name and its arguments from args[first...].
 Result<bool> select_test(Renderer& r, CallArgs& args, size_t first, const Value& item) {
@@ -524,8 +559,8 @@ Result<Value> filter_tojson(const Value& input, CallArgs& args) {
     options.item_separator = ",";
   }
   if (separators && !separators->is_none()) {
-    if (!separators->is_sequence() || separators->list->size() != 2 || !(*separators->list)[0].is_string() ||
-        !(*separators->list)[1].is_string())
+    if (!separators->is_sequence() || separators->list->size() != 2 ||
+        !(*separators->list)[0].is_string() || !(*separators->list)[1].is_string())
       return Status::error("separators must be a pair of strings");
     options.item_separator = (*separators->list)[0].text;
     options.key_separator = (*separators->list)[1].text;
@@ -555,10 +590,12 @@ Result<Value> filter_map(Renderer& r, const Value& input, CallArgs& args) {
   }
   const Value* filter_name = args.get(0, nullptr);
   if (!filter_name->is_string()) return Status::error("map filter name must be a string");
-  if (!is_known_filter(filter_name->text)) return Status::errorf("unknown filter '{}'", filter_name->text);
+  if (!is_known_filter(filter_name->text))
+    return Status::errorf("unknown filter '{}'", filter_name->text);
   for (const Value& item : items) {
     CallArgs inner;
-    for (size_t i = 1; i < args.positional.size(); ++i) inner.positional.push_back(args.positional[i]);
+    for (size_t i = 1; i < args.positional.size(); ++i)
+      inner.positional.push_back(args.positional[i]);
     inner.keyword = args.keyword;
     SY_ASSIGN(Value v, apply_filter(r, filter_name->text, item, inner));
     out.push_back(std::move(v));
@@ -600,7 +637,8 @@ Result<Value> filter_min_max(Renderer& r, const Value& input, CallArgs& args, bo
   const Value* attribute = args.get(1, "attribute");
   SY_TRY(args.check_all_used(want_max ? "max" : "min"));
   SY_ASSIGN(ValueList items, items_of(r, input));
-  if (items.empty()) return Value::undefined(fmt::format("No aggregated item, sequence was empty."));
+  if (items.empty())
+    return Value::undefined(fmt::format("No aggregated item, sequence was empty."));
   size_t best = 0;
   Value best_key;
   for (size_t i = 0; i < items.size(); ++i) {
@@ -631,7 +669,8 @@ Result<Value> filter_indent(const Value& input, CallArgs& args) {
   } else if (width->is_string()) {
     indentation = width->text;
   } else if (width->is_integral()) {
-    indentation = std::string(static_cast<size_t>(std::clamp<int64_t>(width->as_int(), 0, 1000)), ' ');
+    indentation =
+        std::string(static_cast<size_t>(std::clamp<int64_t>(width->as_int(), 0, 1000)), ' ');
   } else {
     return Status::error("indent width must be an integer or a string");
   }
@@ -640,10 +679,12 @@ Result<Value> filter_indent(const Value& input, CallArgs& args) {
   std::vector<std::string> lines = split_lines(s);
   std::string out;
   if (blank) {
-    for (size_t i = 0; i < lines.size(); ++i) out += (i ? "\n" + indentation : std::string()) + lines[i];
+    for (size_t i = 0; i < lines.size(); ++i)
+      out += (i ? "\n" + indentation : std::string()) + lines[i];
   } else if (!lines.empty()) {
     out = lines[0];
-    for (size_t i = 1; i < lines.size(); ++i) out += "\n" + (lines[i].empty() ? std::string() : indentation + lines[i]);
+    for (size_t i = 1; i < lines.size(); ++i)
+      out += "\n" + (lines[i].empty() ? std::string() : indentation + lines[i]);
   }
   if (first) out = indentation + out;
   return Value::from_string(std::move(out));
@@ -654,8 +695,8 @@ std::string jinja_title(const std::string& s) {
   std::string out;
   bool word_start = true;
   for (char c : s) {
-    bool separator = c == '-' || c == '(' || c == '{' || c == '[' || c == '<' || c == ' ' || (c >= '\t' && c <= '\r') ||
-                     (c >= 0x1c && c <= 0x1f);
+    bool separator = c == '-' || c == '(' || c == '{' || c == '[' || c == '<' || c == ' ' ||
+                     (c >= '\t' && c <= '\r') || (c >= 0x1c && c <= 0x1f);
     if (separator) {
       out += c;
       word_start = true;
@@ -668,7 +709,8 @@ std::string jinja_title(const std::string& s) {
 }
 
 Result<Value> run_filter(Renderer& r, const std::string& name, const Value& input, CallArgs& args) {
-  if (input.markup && name != "length" && name != "count" && name != "safe" && name != "e" && name != "escape")
+  if (input.markup && name != "length" && name != "count" && name != "safe" && name != "e" &&
+      name != "escape")
     return Status::error("filters on a Markup string (the result of |safe) are not supported");
   auto done = [&](Result<Value> v) -> Result<Value> {
     SY_TRY(args.check_all_used(name));
@@ -686,12 +728,23 @@ Result<Value> run_filter(Renderer& r, const std::string& name, const Value& inpu
     std::string out;
     for (char c : s) {
       switch (c) {
-        case '&': out += "&amp;"; break;
-        case '<': out += "&lt;"; break;
-        case '>': out += "&gt;"; break;
-        case '"': out += "&#34;"; break;
-        case '\'': out += "&#39;"; break;
-        default: out += c;
+        case '&':
+          out += "&amp;";
+          break;
+        case '<':
+          out += "&lt;";
+          break;
+        case '>':
+          out += "&gt;";
+          break;
+        case '"':
+          out += "&#34;";
+          break;
+        case '\'':
+          out += "&#39;";
+          break;
+        default:
+          out += c;
       }
     }
     Value v = Value::from_string(std::move(out));
@@ -706,14 +759,20 @@ Result<Value> run_filter(Renderer& r, const std::string& name, const Value& inpu
   }
   if (name == "length" || name == "count") {
     switch (input.kind) {
-      case Kind::kUndefined: return done(Value::from_int(0));
-      case Kind::kString: return done(Value::from_int(static_cast<int64_t>(code_point_count(input.text))));
+      case Kind::kUndefined:
+        return done(Value::from_int(0));
+      case Kind::kString:
+        return done(Value::from_int(static_cast<int64_t>(code_point_count(input.text))));
       case Kind::kList:
-        if (input.flavor == ListFlavor::kGenerator) return Status::error("object of type 'generator' has no len()");
+        if (input.flavor == ListFlavor::kGenerator)
+          return Status::error("object of type 'generator' has no len()");
         return done(Value::from_int(static_cast<int64_t>(input.list->size())));
-      case Kind::kTuple: return done(Value::from_int(static_cast<int64_t>(input.list->size())));
-      case Kind::kDict: return done(Value::from_int(static_cast<int64_t>(input.dict->entries.size())));
-      default: return Status::errorf("object of type '{}' has no len()", type_name(input));
+      case Kind::kTuple:
+        return done(Value::from_int(static_cast<int64_t>(input.list->size())));
+      case Kind::kDict:
+        return done(Value::from_int(static_cast<int64_t>(input.dict->entries.size())));
+      default:
+        return Status::errorf("object of type '{}' has no len()", type_name(input));
     }
   }
   if (name == "string") {
@@ -799,7 +858,10 @@ Result<Value> run_filter(Renderer& r, const std::string& name, const Value& inpu
   if (name == "lower" || name == "upper" || name == "capitalize" || name == "title") {
     SY_ASSIGN(std::string s, to_str(input));
     SY_TRY(require_ascii(s, name.c_str()));
-    std::string out = name == "lower" ? lower(s) : name == "upper" ? upper(s) : name == "capitalize" ? capitalize(s) : jinja_title(s);
+    std::string out = name == "lower"        ? lower(s)
+                      : name == "upper"      ? upper(s)
+                      : name == "capitalize" ? capitalize(s)
+                                             : jinja_title(s);
     return done(Value::from_string(std::move(out)));
   }
   if (name == "replace") {
@@ -817,7 +879,8 @@ Result<Value> run_filter(Renderer& r, const std::string& name, const Value& inpu
   if (name == "int") {
     const Value* fallback = args.get(0, "default");
     SY_ASSIGN(int64_t base, int_arg(args.get(1, "base"), "base", 10));
-    if (base != 0 && (base < 2 || base > 36)) return Status::error("int() base must be >= 2 and <= 36, or 0");
+    if (base != 0 && (base < 2 || base > 36))
+      return Status::error("int() base must be >= 2 and <= 36, or 0");
     return done(python_int(input, fallback, base));
   }
   if (name == "float") return done(python_float(input, args.get(0, "default")));
@@ -836,7 +899,8 @@ Result<Value> run_filter(Renderer& r, const std::string& name, const Value& inpu
     std::string method = method_value && method_value->is_string() ? method_value->text : "common";
     if (method != "common" && method != "ceil" && method != "floor")
       return Status::error("method must be 'common', 'ceil' or 'floor'");
-    if (!input.is_number()) return Status::errorf("type {} doesn't define __round__", type_name(input));
+    if (!input.is_number())
+      return Status::errorf("type {} doesn't define __round__", type_name(input));
     if (method == "common") {
       if (input.is_integral()) {
         if (precision >= 0) return done(Value::from_int(input.as_int()));
@@ -858,7 +922,8 @@ Result<Value> run_filter(Renderer& r, const std::string& name, const Value& inpu
     }
     SY_ASSIGN(ValueList items, items_of(r, input));
     std::reverse(items.begin(), items.end());
-    if (input.kind == Kind::kList && input.flavor == ListFlavor::kGenerator) return done(Value::from_list(std::move(items)));
+    if (input.kind == Kind::kList && input.flavor == ListFlavor::kGenerator)
+      return done(Value::from_list(std::move(items)));
     return done(generator(std::move(items)));  // reversed() is an iterator
   }
   if (name == "sort") return filter_sort(r, input, args);
@@ -867,13 +932,15 @@ Result<Value> run_filter(Renderer& r, const std::string& name, const Value& inpu
     const Value* by_value = args.get(1, "by");
     bool reverse = bool_arg(args.get(2, "reverse"), false);
     std::string by = by_value && by_value->is_string() ? by_value->text : "key";
-    if (by != "key" && by != "value") return Status::error("You can only sort by either 'key' or 'value'");
+    if (by != "key" && by != "value")
+      return Status::error("You can only sort by either 'key' or 'value'");
     if (!input.is_mapping()) return Status::error("dictsort needs a mapping");
     std::vector<std::pair<Value, Value>> keyed;
     for (const auto& [key, value] : input.dict->entries) {
       Value k = by == "key" ? Value::from_string(key) : value;
       SY_TRY(check_sortable_case(k, case_sensitive));
-      keyed.emplace_back(sort_key(k, case_sensitive), Value::from_list({Value::from_string(key), value}, true));
+      keyed.emplace_back(sort_key(k, case_sensitive),
+                         Value::from_list({Value::from_string(key), value}, true));
     }
     Status failure;
     std::stable_sort(keyed.begin(), keyed.end(), [&](const auto& a, const auto& b) {
@@ -899,7 +966,8 @@ Result<Value> run_filter(Renderer& r, const std::string& name, const Value& inpu
       SY_ASSIGN(Value key, attribute_or_item(r, item, attribute));
       SY_TRY(check_sortable_case(key, case_sensitive));
       key = sort_key(key, case_sensitive);
-      if (key.is_sequence() && key.kind == Kind::kList) return Status::error("unhashable type: 'list'");
+      if (key.is_sequence() && key.kind == Kind::kList)
+        return Status::error("unhashable type: 'list'");
       if (key.is_mapping()) return Status::error("unhashable type: 'dict'");
       bool duplicate = false;
       for (const Value& s : seen)
@@ -919,10 +987,13 @@ Result<Value> run_filter(Renderer& r, const std::string& name, const Value& inpu
     Value total = start ? *start : Value::from_int(0);
     for (const Value& item : items) {
       SY_ASSIGN(Value v, attribute_or_item(r, item, attribute));
-      if (!v.is_number() || !total.is_number()) return Status::errorf("unsupported operand type(s) for +: '{}' and '{}'", type_name(total), type_name(v));
+      if (!v.is_number() || !total.is_number())
+        return Status::errorf("unsupported operand type(s) for +: '{}' and '{}'", type_name(total),
+                              type_name(v));
       if (total.is_integral() && v.is_integral()) {
         int64_t out;
-        if (__builtin_add_overflow(total.as_int(), v.as_int(), &out)) return Status::error("integer overflow in sum");
+        if (__builtin_add_overflow(total.as_int(), v.as_int(), &out))
+          return Status::error("integer overflow in sum");
         total = Value::from_int(out);
       } else {
         total = Value::from_float(total.as_double() + v.as_double());
@@ -934,11 +1005,12 @@ Result<Value> run_filter(Renderer& r, const std::string& name, const Value& inpu
   return Status::errorf("no filter named '{}'", name);
 }
 
-const char* const kFilters[] = {"e", "escape", "abs",     "capitalize", "count",  "d",       "default", "dictsort", "first",
-                                "float",   "indent",     "int",    "items",   "join",    "last",     "length",
-                                "list",    "lower",      "map",    "max",     "min",     "reject",   "rejectattr",
-                                "replace", "reverse",    "round",  "safe",    "select",  "selectattr", "sort",
-                                "string",  "sum",        "title",  "tojson",  "trim",    "unique",   "upper"};
+const char* const kFilters[] = {
+    "e",       "escape", "abs",    "capitalize", "count",      "d",      "default",    "dictsort",
+    "first",   "float",  "indent", "int",        "items",      "join",   "last",       "length",
+    "list",    "lower",  "map",    "max",        "min",        "reject", "rejectattr", "replace",
+    "reverse", "round",  "safe",   "select",     "selectattr", "sort",   "string",     "sum",
+    "title",   "tojson", "trim",   "unique",     "upper"};
 
 // ---- methods ----
 
@@ -951,7 +1023,8 @@ std::optional<Value> string_method(const Value& self, const std::string& name) {
   auto method = [&](NativeFunction fn) { return bound("str", name, std::move(fn)); };
   if (self.markup) {
     return method([name](Renderer&, CallArgs&) -> Result<Value> {
-      return Status::errorf("str.{} on a Markup string (the result of |safe) is not supported", name);
+      return Status::errorf("str.{} on a Markup string (the result of |safe) is not supported",
+                            name);
     });
   }
   if (name == "strip" || name == "lstrip" || name == "rstrip") {
@@ -994,11 +1067,13 @@ std::optional<Value> string_method(const Value& self, const std::string& name) {
           options.push_back(v.text);
         }
       } else {
-        return Status::errorf("{} first arg must be str or a tuple of str, not {}", name, type_name(*affix));
+        return Status::errorf("{} first arg must be str or a tuple of str, not {}", name,
+                              type_name(*affix));
       }
       for (const auto& o : options) {
-        bool hit = name == "startswith" ? s.compare(0, o.size(), o) == 0
-                                        : s.size() >= o.size() && s.compare(s.size() - o.size(), o.size(), o) == 0;
+        bool hit = name == "startswith"
+                       ? s.compare(0, o.size(), o) == 0
+                       : s.size() >= o.size() && s.compare(s.size() - o.size(), o.size(), o) == 0;
         if (hit) return Value::from_bool(true);
       }
       return Value::from_bool(false);
@@ -1027,17 +1102,20 @@ std::optional<Value> string_method(const Value& self, const std::string& name) {
   }
   if (name == "find" || name == "rfind" || name == "count") {
     return method([s, name](Renderer&, CallArgs& args) -> Result<Value> {
-      SY_ASSIGN(const std::string* sub, string_arg(args.get(0, nullptr), ("str." + name + "() argument").c_str()));
+      SY_ASSIGN(const std::string* sub,
+                string_arg(args.get(0, nullptr), ("str." + name + "() argument").c_str()));
       SY_TRY(args.check_all_used("str." + name + " (start/end arguments are not supported)"));
       if (name == "count") {
         if (sub->empty()) return Value::from_int(static_cast<int64_t>(code_point_count(s)) + 1);
         int64_t n = 0;
-        for (size_t at = s.find(*sub); at != std::string::npos; at = s.find(*sub, at + sub->size())) ++n;
+        for (size_t at = s.find(*sub); at != std::string::npos; at = s.find(*sub, at + sub->size()))
+          ++n;
         return Value::from_int(n);
       }
       size_t at = name == "find" ? s.find(*sub) : s.rfind(*sub);
       if (at == std::string::npos) return Value::from_int(-1);
-      return Value::from_int(static_cast<int64_t>(code_point_count(std::string_view(s).substr(0, at))));
+      return Value::from_int(
+          static_cast<int64_t>(code_point_count(std::string_view(s).substr(0, at))));
     });
   }
   if (name == "join") {
@@ -1049,7 +1127,8 @@ std::optional<Value> string_method(const Value& self, const std::string& name) {
       std::string out;
       for (size_t i = 0; i < items.size(); ++i) {
         if (!items[i].is_string())
-          return Status::errorf("sequence item {}: expected str instance, {} found", i, type_name(items[i]));
+          return Status::errorf("sequence item {}: expected str instance, {} found", i,
+                                type_name(items[i]));
         if (i) out += s;
         out += items[i].text;
         SY_TRY(r.check_string_size(out.size()));
@@ -1057,8 +1136,8 @@ std::optional<Value> string_method(const Value& self, const std::string& name) {
       return Value::from_string(std::move(out));
     });
   }
-  if (name == "isdigit" || name == "isalpha" || name == "isalnum" || name == "isspace" || name == "islower" ||
-      name == "isupper") {
+  if (name == "isdigit" || name == "isalpha" || name == "isalnum" || name == "isspace" ||
+      name == "islower" || name == "isupper") {
     return method([s, name](Renderer&, CallArgs& args) -> Result<Value> {
       SY_TRY(args.check_all_used("str." + name));
       if (s.empty()) return Value::from_bool(false);
@@ -1084,11 +1163,11 @@ std::optional<Value> string_method(const Value& self, const std::string& name) {
       return Value::from_bool(true);
     });
   }
-  static const char* kUnsupported[] = {"format", "format_map", "encode", "center", "ljust", "rjust", "zfill",
-                                       "expandtabs", "partition", "rpartition", "index", "rindex", "casefold",
-                                       "swapcase", "translate", "maketrans", "isnumeric", "isdecimal",
-                                       "isidentifier", "isprintable", "istitle", "isascii", "removeprefix",
-                                       "removesuffix"};
+  static const char* kUnsupported[] = {
+      "format",       "format_map",  "encode",    "center",     "ljust",        "rjust",
+      "zfill",        "expandtabs",  "partition", "rpartition", "index",        "rindex",
+      "casefold",     "swapcase",    "translate", "maketrans",  "isnumeric",    "isdecimal",
+      "isidentifier", "isprintable", "istitle",   "isascii",    "removeprefix", "removesuffix"};
   for (const char* u : kUnsupported) {
     if (name == u) {
       return method([name](Renderer&, CallArgs&) -> Result<Value> {
@@ -1106,12 +1185,15 @@ std::optional<Value> dict_method(const Value& self, const std::string& name) {
       SY_TRY(args.check_all_used("dict." + name));
       ValueList out;
       for (const auto& [key, value] : dict->entries) {
-        if (name == "items") out.push_back(Value::from_list({Value::from_string(key), value}, true));
-        else if (name == "keys") out.push_back(Value::from_string(key));
-        else out.push_back(value);
+        if (name == "items")
+          out.push_back(Value::from_list({Value::from_string(key), value}, true));
+        else if (name == "keys")
+          out.push_back(Value::from_string(key));
+        else
+          out.push_back(value);
       }
       SY_TRY(r.charge_iterations(out.size()));
-      return view(std::move(out), name == "items" ? ListFlavor::kDictItems
+      return view(std::move(out), name == "items"  ? ListFlavor::kDictItems
                                   : name == "keys" ? ListFlavor::kDictKeys
                                                    : ListFlavor::kDictValues);
     });
@@ -1137,7 +1219,8 @@ std::optional<Value> dict_method(const Value& self, const std::string& name) {
   for (const char* m : kMutating) {
     if (name == m) {
       return bound("dict", name, [name](Renderer&, CallArgs&) -> Result<Value> {
-        return Status::errorf("access to attribute '{}' of 'dict' object is unsafe (sandboxed)", name);
+        return Status::errorf("access to attribute '{}' of 'dict' object is unsafe (sandboxed)",
+                              name);
       });
     }
   }
@@ -1162,12 +1245,14 @@ std::optional<Value> list_method(const Value& self, const std::string& name) {
       return Value::from_int(n);
     });
   }
-  static const char* kMutating[] = {"append", "extend", "insert", "pop", "remove", "reverse", "sort", "clear"};
+  static const char* kMutating[] = {"append", "extend",  "insert", "pop",
+                                    "remove", "reverse", "sort",   "clear"};
   if (self.kind == Kind::kList) {
     for (const char* m : kMutating) {
       if (name == m) {
         return bound("list", name, [name](Renderer&, CallArgs&) -> Result<Value> {
-          return Status::errorf("access to attribute '{}' of 'list' object is unsafe (sandboxed)", name);
+          return Status::errorf("access to attribute '{}' of 'list' object is unsafe (sandboxed)",
+                                name);
         });
       }
     }
@@ -1189,11 +1274,13 @@ bool is_known_test(std::string_view name) {
   return false;
 }
 
-Result<Value> apply_filter(Renderer& renderer, const std::string& name, const Value& input, CallArgs& args) {
+Result<Value> apply_filter(Renderer& renderer, const std::string& name, const Value& input,
+                           CallArgs& args) {
   return run_filter(renderer, name, input, args);
 }
 
-Result<bool> apply_test(Renderer& renderer, const std::string& name, const Value& value, CallArgs& args) {
+Result<bool> apply_test(Renderer& renderer, const std::string& name, const Value& value,
+                        CallArgs& args) {
   SY_ASSIGN(bool passed, run_test(renderer, name, value, args));
   SY_TRY(args.check_all_used("test '" + name + "'"));
   return passed;
@@ -1201,85 +1288,104 @@ Result<bool> apply_test(Renderer& renderer, const std::string& name, const Value
 
 std::optional<Value> find_method(const Value& object, const std::string& name) {
   switch (object.kind) {
-    case Kind::kString: return string_method(object, name);
-    case Kind::kDict: return dict_method(object, name);
+    case Kind::kString:
+      return string_method(object, name);
+    case Kind::kDict:
+      return dict_method(object, name);
     case Kind::kList:
-    case Kind::kTuple: return list_method(object, name);
-    default: return std::nullopt;
+    case Kind::kTuple:
+      return list_method(object, name);
+    default:
+      return std::nullopt;
   }
 }
 
 void add_globals(Scope& scope) {
-  scope.vars["range"] = Value::from_function("range", [](Renderer& r, CallArgs& args) -> Result<Value> {
-    if (!args.keyword.empty()) return Status::error("range() takes no keyword arguments");
-    if (args.positional.empty() || args.positional.size() > 3)
-      return Status::errorf("range expected 1 to 3 arguments, got {}", args.positional.size());
-    for (const Value& v : args.positional)
-      if (!v.is_integral()) return Status::errorf("'{}' object cannot be interpreted as an integer", type_name(v));
-    int64_t start = 0, stop = 0, step = 1;
-    if (args.positional.size() == 1) {
-      stop = args.positional[0].as_int();
-    } else {
-      start = args.positional[0].as_int();
-      stop = args.positional[1].as_int();
-      if (args.positional.size() == 3) step = args.positional[2].as_int();
-    }
-    if (step == 0) return Status::error("range() arg 3 must not be zero");
-    // jinja2's sandbox refuses ranges over MAX_RANGE (100000) items.
-    long double span = step > 0 ? (static_cast<long double>(stop) - start) : (static_cast<long double>(start) - stop);
-    long double count_ld = span <= 0 ? 0 : std::ceil(span / std::llabs(step));
-    if (count_ld > 100000)
-      return Status::error("Range too big. The sandbox blocks ranges larger than MAX_RANGE (100000).");
-    SY_TRY(r.charge_iterations(static_cast<size_t>(count_ld)));
-    ValueList items;
-    for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) items.push_back(Value::from_int(i));
-    Value v = Value::from_list(std::move(items));
-    v.flavor = ListFlavor::kRange;
-    v.text = step == 1 ? fmt::format("range({}, {})", start, stop) : fmt::format("range({}, {}, {})", start, stop, step);
-    return v;
-  });
-  scope.vars["namespace"] = Value::from_function("namespace", [](Renderer&, CallArgs& args) -> Result<Value> {
-    Value ns = Value::make(Kind::kNamespace);
-    ns.dict = std::make_shared<Dict>();
-    if (args.positional.size() > 1) return Status::error("namespace() takes at most one positional argument");
-    if (!args.positional.empty()) {
-      const Value& init = args.positional[0];
-      if (!init.is_mapping()) return Status::error("namespace() positional argument must be a dict");
-      ns.dict->entries = init.dict->entries;
-    }
-    for (auto& [key, value] : args.keyword) ns.dict->set(key, value);
-    return ns;
-  });
+  scope.vars["range"] =
+      Value::from_function("range", [](Renderer& r, CallArgs& args) -> Result<Value> {
+        if (!args.keyword.empty()) return Status::error("range() takes no keyword arguments");
+        if (args.positional.empty() || args.positional.size() > 3)
+          return Status::errorf("range expected 1 to 3 arguments, got {}", args.positional.size());
+        for (const Value& v : args.positional)
+          if (!v.is_integral())
+            return Status::errorf("'{}' object cannot be interpreted as an integer", type_name(v));
+        int64_t start = 0, stop = 0, step = 1;
+        if (args.positional.size() == 1) {
+          stop = args.positional[0].as_int();
+        } else {
+          start = args.positional[0].as_int();
+          stop = args.positional[1].as_int();
+          if (args.positional.size() == 3) step = args.positional[2].as_int();
+        }
+        if (step == 0) return Status::error("range() arg 3 must not be zero");
+        // jinja2's sandbox refuses ranges over MAX_RANGE (100000) items.
+        long double span = step > 0 ? (static_cast<long double>(stop) - start)
+                                    : (static_cast<long double>(start) - stop);
+        long double count_ld = span <= 0 ? 0 : std::ceil(span / std::llabs(step));
+        if (count_ld > 100000)
+          return Status::error(
+              "Range too big. The sandbox blocks ranges larger than MAX_RANGE (100000).");
+        SY_TRY(r.charge_iterations(static_cast<size_t>(count_ld)));
+        ValueList items;
+        for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step)
+          items.push_back(Value::from_int(i));
+        Value v = Value::from_list(std::move(items));
+        v.flavor = ListFlavor::kRange;
+        v.text = step == 1 ? fmt::format("range({}, {})", start, stop)
+                           : fmt::format("range({}, {}, {})", start, stop, step);
+        return v;
+      });
+  scope.vars["namespace"] =
+      Value::from_function("namespace", [](Renderer&, CallArgs& args) -> Result<Value> {
+        Value ns = Value::make(Kind::kNamespace);
+        ns.dict = std::make_shared<Dict>();
+        if (args.positional.size() > 1)
+          return Status::error("namespace() takes at most one positional argument");
+        if (!args.positional.empty()) {
+          const Value& init = args.positional[0];
+          if (!init.is_mapping())
+            return Status::error("namespace() positional argument must be a dict");
+          ns.dict->entries = init.dict->entries;
+        }
+        for (auto& [key, value] : args.keyword) ns.dict->set(key, value);
+        return ns;
+      });
   scope.vars["dict"] = Value::from_function("dict", [](Renderer&, CallArgs& args) -> Result<Value> {
     Dict d;
-    if (args.positional.size() > 1) return Status::error("dict() takes at most one positional argument");
+    if (args.positional.size() > 1)
+      return Status::error("dict() takes at most one positional argument");
     if (!args.positional.empty()) {
-      if (!args.positional[0].is_mapping()) return Status::error("dict() positional argument must be a dict");
+      if (!args.positional[0].is_mapping())
+        return Status::error("dict() positional argument must be a dict");
       d.entries = args.positional[0].dict->entries;
     }
     for (auto& [key, value] : args.keyword) d.set(key, value);
     return Value::from_dict(std::move(d));
   });
-  scope.vars["raise_exception"] = Value::from_function("raise_exception", [](Renderer&, CallArgs& args) -> Result<Value> {
-    std::string message;
-    if (!args.positional.empty()) {
-      SY_ASSIGN(message, to_str(args.positional[0]));
-    }
-    return Status::errorf("the chat template raised an error: {}", message);
-  });
-  scope.vars["strftime_now"] = Value::from_function("strftime_now", [](Renderer& r, CallArgs& args) -> Result<Value> {
-    const Value* format = args.get(0, "format");
-    SY_TRY(args.check_all_used("strftime_now"));
-    if (!format || !format->is_string()) return Status::error("strftime_now needs a format string");
-    for (const char* unsupported : {"%f", "%z", "%Z", "%:z"})
-      if (format->text.find(unsupported) != std::string::npos)
-        return Status::errorf("strftime_now: '{}' is not supported", unsupported);
-    std::tm now = r.now();
-    char buffer[512];
-    size_t n = std::strftime(buffer, sizeof buffer, format->text.c_str(), &now);
-    if (n == 0 && !format->text.empty()) return Status::error("strftime_now: format too long or empty result");
-    return Value::from_string(std::string(buffer, n));
-  });
+  scope.vars["raise_exception"] =
+      Value::from_function("raise_exception", [](Renderer&, CallArgs& args) -> Result<Value> {
+        std::string message;
+        if (!args.positional.empty()) {
+          SY_ASSIGN(message, to_str(args.positional[0]));
+        }
+        return Status::errorf("the chat template raised an error: {}", message);
+      });
+  scope.vars["strftime_now"] =
+      Value::from_function("strftime_now", [](Renderer& r, CallArgs& args) -> Result<Value> {
+        const Value* format = args.get(0, "format");
+        SY_TRY(args.check_all_used("strftime_now"));
+        if (!format || !format->is_string())
+          return Status::error("strftime_now needs a format string");
+        for (const char* unsupported : {"%f", "%z", "%Z", "%:z"})
+          if (format->text.find(unsupported) != std::string::npos)
+            return Status::errorf("strftime_now: '{}' is not supported", unsupported);
+        std::tm now = r.now();
+        char buffer[512];
+        size_t n = std::strftime(buffer, sizeof buffer, format->text.c_str(), &now);
+        if (n == 0 && !format->text.empty())
+          return Status::error("strftime_now: format too long or empty result");
+        return Value::from_string(std::string(buffer, n));
+      });
 }
 
 }  // namespace sy::chat

@@ -22,21 +22,24 @@ Result<std::string> read_file(const std::filesystem::path& path) {
 }
 
 // A special token in tokenizer_config.json: "text", {"content": "text", ...} (AddedToken) or null.
-Result<std::optional<std::string>> token_text(const nlohmann::ordered_json& config, const char* key) {
+Result<std::optional<std::string>> token_text(const nlohmann::ordered_json& config,
+                                              const char* key) {
   auto it = config.find(key);
   if (it == config.end() || it->is_null()) return std::optional<std::string>();
   if (it->is_string()) return std::optional<std::string>(it->get<std::string>());
   if (it->is_object()) {
     auto content = it->find("content");
-    if (content != it->end() && content->is_string()) return std::optional<std::string>(content->get<std::string>());
+    if (content != it->end() && content->is_string())
+      return std::optional<std::string>(content->get<std::string>());
   }
-  return Status::errorf("tokenizer_config.json: {} must be a string or an AddedToken object with \"content\"", key);
+  return Status::errorf(
+      "tokenizer_config.json: {} must be a string or an AddedToken object with \"content\"", key);
 }
 
 }  // namespace
 
-Result<ChatTemplate> ChatTemplate::parse_with_tokens(const std::string& source,
-                                                     std::vector<std::pair<std::string, std::string>> special_tokens) {
+Result<ChatTemplate> ChatTemplate::parse_with_tokens(
+    const std::string& source, std::vector<std::pair<std::string, std::string>> special_tokens) {
   auto tokens = lex(source);
   if (!tokens) return tokens.status().with_context("chat template: ");
   auto body = chat::parse(std::move(*tokens));
@@ -48,8 +51,10 @@ Result<ChatTemplate> ChatTemplate::parse_with_tokens(const std::string& source,
   return t;
 }
 
-Result<ChatTemplate> ChatTemplate::parse(const std::string& source, std::string bos_token, std::string eos_token) {
-  return parse_with_tokens(source, {{"bos_token", std::move(bos_token)}, {"eos_token", std::move(eos_token)}});
+Result<ChatTemplate> ChatTemplate::parse(const std::string& source, std::string bos_token,
+                                         std::string eos_token) {
+  return parse_with_tokens(
+      source, {{"bos_token", std::move(bos_token)}, {"eos_token", std::move(eos_token)}});
 }
 
 Result<ChatTemplate> ChatTemplate::load(const std::string& model_dir) {
@@ -75,23 +80,27 @@ Result<ChatTemplate> ChatTemplate::load(const std::string& model_dir) {
     } else if (it->is_array()) {
       std::vector<std::string> names;
       for (const auto& entry : *it) {
-        if (!entry.is_object() || !entry.contains("name") || !entry["name"].is_string() || !entry.contains("template") ||
-            !entry["template"].is_string())
-          return Status::errorf("{}: chat_template list entries must be {{\"name\", \"template\"}} objects",
-                                config_path.string());
+        if (!entry.is_object() || !entry.contains("name") || !entry["name"].is_string() ||
+            !entry.contains("template") || !entry["template"].is_string())
+          return Status::errorf(
+              "{}: chat_template list entries must be {{\"name\", \"template\"}} objects",
+              config_path.string());
         names.push_back(entry["name"].get<std::string>());
         if (names.back() == "default") source = entry["template"].get<std::string>();
       }
       if (!source)
-        return Status::errorf("{}: chat_template list has no \"default\" entry (has: {})", config_path.string(),
-                              fmt::join(names, ", "));
+        return Status::errorf("{}: chat_template list has no \"default\" entry (has: {})",
+                              config_path.string(), fmt::join(names, ", "));
     } else {
-      return Status::errorf("{}: chat_template must be a string or a list of {{name, template}}", config_path.string());
+      return Status::errorf("{}: chat_template must be a string or a list of {{name, template}}",
+                            config_path.string());
     }
   }
   if (!source)
-    return Status::errorf("{}: no chat template (no chat_template.jinja, and tokenizer_config.json has no chat_template)",
-                          model_dir);
+    return Status::errorf(
+        "{}: no chat template (no chat_template.jinja, and tokenizer_config.json has no "
+        "chat_template)",
+        model_dir);
   std::vector<std::pair<std::string, std::string>> special;
   for (const char* key : {"bos_token", "eos_token", "unk_token", "pad_token"}) {
     auto text = token_text(config, key);
@@ -105,19 +114,22 @@ Result<ChatTemplate> ChatTemplate::load(const std::string& model_dir) {
   return parsed;
 }
 
-Result<std::string> ChatTemplate::render(const nlohmann::json& messages, const nlohmann::json& tools,
-                                         bool add_generation_prompt, const nlohmann::json& extra_kwargs) const {
-  return render_ordered(nlohmann::ordered_json(messages), nlohmann::ordered_json(tools), add_generation_prompt,
-                        nlohmann::ordered_json(extra_kwargs));
+Result<std::string> ChatTemplate::render(const nlohmann::json& messages,
+                                         const nlohmann::json& tools, bool add_generation_prompt,
+                                         const nlohmann::json& extra_kwargs) const {
+  return render_ordered(nlohmann::ordered_json(messages), nlohmann::ordered_json(tools),
+                        add_generation_prompt, nlohmann::ordered_json(extra_kwargs));
 }
 
 Result<std::string> ChatTemplate::render_ordered(const nlohmann::ordered_json& messages,
-                                                 const nlohmann::ordered_json& tools, bool add_generation_prompt,
+                                                 const nlohmann::ordered_json& tools,
+                                                 bool add_generation_prompt,
                                                  const nlohmann::ordered_json& extra_kwargs,
                                                  const RenderOptions& options) const {
   if (!messages.is_array()) return Status::error("messages must be an array of message objects");
   if (messages.empty())
-    return Status::error("Cannot apply chat template to an empty conversation. Provide at least one message.");
+    return Status::error(
+        "Cannot apply chat template to an empty conversation. Provide at least one message.");
   if (!tools.is_null() && !tools.is_array()) return Status::error("tools must be an array or null");
   if (!extra_kwargs.is_null() && !extra_kwargs.is_object())
     return Status::error("chat_template_kwargs must be an object or null");
@@ -128,10 +140,13 @@ Result<std::string> ChatTemplate::render_ordered(const nlohmann::ordered_json& m
   for (const auto& [name, text] : special_tokens_) context->vars[name] = Value::from_string(text);
   if (extra_kwargs.is_object()) {
     for (const auto& [key, value] : extra_kwargs.items()) {
-      if (key == "messages" || key == "tools" || key == "documents" || key == "add_generation_prompt")
-        return Status::errorf("chat_template_kwargs may not set '{}' (it is a parameter of its own)", key);
+      if (key == "messages" || key == "tools" || key == "documents" ||
+          key == "add_generation_prompt")
+        return Status::errorf(
+            "chat_template_kwargs may not set '{}' (it is a parameter of its own)", key);
       auto converted = from_json(value);
-      if (!converted) return converted.status().with_context(fmt::format("chat_template_kwargs.{}: ", key));
+      if (!converted)
+        return converted.status().with_context(fmt::format("chat_template_kwargs.{}: ", key));
       context->vars[key] = std::move(*converted);
     }
   }

@@ -28,23 +28,28 @@ class ChatTemplate {
   // bos/eos/unk/pad tokens from tokenizer_config.json (string or AddedToken object; null = absent,
   // so `bos_token is defined` is false as under transformers).
   static Result<ChatTemplate> load(const std::string& model_dir);
-  static Result<ChatTemplate> parse(const std::string& source, std::string bos_token, std::string eos_token);
+  static Result<ChatTemplate> parse(const std::string& source, std::string bos_token,
+                                    std::string eos_token);
   // As parse(), with any set of special-token variables (name -> text).
-  static Result<ChatTemplate> parse_with_tokens(const std::string& source,
-                                                std::vector<std::pair<std::string, std::string>> special_tokens);
+  static Result<ChatTemplate> parse_with_tokens(
+      const std::string& source, std::vector<std::pair<std::string, std::string>> special_tokens);
 
   // messages: OpenAI-style array (non-empty, as transformers requires); tools: array or null;
   // extra_kwargs: chat_template_kwargs (object or null), e.g. {"enable_thinking": false}.
   // nlohmann::json sorts object keys, so `tojson` of a tool prints keys alphabetically; use
   // render_ordered with nlohmann::ordered_json to keep the client's key order (as Python does).
-  Result<std::string> render(const nlohmann::json& messages, const nlohmann::json& tools, bool add_generation_prompt,
+  Result<std::string> render(const nlohmann::json& messages, const nlohmann::json& tools,
+                             bool add_generation_prompt,
                              const nlohmann::json& extra_kwargs) const;  // thread-safe (const)
-  Result<std::string> render_ordered(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
-                                     bool add_generation_prompt, const nlohmann::ordered_json& extra_kwargs,
-                                     const RenderOptions& options = {}) const;  // thread-safe (const)
+  Result<std::string> render_ordered(
+      const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
+      bool add_generation_prompt, const nlohmann::ordered_json& extra_kwargs,
+      const RenderOptions& options = {}) const;  // thread-safe (const)
 
   const std::string& source() const { return source_; }
-  const std::vector<std::pair<std::string, std::string>>& special_tokens() const { return special_tokens_; }
+  const std::vector<std::pair<std::string, std::string>>& special_tokens() const {
+    return special_tokens_;
+  }
   void set_limits(const RenderLimits& limits) { limits_ = limits; }
 
  private:

@@ -11,7 +11,19 @@
 
 namespace sy::chat {
 
-enum class TokenType { kText, kVariableBegin, kVariableEnd, kBlockBegin, kBlockEnd, kName, kString, kInteger, kFloat, kOperator, kEnd };
+enum class TokenType {
+  kText,
+  kVariableBegin,
+  kVariableEnd,
+  kBlockBegin,
+  kBlockEnd,
+  kName,
+  kString,
+  kInteger,
+  kFloat,
+  kOperator,
+  kEnd
+};
 
 struct Token {
   TokenType type;

@@ -11,13 +11,20 @@ namespace {
 
 const char* describe(const Token& t) {
   switch (t.type) {
-    case TokenType::kText: return "text";
-    case TokenType::kVariableBegin: return "'{{'";
-    case TokenType::kVariableEnd: return "end of print statement '}}'";
-    case TokenType::kBlockBegin: return "'{%'";
-    case TokenType::kBlockEnd: return "end of statement block '%}'";
-    case TokenType::kEnd: return "end of template";
-    default: return nullptr;
+    case TokenType::kText:
+      return "text";
+    case TokenType::kVariableBegin:
+      return "'{{'";
+    case TokenType::kVariableEnd:
+      return "end of print statement '}}'";
+    case TokenType::kBlockBegin:
+      return "'{%'";
+    case TokenType::kBlockEnd:
+      return "end of statement block '%}'";
+    case TokenType::kEnd:
+      return "end of template";
+    default:
+      return nullptr;
   }
 }
 
@@ -47,23 +54,31 @@ class Parser {
   };
   Status check_depth() const {
     if (depth_ > kMaxParseDepth)
-      return Status::errorf("line {}: template nested more than {} levels deep", current().line, kMaxParseDepth);
+      return Status::errorf("line {}: template nested more than {} levels deep", current().line,
+                            kMaxParseDepth);
     return Status::ok();
   }
 
   const Token& current() const { return tokens_[pos_]; }
-  const Token& peek(size_t ahead = 1) const { return tokens_[std::min(pos_ + ahead, tokens_.size() - 1)]; }
+  const Token& peek(size_t ahead = 1) const {
+    return tokens_[std::min(pos_ + ahead, tokens_.size() - 1)];
+  }
   void advance() {
     if (pos_ + 1 < tokens_.size()) ++pos_;
   }
-  bool is_op(const char* op) const { return current().type == TokenType::kOperator && current().value == op; }
-  bool is_name(const char* name) const { return current().type == TokenType::kName && current().value == name; }
+  bool is_op(const char* op) const {
+    return current().type == TokenType::kOperator && current().value == op;
+  }
+  bool is_name(const char* name) const {
+    return current().type == TokenType::kName && current().value == name;
+  }
   std::string shown(const Token& t) const {
     if (const char* d = describe(t)) return d;
     return fmt::format("'{}'", t.value);
   }
   Status unexpected(const std::string& expected) const {
-    return Status::errorf("line {}: expected {}, got {}", current().line, expected, shown(current()));
+    return Status::errorf("line {}: expected {}, got {}", current().line, expected,
+                          shown(current()));
   }
   Status expect_op(const char* op) {
     if (!is_op(op)) return unexpected(fmt::format("'{}'", op));
@@ -132,7 +147,8 @@ class Parser {
           if (end_tags.empty()) return Status::ok();
           return Status::errorf("line {}: unexpected end of template; expected {}", t.line,
                                 fmt::join(quote_all(end_tags), " or "));
-        default: return unexpected("text or a tag");
+        default:
+          return unexpected("text or a tag");
       }
     }
   }
@@ -177,10 +193,12 @@ class Parser {
       body.push_back(std::move(s));
       return Status::ok();
     }
-    static const char* kKnownUnsupported[] = {"include", "import", "from",       "extends", "block", "call", "filter",
-                                             "with",    "raw",    "autoescape", "do",      "trans", "pluralize"};
+    static const char* kKnownUnsupported[] = {
+        "include", "import", "from",       "extends", "block", "call",     "filter",
+        "with",    "raw",    "autoescape", "do",      "trans", "pluralize"};
     for (const char* tag : kKnownUnsupported)
-      if (name == tag) return Status::errorf("line {}: the '{{% {} %}}' tag is not supported", line, name);
+      if (name == tag)
+        return Status::errorf("line {}: the '{{% {} %}}' tag is not supported", line, name);
     return Status::errorf("line {}: unknown tag '{}'", line, name);
   }
 
@@ -234,7 +252,8 @@ class Parser {
       advance();
       SY_ASSIGN(s.filter, parse_expression());
     }
-    if (is_name("recursive")) return Status::errorf("line {}: recursive for loops are not supported", line);
+    if (is_name("recursive"))
+      return Status::errorf("line {}: recursive for loops are not supported", line);
     SY_TRY(expect(TokenType::kBlockEnd));
     ++loop_depth_;
     std::string found;
@@ -253,7 +272,8 @@ class Parser {
   Status parse_set(Body& body, int line) {
     std::vector<std::string> targets;
     std::string attribute;
-    if (current().type == TokenType::kName && peek().type == TokenType::kOperator && peek().value == ".") {
+    if (current().type == TokenType::kName && peek().type == TokenType::kOperator &&
+        peek().value == ".") {
       targets.push_back(current().value);
       advance();
       advance();
@@ -272,9 +292,12 @@ class Parser {
       body.push_back(std::move(s));
       return Status::ok();
     }
-    if (is_op("|")) return Status::errorf("line {}: filters on block set ('{{% set x | f %}}') are not supported", line);
+    if (is_op("|"))
+      return Status::errorf("line {}: filters on block set ('{{% set x | f %}}') are not supported",
+                            line);
     if (targets.size() != 1 || !attribute.empty())
-      return Status::errorf("line {}: a block set ('{{% set x %}}...{{% endset %}}') takes one plain name", line);
+      return Status::errorf(
+          "line {}: a block set ('{{% set x %}}...{{% endset %}}') takes one plain name", line);
     Stmt s = make_stmt(Stmt::Kind::kSetBlock);
     s.line = line;
     s.targets = std::move(targets);
@@ -300,8 +323,9 @@ class Parser {
         advance();
         SY_ASSIGN(default_value, parse_expression());
       } else if (!s.params.empty() && s.params.back().second) {
-        return Status::errorf("line {}: macro '{}': parameter '{}' without a default follows one with a default", line,
-                              s.name, param);
+        return Status::errorf(
+            "line {}: macro '{}': parameter '{}' without a default follows one with a default",
+            line, s.name, param);
       }
       s.params.emplace_back(std::move(param), std::move(default_value));
     }
@@ -332,8 +356,8 @@ class Parser {
   }
 
   bool is_tuple_end() const {
-    return current().type == TokenType::kVariableEnd || current().type == TokenType::kBlockEnd || is_op(")") ||
-           current().type == TokenType::kEnd;
+    return current().type == TokenType::kVariableEnd || current().type == TokenType::kBlockEnd ||
+           is_op(")") || current().type == TokenType::kEnd;
   }
 
   // Comma-separated expressions become a tuple: `{% set a, b = 1, 2 %}`, `(1, 2)`.
@@ -427,8 +451,8 @@ class Parser {
     while (true) {
       std::string op;
       if (current().type == TokenType::kOperator &&
-          (current().value == "==" || current().value == "!=" || current().value == "<" || current().value == "<=" ||
-           current().value == ">" || current().value == ">=")) {
+          (current().value == "==" || current().value == "!=" || current().value == "<" ||
+           current().value == "<=" || current().value == ">" || current().value == ">=")) {
         op = current().value;
         advance();
       } else if (is_name("in")) {
@@ -475,7 +499,9 @@ class Parser {
 
   Result<ExprPtr> parse_math1() { return parse_binary_level({"+", "-"}, &Parser::parse_concat); }
   Result<ExprPtr> parse_concat() { return parse_binary_level({"~"}, &Parser::parse_math2); }
-  Result<ExprPtr> parse_math2() { return parse_binary_level({"*", "/", "//", "%"}, &Parser::parse_pow); }
+  Result<ExprPtr> parse_math2() {
+    return parse_binary_level({"*", "/", "//", "%"}, &Parser::parse_pow);
+  }
   Result<ExprPtr> parse_pow() { return parse_binary_level({"**"}, &Parser::parse_unary_filtered); }
   Result<ExprPtr> parse_unary_filtered() { return parse_unary(true); }
 
@@ -523,7 +549,8 @@ class Parser {
         if (name == "varargs") macro_mentions_.back().first = true;
         if (name == "kwargs") macro_mentions_.back().second = true;
       }
-      if (name == "caller") return Status::errorf("line {}: 'caller' ({{% call %}} blocks) is not supported", line);
+      if (name == "caller")
+        return Status::errorf("line {}: 'caller' ({{% call %}} blocks) is not supported", line);
       auto n = node(Expr::Kind::kName, line);
       n->name = std::move(name);
       return n;
@@ -540,7 +567,8 @@ class Parser {
     }
     if (t.type == TokenType::kInteger || t.type == TokenType::kFloat) {
       auto literal = node(Expr::Kind::kLiteral, line);
-      literal->literal = t.type == TokenType::kInteger ? Value::from_int(t.integer) : Value::from_float(t.number);
+      literal->literal =
+          t.type == TokenType::kInteger ? Value::from_int(t.integer) : Value::from_float(t.number);
       advance();
       return literal;
     }
@@ -627,7 +655,8 @@ class Parser {
       if (is_op("]")) break;
       if (parts[part]) return unexpected("':' or ']'");
       SY_ASSIGN(parts[part], parse_expression());
-      if (is_op(",")) return Status::errorf("line {}: tuple subscripts (x[a, b]) are not supported", line);
+      if (is_op(","))
+        return Status::errorf("line {}: tuple subscripts (x[a, b]) are not supported", line);
     }
     advance();  // ]
     if (!is_slice) {
@@ -656,8 +685,10 @@ class Parser {
       first = false;
       if (is_op(")")) break;
       if (is_op("*") || is_op("**"))
-        return Status::errorf("line {}: '*args' / '**kwargs' in calls are not supported", current().line);
-      if (current().type == TokenType::kName && peek().type == TokenType::kOperator && peek().value == "=") {
+        return Status::errorf("line {}: '*args' / '**kwargs' in calls are not supported",
+                              current().line);
+      if (current().type == TokenType::kName && peek().type == TokenType::kOperator &&
+          peek().value == "=") {
         std::string key = current().value;
         advance();
         advance();
@@ -665,7 +696,8 @@ class Parser {
         call->kwargs.emplace_back(std::move(key), std::move(value));
       } else {
         if (!call->kwargs.empty())
-          return Status::errorf("line {}: a positional argument follows a keyword argument", current().line);
+          return Status::errorf("line {}: a positional argument follows a keyword argument",
+                                current().line);
         SY_ASSIGN(ExprPtr value, parse_expression());
         call->args.push_back(std::move(value));
       }
@@ -680,7 +712,8 @@ class Parser {
         int line = current().line;
         advance();
         SY_ASSIGN(std::string name, expect_name());
-        if (!is_known_filter(name)) return Status::errorf("line {}: unknown filter '{}'", line, name);
+        if (!is_known_filter(name))
+          return Status::errorf("line {}: unknown filter '{}'", line, name);
         SY_ASSIGN(value, parse_call(std::move(value), Expr::Kind::kFilter, name));
       } else if (is_name("is")) {
         int line = current().line;
@@ -701,10 +734,12 @@ class Parser {
           test->args.push_back(std::move(value));
           const Token& t = current();
           bool takes_argument = (t.type == TokenType::kName || t.type == TokenType::kString ||
-                                 t.type == TokenType::kInteger || t.type == TokenType::kFloat || is_op("[") || is_op("{")) &&
+                                 t.type == TokenType::kInteger || t.type == TokenType::kFloat ||
+                                 is_op("[") || is_op("{")) &&
                                 !is_name("else") && !is_name("or") && !is_name("and");
           if (takes_argument) {
-            if (is_name("is")) return Status::errorf("line {}: tests cannot be chained with 'is'", line);
+            if (is_name("is"))
+              return Status::errorf("line {}: tests cannot be chained with 'is'", line);
             SY_ASSIGN(ExprPtr argument, parse_primary());
             SY_ASSIGN(argument, parse_postfix(std::move(argument)));
             test->args.push_back(std::move(argument));
@@ -729,6 +764,8 @@ class Parser {
 
 }  // namespace
 
-Result<Body> parse(std::vector<Token> tokens) { return Parser(std::move(tokens)).parse_template(); }
+Result<Body> parse(std::vector<Token> tokens) {
+  return Parser(std::move(tokens)).parse_template();
+}
 
 }  // namespace sy::chat

@@ -28,7 +28,8 @@ const Value* CallArgs::get(size_t index, const char* name) {
 Status CallArgs::check_all_used(const std::string& callee) const {
   for (size_t i = 0; i < positional.size(); ++i)
     if (i >= used_positional_.size() || !used_positional_[i])
-      return Status::errorf("{} takes at most {} positional argument(s), got {}", callee, i, positional.size());
+      return Status::errorf("{} takes at most {} positional argument(s), got {}", callee, i,
+                            positional.size());
   for (size_t i = 0; i < keyword.size(); ++i)
     if (i >= used_keyword_.size() || !used_keyword_[i])
       return Status::errorf("{} got an unexpected keyword argument '{}'", callee, keyword[i].first);
@@ -46,9 +47,15 @@ std::string object_description(const Value& v) {
   return fmt::format("'{} object'", type_name(v));
 }
 
-bool add_overflows(int64_t a, int64_t b, int64_t& out) { return __builtin_add_overflow(a, b, &out); }
-bool sub_overflows(int64_t a, int64_t b, int64_t& out) { return __builtin_sub_overflow(a, b, &out); }
-bool mul_overflows(int64_t a, int64_t b, int64_t& out) { return __builtin_mul_overflow(a, b, &out); }
+bool add_overflows(int64_t a, int64_t b, int64_t& out) {
+  return __builtin_add_overflow(a, b, &out);
+}
+bool sub_overflows(int64_t a, int64_t b, int64_t& out) {
+  return __builtin_sub_overflow(a, b, &out);
+}
+bool mul_overflows(int64_t a, int64_t b, int64_t& out) {
+  return __builtin_mul_overflow(a, b, &out);
+}
 
 Status overflow(const char* op) {
   return Status::errorf("integer overflow in '{}' (integers beyond 64 bits are not supported)", op);
@@ -79,7 +86,8 @@ std::pair<double, double> float_divmod(double a, double b) {
 Result<Value> repeat(const Renderer& r, const Value& sequence, int64_t times) {
   if (times < 0) times = 0;
   if (sequence.is_string()) {
-    if (times > 0 && sequence.text.size() > r.limits().max_output_bytes / static_cast<uint64_t>(times))
+    if (times > 0 &&
+        sequence.text.size() > r.limits().max_output_bytes / static_cast<uint64_t>(times))
       return Status::errorf("string repetition would exceed {} bytes", r.limits().max_output_bytes);
     std::string out;
     for (int64_t i = 0; i < times; ++i) out += sequence.text;
@@ -88,7 +96,8 @@ Result<Value> repeat(const Renderer& r, const Value& sequence, int64_t times) {
   if (times > 0 && sequence.list->size() > r.limits().max_list_items / static_cast<uint64_t>(times))
     return Status::errorf("list repetition would exceed {} items", r.limits().max_list_items);
   ValueList out;
-  for (int64_t i = 0; i < times; ++i) out.insert(out.end(), sequence.list->begin(), sequence.list->end());
+  for (int64_t i = 0; i < times; ++i)
+    out.insert(out.end(), sequence.list->begin(), sequence.list->end());
   return Value::from_list(std::move(out), sequence.kind == Kind::kTuple);
 }
 
@@ -124,7 +133,8 @@ Status Renderer::check_string_size(size_t bytes) const {
 }
 
 Status Renderer::check_list_size(size_t items) const {
-  if (items > limits_.max_list_items) return Status::errorf("template built a list over {} items", limits_.max_list_items);
+  if (items > limits_.max_list_items)
+    return Status::errorf("template built a list over {} items", limits_.max_list_items);
   return Status::ok();
 }
 
@@ -142,7 +152,9 @@ Status Renderer::exec_body(const Body& body, const ScopePtr& scope, std::string&
 }
 
 Status Renderer::exec(const Stmt& stmt, const ScopePtr& scope, std::string& out, Flow& flow) {
-  auto at_line = [&](const Status& s) { return s.with_context(fmt::format("line {}: ", stmt.line)); };
+  auto at_line = [&](const Status& s) {
+    return s.with_context(fmt::format("line {}: ", stmt.line));
+  };
   switch (stmt.kind) {
     case Stmt::Kind::kText:
       out += stmt.text;
@@ -161,14 +173,15 @@ Status Renderer::exec(const Stmt& stmt, const ScopePtr& scope, std::string& out,
         if (truthy(test)) return exec_body(branch, scope, out, flow);
       }
       return exec_body(stmt.else_body, scope, out, flow);
-    case Stmt::Kind::kFor: return exec_for(stmt, scope, out);
+    case Stmt::Kind::kFor:
+      return exec_for(stmt, scope, out);
     case Stmt::Kind::kSet: {
       SY_ASSIGN(Value value, eval(*stmt.expr, scope));
       if (!stmt.attribute.empty()) {
         Value* target = scope->find(stmt.targets[0]);
         if (!target || target->kind != Kind::kNamespace)
-          return Status::errorf("line {}: cannot assign attribute '{}' on '{}': not a namespace()", stmt.line,
-                                stmt.attribute, stmt.targets[0]);
+          return Status::errorf("line {}: cannot assign attribute '{}' on '{}': not a namespace()",
+                                stmt.line, stmt.attribute, stmt.targets[0]);
         target->dict->set(stmt.attribute, std::move(value));
         return Status::ok();
       }
@@ -180,15 +193,23 @@ Status Renderer::exec(const Stmt& stmt, const ScopePtr& scope, std::string& out,
       scope->vars[stmt.targets[0]] = Value::from_string(std::move(captured));
       return Status::ok();
     }
-    case Stmt::Kind::kMacro: scope->vars[stmt.name] = make_macro(stmt, scope); return Status::ok();
-    case Stmt::Kind::kBreak: flow = Flow::kBreak; return Status::ok();
-    case Stmt::Kind::kContinue: flow = Flow::kContinue; return Status::ok();
-    case Stmt::Kind::kGeneration: return render(stmt.body, std::make_shared<Scope>(scope), out);
+    case Stmt::Kind::kMacro:
+      scope->vars[stmt.name] = make_macro(stmt, scope);
+      return Status::ok();
+    case Stmt::Kind::kBreak:
+      flow = Flow::kBreak;
+      return Status::ok();
+    case Stmt::Kind::kContinue:
+      flow = Flow::kContinue;
+      return Status::ok();
+    case Stmt::Kind::kGeneration:
+      return render(stmt.body, std::make_shared<Scope>(scope), out);
   }
   return Status::ok();
 }
 
-Status Renderer::assign(const std::vector<std::string>& targets, Value value, Scope& scope, int line) {
+Status Renderer::assign(const std::vector<std::string>& targets, Value value, Scope& scope,
+                        int line) {
   if (targets.size() == 1) {
     scope.vars[targets[0]] = std::move(value);
     return Status::ok();
@@ -197,7 +218,8 @@ Status Renderer::assign(const std::vector<std::string>& targets, Value value, Sc
   if (!items) return items.status().with_context(fmt::format("line {}: cannot unpack: ", line));
   if (items->size() != targets.size())
     return Status::errorf("line {}: {} values to unpack (expected {}, got {})", line,
-                          items->size() < targets.size() ? "not enough" : "too many", targets.size(), items->size());
+                          items->size() < targets.size() ? "not enough" : "too many",
+                          targets.size(), items->size());
   for (size_t i = 0; i < targets.size(); ++i) scope.vars[targets[i]] = (*items)[i];
   return Status::ok();
 }
@@ -239,11 +261,14 @@ Status Renderer::exec_for(const Stmt& stmt, const ScopePtr& scope, std::string& 
     loop.set("depth0", Value::from_int(0));
     loop.set("previtem", i > 0 ? items[i - 1] : Value::undefined("there is no previous item"));
     loop.set("nextitem", i + 1 < length ? items[i + 1] : Value::undefined("there is no next item"));
-    loop.set("cycle", Value::from_function("loop.cycle", [i](Renderer&, CallArgs& args) -> Result<Value> {
-      if (args.positional.empty()) return Status::error("loop.cycle() needs at least one argument");
-      if (!args.keyword.empty()) return Status::error("loop.cycle() takes no keyword arguments");
-      return args.positional[static_cast<size_t>(i) % args.positional.size()];
-    }));
+    loop.set("cycle",
+             Value::from_function("loop.cycle", [i](Renderer&, CallArgs& args) -> Result<Value> {
+               if (args.positional.empty())
+                 return Status::error("loop.cycle() needs at least one argument");
+               if (!args.keyword.empty())
+                 return Status::error("loop.cycle() takes no keyword arguments");
+               return args.positional[static_cast<size_t>(i) % args.positional.size()];
+             }));
     iteration->vars["loop"] = Value::from_dict(std::move(loop));
     Flow flow = Flow::kNormal;
     SY_TRY(exec_body(stmt.body, iteration, out, flow));
@@ -256,12 +281,14 @@ Value Renderer::make_macro(const Stmt& stmt, const ScopePtr& scope) {
   const Stmt* definition = &stmt;
   std::weak_ptr<Scope> closure = scope;
   return Value::from_function(
-      "macro '" + stmt.name + "'", [definition, closure](Renderer& r, CallArgs& args) -> Result<Value> {
+      "macro '" + stmt.name + "'",
+      [definition, closure](Renderer& r, CallArgs& args) -> Result<Value> {
         const Stmt& def = *definition;
         ScopePtr parent = closure.lock();
         if (!parent) return Status::errorf("macro '{}' called after its scope ended", def.name);
         if (r.call_depth_ >= r.limits_.max_call_depth)
-          return Status::errorf("macro '{}': calls nested deeper than {}", def.name, r.limits_.max_call_depth);
+          return Status::errorf("macro '{}': calls nested deeper than {}", def.name,
+                                r.limits_.max_call_depth);
         auto local = std::make_shared<Scope>(parent);
         const size_t params = def.params.size();
         if (args.positional.size() > params && !def.catches_varargs)
@@ -277,11 +304,14 @@ Value Renderer::make_macro(const Stmt& stmt, const ScopePtr& scope) {
           for (size_t i = 0; i < params; ++i)
             if (def.params[i].first == key) index = i;
           if (index == params) {
-            if (!def.catches_kwargs) return Status::errorf("macro '{}' takes no keyword argument '{}'", def.name, key);
+            if (!def.catches_kwargs)
+              return Status::errorf("macro '{}' takes no keyword argument '{}'", def.name, key);
             extra_keywords.set(key, value);
             continue;
           }
-          if (given[index]) return Status::errorf("macro '{}' got multiple values for argument '{}'", def.name, key);
+          if (given[index])
+            return Status::errorf("macro '{}' got multiple values for argument '{}'", def.name,
+                                  key);
           local->vars[key] = value;
           given[index] = true;
         }
@@ -292,12 +322,14 @@ Value Renderer::make_macro(const Stmt& stmt, const ScopePtr& scope) {
             SY_ASSIGN(Value v, r.eval(*default_value, local));
             local->vars[name] = std::move(v);
           } else {
-            local->vars[name] = Value::undefined(fmt::format("parameter '{}' was not provided", name));
+            local->vars[name] =
+                Value::undefined(fmt::format("parameter '{}' was not provided", name));
           }
         }
         if (def.catches_varargs) {
           ValueList rest;
-          for (size_t i = params; i < args.positional.size(); ++i) rest.push_back(args.positional[i]);
+          for (size_t i = params; i < args.positional.size(); ++i)
+            rest.push_back(args.positional[i]);
           local->vars["varargs"] = Value::from_list(std::move(rest), true);
         }
         if (def.catches_kwargs) local->vars["kwargs"] = Value::from_dict(std::move(extra_keywords));
@@ -312,12 +344,15 @@ Value Renderer::make_macro(const Stmt& stmt, const ScopePtr& scope) {
 
 Result<ValueList> Renderer::iterate(const Value& value) {
   switch (value.kind) {
-    case Kind::kUndefined: return ValueList{};
+    case Kind::kUndefined:
+      return ValueList{};
     case Kind::kList:
-    case Kind::kTuple: return *value.list;
+    case Kind::kTuple:
+      return *value.list;
     case Kind::kString: {
       ValueList out;
-      for (std::string_view cp : code_points(value.text)) out.push_back(Value::from_string(std::string(cp)));
+      for (std::string_view cp : code_points(value.text))
+        out.push_back(Value::from_string(std::string(cp)));
       return out;
     }
     case Kind::kDict: {
@@ -325,7 +360,8 @@ Result<ValueList> Renderer::iterate(const Value& value) {
       for (const auto& entry : value.dict->entries) out.push_back(Value::from_string(entry.first));
       return out;
     }
-    default: return Status::errorf("'{}' object is not iterable", type_name(value));
+    default:
+      return Status::errorf("'{}' object is not iterable", type_name(value));
   }
 }
 
@@ -343,7 +379,8 @@ Result<Value> Renderer::get_attr(const Value& object, const std::string& name) {
   if (object.kind == Kind::kDict || object.kind == Kind::kNamespace) {
     if (const Value* v = object.dict->find(name)) return *v;
   }
-  return Value::undefined(fmt::format("{} has no attribute '{}'", object_description(object), name));
+  return Value::undefined(
+      fmt::format("{} has no attribute '{}'", object_description(object), name));
 }
 
 Result<Value> Renderer::get_item(const Value& object, const Value& key) {
@@ -357,22 +394,27 @@ Result<Value> Renderer::get_item(const Value& object, const Value& key) {
     case Kind::kList:
     case Kind::kTuple:
     case Kind::kString: {
-      if (object.kind == Kind::kList && object.flavor != ListFlavor::kPlain && object.flavor != ListFlavor::kRange) break;
+      if (object.kind == Kind::kList && object.flavor != ListFlavor::kPlain &&
+          object.flavor != ListFlavor::kRange)
+        break;
       if (!key.is_integral()) break;
       int64_t index = key.as_int();
       if (object.is_string()) {
         auto points = code_points(object.text);
         int64_t n = static_cast<int64_t>(points.size());
         if (index < 0) index += n;
-        if (index >= 0 && index < n) return Value::from_string(std::string(points[static_cast<size_t>(index)]));
+        if (index >= 0 && index < n)
+          return Value::from_string(std::string(points[static_cast<size_t>(index)]));
         return Value::undefined(fmt::format("str object has no element {}", key.as_int()));
       }
       int64_t n = static_cast<int64_t>(object.list->size());
       if (index < 0) index += n;
       if (index >= 0 && index < n) return (*object.list)[static_cast<size_t>(index)];
-      return Value::undefined(fmt::format("{} object has no element {}", type_name(object), key.as_int()));
+      return Value::undefined(
+          fmt::format("{} object has no element {}", type_name(object), key.as_int()));
     }
-    default: break;
+    default:
+      break;
   }
   // jinja2 falls back to the attribute of that name (d['items'] is the method when no such key).
   if (key.is_string()) return get_attr(object, key.text);
@@ -381,10 +423,14 @@ Result<Value> Renderer::get_item(const Value& object, const Value& key) {
 }
 
 Result<Value> Renderer::eval(const Expr& expr, const ScopePtr& scope) {
-  if (++steps_ > limits_.max_steps) return Status::errorf("template exceeded {} evaluation steps", limits_.max_steps);
-  auto at_line = [&](const Status& s) { return s.with_context(fmt::format("line {}: ", expr.line)); };
+  if (++steps_ > limits_.max_steps)
+    return Status::errorf("template exceeded {} evaluation steps", limits_.max_steps);
+  auto at_line = [&](const Status& s) {
+    return s.with_context(fmt::format("line {}: ", expr.line));
+  };
   switch (expr.kind) {
-    case Expr::Kind::kLiteral: return expr.literal;
+    case Expr::Kind::kLiteral:
+      return expr.literal;
     case Expr::Kind::kName: {
       if (Value* v = scope->find(expr.name)) return *v;
       return Value::undefined(fmt::format("'{}' is undefined", expr.name));
@@ -402,7 +448,8 @@ Result<Value> Renderer::eval(const Expr& expr, const ScopePtr& scope) {
       Dict dict;
       for (size_t i = 0; i + 1 < expr.args.size(); i += 2) {
         SY_ASSIGN(Value key, eval(*expr.args[i], scope));
-        if (!key.is_string()) return at_line(Status::error("dict literal keys other than strings are not supported"));
+        if (!key.is_string())
+          return at_line(Status::error("dict literal keys other than strings are not supported"));
         SY_ASSIGN(Value value, eval(*expr.args[i + 1], scope));
         dict.set(key.text, std::move(value));
       }
@@ -433,18 +480,22 @@ Result<Value> Renderer::eval(const Expr& expr, const ScopePtr& scope) {
         }
       }
       bool sliceable = object.is_string() || object.kind == Kind::kTuple ||
-                       (object.kind == Kind::kList && (object.flavor == ListFlavor::kPlain || object.flavor == ListFlavor::kRange));
-      if (!sliceable) return Value::undefined(fmt::format("{} cannot be sliced", object_description(object)));
+                       (object.kind == Kind::kList && (object.flavor == ListFlavor::kPlain ||
+                                                       object.flavor == ListFlavor::kRange));
+      if (!sliceable)
+        return Value::undefined(fmt::format("{} cannot be sliced", object_description(object)));
       int64_t start = 0, stop = 0, step = 1;
       auto has_step = slice_bound(&bounds[2], step);
       auto has_start = slice_bound(&bounds[0], start);
       auto has_stop = slice_bound(&bounds[1], stop);
-      if (!has_step || !has_start || !has_stop) return Value::undefined("slice indices must be integers or None");
+      if (!has_step || !has_start || !has_stop)
+        return Value::undefined("slice indices must be integers or None");
       if (*has_step && step == 0) return at_line(Status::error("slice step cannot be zero"));
       if (!*has_step) step = 1;
       std::vector<std::string_view> points;
       if (object.is_string()) points = code_points(object.text);
-      const int64_t n = object.is_string() ? static_cast<int64_t>(points.size()) : static_cast<int64_t>(object.list->size());
+      const int64_t n = object.is_string() ? static_cast<int64_t>(points.size())
+                                           : static_cast<int64_t>(object.list->size());
       auto adjust = [&](bool given, int64_t& index, int64_t default_value) {
         if (!given) {
           index = default_value;
@@ -462,8 +513,10 @@ Result<Value> Renderer::eval(const Expr& expr, const ScopePtr& scope) {
       std::string text;
       ValueList items;
       for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
-        if (object.is_string()) text += points[static_cast<size_t>(i)];
-        else items.push_back((*object.list)[static_cast<size_t>(i)]);
+        if (object.is_string())
+          text += points[static_cast<size_t>(i)];
+        else
+          items.push_back((*object.list)[static_cast<size_t>(i)]);
       }
       if (object.is_string()) return Value::from_string(std::move(text));
       return Value::from_list(std::move(items), object.kind == Kind::kTuple);
@@ -492,7 +545,8 @@ Result<Value> Renderer::eval(const Expr& expr, const ScopePtr& scope) {
         return v;
       }
       auto passed = apply_test(*this, expr.name, subject, args);
-      if (!passed) return at_line(passed.status().with_context(fmt::format("test '{}': ", expr.name)));
+      if (!passed)
+        return at_line(passed.status().with_context(fmt::format("test '{}': ", expr.name)));
       return Value::from_bool(*passed != expr.negated);
     }
     case Expr::Kind::kNeg:
@@ -500,9 +554,11 @@ Result<Value> Renderer::eval(const Expr& expr, const ScopePtr& scope) {
       SY_ASSIGN(Value operand, eval(*expr.args[0], scope));
       if (operand.is_undefined()) return at_line(undefined_error(operand));
       if (!operand.is_number())
-        return at_line(Status::errorf("bad operand type for unary {}: '{}'", expr.kind == Expr::Kind::kNeg ? '-' : '+',
+        return at_line(Status::errorf("bad operand type for unary {}: '{}'",
+                                      expr.kind == Expr::Kind::kNeg ? '-' : '+',
                                       type_name(operand)));
-      if (expr.kind == Expr::Kind::kPos) return operand.is_integral() ? Value::from_int(operand.as_int()) : operand;
+      if (expr.kind == Expr::Kind::kPos)
+        return operand.is_integral() ? Value::from_int(operand.as_int()) : operand;
       if (operand.kind == Kind::kFloat) return Value::from_float(-operand.number);
       if (operand.as_int() == std::numeric_limits<int64_t>::min()) return at_line(overflow("-"));
       return Value::from_int(-operand.as_int());
@@ -539,8 +595,9 @@ Result<Value> Renderer::eval(const Expr& expr, const ScopePtr& scope) {
       SY_ASSIGN(Value condition, eval(*expr.args[1], scope));
       if (truthy(condition)) return eval(*expr.args[0], scope);
       if (expr.args[2]) return eval(*expr.args[2], scope);
-      return Value::undefined(
-          fmt::format("the inline if-expression on line {} evaluated to false and no else section was defined", expr.line));
+      return Value::undefined(fmt::format(
+          "the inline if-expression on line {} evaluated to false and no else section was defined",
+          expr.line));
     }
   }
   return Status::error("unknown expression");
@@ -552,10 +609,12 @@ Result<bool> Renderer::eval_compare(const std::string& op, const Value& a, const
   if (op == "in" || op == "notin") {
     bool negate = op == "notin";
     switch (b.kind) {
-      case Kind::kUndefined: return negate;
+      case Kind::kUndefined:
+        return negate;
       case Kind::kString:
         if (!a.is_string())
-          return Status::errorf("'in <string>' requires string as left operand, not {}", type_name(a));
+          return Status::errorf("'in <string>' requires string as left operand, not {}",
+                                type_name(a));
         return (b.text.find(a.text) != std::string::npos) != negate;
       case Kind::kList:
       case Kind::kTuple:
@@ -563,16 +622,19 @@ Result<bool> Renderer::eval_compare(const std::string& op, const Value& a, const
           if (equal(item, a)) return !negate;
         return negate;
       case Kind::kDict:
-        if (a.is_sequence() && a.kind == Kind::kList) return Status::error("unhashable type: 'list'");
+        if (a.is_sequence() && a.kind == Kind::kList)
+          return Status::error("unhashable type: 'list'");
         if (a.is_mapping()) return Status::error("unhashable type: 'dict'");
         return (a.is_string() && b.dict->find(a.text) != nullptr) != negate;
-      default: return Status::errorf("argument of type '{}' is not iterable", type_name(b));
+      default:
+        return Status::errorf("argument of type '{}' is not iterable", type_name(b));
     }
   }
   if (a.is_undefined()) return undefined_error(a);
   if (b.is_undefined()) return undefined_error(b);
   auto not_supported = [&]() {
-    return Status::errorf("'{}' not supported between instances of '{}' and '{}'", op, type_name(a), type_name(b));
+    return Status::errorf("'{}' not supported between instances of '{}' and '{}'", op, type_name(a),
+                          type_name(b));
   };
   bool comparable = (a.is_number() && b.is_number()) || (a.is_string() && b.is_string()) ||
                     (a.is_sequence() && a.kind == b.kind);
@@ -602,7 +664,8 @@ Result<Value> Renderer::eval_binary(const std::string& op, const Value& a, const
   if (a.is_undefined()) return undefined_error(a);
   if (b.is_undefined()) return undefined_error(b);
   auto unsupported = [&]() {
-    return Status::errorf("unsupported operand type(s) for {}: '{}' and '{}'", op, type_name(a), type_name(b));
+    return Status::errorf("unsupported operand type(s) for {}: '{}' and '{}'", op, type_name(a),
+                          type_name(b));
   };
   const bool numbers = a.is_number() && b.is_number();
   const bool integers = a.is_integral() && b.is_integral();
@@ -617,16 +680,18 @@ Result<Value> Renderer::eval_binary(const std::string& op, const Value& a, const
       SY_TRY(check_string_size(a.text.size() + b.text.size()));
       return Value::from_string(a.text + b.text);
     }
-    bool plain_lists = a.kind == Kind::kList && b.kind == Kind::kList && a.flavor == ListFlavor::kPlain &&
-                       b.flavor == ListFlavor::kPlain;
+    bool plain_lists = a.kind == Kind::kList && b.kind == Kind::kList &&
+                       a.flavor == ListFlavor::kPlain && b.flavor == ListFlavor::kPlain;
     if (plain_lists || (a.kind == Kind::kTuple && b.kind == Kind::kTuple)) {
       SY_TRY(check_list_size(a.list->size() + b.list->size()));
       ValueList items = *a.list;
       items.insert(items.end(), b.list->begin(), b.list->end());
       return Value::from_list(std::move(items), a.kind == Kind::kTuple);
     }
-    if (a.is_string()) return Status::errorf("can only concatenate str (not \"{}\") to str", type_name(b));
-    if (a.kind == Kind::kList) return Status::errorf("can only concatenate list (not \"{}\") to list", type_name(b));
+    if (a.is_string())
+      return Status::errorf("can only concatenate str (not \"{}\") to str", type_name(b));
+    if (a.kind == Kind::kList)
+      return Status::errorf("can only concatenate list (not \"{}\") to list", type_name(b));
     return unsupported();
   }
   if (op == "-") {
@@ -646,7 +711,8 @@ Result<Value> Renderer::eval_binary(const std::string& op, const Value& a, const
     }
     if (numbers) return Value::from_float(a.as_double() * b.as_double());
     auto repeatable = [](const Value& v) {
-      return v.is_string() || v.kind == Kind::kTuple || (v.kind == Kind::kList && v.flavor == ListFlavor::kPlain);
+      return v.is_string() || v.kind == Kind::kTuple ||
+             (v.kind == Kind::kList && v.flavor == ListFlavor::kPlain);
     };
     if (repeatable(a) && b.is_integral()) return repeat(*this, a, b.as_int());
     if (a.is_integral() && repeatable(b)) return repeat(*this, b, a.as_int());
@@ -690,9 +756,11 @@ Result<Value> Renderer::eval_binary(const std::string& op, const Value& a, const
     }
     double x = a.as_double(), y = b.as_double();
     if (x == 0 && y < 0) return Status::error("0.0 cannot be raised to a negative power");
-    if (x < 0 && y != std::floor(y)) return Status::error("a negative number to a fractional power (complex) is not supported");
+    if (x < 0 && y != std::floor(y))
+      return Status::error("a negative number to a fractional power (complex) is not supported");
     double result = std::pow(x, y);
-    if (std::isinf(result) && std::isfinite(x) && std::isfinite(y)) return Status::error("numerical result out of range");
+    if (std::isinf(result) && std::isfinite(x) && std::isfinite(y))
+      return Status::error("numerical result out of range");
     return Value::from_float(result);
   }
   return Status::errorf("unknown operator '{}'", op);

@@ -56,11 +56,13 @@ enum class Kind : uint8_t {
 struct Value {
   Kind kind = Kind::kUndefined;
   ListFlavor flavor = ListFlavor::kPlain;  // kList only
-  bool markup = false;  // kString produced by |safe: jinja2 Markup, whose arithmetic escapes operands
+  bool markup =
+      false;  // kString produced by |safe: jinja2 Markup, whose arithmetic escapes operands
   bool boolean = false;
   int64_t integer = 0;
   double number = 0;
-  std::string text;  // kString; kUndefined: why it is undefined ("'x' is undefined"); kRange: its repr
+  std::string
+      text;  // kString; kUndefined: why it is undefined ("'x' is undefined"); kRange: its repr
   std::shared_ptr<const ValueList> list;  // kList, kTuple
   std::shared_ptr<Dict> dict;             // kDict (never mutated after creation), kNamespace
   std::shared_ptr<const Callable> function;
@@ -118,7 +120,9 @@ struct Value {
   bool is_sequence() const { return kind == Kind::kList || kind == Kind::kTuple; }
   bool is_mapping() const { return kind == Kind::kDict; }
   // int, float or bool (Python's numbers.Number includes bool).
-  bool is_number() const { return kind == Kind::kInt || kind == Kind::kFloat || kind == Kind::kBool; }
+  bool is_number() const {
+    return kind == Kind::kInt || kind == Kind::kFloat || kind == Kind::kBool;
+  }
   bool is_integral() const { return kind == Kind::kInt || kind == Kind::kBool; }
   int64_t as_int() const { return kind == Kind::kBool ? (boolean ? 1 : 0) : integer; }
   double as_double() const { return kind == Kind::kFloat ? number : static_cast<double>(as_int()); }
@@ -140,7 +144,7 @@ Result<std::string> to_repr(const Value& v);
 std::string float_repr(double d);
 
 struct JsonOptions {
-  int indent = -1;  // <0: no newlines (json.dumps(indent=None))
+  int indent = -1;          // <0: no newlines (json.dumps(indent=None))
   std::string indent_text;  // when indent given as a string
   bool sort_keys = false;
   bool ensure_ascii = false;

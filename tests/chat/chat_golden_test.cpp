@@ -25,7 +25,9 @@ std::string read(const std::string& path) {
   return s.str();
 }
 
-ordered_json read_json(const std::string& path) { return ordered_json::parse(read(path)); }
+ordered_json read_json(const std::string& path) {
+  return ordered_json::parse(read(path));
+}
 
 std::tm parse_now(const std::string& text) {
   std::tm tm{};
@@ -44,8 +46,11 @@ std::tm parse_now(const std::string& text) {
 std::string first_difference(const std::string& want, const std::string& got) {
   size_t i = 0;
   while (i < want.size() && i < got.size() && want[i] == got[i]) ++i;
-  auto around = [&](const std::string& s) { return ordered_json(s.substr(i < 40 ? 0 : i - 40, 100)).dump(); };
-  return "first difference at byte " + std::to_string(i) + "\n want: " + around(want) + "\n  got: " + around(got);
+  auto around = [&](const std::string& s) {
+    return ordered_json(s.substr(i < 40 ? 0 : i - 40, 100)).dump();
+  };
+  return "first difference at byte " + std::to_string(i) + "\n want: " + around(want) +
+         "\n  got: " + around(got);
 }
 
 struct Golden {
@@ -90,15 +95,18 @@ TEST(ChatGolden, RealTemplatesMatchTransformersByteForByte) {
     const ordered_json& c = golden().cases.at(row["case"].get<std::string>());
     RenderOptions options;
     options.now = parse_now(row["now"]);
-    auto rendered =
-        templates.at(name).render_ordered(c["messages"], c["tools"], c["add_generation_prompt"], c["kwargs"], options);
-    // What apply_chat_template does is the reference; it refuses empty conversations before rendering.
-    const bool tokenizer_refused = row.contains("apply_chat_template") && row["apply_chat_template"].is_string() &&
-                                   row["apply_chat_template"].get<std::string>().rfind("error:", 0) == 0;
+    auto rendered = templates.at(name).render_ordered(
+        c["messages"], c["tools"], c["add_generation_prompt"], c["kwargs"], options);
+    // What apply_chat_template does is the reference; it refuses empty conversations before
+    // rendering.
+    const bool tokenizer_refused =
+        row.contains("apply_chat_template") && row["apply_chat_template"].is_string() &&
+        row["apply_chat_template"].get<std::string>().rfind("error:", 0) == 0;
     if (row.contains("error") || tokenizer_refused) {
-      EXPECT_FALSE(rendered) << "transformers raised "
-                             << (row.contains("error") ? row["error"] : row["apply_chat_template"]).get<std::string>()
-                             << " but we rendered " << ordered_json(rendered ? *rendered : "").dump();
+      EXPECT_FALSE(rendered)
+          << "transformers raised "
+          << (row.contains("error") ? row["error"] : row["apply_chat_template"]).get<std::string>()
+          << " but we rendered " << ordered_json(rendered ? *rendered : "").dump();
       ++errors;
       continue;
     }
@@ -109,7 +117,8 @@ TEST(ChatGolden, RealTemplatesMatchTransformersByteForByte) {
   }
   EXPECT_GE(compared, 400);
   EXPECT_GE(errors, 8);
-  std::cout << "compared " << compared << " renders byte-for-byte, " << errors << " expected errors\n";
+  std::cout << "compared " << compared << " renders byte-for-byte, " << errors
+            << " expected errors\n";
 }
 
 TEST(ChatGolden, FeatureTemplatesMatchJinja2) {
@@ -119,12 +128,15 @@ TEST(ChatGolden, FeatureTemplatesMatchJinja2) {
     const std::string name = row["template"];
     if (name.rfind("features/", 0) != 0) continue;
     SCOPED_TRACE(name);
-    auto parsed = ChatTemplate::parse_with_tokens(read(kChatDir + "/" + name), {{"bos_token", "<s>"}, {"eos_token", "</s>"}});
-    Result<std::string> rendered = parsed ? parsed->render_ordered(context["messages"], context["tools"],
-                                                                   context["add_generation_prompt"], context["kwargs"])
-                                          : Result<std::string>(parsed.status());
+    auto parsed = ChatTemplate::parse_with_tokens(read(kChatDir + "/" + name),
+                                                  {{"bos_token", "<s>"}, {"eos_token", "</s>"}});
+    Result<std::string> rendered =
+        parsed ? parsed->render_ordered(context["messages"], context["tools"],
+                                        context["add_generation_prompt"], context["kwargs"])
+               : Result<std::string>(parsed.status());
     if (row.contains("error")) {
-      EXPECT_FALSE(rendered) << "jinja2 raised " << row["error"].get<std::string>() << " but we rendered "
+      EXPECT_FALSE(rendered) << "jinja2 raised " << row["error"].get<std::string>()
+                             << " but we rendered "
                              << ordered_json(rendered ? *rendered : "").dump();
       continue;
     }

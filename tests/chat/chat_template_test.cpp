@@ -36,7 +36,9 @@ fs::path temp_dir(const std::string& name) {
   return dir;
 }
 
-void write(const fs::path& path, const std::string& text) { std::ofstream(path, std::ios::binary) << text; }
+void write(const fs::path& path, const std::string& text) {
+  std::ofstream(path, std::ios::binary) << text;
+}
 
 TEST(ChatTemplateLoad, PicksDefaultFromTemplateListAndReadsAddedTokens) {
   fs::path dir = temp_dir("list");
@@ -58,7 +60,8 @@ TEST(ChatTemplateLoad, ChatTemplateJinjaWinsOverTokenizerConfig) {
   write(dir / "chat_template.jinja", "from jinja {{ eos_token }}\n");
   auto t = ChatTemplate::load(dir.string());
   ASSERT_TRUE(t) << t.message();
-  EXPECT_EQ(*t->render_ordered(kHello, nullptr, false, nullptr), "from jinja </s>");  // trailing newline dropped
+  EXPECT_EQ(*t->render_ordered(kHello, nullptr, false, nullptr),
+            "from jinja </s>");  // trailing newline dropped
 }
 
 TEST(ChatTemplateLoad, ErrorsNameTheProblem) {
@@ -70,11 +73,14 @@ TEST(ChatTemplateLoad, ErrorsNameTheProblem) {
   write(dir / "tokenizer_config.json", R"({"chat_template": [{"name": "rag", "template": "x"}]})");
   auto no_default = ChatTemplate::load(dir.string());
   ASSERT_FALSE(no_default);
-  EXPECT_NE(no_default.message().find("no \"default\" entry (has: rag)"), std::string::npos) << no_default.message();
-  write(dir / "tokenizer_config.json", R"({"chat_template": "{% for m in messages %}{{ m | bogus }}{% endfor %}"})");
+  EXPECT_NE(no_default.message().find("no \"default\" entry (has: rag)"), std::string::npos)
+      << no_default.message();
+  write(dir / "tokenizer_config.json",
+        R"({"chat_template": "{% for m in messages %}{{ m | bogus }}{% endfor %}"})");
   auto bad = ChatTemplate::load(dir.string());
   ASSERT_FALSE(bad);
-  EXPECT_NE(bad.message().find("line 1: unknown filter 'bogus'"), std::string::npos) << bad.message();
+  EXPECT_NE(bad.message().find("line 1: unknown filter 'bogus'"), std::string::npos)
+      << bad.message();
 }
 
 TEST(ChatTemplateLoad, QwenHasNoBosTokenVariable) {
@@ -115,7 +121,8 @@ TEST(ChatTemplateSubset, UnsupportedOperationsFailAtRenderNeverRenderDifferently
       {"{{ ('a' | safe) + 'b' }}", "Markup"},
       {"{{ messages.__class__ }}", "not supported (sandboxed)"},
       {"{% set l = [] %}{{ l.append(1) }}", "unsafe (sandboxed)"},
-      {"{{ raise_exception('custom failure') }}", "the chat template raised an error: custom failure"},
+      {"{{ raise_exception('custom failure') }}",
+       "the chat template raised an error: custom failure"},
       {"{{ messages[0].missing.deeper }}", "'dict object' has no attribute 'missing'"},
   };
   for (const auto& [source, expected] : cases) {
@@ -127,8 +134,11 @@ TEST(ChatTemplateSubset, UnsupportedOperationsFailAtRenderNeverRenderDifferently
 
 TEST(ChatTemplateLimits, HostileTemplatesStopWithAnError) {
   const std::pair<const char*, const char*> cases[] = {
-      {"{% for a in range(100000) %}{% for b in range(100000) %}x{% endfor %}{% endfor %}", "loop iterations"},
-      {"{% set ns = namespace(s='xx') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}", "bytes"},
+      {"{% for a in range(100000) %}{% for b in range(100000) %}x{% endfor %}{% endfor %}",
+       "loop iterations"},
+      {"{% set ns = namespace(s='xx') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}{% "
+       "endfor %}",
+       "bytes"},
       {"{{ 'x' * 1000000000 }}", "string repetition would exceed"},
       {"{{ [1] * 1000000000 }}", "list repetition would exceed"},
       {"{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", "calls nested deeper than 64"},
@@ -143,26 +153,31 @@ TEST(ChatTemplateLimits, HostileTemplatesStopWithAnError) {
   std::string deep = std::string(5000, '(') + "1" + std::string(5000, ')');
   auto parens = ChatTemplate::parse("{{ " + deep + " }}", "", "");
   ASSERT_FALSE(parens);
-  EXPECT_NE(parens.message().find("nested more than 100 levels"), std::string::npos) << parens.message();
+  EXPECT_NE(parens.message().find("nested more than 100 levels"), std::string::npos)
+      << parens.message();
   std::string blocks;
   for (int i = 0; i < 5000; ++i) blocks += "{% if true %}";
   auto nested_ifs = ChatTemplate::parse(blocks, "", "");
   ASSERT_FALSE(nested_ifs);
-  EXPECT_NE(nested_ifs.message().find("nested more than 100 levels"), std::string::npos) << nested_ifs.message();
+  EXPECT_NE(nested_ifs.message().find("nested more than 100 levels"), std::string::npos)
+      << nested_ifs.message();
 }
 
 TEST(ChatTemplateRender, InputsAreValidatedLikeTransformers) {
   auto t = ChatTemplate::parse("{{ messages | length }}", "", "");
   ASSERT_TRUE(t);
-  EXPECT_FALSE(t->render_ordered(ordered_json::array(), nullptr, true, nullptr));  // empty conversation
+  EXPECT_FALSE(
+      t->render_ordered(ordered_json::array(), nullptr, true, nullptr));  // empty conversation
   EXPECT_FALSE(t->render_ordered(ordered_json::object(), nullptr, true, nullptr));
   EXPECT_FALSE(t->render_ordered(kHello, ordered_json::object(), true, nullptr));
   auto reserved = t->render_ordered(kHello, nullptr, true, {{"messages", 1}});
   ASSERT_FALSE(reserved);
   EXPECT_NE(reserved.message().find("may not set 'messages'"), std::string::npos);
-  auto kwargs = render("{{ enable_thinking }}/{{ bos_token }}", kHello, {{"enable_thinking", false}, {"bos_token", "B"}});
+  auto kwargs = render("{{ enable_thinking }}/{{ bos_token }}", kHello,
+                       {{"enable_thinking", false}, {"bos_token", "B"}});
   ASSERT_TRUE(kwargs) << kwargs.message();
-  EXPECT_EQ(*kwargs, "False/B");  // kwargs override special tokens, as {**special_tokens_map, **kwargs}
+  EXPECT_EQ(*kwargs,
+            "False/B");  // kwargs override special tokens, as {**special_tokens_map, **kwargs}
 }
 
 TEST(ChatTemplateRender, OrderedJsonKeepsToolKeyOrderPlainJsonSortsIt) {
@@ -178,7 +193,8 @@ TEST(ChatTemplateRender, OrderedJsonKeepsToolKeyOrderPlainJsonSortsIt) {
 TEST(ChatTemplateRender, ConcurrentRendersAgree) {
   auto t = ChatTemplate::load(kChatDir + "/models/gpt_oss");
   ASSERT_TRUE(t) << t.message();
-  const ordered_json conversations = ordered_json::parse(std::ifstream(kChatDir + "/conversations.json"));
+  const ordered_json conversations =
+      ordered_json::parse(std::ifstream(kChatDir + "/conversations.json"));
   const ordered_json& c = conversations["cases"][14];  // tool_call_roundtrip_dict_args
   RenderOptions options;
   options.now = std::tm{};
@@ -205,7 +221,8 @@ std::string run(const std::string& command, int& status) {
   FILE* pipe = popen(command.c_str(), "r");
   std::array<char, 4096> buffer;
   size_t n;
-  while (pipe && (n = fread(buffer.data(), 1, buffer.size(), pipe)) > 0) out.append(buffer.data(), n);
+  while (pipe && (n = fread(buffer.data(), 1, buffer.size(), pipe)) > 0)
+    out.append(buffer.data(), n);
   status = pipe ? pclose(pipe) : -1;
   return out;
 }
@@ -214,8 +231,10 @@ TEST(RenderChatCommand, PrintsTheGoldenPrompt) {
   const char* bin = std::getenv("SWITCHYARD_BIN");
   ASSERT_NE(bin, nullptr) << "SWITCHYARD_BIN not set (run under ctest)";
   const ordered_json goldens = ordered_json::parse(std::ifstream(kChatDir + "/chat_goldens.json"));
-  const ordered_json conversations = ordered_json::parse(std::ifstream(kChatDir + "/conversations.json"));
-  const ordered_json& c = conversations["cases"][14];  // tool_call_roundtrip_dict_args: tojson key order
+  const ordered_json conversations =
+      ordered_json::parse(std::ifstream(kChatDir + "/conversations.json"));
+  const ordered_json& c =
+      conversations["cases"][14];  // tool_call_roundtrip_dict_args: tojson key order
   std::string want;
   for (const auto& row : goldens["renders"])
     if (row["template"] == "qwen3" && row["case"] == c["name"]) want = row["output"];
@@ -227,11 +246,15 @@ TEST(RenderChatCommand, PrintsTheGoldenPrompt) {
                                {"chat_template_kwargs", c["kwargs"]}})
                      .dump());
   int status = 0;
-  std::string out = run(std::string(bin) + " render-chat --model " + kChatDir + "/models/qwen3 < " + request.string(), status);
+  std::string out = run(
+      std::string(bin) + " render-chat --model " + kChatDir + "/models/qwen3 < " + request.string(),
+      status);
   EXPECT_EQ(status, 0);
   EXPECT_EQ(out, want);
   write(request, R"({"messages": [], "oops": 1})");
-  out = run(std::string(bin) + " render-chat --model " + kChatDir + "/models/qwen3 < " + request.string() + " 2>&1", status);
+  out = run(std::string(bin) + " render-chat --model " + kChatDir + "/models/qwen3 < " +
+                request.string() + " 2>&1",
+            status);
   EXPECT_NE(status, 0);
   EXPECT_NE(out.find("unknown field 'oops'"), std::string::npos) << out;
 }

@@ -6,8 +6,8 @@
 
 #include <algorithm>
 #include <array>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -65,16 +65,29 @@ std::tm fixed_now() {
 }
 
 // Conversations nobody wrote by hand: roles, tool calls and tricky contents drawn from a seed.
-std::vector<ordered_json> generated_conversations(int count, uint32_t seed, const ordered_json& tools) {
-  static const char* kContents[] = {
-      "Hello", "  spaced out  ", "line one\nline two", "", "Grüße 你好 🌍 — done",
-      "quote \" apostrophe ' backslash \\ end", "<think>\nhidden steps\n</think>\n\nvisible answer", "tab\there",
-      "{{ not_a_var }} {% if %} {# c #}", "trailing newline\n", "\n\nleading newlines", "42",
-      "<tool_response>\nok\n</tool_response>", "multi\n\n\nblank lines", "ends with think </think> tail",
-      "emoji 👩‍💻 and combining é"};
+std::vector<ordered_json> generated_conversations(int count, uint32_t seed,
+                                                  const ordered_json& tools) {
+  static const char* kContents[] = {"Hello",
+                                    "  spaced out  ",
+                                    "line one\nline two",
+                                    "",
+                                    "Grüße 你好 🌍 — done",
+                                    "quote \" apostrophe ' backslash \\ end",
+                                    "<think>\nhidden steps\n</think>\n\nvisible answer",
+                                    "tab\there",
+                                    "{{ not_a_var }} {% if %} {# c #}",
+                                    "trailing newline\n",
+                                    "\n\nleading newlines",
+                                    "42",
+                                    "<tool_response>\nok\n</tool_response>",
+                                    "multi\n\n\nblank lines",
+                                    "ends with think </think> tail",
+                                    "emoji 👩‍💻 and combining é"};
   std::mt19937 rng(seed);
   auto pick = [&](int n) { return static_cast<int>(rng() % static_cast<uint32_t>(n)); };
-  auto content = [&]() { return std::string(kContents[pick(static_cast<int>(std::size(kContents)))]); };
+  auto content = [&]() {
+    return std::string(kContents[pick(static_cast<int>(std::size(kContents)))]);
+  };
   std::vector<ordered_json> out;
   for (int i = 0; i < count; ++i) {
     ordered_json messages = ordered_json::array();
@@ -85,11 +98,17 @@ std::vector<ordered_json> generated_conversations(int count, uint32_t seed, cons
       messages.push_back({{"role", "user"}, {"content", content()}});
       bool last = t == turns - 1;
       if (use_tools && pick(2)) {
-        ordered_json call = {{"id", "call_" + std::to_string(t)},
-                             {"type", "function"},
-                             {"function", {{"name", "get_weather"}, {"arguments", {{"city", content()}, {"days", pick(5)}}}}}};
-        messages.push_back({{"role", "assistant"}, {"content", pick(2) ? content() : std::string()}, {"tool_calls", {call}}});
-        messages.push_back({{"role", "tool"}, {"tool_call_id", "call_" + std::to_string(t)}, {"content", content()}});
+        ordered_json call = {
+            {"id", "call_" + std::to_string(t)},
+            {"type", "function"},
+            {"function",
+             {{"name", "get_weather"}, {"arguments", {{"city", content()}, {"days", pick(5)}}}}}};
+        messages.push_back({{"role", "assistant"},
+                            {"content", pick(2) ? content() : std::string()},
+                            {"tool_calls", {call}}});
+        messages.push_back({{"role", "tool"},
+                            {"tool_call_id", "call_" + std::to_string(t)},
+                            {"content", content()}});
       }
       if (!last || pick(2)) messages.push_back({{"role", "assistant"}, {"content", content()}});
     }
@@ -119,12 +138,16 @@ bool space_touches_think_tag(const ordered_json& conversation) {
   return false;
 }
 
-bool port_diverges(const std::string& model, const ordered_json& conversation, const std::string& js_error) {
+bool port_diverges(const std::string& model, const ordered_json& conversation,
+                   const std::string& js_error) {
   if (model == "qwen3" && js_error.empty() && space_touches_think_tag(conversation)) return true;
   // `none | trim` is "None" in Python (do_trim calls str()); the port raises.
-  if (js_error.find("Cannot apply filter \"trim\" to type: NullValue") != std::string::npos) return true;
+  if (js_error.find("Cannot apply filter \"trim\" to type: NullValue") != std::string::npos)
+    return true;
   // A for loop over an undefined value runs zero times in Python; the port raises.
-  if (js_error.find("Expected iterable or object type in for loop: got UndefinedValue") != std::string::npos) return true;
+  if (js_error.find("Expected iterable or object type in for loop: got UndefinedValue") !=
+      std::string::npos)
+    return true;
   return false;
 }
 
@@ -140,15 +163,18 @@ TEST(ChatJinjaJs, RealTemplatesAgreeWithHuggingFaceJinja) {
   std::vector<ordered_json> cases(conversations["cases"].begin(), conversations["cases"].end());
   const ordered_json& tools_pool = cases[12]["tools"];  // "tools_defined": three tool schemas
   const std::vector<ordered_json> generated = generated_conversations(60, 20240726u, tools_pool);
-  // The same seed gives the set transformers rendered into the goldens; a change here needs new goldens
-  // (SY_CHAT_WRITE_GENERATED=1 rewrites the file, then run tools/gpu/chat_goldens.py).
+  // The same seed gives the set transformers rendered into the goldens; a change here needs new
+  // goldens (SY_CHAT_WRITE_GENERATED=1 rewrites the file, then run tools/gpu/chat_goldens.py).
   if (std::getenv("SY_CHAT_WRITE_GENERATED"))
     std::ofstream(kChatDir + "/generated_conversations.json")
-        << ordered_json({{"note", "generated_conversations(60, 20240726) in jinja_js_test.cpp"}, {"cases", generated}})
+        << ordered_json({{"note", "generated_conversations(60, 20240726) in jinja_js_test.cpp"},
+                         {"cases", generated}})
                .dump(1, ' ', false);
-  EXPECT_EQ(ordered_json(generated), ordered_json::parse(read(kChatDir + "/generated_conversations.json"))["cases"]);
+  EXPECT_EQ(ordered_json(generated),
+            ordered_json::parse(read(kChatDir + "/generated_conversations.json"))["cases"]);
   for (const auto& c : generated) cases.push_back(c);
-  cases.erase(std::remove_if(cases.begin(), cases.end(), [](const ordered_json& c) { return c["messages"].empty(); }),
+  cases.erase(std::remove_if(cases.begin(), cases.end(),
+                             [](const ordered_json& c) { return c["messages"].empty(); }),
               cases.end());  // transformers refuses empty conversations before rendering
   const size_t cases_per_model = cases.size();
 
@@ -165,7 +191,8 @@ TEST(ChatJinjaJs, RealTemplatesAgreeWithHuggingFaceJinja) {
       RenderOptions options;
       options.now = fixed_now();
       jobs.push_back(Job{model, c["name"],
-                         tmpl->render_ordered(c["messages"], c["tools"], c["add_generation_prompt"], c["kwargs"], options)});
+                         tmpl->render_ordered(c["messages"], c["tools"], c["add_generation_prompt"],
+                                              c["kwargs"], options)});
       ordered_json context = c["kwargs"];
       for (const auto& [name, text] : tmpl->special_tokens()) context[name] = text;
       context["messages"] = c["messages"];
@@ -177,7 +204,9 @@ TEST(ChatJinjaJs, RealTemplatesAgreeWithHuggingFaceJinja) {
   }
   const std::string jobs_path = std::string(SY_BINARY_DIR) + "/chat_js_jobs.json";
   std::ofstream(jobs_path) << js_jobs.dump();
-  const std::string out = run_command("'" + node + "' '" + kChatDir + "/jinja_oracle.mjs' '" + kRoot + "' '" + jobs_path + "'", status);
+  const std::string out = run_command(
+      "'" + node + "' '" + kChatDir + "/jinja_oracle.mjs' '" + kRoot + "' '" + jobs_path + "'",
+      status);
   ASSERT_EQ(status, 0) << "node oracle failed (run scripts/setup.sh?): " << out.substr(0, 500);
   const ordered_json results = ordered_json::parse(out);
   ASSERT_EQ(results.size(), jobs.size());
@@ -214,13 +243,15 @@ TEST(ChatJinjaJs, RealTemplatesAgreeWithHuggingFaceJinja) {
       detail = "differ at byte " + std::to_string(at) + "\n   ours " + show(a.substr(from, 120)) +
                "\n   js   " + show(b.substr(from, 120));
     } else {
-      detail = "\n   ours " + (job.ours.is_ok() ? show(job.ours->substr(0, 200)) : "error " + job.ours.message()) +
-               "\n   js   " + (js_ok ? show(js["output"].get<std::string>().substr(0, 200)) : "error " + why);
+      detail = "\n   ours " +
+               (job.ours.is_ok() ? show(job.ours->substr(0, 200)) : "error " + job.ours.message()) +
+               "\n   js   " +
+               (js_ok ? show(js["output"].get<std::string>().substr(0, 200)) : "error " + why);
     }
     unexplained.push_back(job.model + " / " + job.case_name + ": " + detail);
   }
-  std::cout << "agree " << agree << ", known divergences " << known << ", unexplained " << unexplained.size() << " of "
-            << jobs.size() << "\n";
+  std::cout << "agree " << agree << ", known divergences " << known << ", unexplained "
+            << unexplained.size() << " of " << jobs.size() << "\n";
   for (const auto& u : unexplained) ADD_FAILURE() << u;
   EXPECT_GE(agree, 400);
 }
