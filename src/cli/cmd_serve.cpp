@@ -45,15 +45,15 @@ class ModelCodec : public server::TextCodec {
   std::unique_ptr<server::TokenStream> stream(bool skip_special) const override {
     return std::make_unique<Stream>(tokenizer_, skip_special);
   }
-  Result<std::string> render_chat(const nlohmann::json& messages, const nlohmann::json& tools,
-                                  bool add_generation_prompt,
-                                  const nlohmann::json& extra_kwargs) const override {
+  Result<std::string> render_chat(const nlohmann::ordered_json& messages,
+                                  const nlohmann::ordered_json& tools, bool add_generation_prompt,
+                                  const nlohmann::ordered_json& extra_kwargs) const override {
     if (!chat_template_) {
       return Status::error(
           ErrorCode::kInvalidArgument,
           "this model has no chat template (" + chat_template_error_ + "); use /v1/completions");
     }
-    return chat_template_->render(messages, tools, add_generation_prompt, extra_kwargs);
+    return chat_template_->render_ordered(messages, tools, add_generation_prompt, extra_kwargs);
   }
 
  private:

@@ -30,18 +30,20 @@ std::string default_tokenizer_dir() {
 }
 
 Result<std::string> render_chat_prompt(const std::string& model_dir, const std::string& messages_json) {
-  auto parsed = nlohmann::json::parse(messages_json, nullptr, false);
+  // Ordered: keys keep the user's order, as Python's dicts do (tojson in templates shows it).
+  using ordered = nlohmann::ordered_json;
+  auto parsed = ordered::parse(messages_json, nullptr, false);
   if (parsed.is_discarded()) return Status::error("not valid JSON");
-  nlohmann::json messages = parsed, tools = nullptr, kwargs = nlohmann::json::object();
+  ordered messages = parsed, tools = nullptr, kwargs = ordered::object();
   if (parsed.is_object()) {
-    messages = parsed.value("messages", nlohmann::json());
-    tools = parsed.value("tools", nlohmann::json());
-    kwargs = parsed.value("chat_template_kwargs", nlohmann::json::object());
+    messages = parsed.value("messages", ordered());
+    tools = parsed.value("tools", ordered());
+    kwargs = parsed.value("chat_template_kwargs", ordered::object());
   }
   if (!messages.is_array()) return Status::error("expected a JSON array of messages");
   auto chat_template = chat::ChatTemplate::load(model_dir);
   if (!chat_template) return chat_template.status();
-  return chat_template->render(messages, tools, true, kwargs);
+  return chat_template->render_ordered(messages, tools, true, kwargs);
 }
 
 }  // namespace sy::cli

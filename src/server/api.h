@@ -16,7 +16,8 @@
 
 namespace sy::server {
 
-using json = nlohmann::json;
+// Ordered: the client's key order survives into chat templates (tojson of tools, as Python keeps it).
+using json = nlohmann::ordered_json;
 
 // An error as the client sees it: OpenAI's {"error": {"message", "type", "param", "code"}}.
 struct ApiError {

@@ -52,9 +52,9 @@ class TextCodec {
   // The token's own string (as in vocab), for logprobs' `token` fields.
   virtual std::string token_text(int32_t id) const = 0;
   virtual std::unique_ptr<TokenStream> stream(bool skip_special_tokens) const = 0;
-  virtual Result<std::string> render_chat(const nlohmann::json& messages,
-                                          const nlohmann::json& tools, bool add_generation_prompt,
-                                          const nlohmann::json& extra_kwargs) const = 0;
+  virtual Result<std::string> render_chat(const nlohmann::ordered_json& messages,
+                                          const nlohmann::ordered_json& tools, bool add_generation_prompt,
+                                          const nlohmann::ordered_json& extra_kwargs) const = 0;
 };
 
 class Server {

@@ -75,9 +75,9 @@ class FakeCodec : public server::TextCodec {
   std::unique_ptr<server::TokenStream> stream(bool skip_special) const override {
     return std::make_unique<Stream>(*this, skip_special);
   }
-  Result<std::string> render_chat(const nlohmann::json& messages, const nlohmann::json&,
-                                  bool add_generation_prompt,
-                                  const nlohmann::json&) const override {
+  Result<std::string> render_chat(const nlohmann::ordered_json& messages,
+                                  const nlohmann::ordered_json&, bool add_generation_prompt,
+                                  const nlohmann::ordered_json&) const override {
     std::string out;
     for (const auto& m : messages) {
       std::string role = m.value("role", "");

@@ -551,6 +551,30 @@ TEST_F(ServeE2E, ChatEqualsGenerate) {
   std::filesystem::remove(routes_path);
 }
 
+// Tools reach the template in the client's key order (Qwen3 renders them with tojson, and
+// transformers keeps Python's dict order): "type" before "function", as sent.
+TEST_F(ServeE2E, ChatToolsKeepTheClientsKeyOrder) {
+  const std::string request_text =
+      R"({"model": "tiny", "max_tokens": 1, "temperature": 0, "return_token_ids": true,)"
+      R"( "messages": [{"role": "user", "content": "Weather?"}],)"
+      R"( "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]})";
+  // Sent as written (a json object here would be re-serialised with sorted keys).
+  HttpResponse r = http_call(port(), "POST", "/v1/chat/completions", request_text);
+  ASSERT_EQ(r.status, 200) << r.body;
+  json body = r.json();
+  HttpResponse text = post_json(port(), "/detokenize", {{"model", "tiny"}, {"tokens", body["prompt_token_ids"]}});
+  ASSERT_EQ(text.status, 200) << text.body;
+  const std::string prompt = text.json()["prompt"].get<std::string>();
+  EXPECT_NE(prompt.find(R"({"type": "function", "function": {"name": "get_weather")"), std::string::npos) << prompt;
+  // generate --chat with the same JSON text renders the same prompt.
+  CommandResult g = run_command(shell_quote(switchyard_binary()) + " generate --model " + shell_quote(model_) +
+                                " --chat " + shell_quote(request_text) +
+                                " --max-tokens 1 --temperature 0 --json 2>/dev/null");
+  ASSERT_EQ(g.exit_code, 0) << g.output;
+  json generated = json::parse(g.output.substr(g.output.find('{')), nullptr, false);
+  EXPECT_EQ(body["prompt_token_ids"], generated["prompt_token_ids"]);
+}
+
 // Cached prefix blocks evicted by later requests (a 256-token KV cache): a repeat still gets the
 // tokens and routes it got the first time, whatever part of its prefix survived.
 TEST_F(ServeE2E, PartialEvictionKeepsRoutesExact) {
