@@ -42,9 +42,13 @@ Decoder::~Decoder() {
 
 void Decoder::allocate_kv_cache(const ModelConfig& config, int64_t num_blocks) {
   const int64_t slots = num_blocks * block_size_;
+  // Zero-filled now, so the whole cache is resident from the start (as a GPU engine's would be):
+  // memory use does not creep up later as the prefix cache reaches blocks never touched before.
   for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer) {
-    k_cache_.push_back(backend_.alloc(DType::kF32, {slots, config.num_key_value_heads, config.head_dim}));
-    v_cache_.push_back(backend_.alloc(DType::kF32, {slots, config.num_key_value_heads, config.head_dim}));
+    for (auto* cache : {&k_cache_, &v_cache_}) {
+      cache->push_back(backend_.alloc(DType::kF32, {slots, config.num_key_value_heads, config.head_dim}));
+      backend_.fill_i32(cache->back(), 0);  // f32 zero has the same bits as i32 zero
+    }
   }
 }
 

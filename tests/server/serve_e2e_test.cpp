@@ -445,11 +445,11 @@ bool routes_complete(const json& choice, int64_t rows, const json& card) {
   return true;
 }
 
-// Bounded load (loopback, fixed clients and time; SY_LOAD_SECONDS per round, default 5, and
+// Bounded load (loopback, fixed clients and time; SY_LOAD_SECONDS per round, default 30, and
 // SY_LOAD_ROUNDS, default 2, after a warm-up round): 64 clients with
 // mixed lengths, streaming and not. Zero failures, every route complete, RSS back to baseline.
 TEST_F(ServeE2E, LoadSixtyFourClients) {
-  int seconds = std::getenv("SY_LOAD_SECONDS") ? std::atoi(std::getenv("SY_LOAD_SECONDS")) : 5;
+  int seconds = std::getenv("SY_LOAD_SECONDS") ? std::atoi(std::getenv("SY_LOAD_SECONDS")) : 30;
   auto run_clients = [&](int clients_count, std::chrono::steady_clock::time_point deadline,
                          std::atomic<int>& ok, std::atomic<int>& failed, std::string& first_failure,
                          std::mutex& mutex) {
