@@ -9,7 +9,8 @@
 # Usage: bench/routes_ab.sh [BUILD_DIR] [OUT.json]
 #   Env: PAIRS (5), NUM_PROMPTS (16), INPUT_LEN (64), OUTPUT_LEN (32), CONCURRENCY (8), THREADS
 #   (server compute threads, default: all cores), MODEL_DIR (default BUILD_DIR/ab-model: made with
-#   make-model --preset qwen3-30b-a3b --layers 4 when missing), PORT (18400). Loopback only.
+#   make-model --preset qwen3-30b-a3b --layers 4 when missing), KV_TOKENS (KV cache size, 16384),
+#   PORT (18400). Loopback only.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$root/build}
@@ -22,6 +23,7 @@ output_len=${OUTPUT_LEN:-32}
 concurrency=${CONCURRENCY:-8}
 threads=${THREADS:-$(nproc)}
 model=${MODEL_DIR:-$build/ab-model}
+kv_tokens=${KV_TOKENS:-16384}
 port=${PORT:-18400}
 work=$(mktemp -d)
 server_pid=
@@ -58,7 +60,7 @@ run_one() {  # label on|off, index
     bench_flags=(--no-routed-experts)
   fi
   "$bin" serve --model "$model" --host 127.0.0.1 --port "$port" --threads "$threads" \
-    "${serve_flags[@]}" >"$work/server.log" 2>&1 &
+    --kv-cache-tokens "$kv_tokens" "${serve_flags[@]}" >"$work/server.log" 2>&1 &
   server_pid=$!
   wait_healthy
   "$bin" bench --base-url "http://127.0.0.1:$port" --tokenizer "$model" --endpoint completions \
