@@ -1,12 +1,13 @@
-// Cost of routed-expert capture inside the engine, without the HTTP server's noise: two engines in
-// one process over the same mmap'd weights, one with capture_routes on (every request asks for its
-// routes) and one with it off, run the same batch workload in turn, interleaved A B B A for PAIRS
-// pairs (the ABBA order cancels a linear drift). Each run is CONCURRENCY requests of PROMPT random
+// Cost of routed-expert capture inside the engine, without the HTTP server's noise: in one process,
+// over the same mmap'd weights, an engine with capture_routes on (every request asks for its
+// routes) and one with it off run the same batch workload in turn, interleaved A B B A for PAIRS
+// pairs (the ABBA order cancels a linear drift); every leg creates a fresh engine. `--control 1`
+// makes both sides capture-off: the ratio then shows the method's own bias. Each run is CONCURRENCY requests of PROMPT random
 // prompt tokens and DECODE generated tokens (ignore_eos, greedy) submitted at once; its figure is
 // output tokens / wall time. Also times the server's wire encoding of one request's routes
 // (select_routes + base64 .npy) against that request's generation time.
 //   routes_cost_bench MODEL_DIR [--moe-kernel auto|cpu-modular|cpu-fused] [--pairs 8]
-//                     [--concurrency 8] [--prompt 64] [--decode 48] [--out FILE.json]
+//                     [--concurrency 8] [--prompt 64] [--decode 48] [--control 0|1] [--out FILE.json]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -116,6 +117,7 @@ int main(int argc, char** argv) {
   }
   std::string model_dir = argv[1], out_path, kernel = "auto";
   int pairs = 8;
+  bool control = false;  // --control 1: both sides capture off (measures the method's own bias)
   Workload w{8, 64, 48, 0};
   for (int i = 2; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--moe-kernel")) kernel = argv[i + 1];
@@ -124,6 +126,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--prompt")) w.prompt = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--decode")) w.decode = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--out")) out_path = argv[i + 1];
+    else if (!std::strcmp(argv[i], "--control")) control = !std::strcmp(argv[i + 1], "1");
     else {
       std::fprintf(stderr, "unknown flag %s\n", argv[i]);
       return 2;
@@ -148,13 +151,25 @@ int main(int argc, char** argv) {
     }
     return std::move(*engine);
   };
-  auto on = make(true), off = make(false);
-  const sy::engine::ModelInfo info = on->model_info();
+  sy::engine::ModelInfo info;
+  {
+    auto probe = make(false);
+    info = probe->model_info();
+    probe->shutdown(1000);
+  }
   w.vocab = info.vocab_size;
-
-  // Warm-up both (page cache, allocator), then ABBA pairs.
-  run_batch(*on, w, true, 1);
-  run_batch(*off, w, false, 2);
+  // Each leg gets a fresh engine (weights stay in the page cache), warmed by one short request,
+  // so neither side keeps a placement of its buffers that the other never gets.
+  auto timed_leg = [&](bool capture_side, uint32_t seed) {
+    auto engine = make(control ? false : capture_side);
+    Workload warm = w;
+    warm.concurrency = 1;
+    warm.decode = 4;
+    run_batch(*engine, warm, capture_side && !control, seed + 5000);
+    RunResult r = run_batch(*engine, w, capture_side && !control, seed);
+    engine->shutdown(1000);
+    return r;
+  };
   std::vector<double> on_tps, off_tps;
   int64_t rows_checked = 0, bad_ids = 0;
   std::vector<sy::moe::RouteArray> sample_routes;
@@ -164,12 +179,12 @@ int main(int argc, char** argv) {
   for (int pair = 0; pair < pairs; ++pair) {
     for (int leg = 0; leg < 2; ++leg) {
       const bool capture_side = (pair % 2 == 0) == (leg == 0);  // A B, then B A
-      RunResult r = run_batch(capture_side ? *on : *off, w, capture_side, seed++);
+      RunResult r = timed_leg(capture_side, seed++);
       const double tps = r.output_tokens / r.seconds;
       std::fprintf(stderr, "pair %d %s: %.2f output tok/s (%.2f s)\n", pair + 1, capture_side ? "on " : "off", tps,
                    r.seconds);
       (capture_side ? on_tps : off_tps).push_back(tps);
-      if (!capture_side) continue;
+      if (!capture_side || control) continue;
       // Every delivered route: (prompt + decode - 1) rows, ids in range on MoE layers.
       for (const auto& routes : r.routes) {
         if (routes.rows != w.prompt + w.decode - 1 || routes.layers != info.num_hidden_layers ||
@@ -197,8 +212,6 @@ int main(int argc, char** argv) {
       encode_request_seconds += r.seconds * static_cast<double>(r.routes.size());
     }
   }
-  on->shutdown(1000);
-  off->shutdown(1000);
 
   std::vector<double> ratios, same;
   for (int i = 0; i < pairs; ++i) ratios.push_back(on_tps[i] / off_tps[i]);
@@ -221,6 +234,7 @@ int main(int argc, char** argv) {
                       std::to_string(std::thread::hardware_concurrency()) + " cores"},
       {"model", model_dir},
       {"moe_kernel", kernel},
+      {"control_both_sides_off", control},
       {"concurrency", w.concurrency},
       {"prompt_tokens", w.prompt},
       {"decode_tokens", w.decode},

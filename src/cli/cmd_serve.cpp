@@ -157,6 +157,11 @@ void add_serve_command(CLI::App& app, int& exit_code) {
       ->add_option("--max-num-batched-tokens", e.max_num_batched_tokens,
                    "tokens per step; longer prompts are chunked")
       ->capture_default_str();
+  command
+      ->add_option("--max-prompt-logprob-rows", e.max_prompt_logprob_rows,
+                   "prompt positions scored for prompt_logprobs per step (each holds a vocab-wide logits row)")
+      ->check(CLI::Range(1, 65536))
+      ->capture_default_str();
   command->add_option("--max-model-len", e.max_model_len, "context length (0 = config.json)")
       ->capture_default_str();
   command

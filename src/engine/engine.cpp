@@ -367,17 +367,42 @@ class EngineImpl final : public Engine {
     int64_t begin, count;
   };
 
+  // Prompt positions 0 .. prompt_len-2 are scored (each predicts the next prompt token), once.
+  static bool scores_prompt(const Sequence& seq) {
+    return seq.request.sampling.prompt_logprobs >= 0 && seq.prompt_scored + 1 < seq.prompt_len;
+  }
+  static bool scores_position(const Sequence& seq, int64_t p) {
+    return seq.request.sampling.prompt_logprobs >= 0 && p >= seq.prompt_scored && p + 1 < seq.prompt_len;
+  }
+  static int64_t prompt_rows_to_score(const Sequence& seq, int64_t begin, int64_t count) {
+    if (seq.request.sampling.prompt_logprobs < 0) return 0;
+    return std::max<int64_t>(0, std::min(begin + count, seq.prompt_len - 1) - std::max(begin, seq.prompt_scored));
+  }
+
   std::vector<Scheduled> schedule() {
     std::vector<Scheduled> batch;
     int64_t budget = config_.max_num_batched_tokens;
+    // Logits rows for prompt_logprobs: a sequence that scores its prompt gets at most what is left
+    // of this step's rows (at least one token, so it always advances).
+    int64_t score_rows = std::max(config_.max_prompt_logprob_rows, 1);
+    auto tokens_to_run = [&](const Sequence& seq) {
+      const int64_t count = std::min<int64_t>(static_cast<int64_t>(seq.tokens.size()) - seq.num_computed, budget);
+      if (!scores_prompt(seq)) return count;
+      const int64_t unscored_from = std::max(seq.num_computed, seq.prompt_scored);
+      return std::min(count, unscored_from - seq.num_computed + std::max<int64_t>(score_rows, 1));
+    };
+    auto take = [&](Sequence& seq, int64_t count) {
+      batch.push_back({&seq, seq.num_computed, count});
+      budget -= count;
+      score_rows -= prompt_rows_to_score(seq, seq.num_computed, count);
+    };
     // Running sequences first (decodes and unfinished prefills), oldest first; when blocks run
     // out, preempt from the back.
     for (size_t i = 0; i < running_.size() && budget > 0;) {
       Sequence& seq = *running_[i];
-      const int64_t count = std::min<int64_t>(static_cast<int64_t>(seq.tokens.size()) - seq.num_computed, budget);
+      const int64_t count = tokens_to_run(seq);
       if (reserve(seq, seq.num_computed + count)) {
-        batch.push_back({&seq, seq.num_computed, count});
-        budget -= count;
+        take(seq, count);
         ++i;
         continue;
       }
@@ -387,6 +412,7 @@ class EngineImpl final : public Engine {
       for (auto it = batch.begin(); it != batch.end(); ++it)
         if (it->seq == victim.get()) {
           budget += it->count;
+          score_rows += prompt_rows_to_score(*victim, it->begin, it->count);
           batch.erase(it);
           break;
         }
@@ -399,7 +425,7 @@ class EngineImpl final : public Engine {
            static_cast<int>(running_.size()) < config_.max_num_seqs) {
       Sequence& seq = *waiting_.front();
       if (!seq.prefix_lookup_done) lookup_prefix(seq);
-      const int64_t count = std::min<int64_t>(static_cast<int64_t>(seq.tokens.size()) - seq.num_computed, budget);
+      const int64_t count = tokens_to_run(seq);
       if (!reserve(seq, seq.num_computed + count)) {
         if (running_.empty() && batch.empty()) {
           // Not even one sequence fits: the request can never run in this cache.
@@ -411,8 +437,7 @@ class EngineImpl final : public Engine {
         }
         break;
       }
-      batch.push_back({&seq, seq.num_computed, count});
-      budget -= count;
+      take(seq, count);
       running_.push_back(std::move(waiting_.front()));
       waiting_.pop_front();
     }
@@ -436,13 +461,13 @@ class EngineImpl final : public Engine {
       size_t item;
       int64_t position;
       bool sample;
+      bool score;  // prompt_logprobs entry for this position
     };
     std::vector<LogitsUse> logits_uses;
     for (size_t i = 0; i < batch.size(); ++i) {
       const Scheduled& s = batch[i];
       Sequence& seq = *s.seq;
       std::copy(seq.blocks.begin(), seq.blocks.end(), in.block_tables.begin() + i * in.max_blocks_per_seq);
-      const bool wants_prompt_logprobs = seq.request.sampling.prompt_logprobs >= 0;
       for (int64_t p = s.begin; p < s.begin + s.count; ++p) {
         const int32_t t = static_cast<int32_t>(in.token_ids.size());
         in.token_ids.push_back(seq.tokens[p]);
@@ -453,9 +478,10 @@ class EngineImpl final : public Engine {
         in.forced.push_back(forced ? 1 : 0);
         any_forced |= forced;
         const bool last = p + 1 == static_cast<int64_t>(seq.tokens.size());
-        if (last || (wants_prompt_logprobs && p + 1 < seq.prompt_len)) {
+        const bool score = scores_position(seq, p);
+        if (last || score) {
           in.logits_rows.push_back(t);
-          logits_uses.push_back({i, p, last});
+          logits_uses.push_back({i, p, last, score});
         }
       }
     }
@@ -520,7 +546,7 @@ class EngineImpl final : public Engine {
         sample_logit_rows.push_back(r);
         rows.push_back(sampling_row(seq));
       }
-      if (seq.request.sampling.prompt_logprobs >= 0 && use.position + 1 < seq.prompt_len) {
+      if (use.score) {
         score_targets.push_back(seq.tokens[use.position + 1]);
         score_uses.push_back(r);
         max_prompt_top = std::max(max_prompt_top, seq.request.sampling.prompt_logprobs);
@@ -536,6 +562,7 @@ class EngineImpl final : public Engine {
         for (int k = 0; k < seq.request.sampling.prompt_logprobs && k < static_cast<int>(scored[j].top.size()); ++k)
           entry.top.push_back({scored[j].top[k].first, scored[j].top[k].second});
         seq.prompt_logprobs.push_back(std::move(entry));
+        seq.prompt_scored = logits_uses[score_uses[j]].position + 1;
       }
     }
     std::vector<backend::SampledToken> sampled;

@@ -109,6 +109,9 @@ struct EngineConfig {
   bool capture_routes = false;        // serve --enable-return-routed-experts / generate --routes-out
   int max_num_seqs = 256;             // sequences per step
   int max_num_batched_tokens = 2048;  // tokens per step; longer prompts are chunked
+  // Prompt positions scored for prompt_logprobs per step: each is a [vocab] f32 logits row
+  // (151936 x 4 B = 0.6 MB for Qwen3), so such prompts are chunked to this many tokens a step.
+  int max_prompt_logprob_rows = 256;
   int64_t kv_cache_tokens = 0;        // 0 = size from memory
   int block_size_tokens = 16;
   int64_t max_model_len = 0;          // 0 = from config.json

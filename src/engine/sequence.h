@@ -31,6 +31,9 @@ struct Sequence {
   std::vector<int32_t> new_tokens;
   std::vector<TokenLogprob> new_logprobs;
   std::vector<TokenLogprob> prompt_logprobs;
+  // Prompt positions [0, prompt_scored) have their prompt_logprobs entry; a preempted sequence
+  // recomputes them without scoring them again.
+  int64_t prompt_scored = 0;
   int64_t cached_prompt_tokens = 0;
   bool first_event_sent = false;
   bool prefix_lookup_done = false;

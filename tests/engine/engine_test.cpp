@@ -19,6 +19,7 @@ const std::string kModel = std::string(SY_SOURCE_DIR) + "/tests/golden/hf_qwen3_
 
 struct Outcome {
   std::vector<int32_t> tokens;
+  std::vector<engine::TokenLogprob> prompt_logprobs;  // from every event (only the first has any)
   engine::Event final_event;
 };
 
@@ -39,6 +40,8 @@ struct Runner {
     auto outcome = std::make_shared<Outcome>();
     auto id = engine->submit(std::move(request), [promise, outcome](const engine::Event& event) {
       outcome->tokens.insert(outcome->tokens.end(), event.new_token_ids.begin(), event.new_token_ids.end());
+      outcome->prompt_logprobs.insert(outcome->prompt_logprobs.end(), event.prompt_logprobs.begin(),
+                                      event.prompt_logprobs.end());
       if (event.finished) {
         outcome->final_event = event;
         promise->set_value(*outcome);
@@ -130,6 +133,54 @@ TEST(Engine, RoutesUnderConcurrencyChunkingPrefixHitsAndPreemptionEqualRoutesAlo
             after.prompt_tokens_total - before.prompt_tokens_total)
       << "a prefix hit skips prefill compute";
   EXPECT_EQ(after.kv_blocks_used, 0) << "finished requests hold no blocks";
+}
+
+TEST(Engine, PromptLogprobsOncePerPositionUnderChunkingAndPreemption) {
+  std::mt19937 rng(std::random_device{}());
+  std::vector<engine::GenerationRequest> requests;
+  for (int i = 0; i < 10; ++i) {
+    engine::GenerationRequest request = greedy(random_prompt(rng, 20 + 7 * i), 4 + i % 3);
+    if (i % 4 != 3) request.sampling.prompt_logprobs = i % 3;
+    requests.push_back(request);
+  }
+  std::vector<Outcome> alone;
+  {
+    engine::EngineConfig config = capture_config();
+    config.enable_prefix_caching = false;
+    Runner runner(config);
+    for (const auto& request : requests) alone.push_back(runner.run(request));
+  }
+  // Small steps, at most 5 scored prompt positions a step, a cache too small for all of them.
+  engine::EngineConfig config = capture_config();
+  config.max_num_batched_tokens = 24;
+  config.max_prompt_logprob_rows = 5;
+  config.kv_cache_tokens = 16 * 12;
+  config.block_size_tokens = 16;
+  Runner runner(config);
+  std::vector<std::future<Outcome>> pending;
+  for (const auto& request : requests) pending.push_back(runner.start(request));
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const Outcome together = pending[i].get();
+    const std::string what = "request " + std::to_string(i);
+    expect_same(alone[i], together, what);
+    const size_t expected = requests[i].sampling.prompt_logprobs >= 0 ? requests[i].prompt_ids.size() - 1 : 0;
+    ASSERT_EQ(alone[i].prompt_logprobs.size(), expected) << what;
+    ASSERT_EQ(together.prompt_logprobs.size(), expected) << what << ": one entry per prompt position 1..P-1";
+    for (size_t p = 0; p < expected; ++p) {
+      const auto& a = alone[i].prompt_logprobs[p];
+      const auto& b = together.prompt_logprobs[p];
+      EXPECT_EQ(a.token_id, requests[i].prompt_ids[p + 1]) << what << " position " << p + 1;
+      EXPECT_EQ(b.token_id, a.token_id) << what << " position " << p + 1;
+      EXPECT_EQ(b.logprob, a.logprob) << what << " position " << p + 1 << " (batch-invariant)";
+      ASSERT_EQ(b.top.size(), a.top.size()) << what;
+      ASSERT_EQ(a.top.size(), static_cast<size_t>(requests[i].sampling.prompt_logprobs)) << what;
+      for (size_t k = 0; k < a.top.size(); ++k) {
+        EXPECT_EQ(b.top[k].token_id, a.top[k].token_id) << what;
+        EXPECT_EQ(b.top[k].logprob, a.top[k].logprob) << what;
+      }
+    }
+  }
+  EXPECT_GT(runner.engine->metrics().preemptions_total, 0) << "the cache was meant to be too small";
 }
 
 TEST(Engine, RouteRowsCoverEveryInputPosition) {
