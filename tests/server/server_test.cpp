@@ -533,6 +533,118 @@ TEST(Server, AbortRequestByRid) {
   EXPECT_EQ(post_json(f.port, "/abort_request", {{"rid", "unknown"}}).status, 404);
 }
 
+TEST(Server, SglangGenerateStreamIsCumulativeAndEndsWithTheWholeAnswer) {
+  Fixture f(with_routes());
+  json request = {{"input_ids", {10, 11, 12}},
+                  {"sampling_params", {{"max_new_tokens", 5}, {"temperature", 0}}},
+                  {"return_logprob", true},
+                  {"return_routed_experts", true}};
+  json plain = post_json(f.port, "/generate", request).json();
+  request["stream"] = true;
+  HttpResponse streamed = post_json(f.port, "/generate", request);
+  ASSERT_EQ(streamed.status, 200) << streamed.body;
+  EXPECT_EQ(streamed.headers["content-type"], "text/event-stream");
+  auto events = streamed.events();
+  ASSERT_GE(events.size(), 2u);
+  EXPECT_EQ(events.back(), "[DONE]");
+  size_t previous_ids = 0;
+  std::string previous_text;
+  for (size_t i = 0; i + 1 < events.size(); ++i) {
+    json chunk = json::parse(events[i]);
+    const bool last = i + 2 == events.size();
+    // SGLang: every chunk carries the text and ids so far, not a delta.
+    EXPECT_GE(chunk["output_ids"].size(), previous_ids);
+    EXPECT_EQ(chunk["text"].get<std::string>().rfind(previous_text, 0), 0u) << "cumulative text";
+    previous_ids = chunk["output_ids"].size();
+    previous_text = chunk["text"];
+    EXPECT_EQ(chunk["meta_info"]["completion_tokens"], chunk["output_ids"].size());
+    if (!last) {
+      EXPECT_TRUE(chunk["meta_info"]["finish_reason"].is_null()) << chunk.dump();
+      EXPECT_FALSE(chunk["meta_info"].contains("routed_experts")) << "routes come with the end";
+    } else {
+      EXPECT_EQ(chunk["text"], plain["text"]);
+      EXPECT_EQ(chunk["output_ids"], plain["output_ids"]);
+      EXPECT_EQ(chunk["meta_info"]["finish_reason"], plain["meta_info"]["finish_reason"]);
+      EXPECT_EQ(chunk["meta_info"]["output_token_logprobs"], plain["meta_info"]["output_token_logprobs"]);
+      ASSERT_TRUE(plain["meta_info"].contains("routed_experts"));
+      EXPECT_EQ(chunk["meta_info"]["routed_experts"], plain["meta_info"]["routed_experts"]);
+    }
+  }
+  EXPECT_EQ(previous_ids, 5u);
+}
+
+TEST(Server, ContinuousUsageStatsOnEveryChunk) {
+  Fixture f;
+  json request = {{"prompt", "abcd"},
+                  {"max_tokens", 6},
+                  {"stream", true},
+                  {"stream_options", {{"include_usage", true}, {"continuous_usage_stats", true}}}};
+  auto events = post_json(f.port, "/v1/completions", request).events();
+  ASSERT_GE(events.size(), 3u);
+  ASSERT_EQ(events.back(), "[DONE]");
+  json final_usage = json::parse(events[events.size() - 2]);
+  EXPECT_EQ(final_usage["choices"].size(), 0u);
+  EXPECT_EQ(final_usage["usage"]["completion_tokens"], 6);
+  const int64_t prompt_tokens = final_usage["usage"]["prompt_tokens"];
+  EXPECT_GE(prompt_tokens, 4);
+  int64_t previous = 0;
+  for (size_t i = 0; i + 2 < events.size(); ++i) {
+    json chunk = json::parse(events[i]);
+    ASSERT_TRUE(chunk.contains("usage")) << chunk.dump();
+    const int64_t completion = chunk["usage"]["completion_tokens"];
+    EXPECT_EQ(chunk["usage"]["prompt_tokens"], prompt_tokens);
+    EXPECT_GE(completion, previous) << "usage so far never goes back";
+    EXPECT_GT(completion, 0) << "a chunk carries at least one new token";
+    EXPECT_EQ(chunk["usage"]["total_tokens"], prompt_tokens + completion);
+    previous = completion;
+  }
+  EXPECT_EQ(previous, 6) << "the last content chunk's usage is the whole answer's";
+}
+
+TEST(Server, AbortAllEndsEveryRequestInFlight) {
+  Fixture f;
+  f.engine.set_step_delay_ms(20);
+  std::vector<std::thread> clients;
+  for (int i = 0; i < 3; ++i)
+    clients.emplace_back([&, i] {
+      HttpResponse r = post_json(f.port, "/generate",
+                                 {{"text", "abc"},
+                                  {"rid", "rollout-" + std::to_string(i)},
+                                  {"sampling_params", {{"max_new_tokens", 400}}}});
+      EXPECT_EQ(r.status, 200);
+      EXPECT_EQ(r.json()["meta_info"]["finish_reason"]["type"], "abort") << r.body;
+    });
+  for (int i = 0; i < 200 && f.engine.active_count() < 3; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_EQ(f.engine.active_count(), 3u);
+  HttpResponse abort = post_json(f.port, "/abort_request", {{"abort_all", true}});
+  EXPECT_EQ(abort.status, 200) << abort.body;
+  for (auto& c : clients) c.join();
+  EXPECT_TRUE(f.engine_drains());
+  EXPECT_EQ(http_call(f.port, "GET", "/health").status, 200);
+}
+
+TEST(Server, ChatPromptLogprobsCoverTheRenderedPrompt) {
+  Fixture f;
+  json request = {{"messages", {{{"role", "user"}, {"content", "hi"}}}},
+                  {"max_completion_tokens", 2},
+                  {"prompt_logprobs", 1}};
+  HttpResponse r = post_json(f.port, "/v1/chat/completions", request);
+  ASSERT_EQ(r.status, 200) << r.body;
+  json body = r.json();
+  const std::string rendered = "<|user|>hi\n<|assistant|>";
+  ASSERT_TRUE(body.contains("prompt_logprobs")) << body.dump();
+  ASSERT_EQ(body["prompt_logprobs"].size(), rendered.size()) << "one per prompt position";
+  EXPECT_TRUE(body["prompt_logprobs"][0].is_null()) << "position 0 has no logprob";
+  for (size_t p = 1; p < rendered.size(); ++p) {
+    const json& entry = body["prompt_logprobs"][p];
+    const std::string actual = std::to_string(static_cast<unsigned char>(rendered[p]));
+    ASSERT_TRUE(entry.contains(actual)) << "position " << p << ": " << entry.dump();
+    EXPECT_LE(entry.size(), 2u) << "the prompt token plus at most 1 top entry";
+  }
+  EXPECT_EQ(body["usage"]["prompt_tokens"], rendered.size());
+}
+
 TEST(Server, TokenizeDetokenizeMetricsAndRlRoutes) {
   Fixture f;
   HttpResponse tok = post_json(f.port, "/tokenize", {{"prompt", "ab"}});

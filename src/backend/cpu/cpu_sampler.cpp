@@ -42,6 +42,62 @@ void top_logprobs(const float* row, int64_t n, float normaliser, int k,
   for (int64_t i = 0; i < count; ++i) top.emplace_back(ids[i], row[ids[i]] - normaliser);
 }
 
+
+// Samples from softmax(adjusted / temperature) filtered as vLLM does, in its order: min_p (against
+// the most likely token), then top_k, then top_p (keep a token while the mass ranked above it is
+// below top_p). Only as much of the vocabulary is sorted as the filters need: nothing without
+// top_k/top_p, top_k entries for top_k, a growing prefix for top_p (the nucleus is usually small).
+int32_t sample_filtered(std::vector<float>& adjusted, const SamplingRow& params,
+                        std::vector<int32_t>& candidates, std::vector<double>& weights,
+                        std::vector<double>& probs) {
+  for (float& value : adjusted) value /= params.temperature;
+  const float max_value = *std::max_element(adjusted.begin(), adjusted.end());
+  const int32_t vocab = static_cast<int32_t>(adjusted.size());
+  weights.resize(adjusted.size());
+  for (int32_t id = 0; id < vocab; ++id) weights[id] = std::exp(static_cast<double>(adjusted[id] - max_value));
+  auto weight = [&](int32_t id) { return weights[id]; };
+  candidates.clear();
+  for (int32_t id = 0; id < vocab; ++id)
+    if (params.min_p <= 0.0f || weights[id] >= params.min_p) candidates.push_back(id);
+  auto by_value = [&](int32_t a, int32_t b) {
+    return adjusted[a] > adjusted[b] || (adjusted[a] == adjusted[b] && a < b);
+  };
+  size_t keep = candidates.size(), sorted = 0;
+  if (params.top_k > 0 && static_cast<size_t>(params.top_k) < keep) {
+    keep = sorted = static_cast<size_t>(params.top_k);
+    std::partial_sort(candidates.begin(), candidates.begin() + keep, candidates.end(), by_value);
+    candidates.resize(keep);
+  }
+  probs.resize(keep);
+  double total = 0.0;
+  for (size_t i = 0; i < keep; ++i) total += probs[i] = weight(candidates[i]);
+  size_t cut = keep;
+  if (params.top_p < 1.0f) {
+    const double target_mass = params.top_p * total;
+    double before = 0.0;
+    size_t i = 0;
+    for (size_t prefix = std::min<size_t>(keep, 64);; prefix = std::min(keep, prefix * 4)) {
+      if (sorted < prefix) {
+        std::partial_sort(candidates.begin() + sorted, candidates.begin() + prefix, candidates.end(), by_value);
+        for (size_t j = sorted; j < prefix; ++j) probs[j] = weight(candidates[j]);
+        sorted = prefix;
+      }
+      for (; i < prefix && before < target_mass; ++i) before += probs[i];
+      if (before >= target_mass || prefix == keep) break;
+    }
+    cut = std::max<size_t>(i, 1);
+  }
+  double mass = 0.0;
+  for (size_t i = 0; i < cut; ++i) mass += probs[i];
+  const double target = uniform01(params.seed, params.draw_index) * mass;
+  double cumulative = 0.0;
+  for (size_t i = 0; i < cut; ++i) {
+    cumulative += probs[i];
+    if (target < cumulative) return candidates[i];
+  }
+  return candidates[cut - 1];
+}
+
 }  // namespace
 
 void CpuBackend::score_tokens(const Tensor& logits, const std::vector<int32_t>& targets, int top_k,
@@ -66,6 +122,7 @@ void CpuBackend::sample(const Tensor& logits, const std::vector<SamplingRow>& ro
   pool_.parallel_for(static_cast<int64_t>(rows.size()), 1, [&](int64_t begin, int64_t end) {
     std::vector<float> adjusted(static_cast<size_t>(vocab));
     std::vector<int32_t> candidates;
+    std::vector<double> weights, probs;
     std::vector<int32_t> counts;
     for (int64_t r = begin; r < end; ++r) {
       const SamplingRow& params = rows[r];
@@ -100,48 +157,7 @@ void CpuBackend::sample(const Tensor& logits, const std::vector<SamplingRow>& ro
         for (int32_t id = 1; id < vocab; ++id)
           if (adjusted[id] > adjusted[chosen]) chosen = id;
       } else {
-        for (float& value : adjusted) value /= params.temperature;
-        candidates.resize(static_cast<size_t>(vocab));
-        std::iota(candidates.begin(), candidates.end(), 0);
-        auto by_value = [&](int32_t a, int32_t b) {
-          return adjusted[a] > adjusted[b] || (adjusted[a] == adjusted[b] && a < b);
-        };
-        size_t keep = candidates.size();
-        if (params.top_k > 0 && static_cast<size_t>(params.top_k) < keep) {
-          keep = static_cast<size_t>(params.top_k);
-          std::partial_sort(candidates.begin(), candidates.begin() + keep, candidates.end(), by_value);
-        } else {
-          std::sort(candidates.begin(), candidates.end(), by_value);
-        }
-        candidates.resize(keep);
-        float max_value = adjusted[candidates[0]];
-        std::vector<double> probs(keep);
-        double total = 0.0;
-        for (size_t i = 0; i < keep; ++i) total += probs[i] = std::exp(static_cast<double>(adjusted[candidates[i]] - max_value));
-        for (double& p : probs) p /= total;
-        size_t cut = keep;
-        if (params.top_p < 1.0f) {
-          double cumulative = 0.0;
-          for (size_t i = 0; i < keep; ++i) {
-            cumulative += probs[i];
-            if (cumulative >= params.top_p) { cut = i + 1; break; }
-          }
-        }
-        if (params.min_p > 0.0f) {
-          double threshold = params.min_p * probs[0];
-          size_t i = 1;
-          while (i < cut && probs[i] >= threshold) ++i;
-          cut = i;
-        }
-        double mass = 0.0;
-        for (size_t i = 0; i < cut; ++i) mass += probs[i];
-        double target = uniform01(params.seed, params.draw_index) * mass;
-        chosen = candidates[cut - 1];
-        double cumulative = 0.0;
-        for (size_t i = 0; i < cut; ++i) {
-          cumulative += probs[i];
-          if (target < cumulative) { chosen = candidates[i]; break; }
-        }
+        chosen = sample_filtered(adjusted, params, candidates, weights, probs);
       }
       float normaliser = log_normaliser(row, vocab);
       out[r].token_id = chosen;
