@@ -137,6 +137,30 @@ TEST(CpuSampler, FrequenciesMatchTheReferenceUnderEveryFilter) {
   }
 }
 
+TEST(CpuSampler, TiedLogitsAtTheTopPBoundaryResolveByLowerIdAsTheReference) {
+  // Logits on a coarse grid: many exact ties, some straddling the top_p cut.
+  std::mt19937 rng(std::random_device{}());
+  Sampler sampler;
+  for (float top_p : {0.3f, 0.6f, 0.9f}) {
+    std::vector<float> logits = random_logits(rng, 60, 1.5f);
+    for (float& x : logits) x = std::round(x * 2.0f) / 2.0f;
+    Filters f{1.0f, -1, top_p, 0.0f};
+    const std::vector<double> expected = reference(logits, f);
+    const int draws = 20000;
+    std::vector<int> counts(logits.size(), 0);
+    for (const auto& token : sampler.draws(logits, f, draws, rng())) ++counts[token.token_id];
+    for (size_t id = 0; id < logits.size(); ++id) {
+      const double p = expected[id];
+      if (p == 0.0) {
+        EXPECT_EQ(counts[id], 0) << "top_p " << top_p << ": id " << id << " is past the cut";
+      } else {
+        EXPECT_NEAR(counts[id] / static_cast<double>(draws), p, 5.0 * std::sqrt(p * (1 - p) / draws) + 1e-4)
+            << "top_p " << top_p << ": id " << id;
+      }
+    }
+  }
+}
+
 TEST(CpuSampler, MinPComesBeforeTopPAsInVllm) {
   // p = (0.5, 0.3, 0.2). vLLM: min_p 0.5 drops 0.2 (< 0.25), renormalised (0.625, 0.375); then top_p
   // 0.6 keeps only the first. top_p before min_p would have kept two.

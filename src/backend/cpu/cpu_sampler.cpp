@@ -44,58 +44,88 @@ void top_logprobs(const float* row, int64_t n, float normaliser, int k,
 
 
 // Samples from softmax(adjusted / temperature) filtered as vLLM does, in its order: min_p (against
-// the most likely token), then top_k, then top_p (keep a token while the mass ranked above it is
-// below top_p). Only as much of the vocabulary is sorted as the filters need: nothing without
-// top_k/top_p, top_k entries for top_k, a growing prefix for top_p (the nucleus is usually small).
-int32_t sample_filtered(std::vector<float>& adjusted, const SamplingRow& params,
-                        std::vector<int32_t>& candidates, std::vector<double>& weights,
-                        std::vector<double>& probs) {
+// the most likely token), then top_k, then top_p (a token stays while the mass ranked above it is
+// below top_p of the total). Nothing is sorted without top_k/top_p; top_k sorts k entries; top_p
+// buckets the candidates by logit, keeps every bucket wholly above the one where the mass crosses
+// top_p, and sorts only that boundary bucket. The draw walks the kept tokens in a fixed order
+// (kept buckets by id, then the boundary bucket by rank), so a seed gives the same token anywhere.
+int32_t sample_filtered(std::vector<float>& adjusted, const SamplingRow& params, std::vector<int32_t>& candidates,
+                        std::vector<double>& weights, std::vector<double>& probs) {
   for (float& value : adjusted) value /= params.temperature;
   const float max_value = *std::max_element(adjusted.begin(), adjusted.end());
   const int32_t vocab = static_cast<int32_t>(adjusted.size());
   weights.resize(adjusted.size());
   for (int32_t id = 0; id < vocab; ++id) weights[id] = std::exp(static_cast<double>(adjusted[id] - max_value));
-  auto weight = [&](int32_t id) { return weights[id]; };
+  const double u = uniform01(params.seed, params.draw_index);
+  auto draw = [&](const int32_t* ids, size_t count, double mass) {
+    const double target = u * mass;
+    double cumulative = 0.0;
+    for (size_t i = 0; i < count; ++i) {
+      cumulative += weights[ids[i]];
+      if (target < cumulative) return ids[i];
+    }
+    return ids[count - 1];
+  };
+
   candidates.clear();
   for (int32_t id = 0; id < vocab; ++id)
     if (params.min_p <= 0.0f || weights[id] >= params.min_p) candidates.push_back(id);
   auto by_value = [&](int32_t a, int32_t b) {
     return adjusted[a] > adjusted[b] || (adjusted[a] == adjusted[b] && a < b);
   };
-  size_t keep = candidates.size(), sorted = 0;
-  if (params.top_k > 0 && static_cast<size_t>(params.top_k) < keep) {
-    keep = sorted = static_cast<size_t>(params.top_k);
-    std::partial_sort(candidates.begin(), candidates.begin() + keep, candidates.end(), by_value);
-    candidates.resize(keep);
+  bool sorted = false;
+  if (params.top_k > 0 && static_cast<size_t>(params.top_k) < candidates.size()) {
+    std::partial_sort(candidates.begin(), candidates.begin() + params.top_k, candidates.end(), by_value);
+    candidates.resize(static_cast<size_t>(params.top_k));
+    sorted = true;
   }
-  probs.resize(keep);
   double total = 0.0;
-  for (size_t i = 0; i < keep; ++i) total += probs[i] = weight(candidates[i]);
-  size_t cut = keep;
-  if (params.top_p < 1.0f) {
-    const double target_mass = params.top_p * total;
+  for (int32_t id : candidates) total += weights[id];
+  if (params.top_p >= 1.0f) return draw(candidates.data(), candidates.size(), total);
+
+  const double target_mass = params.top_p * total;
+  if (!sorted) {
+    // Bucket b holds logits in (hi - (b+1) w, hi - b w]: a larger logit never lands in a later
+    // bucket, so bucket order is rank order.
+    constexpr int kBuckets = 4096;
+    float lo = max_value;
+    for (int32_t id : candidates) lo = std::min(lo, adjusted[id]);
+    const float range = max_value - lo;
+    auto bucket_of = [&](int32_t id) {
+      if (!(range > 0.0f)) return 0;
+      return std::min(kBuckets - 1, static_cast<int>((max_value - adjusted[id]) / range * kBuckets));
+    };
+    probs.assign(kBuckets, 0.0);  // mass per bucket
+    for (int32_t id : candidates) probs[bucket_of(id)] += weights[id];
+    int boundary = 0;
     double before = 0.0;
-    size_t i = 0;
-    for (size_t prefix = std::min<size_t>(keep, 64);; prefix = std::min(keep, prefix * 4)) {
-      if (sorted < prefix) {
-        std::partial_sort(candidates.begin() + sorted, candidates.begin() + prefix, candidates.end(), by_value);
-        for (size_t j = sorted; j < prefix; ++j) probs[j] = weight(candidates[j]);
-        sorted = prefix;
-      }
-      for (; i < prefix && before < target_mass; ++i) before += probs[i];
-      if (before >= target_mass || prefix == keep) break;
+    while (boundary + 1 < kBuckets && before + probs[boundary] < target_mass) before += probs[boundary++];
+    // Kept: every bucket above the boundary (id order), then the boundary bucket by rank while
+    // the mass before a token is below the target.
+    std::vector<int32_t>& kept = candidates;  // compacted in place
+    size_t head = 0;
+    std::vector<int32_t> edge;
+    for (int32_t id : candidates) {
+      const int b = bucket_of(id);
+      if (b < boundary) kept[head++] = id;
+      else if (b == boundary) edge.push_back(id);
     }
-    cut = std::max<size_t>(i, 1);
+    std::sort(edge.begin(), edge.end(), by_value);
+    double mass = before;
+    for (int32_t id : edge) {
+      if (mass >= target_mass && head > 0) break;
+      kept[head++] = id;
+      mass += weights[id];
+    }
+    double kept_mass = 0.0;
+    for (size_t i = 0; i < head; ++i) kept_mass += weights[kept[i]];
+    return draw(kept.data(), head, kept_mass);
   }
+  // top_k already ranked the candidates.
+  size_t cut = 0;
   double mass = 0.0;
-  for (size_t i = 0; i < cut; ++i) mass += probs[i];
-  const double target = uniform01(params.seed, params.draw_index) * mass;
-  double cumulative = 0.0;
-  for (size_t i = 0; i < cut; ++i) {
-    cumulative += probs[i];
-    if (target < cumulative) return candidates[i];
-  }
-  return candidates[cut - 1];
+  while (cut < candidates.size() && (cut == 0 || mass < target_mass)) mass += weights[candidates[cut++]];
+  return draw(candidates.data(), cut, mass);
 }
 
 }  // namespace
