@@ -2,12 +2,13 @@
 // over the same mmap'd weights, an engine with capture_routes on (every request asks for its
 // routes) and one with it off run the same batch workload in turn, interleaved A B B A for PAIRS
 // pairs (the ABBA order cancels a linear drift); every leg creates a fresh engine. `--control 1`
-// makes both sides capture-off: the ratio then shows the method's own bias. Each run is CONCURRENCY requests of PROMPT random
-// prompt tokens and DECODE generated tokens (ignore_eos, greedy) submitted at once; its figure is
-// output tokens / wall time. Also times the server's wire encoding of one request's routes
-// (select_routes + base64 .npy) against that request's generation time.
+// makes both sides capture-off: the ratio then shows the method's own bias. Each run is CONCURRENCY
+// requests of PROMPT random prompt tokens and DECODE generated tokens (ignore_eos, greedy)
+// submitted at once; its figure is output tokens / wall time. Also times the server's wire encoding
+// of one request's routes (select_routes + base64 .npy) against that request's generation time.
 //   routes_cost_bench MODEL_DIR [--moe-kernel auto|cpu-modular|cpu-fused] [--pairs 8]
-//                     [--concurrency 8] [--prompt 64] [--decode 48] [--control 0|1] [--out FILE.json]
+//                     [--concurrency 8] [--prompt 64] [--decode 48] [--control 0|1] [--out
+//                     FILE.json]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -63,9 +64,11 @@ struct RunResult {
 
 // Submits the whole batch at once and waits for every final event. Prompts differ per run (seed)
 // so the prefix cache, if any, cannot help one side.
-RunResult run_batch(sy::engine::Engine& engine, const Workload& w, bool want_routes, uint32_t seed) {
+RunResult run_batch(sy::engine::Engine& engine, const Workload& w, bool want_routes,
+                    uint32_t seed) {
   std::mt19937 rng(seed);
-  std::uniform_int_distribution<int32_t> token(10, static_cast<int32_t>(std::min<int64_t>(w.vocab, 150000) - 1));
+  std::uniform_int_distribution<int32_t> token(
+      10, static_cast<int32_t>(std::min<int64_t>(w.vocab, 150000) - 1));
   std::mutex mutex;
   int remaining = w.concurrency;
   std::promise<void> all_done;
@@ -120,13 +123,20 @@ int main(int argc, char** argv) {
   bool control = false;  // --control 1: both sides capture off (measures the method's own bias)
   Workload w{8, 64, 48, 0};
   for (int i = 2; i + 1 < argc; i += 2) {
-    if (!std::strcmp(argv[i], "--moe-kernel")) kernel = argv[i + 1];
-    else if (!std::strcmp(argv[i], "--pairs")) pairs = std::atoi(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--concurrency")) w.concurrency = std::atoi(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--prompt")) w.prompt = std::atoi(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--decode")) w.decode = std::atoi(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--out")) out_path = argv[i + 1];
-    else if (!std::strcmp(argv[i], "--control")) control = !std::strcmp(argv[i + 1], "1");
+    if (!std::strcmp(argv[i], "--moe-kernel"))
+      kernel = argv[i + 1];
+    else if (!std::strcmp(argv[i], "--pairs"))
+      pairs = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--concurrency"))
+      w.concurrency = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--prompt"))
+      w.prompt = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--decode"))
+      w.decode = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--out"))
+      out_path = argv[i + 1];
+    else if (!std::strcmp(argv[i], "--control"))
+      control = !std::strcmp(argv[i + 1], "1");
     else {
       std::fprintf(stderr, "unknown flag %s\n", argv[i]);
       return 2;
@@ -181,16 +191,17 @@ int main(int argc, char** argv) {
       const bool capture_side = (pair % 2 == 0) == (leg == 0);  // A B, then B A
       RunResult r = timed_leg(capture_side, seed++);
       const double tps = r.output_tokens / r.seconds;
-      std::fprintf(stderr, "pair %d %s: %.2f output tok/s (%.2f s)\n", pair + 1, capture_side ? "on " : "off", tps,
-                   r.seconds);
+      std::fprintf(stderr, "pair %d %s: %.2f output tok/s (%.2f s)\n", pair + 1,
+                   capture_side ? "on " : "off", tps, r.seconds);
       (capture_side ? on_tps : off_tps).push_back(tps);
       if (!capture_side || control) continue;
       // Every delivered route: (prompt + decode - 1) rows, ids in range on MoE layers.
       for (const auto& routes : r.routes) {
         if (routes.rows != w.prompt + w.decode - 1 || routes.layers != info.num_hidden_layers ||
             routes.top_k != info.top_k) {
-          std::fprintf(stderr, "route shape (%ld, %ld, %ld) is wrong\n", static_cast<long>(routes.rows),
-                       static_cast<long>(routes.layers), static_cast<long>(routes.top_k));
+          std::fprintf(stderr, "route shape (%ld, %ld, %ld) is wrong\n",
+                       static_cast<long>(routes.rows), static_cast<long>(routes.layers),
+                       static_cast<long>(routes.top_k));
           return 1;
         }
         for (int layer : info.moe_layers)
@@ -206,7 +217,8 @@ int main(int argc, char** argv) {
       auto start = Clock::now();
       for (const auto& routes : r.routes) {
         sy::moe::RouteArray selected = sy::server::select_routes(routes, options, info);
-        encoded_bytes += static_cast<int64_t>(sy::server::encode_routes_npy_base64(selected, info.num_experts).size());
+        encoded_bytes += static_cast<int64_t>(
+            sy::server::encode_routes_npy_base64(selected, info.num_experts).size());
       }
       encode_seconds += seconds_since(start);
       encode_request_seconds += r.seconds * static_cast<double>(r.routes.size());

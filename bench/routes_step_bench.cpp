@@ -45,8 +45,8 @@ double median(std::vector<double> v) {
 }
 
 // Sequence s owns blocks [s * blocks_per_seq, (s + 1) * blocks_per_seq).
-sy::model::StepInputs make_step(int seqs, int first_position, int tokens_per_seq, int blocks_per_seq,
-                                int block_size, int64_t vocab) {
+sy::model::StepInputs make_step(int seqs, int first_position, int tokens_per_seq,
+                                int blocks_per_seq, int block_size, int64_t vocab) {
   sy::model::StepInputs in;
   in.num_seqs = seqs;
   in.max_blocks_per_seq = blocks_per_seq;
@@ -54,10 +54,12 @@ sy::model::StepInputs make_step(int seqs, int first_position, int tokens_per_seq
     for (int b = 0; b < blocks_per_seq; ++b) in.block_tables.push_back(s * blocks_per_seq + b);
     for (int i = 0; i < tokens_per_seq; ++i) {
       const int p = first_position + i;
-      in.token_ids.push_back(static_cast<int32_t>((p * 7919 + s * 104729) % std::min<int64_t>(vocab - 1, 150000) + 1));
+      in.token_ids.push_back(
+          static_cast<int32_t>((p * 7919 + s * 104729) % std::min<int64_t>(vocab - 1, 150000) + 1));
       in.positions.push_back(p);
       in.token_seq.push_back(s);
-      in.slot_mapping.push_back((s * blocks_per_seq + p / block_size) * block_size + p % block_size);
+      in.slot_mapping.push_back((s * blocks_per_seq + p / block_size) * block_size +
+                                p % block_size);
     }
     in.logits_rows.push_back(static_cast<int32_t>(in.token_ids.size() - 1));
   }
@@ -69,8 +71,8 @@ struct Series {
 };
 
 // ABBA over `pairs` pairs; `control` runs capture off on both sides.
-Series alternate(sy::model::Decoder& decoder, const sy::model::Model& model, sy::model::StepInputs step, int pairs,
-                 bool control) {
+Series alternate(sy::model::Decoder& decoder, const sy::model::Model& model,
+                 sy::model::StepInputs step, int pairs, bool control) {
   Series series;
   sy::model::StepOutputs out;
   auto time_step = [&](bool capture) {
@@ -82,9 +84,11 @@ Series alternate(sy::model::Decoder& decoder, const sy::model::Model& model, sy:
       std::fprintf(stderr, "forward: %s\n", status.message().c_str());
       std::exit(1);
     }
-    if (capture && out.routes.size() != step.token_ids.size() * static_cast<size_t>(model.config().num_hidden_layers *
-                                                                                      model.config().experts_per_token)) {
-      std::fprintf(stderr, "captured %zu route ints for %zu tokens\n", out.routes.size(), step.token_ids.size());
+    if (capture && out.routes.size() != step.token_ids.size() *
+                                            static_cast<size_t>(model.config().num_hidden_layers *
+                                                                model.config().experts_per_token)) {
+      std::fprintf(stderr, "captured %zu route ints for %zu tokens\n", out.routes.size(),
+                   step.token_ids.size());
       std::exit(1);
     }
     return seconds;
@@ -128,22 +132,30 @@ nlohmann::ordered_json summary(const Series& test, const Series& control, int to
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr,
-                 "usage: %s MODEL_DIR [--moe-kernel K] [--steps N] [--seqs N] [--prompt N] [--chunk N] "
-                 "[--prefill-steps N] [--out FILE]\n",
-                 argv[0]);
+    std::fprintf(
+        stderr,
+        "usage: %s MODEL_DIR [--moe-kernel K] [--steps N] [--seqs N] [--prompt N] [--chunk N] "
+        "[--prefill-steps N] [--out FILE]\n",
+        argv[0]);
     return 2;
   }
   std::string model_dir = argv[1], out_path, kernel_name = "cpu-fused";
   int steps = 120, seqs = 8, prompt = 64, chunk = 256, prefill_steps = 24;
   for (int i = 2; i + 1 < argc; i += 2) {
-    if (!std::strcmp(argv[i], "--moe-kernel")) kernel_name = argv[i + 1];
-    else if (!std::strcmp(argv[i], "--steps")) steps = std::atoi(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--seqs")) seqs = std::atoi(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--prompt")) prompt = std::atoi(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--chunk")) chunk = std::atoi(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--prefill-steps")) prefill_steps = std::atoi(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--out")) out_path = argv[i + 1];
+    if (!std::strcmp(argv[i], "--moe-kernel"))
+      kernel_name = argv[i + 1];
+    else if (!std::strcmp(argv[i], "--steps"))
+      steps = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--seqs"))
+      seqs = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--prompt"))
+      prompt = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--chunk"))
+      chunk = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--prefill-steps"))
+      prefill_steps = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--out"))
+      out_path = argv[i + 1];
     else {
       std::fprintf(stderr, "unknown flag %s\n", argv[i]);
       return 2;
@@ -174,15 +186,18 @@ int main(int argc, char** argv) {
 
   // Context for the decode steps: each sequence's prompt in the cache.
   {
-    sy::model::StepInputs fill = make_step(seqs, 0, prompt, blocks_per_seq, block_size, c.vocab_size);
+    sy::model::StepInputs fill =
+        make_step(seqs, 0, prompt, blocks_per_seq, block_size, c.vocab_size);
     sy::model::StepOutputs out;
     if (sy::Status s = decoder.forward(**model, fill, out); !s) {
       std::fprintf(stderr, "prefill: %s\n", s.message().c_str());
       return 1;
     }
   }
-  const sy::model::StepInputs decode = make_step(seqs, prompt, 1, blocks_per_seq, block_size, c.vocab_size);
-  const sy::model::StepInputs prefill = make_step(1, 0, chunk, blocks_per_seq, block_size, c.vocab_size);
+  const sy::model::StepInputs decode =
+      make_step(seqs, prompt, 1, blocks_per_seq, block_size, c.vocab_size);
+  const sy::model::StepInputs prefill =
+      make_step(1, 0, chunk, blocks_per_seq, block_size, c.vocab_size);
   std::fprintf(stderr, "decode steps (%d tokens), %d pairs + control\n", seqs, steps / 2);
   Series decode_test = alternate(decoder, **model, decode, steps / 2, false);
   Series decode_control = alternate(decoder, **model, decode, steps / 2, true);

@@ -39,8 +39,10 @@ int main(int argc, char** argv) {
   int rows = 64;
   std::string out_path;
   for (int i = 1; i + 1 < argc; i += 2) {
-    if (!std::strcmp(argv[i], "--rows")) rows = std::max(1, std::atoi(argv[i + 1]));
-    else if (!std::strcmp(argv[i], "--out")) out_path = argv[i + 1];
+    if (!std::strcmp(argv[i], "--rows"))
+      rows = std::max(1, std::atoi(argv[i + 1]));
+    else if (!std::strcmp(argv[i], "--out"))
+      out_path = argv[i + 1];
   }
   const int64_t vocab = 151936;
   // LM-like logits: mostly small, a heavy head (a few tokens far above the rest).
@@ -49,7 +51,8 @@ int main(int argc, char** argv) {
   std::vector<float> host(static_cast<size_t>(rows * vocab));
   for (float& x : host) x = normal(rng);
   for (int r = 0; r < rows; ++r)
-    for (int k = 0; k < 20; ++k) host[static_cast<size_t>(r * vocab + (r * 7919 + k * 104729) % vocab)] += 12.0f - k * 0.4f;
+    for (int k = 0; k < 20; ++k)
+      host[static_cast<size_t>(r * vocab + (r * 7919 + k * 104729) % vocab)] += 12.0f - k * 0.4f;
 
   auto backend = sy::backend::make_cpu_backend({1});
   sy::Tensor logits = backend->alloc(sy::DType::kF32, {rows, vocab});
@@ -60,7 +63,8 @@ int main(int argc, char** argv) {
     for (int pass = 0; pass < 3; ++pass) {
       auto start = Clock::now();
       body();
-      best = std::min(best, std::chrono::duration<double, std::micro>(Clock::now() - start).count() / rows);
+      best = std::min(
+          best, std::chrono::duration<double, std::micro>(Clock::now() - start).count() / rows);
     }
     return best;
   };
@@ -79,7 +83,9 @@ int main(int argc, char** argv) {
     for (int r = 0; r < rows; ++r) {
       const float* row = host.data() + r * vocab;
       std::iota(ids.begin(), ids.end(), 0);
-      std::sort(ids.begin(), ids.end(), [row](int32_t a, int32_t b) { return row[a] > row[b] || (row[a] == row[b] && a < b); });
+      std::sort(ids.begin(), ids.end(), [row](int32_t a, int32_t b) {
+        return row[a] > row[b] || (row[a] == row[b] && a < b);
+      });
       sink = sink + ids[0];
     }
   });
@@ -107,9 +113,11 @@ int main(int argc, char** argv) {
     }
     std::vector<sy::backend::SampledToken> sampled;
     const double us = per_row_us([&] { backend->sample(logits, params, sampled); });
-    std::fprintf(stderr, "%-28s %8.1f us/row (%.2f x the exp pass, %.2f x a full sort)\n", c.name, us, us / exp_pass,
-                 us / full_sort);
-    measured.push_back({{"case", c.name}, {"us_per_row", us}, {"over_exp_pass", us / exp_pass},
+    std::fprintf(stderr, "%-28s %8.1f us/row (%.2f x the exp pass, %.2f x a full sort)\n", c.name,
+                 us, us / exp_pass, us / full_sort);
+    measured.push_back({{"case", c.name},
+                        {"us_per_row", us},
+                        {"over_exp_pass", us / exp_pass},
                         {"over_full_sort", us / full_sort}});
   }
   backend->free_buffer(logits);

@@ -72,7 +72,8 @@ struct Sampler {
   std::unique_ptr<Backend> backend = make_cpu_backend({2});
 
   // One row per draw, all the same logits, draw indices 0..draws-1.
-  std::vector<SampledToken> sample(const std::vector<float>& logits, std::vector<SamplingRow> rows) {
+  std::vector<SampledToken> sample(const std::vector<float>& logits,
+                                   std::vector<SamplingRow> rows) {
     const int64_t vocab = static_cast<int64_t>(logits.size());
     Tensor t = backend->alloc(DType::kF32, {static_cast<int64_t>(rows.size()), vocab});
     std::vector<float> all;
@@ -84,7 +85,8 @@ struct Sampler {
     backend->free_buffer(t);
     return out;
   }
-  std::vector<SampledToken> draws(const std::vector<float>& logits, const Filters& f, int count, uint64_t seed) {
+  std::vector<SampledToken> draws(const std::vector<float>& logits, const Filters& f, int count,
+                                  uint64_t seed) {
     std::vector<SamplingRow> rows(static_cast<size_t>(count));
     for (int i = 0; i < count; ++i) {
       rows[i].temperature = f.temperature;
@@ -107,10 +109,10 @@ std::vector<float> random_logits(std::mt19937& rng, int n, float scale) {
 
 TEST(CpuSampler, FrequenciesMatchTheReferenceUnderEveryFilter) {
   std::mt19937 rng(std::random_device{}());
-  const std::vector<Filters> cases = {
-      {1.0f, -1, 1.0f, 0.0f},  {0.7f, 5, 1.0f, 0.0f},  {1.0f, -1, 0.8f, 0.0f},
-      {1.3f, -1, 1.0f, 0.1f},  {1.0f, -1, 0.7f, 0.05f}, {0.9f, 10, 0.9f, 0.02f},
-      {2.0f, 3, 0.5f, 0.0f}};
+  const std::vector<Filters> cases = {{1.0f, -1, 1.0f, 0.0f},  {0.7f, 5, 1.0f, 0.0f},
+                                      {1.0f, -1, 0.8f, 0.0f},  {1.3f, -1, 1.0f, 0.1f},
+                                      {1.0f, -1, 0.7f, 0.05f}, {0.9f, 10, 0.9f, 0.02f},
+                                      {2.0f, 3, 0.5f, 0.0f}};
   Sampler sampler;
   const int draws = 20000;
   for (const Filters& f : cases) {
@@ -124,14 +126,16 @@ TEST(CpuSampler, FrequenciesMatchTheReferenceUnderEveryFilter) {
       ASSERT_LT(token.token_id, 40);
       ++counts[token.token_id];
     }
-    const std::string what = "T=" + std::to_string(f.temperature) + " top_k=" + std::to_string(f.top_k) +
-                             " top_p=" + std::to_string(f.top_p) + " min_p=" + std::to_string(f.min_p);
+    const std::string what =
+        "T=" + std::to_string(f.temperature) + " top_k=" + std::to_string(f.top_k) +
+        " top_p=" + std::to_string(f.top_p) + " min_p=" + std::to_string(f.min_p);
     for (size_t id = 0; id < logits.size(); ++id) {
       const double p = expected[id], frequency = counts[id] / static_cast<double>(draws);
       if (p == 0.0) {
         EXPECT_EQ(counts[id], 0) << what << ": id " << id << " is filtered out";
       } else {
-        EXPECT_NEAR(frequency, p, 5.0 * std::sqrt(p * (1 - p) / draws) + 1e-4) << what << ": id " << id;
+        EXPECT_NEAR(frequency, p, 5.0 * std::sqrt(p * (1 - p) / draws) + 1e-4)
+            << what << ": id " << id;
       }
     }
   }
@@ -154,7 +158,8 @@ TEST(CpuSampler, TiedLogitsAtTheTopPBoundaryResolveByLowerIdAsTheReference) {
       if (p == 0.0) {
         EXPECT_EQ(counts[id], 0) << "top_p " << top_p << ": id " << id << " is past the cut";
       } else {
-        EXPECT_NEAR(counts[id] / static_cast<double>(draws), p, 5.0 * std::sqrt(p * (1 - p) / draws) + 1e-4)
+        EXPECT_NEAR(counts[id] / static_cast<double>(draws), p,
+                    5.0 * std::sqrt(p * (1 - p) / draws) + 1e-4)
             << "top_p " << top_p << ": id " << id;
       }
     }
@@ -162,8 +167,8 @@ TEST(CpuSampler, TiedLogitsAtTheTopPBoundaryResolveByLowerIdAsTheReference) {
 }
 
 TEST(CpuSampler, MinPComesBeforeTopPAsInVllm) {
-  // p = (0.5, 0.3, 0.2). vLLM: min_p 0.5 drops 0.2 (< 0.25), renormalised (0.625, 0.375); then top_p
-  // 0.6 keeps only the first. top_p before min_p would have kept two.
+  // p = (0.5, 0.3, 0.2). vLLM: min_p 0.5 drops 0.2 (< 0.25), renormalised (0.625, 0.375); then
+  // top_p 0.6 keeps only the first. top_p before min_p would have kept two.
   const std::vector<float> logits = {std::log(0.5f), std::log(0.3f), std::log(0.2f)};
   Filters f{1.0f, -1, 0.6f, 0.5f};
   const std::vector<double> expected = reference(logits, f);
@@ -181,13 +186,15 @@ TEST(CpuSampler, WideNucleusOverALargeFlatVocabulary) {
   for (float& x : logits) x = flat(rng);
   Filters f{1.0f, -1, 0.5f, 0.0f};
   const std::vector<double> expected = reference(logits, f);
-  const auto support = std::count_if(expected.begin(), expected.end(), [](double p) { return p > 0; });
+  const auto support =
+      std::count_if(expected.begin(), expected.end(), [](double p) { return p > 0; });
   EXPECT_GT(support, 9000);
   EXPECT_LT(support, 11000);
   Sampler sampler;
   std::set<int32_t> seen;
   for (const auto& token : sampler.draws(logits, f, 1000, rng())) {
-    ASSERT_GT(expected[token.token_id], 0.0) << "id " << token.token_id << " is outside the nucleus";
+    ASSERT_GT(expected[token.token_id], 0.0)
+        << "id " << token.token_id << " is outside the nucleus";
     seen.insert(token.token_id);
   }
   // 1,000 draws over ~10,000 nearly equally likely ids: ~950 distinct expected; a nucleus cut
@@ -237,7 +244,8 @@ TEST(CpuSampler, GreedyLogprobsPenaltiesBiasBansAndSeeds) {
   banned.banned_tokens = {0};
   EXPECT_EQ(greedy({2.0f, 1.9f}, banned).token_id, 1);
   banned.temperature = 1.0f;
-  for (const auto& token : sampler.sample({5.0f, 1.0f, 1.0f}, std::vector<SamplingRow>(200, banned)))
+  for (const auto& token :
+       sampler.sample({5.0f, 1.0f, 1.0f}, std::vector<SamplingRow>(200, banned)))
     EXPECT_NE(token.token_id, 0);
 
   // Seeds: the same (seed, draw index) gives the same token at any position of any batch.

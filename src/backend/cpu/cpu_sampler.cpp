@@ -36,12 +36,13 @@ void top_logprobs(const float* row, int64_t n, float normaliser, int k,
   if (k <= 0) return;
   std::vector<int32_t> ids(static_cast<size_t>(n));
   std::iota(ids.begin(), ids.end(), 0);
-  auto by_logit = [row](int32_t a, int32_t b) { return row[a] > row[b] || (row[a] == row[b] && a < b); };
+  auto by_logit = [row](int32_t a, int32_t b) {
+    return row[a] > row[b] || (row[a] == row[b] && a < b);
+  };
   int64_t count = std::min<int64_t>(k, n);
   std::partial_sort(ids.begin(), ids.begin() + count, ids.end(), by_logit);
   for (int64_t i = 0; i < count; ++i) top.emplace_back(ids[i], row[ids[i]] - normaliser);
 }
-
 
 // Samples from softmax(adjusted / temperature) filtered as vLLM does, in its order: min_p (against
 // the most likely token), then top_k, then top_p (a token stays while the mass ranked above it is
@@ -49,13 +50,15 @@ void top_logprobs(const float* row, int64_t n, float normaliser, int k,
 // buckets the candidates by logit, keeps every bucket wholly above the one where the mass crosses
 // top_p, and sorts only that boundary bucket. The draw walks the kept tokens in a fixed order
 // (kept buckets by id, then the boundary bucket by rank), so a seed gives the same token anywhere.
-int32_t sample_filtered(std::vector<float>& adjusted, const SamplingRow& params, std::vector<int32_t>& candidates,
-                        std::vector<double>& weights, std::vector<double>& probs) {
+int32_t sample_filtered(std::vector<float>& adjusted, const SamplingRow& params,
+                        std::vector<int32_t>& candidates, std::vector<double>& weights,
+                        std::vector<double>& probs) {
   for (float& value : adjusted) value /= params.temperature;
   const float max_value = *std::max_element(adjusted.begin(), adjusted.end());
   const int32_t vocab = static_cast<int32_t>(adjusted.size());
   weights.resize(adjusted.size());
-  for (int32_t id = 0; id < vocab; ++id) weights[id] = std::exp(static_cast<double>(adjusted[id] - max_value));
+  for (int32_t id = 0; id < vocab; ++id)
+    weights[id] = std::exp(static_cast<double>(adjusted[id] - max_value));
   const double u = uniform01(params.seed, params.draw_index);
   auto draw = [&](const int32_t* ids, size_t count, double mass) {
     const double target = u * mass;
@@ -75,7 +78,8 @@ int32_t sample_filtered(std::vector<float>& adjusted, const SamplingRow& params,
   };
   bool sorted = false;
   if (params.top_k > 0 && static_cast<size_t>(params.top_k) < candidates.size()) {
-    std::partial_sort(candidates.begin(), candidates.begin() + params.top_k, candidates.end(), by_value);
+    std::partial_sort(candidates.begin(), candidates.begin() + params.top_k, candidates.end(),
+                      by_value);
     candidates.resize(static_cast<size_t>(params.top_k));
     sorted = true;
   }
@@ -93,13 +97,15 @@ int32_t sample_filtered(std::vector<float>& adjusted, const SamplingRow& params,
     const float range = max_value - lo;
     auto bucket_of = [&](int32_t id) {
       if (!(range > 0.0f)) return 0;
-      return std::min(kBuckets - 1, static_cast<int>((max_value - adjusted[id]) / range * kBuckets));
+      return std::min(kBuckets - 1,
+                      static_cast<int>((max_value - adjusted[id]) / range * kBuckets));
     };
     probs.assign(kBuckets, 0.0);  // mass per bucket
     for (int32_t id : candidates) probs[bucket_of(id)] += weights[id];
     int boundary = 0;
     double before = 0.0;
-    while (boundary + 1 < kBuckets && before + probs[boundary] < target_mass) before += probs[boundary++];
+    while (boundary + 1 < kBuckets && before + probs[boundary] < target_mass)
+      before += probs[boundary++];
     // Kept: every bucket above the boundary (id order), then the boundary bucket by rank while
     // the mass before a token is below the target.
     std::vector<int32_t>& kept = candidates;  // compacted in place
@@ -107,8 +113,10 @@ int32_t sample_filtered(std::vector<float>& adjusted, const SamplingRow& params,
     std::vector<int32_t> edge;
     for (int32_t id : candidates) {
       const int b = bucket_of(id);
-      if (b < boundary) kept[head++] = id;
-      else if (b == boundary) edge.push_back(id);
+      if (b < boundary)
+        kept[head++] = id;
+      else if (b == boundary)
+        edge.push_back(id);
     }
     std::sort(edge.begin(), edge.end(), by_value);
     double mass = before;
@@ -124,7 +132,8 @@ int32_t sample_filtered(std::vector<float>& adjusted, const SamplingRow& params,
   // top_k already ranked the candidates.
   size_t cut = 0;
   double mass = 0.0;
-  while (cut < candidates.size() && (cut == 0 || mass < target_mass)) mass += weights[candidates[cut++]];
+  while (cut < candidates.size() && (cut == 0 || mass < target_mass))
+    mass += weights[candidates[cut++]];
   return draw(candidates.data(), cut, mass);
 }
 
@@ -166,17 +175,21 @@ void CpuBackend::sample(const Tensor& logits, const std::vector<SamplingRow>& ro
           if (!tokens) return;
           for (int32_t id : *tokens) {
             float& value = adjusted[id];
-            if (value == row[id]) value = value > 0 ? value / params.repetition_penalty : value * params.repetition_penalty;
+            if (value == row[id])
+              value =
+                  value > 0 ? value / params.repetition_penalty : value * params.repetition_penalty;
           }
         };
         penalise(params.prompt_tokens);
         penalise(params.output_tokens);
       }
-      if ((params.frequency_penalty != 0.0f || params.presence_penalty != 0.0f) && params.output_tokens) {
+      if ((params.frequency_penalty != 0.0f || params.presence_penalty != 0.0f) &&
+          params.output_tokens) {
         counts.assign(static_cast<size_t>(vocab), 0);
         for (int32_t id : *params.output_tokens) ++counts[id];
         for (int32_t id = 0; id < vocab; ++id)
-          if (counts[id]) adjusted[id] -= params.frequency_penalty * counts[id] + params.presence_penalty;
+          if (counts[id])
+            adjusted[id] -= params.frequency_penalty * counts[id] + params.presence_penalty;
       }
       if (params.logit_bias)
         for (auto [id, bias] : *params.logit_bias) adjusted[id] += bias;
