@@ -247,6 +247,26 @@ TEST(CpuSampler, GreedyLogprobsPenaltiesBiasBansAndSeeds) {
   for (const auto& token :
        sampler.sample({5.0f, 1.0f, 1.0f}, std::vector<SamplingRow>(200, banned)))
     EXPECT_NE(token.token_id, 0);
+  // A banned token is -inf: with top_p and min_p too it is never drawn, and the rest keep their
+  // reference probabilities (here: the ban leaves 1 and 2 with equal mass, top_p 0.9 keeps both).
+  banned.top_p = 0.9f;
+  std::vector<SamplingRow> banned_rows(2000, banned);
+  for (size_t i = 0; i < banned_rows.size(); ++i) banned_rows[i].draw_index = i;
+  int ones = 0;
+  for (const auto& token : sampler.sample({5.0f, 1.0f, 1.0f}, banned_rows)) {
+    ASSERT_NE(token.token_id, 0);
+    ones += token.token_id == 1;
+  }
+  EXPECT_NEAR(ones / 2000.0, 0.5, 5 * std::sqrt(0.25 / 2000));
+  banned.min_p = 0.5f;
+  for (const auto& token : sampler.sample({5.0f, 1.0f, 1.0f}, std::vector<SamplingRow>(50, banned)))
+    EXPECT_NE(token.token_id, 0);
+  SamplingRow all_banned;
+  all_banned.banned_tokens = {0, 1, 2};
+  all_banned.top_p = 0.5f;
+  const SampledToken fallback = sampler.sample({5.0f, 1.0f, 1.0f}, {all_banned})[0];
+  EXPECT_GE(fallback.token_id, 0) << "a row with every token banned still returns an id";
+  EXPECT_LT(fallback.token_id, 3);
 
   // Seeds: the same (seed, draw index) gives the same token at any position of any batch.
   std::mt19937 rng(7);

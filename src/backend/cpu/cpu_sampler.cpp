@@ -52,10 +52,13 @@ void top_logprobs(const float* row, int64_t n, float normaliser, int k,
 // (kept buckets by id, then the boundary bucket by rank), so a seed gives the same token anywhere.
 int32_t sample_filtered(std::vector<float>& adjusted, const SamplingRow& params,
                         std::vector<int32_t>& candidates, std::vector<double>& weights,
-                        std::vector<double>& probs) {
+                        std::vector<double>& bucket_mass) {
   for (float& value : adjusted) value /= params.temperature;
-  const float max_value = *std::max_element(adjusted.begin(), adjusted.end());
+  const auto max_at = std::max_element(adjusted.begin(), adjusted.end());
+  const float max_value = *max_at;
   const int32_t vocab = static_cast<int32_t>(adjusted.size());
+  // Everything banned (or a non-finite model output): nothing to weigh; take the argmax.
+  if (!std::isfinite(max_value)) return static_cast<int32_t>(max_at - adjusted.begin());
   weights.resize(adjusted.size());
   for (int32_t id = 0; id < vocab; ++id)
     weights[id] = std::exp(static_cast<double>(adjusted[id] - max_value));
@@ -72,7 +75,9 @@ int32_t sample_filtered(std::vector<float>& adjusted, const SamplingRow& params,
 
   candidates.clear();
   for (int32_t id = 0; id < vocab; ++id)
-    if (params.min_p <= 0.0f || weights[id] >= params.min_p) candidates.push_back(id);
+    // Weight 0 (a banned token, -inf) can never be drawn; NaN fails both tests.
+    if (weights[id] > 0.0 && (params.min_p <= 0.0f || weights[id] >= params.min_p))
+      candidates.push_back(id);
   auto by_value = [&](int32_t a, int32_t b) {
     return adjusted[a] > adjusted[b] || (adjusted[a] == adjusted[b] && a < b);
   };
@@ -100,12 +105,12 @@ int32_t sample_filtered(std::vector<float>& adjusted, const SamplingRow& params,
       return std::min(kBuckets - 1,
                       static_cast<int>((max_value - adjusted[id]) / range * kBuckets));
     };
-    probs.assign(kBuckets, 0.0);  // mass per bucket
-    for (int32_t id : candidates) probs[bucket_of(id)] += weights[id];
+    bucket_mass.assign(kBuckets, 0.0);
+    for (int32_t id : candidates) bucket_mass[bucket_of(id)] += weights[id];
     int boundary = 0;
     double before = 0.0;
-    while (boundary + 1 < kBuckets && before + probs[boundary] < target_mass)
-      before += probs[boundary++];
+    while (boundary + 1 < kBuckets && before + bucket_mass[boundary] < target_mass)
+      before += bucket_mass[boundary++];
     // Kept: every bucket above the boundary (id order), then the boundary bucket by rank while
     // the mass before a token is below the target.
     std::vector<int32_t>& kept = candidates;  // compacted in place
@@ -161,7 +166,7 @@ void CpuBackend::sample(const Tensor& logits, const std::vector<SamplingRow>& ro
   pool_.parallel_for(static_cast<int64_t>(rows.size()), 1, [&](int64_t begin, int64_t end) {
     std::vector<float> adjusted(static_cast<size_t>(vocab));
     std::vector<int32_t> candidates;
-    std::vector<double> weights, probs;
+    std::vector<double> weights, bucket_mass;
     std::vector<int32_t> counts;
     for (int64_t r = begin; r < end; ++r) {
       const SamplingRow& params = rows[r];
@@ -200,7 +205,7 @@ void CpuBackend::sample(const Tensor& logits, const std::vector<SamplingRow>& ro
         for (int32_t id = 1; id < vocab; ++id)
           if (adjusted[id] > adjusted[chosen]) chosen = id;
       } else {
-        chosen = sample_filtered(adjusted, params, candidates, weights, probs);
+        chosen = sample_filtered(adjusted, params, candidates, weights, bucket_mass);
       }
       float normaliser = log_normaliser(row, vocab);
       out[r].token_id = chosen;
