@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -21,6 +22,10 @@ struct AttentionBatch {
   Tensor slot_mapping;  // [T] int32: KV slot written for this token (block * block_size + offset)
   Tensor block_tables;  // [S, max_blocks_per_seq] int32
   int block_size = 16;
+  // Host-side facts about the step (kernel choice): the most query tokens of one sequence (1 =
+  // pure decode) and the longest context. A graph-recorded step must not depend on the second.
+  int64_t max_query_len = 0;
+  int64_t max_context_len = 0;
 };
 
 struct RopeSpec {
@@ -53,11 +58,33 @@ struct SampledToken {
   std::vector<std::pair<int32_t, float>> top;    // (id, logprob) descending, `logprobs` entries
 };
 
+// The largest step the engine will run, fixed at start-up: the backend sizes its step workspace
+// (scratch of kernels, graphs) from it once, so no step allocates and addresses stay stable.
+struct StepLimits {
+  int64_t max_tokens = 0;          // tokens per step
+  int64_t max_seqs = 0;            // sequences per step
+  int64_t max_blocks_per_seq = 0;  // KV blocks of the longest sequence
+  int64_t max_logits_rows = 0;     // rows of logits per step
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
   virtual std::string name() const = 0;
   virtual Device device() const = 0;
+  // The dtype the paged KV cache is kept in (CPU: f32; CUDA: bf16).
+  virtual DType kv_cache_dtype() const { return DType::kF32; }
+  // Memory the backend's device has free now (CPU: available physical memory).
+  virtual int64_t free_memory_bytes() const;
+  // A monolithic MoE kernel for small steps that `--moe-kernel auto` uses up to this many
+  // tokens (crossover measured per backend); empty: none.
+  virtual std::string small_batch_kernel() const { return ""; }
+  virtual int64_t small_batch_max_tokens() const { return 0; }
+  // Called once before the first step.
+  virtual Status reserve(const StepLimits& limits) {
+    (void)limits;
+    return Status::ok();
+  }
 
   // Buffers owned by the backend, valid until free_buffer or the backend's end.
   virtual Tensor alloc(DType dtype, std::initializer_list<int64_t> shape) = 0;
@@ -65,9 +92,30 @@ class Backend {
   // Weights: makes a checkpoint tensor (host memory, e.g. an mmap) usable by this backend. The
   // CPU backend keeps BF16/F32 as views and converts F16 to F32.
   virtual Result<Tensor> load_weight(const Tensor& host) = 0;
+  // Stacks equally shaped host tensors into one [parts, ...] backend tensor (per-expert
+  // checkpoint tensors -> the stacked expert layout).
+  virtual Result<Tensor> load_stacked(const std::vector<Tensor>& host_parts) = 0;
+  // Deterministic pseudo-random weights (--random-weights): offset + uniform [-scale, scale)
+  // from (seed, element index) (backend/random_fill.h), the same numbers on every backend.
+  virtual void fill_random(Tensor& dst, uint64_t seed, float scale, float offset) = 0;
+  // upload/download are synchronous. download_async may return before the copy is done: `host`
+  // (from alloc_host) is valid after the next synchronize().
   virtual void upload(const void* host, Tensor& dst) = 0;
   virtual void download(const Tensor& src, void* host) = 0;
+  virtual void download_async(const Tensor& src, void* host) { download(src, host); }
+  virtual void synchronize() {}
+  virtual void* alloc_host(size_t bytes);  // pinned on devices that have it
+  virtual void free_host(void* host);
   virtual void fill_i32(Tensor& dst, int32_t value) = 0;
+
+  // Graphs: runs `body` (device work only, on buffers with stable addresses) and, where the
+  // backend supports it, records it under `key` the first time and replays the record after.
+  virtual bool supports_graphs() const { return false; }
+  virtual void clear_graphs() {}
+  virtual void run_graph(uint64_t key, const std::function<void()>& body) {
+    (void)key;
+    body();
+  }
 
   // out[t] = table[ids[t]]; out is f32 [T, hidden].
   virtual void embedding(const Tensor& table, const Tensor& ids, Tensor& out) = 0;
@@ -76,12 +124,17 @@ class Backend {
   // out[r, o] = sum_i x[r, i] * weight[o, i] (+ bias[o]); batch-invariant per row.
   virtual void matmul(const Tensor& x, const Tensor& weight, const Tensor* bias, Tensor& out) = 0;
   virtual void add_inplace(Tensor& x, const Tensor& y) = 0;
+  // The residual step: x += delta, then out = rms_norm(x) (fused on devices).
+  virtual void add_rms_norm(Tensor& x, const Tensor& delta, const Tensor& weight, float eps, Tensor& out) {
+    add_inplace(x, delta);
+    rms_norm(x, weight, eps, out);
+  }
   // out = silu(gate) * up, element-wise.
   virtual void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) = 0;
   // Rotary embedding (rotate-half) on x [T, heads, head_dim] at the batch's positions.
   virtual void rope(Tensor& x, const AttentionBatch& batch, const RopeSpec& spec) = 0;
   // Writes this step's K/V ([T, kv_heads, head_dim]) into the layer's cache
-  // ([slots, kv_heads, head_dim]) at batch.slot_mapping.
+  // ([slots, kv_heads, head_dim]) at batch.slot_mapping; a slot of -1 (padding) is skipped.
   virtual void write_kv(const Tensor& k, const Tensor& v, Tensor& k_cache, Tensor& v_cache,
                         const AttentionBatch& batch) = 0;
   // Causal attention of q [T, heads, head_dim] over positions 0..position of each token's own
@@ -105,5 +158,14 @@ struct CpuBackendOptions {
   int num_threads = 0;  // 0 = all cores
 };
 std::unique_ptr<Backend> make_cpu_backend(const CpuBackendOptions& options);
+
+struct BackendOptions {
+  Device device = Device::kCpu;
+  int num_threads = 0;  // CPU threads (0 = all cores)
+  int device_index = 0;
+};
+// The backend for `options.device`; CUDA fails with a clear message when this build has none.
+Result<std::unique_ptr<Backend>> make_backend(const BackendOptions& options);
+Result<Device> parse_device(const std::string& text);  // "cpu" | "cuda"
 
 }  // namespace sy::backend

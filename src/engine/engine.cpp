@@ -30,12 +30,15 @@ class EngineImpl final : public Engine {
  public:
   ~EngineImpl() override {
     shutdown(0);
-    for (Tensor& t : step_buffers_) backend_->free_buffer(t);
+    decoder_.reset();
+    model_.reset();
+    for (Tensor* t : {&gather_index_, &gathered_})
+      if (t->data) backend_->free_buffer(*t);
   }
 
   Status init(const EngineConfig& config) {
     config_ = config;
-    backend_ = backend::make_cpu_backend({config.num_threads});
+    SY_ASSIGN(backend_, backend::make_backend({config.device, config.num_threads, 0}));
     backend_->register_kernels(registry_);
     if (config.register_extra_kernels) config.register_extra_kernels(registry_);
     moe::KernelNeeds needs{backend_->device(), config.capture_routes, config.require_replay};
@@ -48,21 +51,48 @@ class EngineImpl final : public Engine {
     }
     if (!kernel) return kernel.status();
     kernel_ = *kernel;
+    model::KernelChoice kernels{kernel_, nullptr, 0};
+    // auto: the backend's small-batch (monolithic) kernel for steps up to its crossover, if it
+    // has every capability the large one was chosen for.
+    if (config.moe_kernel == "auto" && !backend_->small_batch_kernel().empty()) {
+      moe::KernelNeeds small_needs{backend_->device(), config.capture_routes, kernel_->replays_routes()};
+      auto small = registry_.select(backend_->small_batch_kernel(), small_needs);
+      if (small) kernels = {kernel_, *small, backend_->small_batch_max_tokens()};
+    }
     // The guard runs before loading, so a refused kernel costs no load time.
-    SY_ASSIGN(model_, model::Model::load(config.model_dir, *backend_, progress_printer(config.show_progress)));
+    if (!config.random_weights_config.empty()) {
+      SY_ASSIGN(model_, model::Model::random(config.random_weights_config, *backend_, config.random_weights_seed));
+    } else {
+      SY_ASSIGN(model_, model::Model::load(config.model_dir, *backend_, progress_printer(config.show_progress)));
+    }
     const model::ModelConfig& c = model_->config();
     config_at_start_ = c;  // shapes never change (weight updates must keep them)
     max_model_len_ = config.max_model_len > 0 ? config.max_model_len : c.max_position_embeddings;
     row_ints_ = c.num_hidden_layers * c.experts_per_token;
+    const int64_t max_rows = std::min<int64_t>(config.max_num_batched_tokens,
+                                               int64_t{config.max_num_seqs} + config.max_prompt_logprob_rows);
+    backend::StepLimits limits{config.max_num_batched_tokens, config.max_num_seqs,
+                               (max_model_len_ + config.block_size_tokens - 1) / config.block_size_tokens, max_rows};
     int64_t kv_tokens = config.kv_cache_tokens;
     if (kv_tokens <= 0) {
-      const int64_t per_token = 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * 4;
-      const int64_t budget = std::min<int64_t>(available_memory_bytes() / 4, int64_t{8} << 30);
-      kv_tokens = std::clamp<int64_t>(budget / per_token, 4096, 262144);
+      const int64_t per_token = 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim *
+                                static_cast<int64_t>(dtype_size(backend_->kv_cache_dtype()));
+      int64_t budget = 0;
+      if (backend_->device() == Device::kCpu) {
+        budget = std::min<int64_t>(available_memory_bytes() / 4, int64_t{8} << 30);
+      } else {
+        // What the device has left after the weights, less room for the step workspace (the
+        // largest buffer is the logits, [rows, vocab] f32, held twice) and the kernels' scratch.
+        const int64_t workspace = 2 * max_rows * c.vocab_size * 4 +
+                                  int64_t{config.max_num_batched_tokens} * c.hidden_size * 4 * 24 + (int64_t{2} << 30);
+        budget = static_cast<int64_t>(0.9 * static_cast<double>(backend_->free_memory_bytes() - workspace));
+      }
+      kv_tokens = std::clamp<int64_t>(budget / per_token, 4096, int64_t{4} << 20);
     }
     const int64_t blocks = std::max<int64_t>(2, (kv_tokens + config.block_size_tokens - 1) / config.block_size_tokens);
-    decoder_ = std::make_unique<model::Decoder>(*backend_, *kernel_, config.block_size_tokens);
-    decoder_->allocate_kv_cache(c, blocks);
+    decoder_ = std::make_unique<model::Decoder>(*backend_, kernels, config.block_size_tokens);
+    decoder_->set_graphs_enabled(config.cuda_graphs);
+    SY_TRY(decoder_->allocate(c, blocks, limits));
     kv_ = std::make_unique<KvCache>(blocks, config.block_size_tokens, row_ints_);
     eos_ids_ = c.eos_token_ids;
     thread_ = std::thread([this] { loop(); });
@@ -126,6 +156,7 @@ class EngineImpl final : public Engine {
       if (!fresh) return fresh.status();
       SY_TRY(model_->check_same_shapes(**fresh).with_context(model_dir + ": not the same shapes: "));
       model_ = std::move(fresh).value();
+      backend_->clear_graphs();  // recorded steps point at the old weights
       kv_->flush();
       return Status::ok();
     }, /*drain=*/true);
@@ -498,6 +529,35 @@ class EngineImpl final : public Engine {
 
     model::StepOutputs out;
     Status status = decoder_->forward(*model_, in, out);
+
+    // Prompt logprobs (score the next prompt token) and sampling (the last position), enqueued
+    // behind the forward pass; the step's one synchronisation comes with their results.
+    std::vector<backend::SamplingRow> rows;
+    std::vector<size_t> sample_items, sample_logit_rows;
+    std::vector<int32_t> score_targets;
+    std::vector<size_t> score_uses;
+    int max_prompt_top = 0;
+    for (size_t r = 0; r < logits_uses.size(); ++r) {
+      const LogitsUse& use = logits_uses[r];
+      Sequence& seq = *batch[use.item].seq;
+      if (use.sample) {
+        sample_items.push_back(use.item);
+        sample_logit_rows.push_back(r);
+        rows.push_back(sampling_row(seq));
+      }
+      if (use.score) {
+        score_targets.push_back(seq.tokens[use.position + 1]);
+        score_uses.push_back(r);
+        max_prompt_top = std::max(max_prompt_top, seq.request.sampling.prompt_logprobs);
+      }
+    }
+    std::vector<backend::SampledToken> scored, sampled;
+    if (status) {
+      if (!score_targets.empty())
+        backend_->score_tokens(gather_logits(out.logits, score_uses), score_targets, max_prompt_top, scored);
+      if (!rows.empty()) backend_->sample(gather_logits(out.logits, sample_logit_rows), rows, sampled);
+      status = decoder_->finish_step(*model_, out);
+    }
     if (!status) {
       // E.g. a route no kernel wrote: fail the step's requests, keep serving the rest.
       if (status.code() == ErrorCode::kInternal) {
@@ -531,44 +591,13 @@ class EngineImpl final : public Engine {
         metrics_.prompt_tokens_computed += prompt_part;
       }
     }
-
-    // Prompt logprobs (score the next prompt token) and sampling (the last position).
-    std::vector<backend::SamplingRow> rows;
-    std::vector<size_t> sample_items, sample_logit_rows;
-    std::vector<int32_t> score_targets;
-    std::vector<size_t> score_uses;
-    int max_prompt_top = 0;
-    for (size_t r = 0; r < logits_uses.size(); ++r) {
-      const LogitsUse& use = logits_uses[r];
-      Sequence& seq = *batch[use.item].seq;
-      if (use.sample) {
-        sample_items.push_back(use.item);
-        sample_logit_rows.push_back(r);
-        rows.push_back(sampling_row(seq));
-      }
-      if (use.score) {
-        score_targets.push_back(seq.tokens[use.position + 1]);
-        score_uses.push_back(r);
-        max_prompt_top = std::max(max_prompt_top, seq.request.sampling.prompt_logprobs);
-      }
-    }
-    if (!score_targets.empty()) {
-      std::vector<backend::SampledToken> scored;
-      Tensor logits = gather_logits(out.logits, score_uses);
-      backend_->score_tokens(logits, score_targets, max_prompt_top, scored);
-      for (size_t j = 0; j < scored.size(); ++j) {
-        Sequence& seq = *batch[logits_uses[score_uses[j]].item].seq;
-        TokenLogprob entry{scored[j].token_id, scored[j].logprob, {}};
-        for (int k = 0; k < seq.request.sampling.prompt_logprobs && k < static_cast<int>(scored[j].top.size()); ++k)
-          entry.top.push_back({scored[j].top[k].first, scored[j].top[k].second});
-        seq.prompt_logprobs.push_back(std::move(entry));
-        seq.prompt_scored = logits_uses[score_uses[j]].position + 1;
-      }
-    }
-    std::vector<backend::SampledToken> sampled;
-    if (!rows.empty()) {
-      Tensor logits = gather_logits(out.logits, sample_logit_rows);
-      backend_->sample(logits, rows, sampled);
+    for (size_t j = 0; j < scored.size(); ++j) {
+      Sequence& seq = *batch[logits_uses[score_uses[j]].item].seq;
+      TokenLogprob entry{scored[j].token_id, scored[j].logprob, {}};
+      for (int k = 0; k < seq.request.sampling.prompt_logprobs && k < static_cast<int>(scored[j].top.size()); ++k)
+        entry.top.push_back({scored[j].top[k].first, scored[j].top[k].second});
+      seq.prompt_logprobs.push_back(std::move(entry));
+      seq.prompt_scored = logits_uses[score_uses[j]].position + 1;
     }
     std::vector<Sequence*> finished;
     for (size_t j = 0; j < sampled.size(); ++j) {
@@ -599,20 +628,25 @@ class EngineImpl final : public Engine {
     for (Sequence* seq : finished) remove_running(seq);
   }
 
-  // The step's logits rows that one consumer needs, compacted on the backend (never via the host).
+  // The step's logits rows that one consumer needs, compacted on the backend (never via the
+  // host) into buffers allocated once, at the largest size a step can ask for.
   Tensor gather_logits(const Tensor& logits, const std::vector<size_t>& rows) {
     bool identity = true;
     for (size_t i = 0; i < rows.size(); ++i) identity &= rows[i] == i;
     if (identity) return logits.slice_rows(0, static_cast<int64_t>(rows.size()));
-    for (Tensor& t : step_buffers_) backend_->free_buffer(t);
-    step_buffers_.clear();
+    if (!gathered_.data) {
+      const int64_t max_rows = std::max<int64_t>(1, std::min<int64_t>(config_.max_num_batched_tokens,
+          int64_t{config_.max_num_seqs} + config_.max_prompt_logprob_rows));
+      gather_index_ = backend_->alloc(DType::kI32, {max_rows});
+      gathered_ = backend_->alloc(DType::kF32, {max_rows, logits.dim(1)});
+    }
+    // Two consumers per step (scoring, sampling) each get their own half of the index buffer's
+    // use in sequence; the backend orders the gather before the consumer that reads it.
     std::vector<int32_t> index(rows.begin(), rows.end());
-    Tensor index_tensor = backend_->alloc(DType::kI32, {static_cast<int64_t>(index.size())});
+    Tensor index_tensor = gather_index_.slice_rows(0, static_cast<int64_t>(index.size()));
     backend_->upload(index.data(), index_tensor);
-    Tensor gathered = backend_->alloc(DType::kF32, {static_cast<int64_t>(rows.size()), logits.dim(1)});
+    Tensor gathered = gathered_.slice_rows(0, static_cast<int64_t>(rows.size()));
     backend_->gather_rows(logits, index_tensor, gathered);
-    step_buffers_.push_back(index_tensor);
-    step_buffers_.push_back(gathered);
     return gathered;
   }
 
@@ -768,7 +802,7 @@ class EngineImpl final : public Engine {
   std::deque<std::unique_ptr<Sequence>> waiting_;
   std::vector<std::unique_ptr<Sequence>> running_;
   std::deque<Task> pending_tasks_;
-  std::vector<Tensor> step_buffers_;  // gathered logits, freed at the next gather or the end
+  Tensor gather_index_, gathered_;  // gathered logits rows (allocated at first use)
   std::vector<int32_t> output_scratch_;
   std::deque<std::vector<int32_t>> outputs_kept_;
 

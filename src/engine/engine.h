@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "moe/experts_kernel.h"
+#include "tensor/tensor.h"
 #include "moe/route_log.h"
 #include "util/status.h"
 
@@ -105,6 +106,12 @@ struct EngineMetrics {
 
 struct EngineConfig {
   std::string model_dir;
+  Device device = Device::kCpu;        // --device cpu|cuda
+  // --random-weights CONFIG.json: seeded random weights built on the device from this config
+  // (model_dir is then the config's folder, for the tokenizer); empty = load the checkpoint.
+  std::string random_weights_config;
+  uint64_t random_weights_seed = 0;
+  bool cuda_graphs = true;             // record decode steps as graphs where the backend can
   std::string moe_kernel = "auto";
   bool capture_routes = false;        // serve --enable-return-routed-experts / generate --routes-out
   int max_num_seqs = 256;             // sequences per step

@@ -1,177 +1,350 @@
 #include "model/decoder.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "moe/router.h"
 
 namespace sy::model {
+
+// Every buffer a step touches, allocated once for the largest step (stable addresses: graphs
+// record them). Step inputs travel as one packed int32 upload.
+struct Decoder::Workspace {
+  backend::Backend* backend = nullptr;
+  backend::StepLimits limits;
+  int64_t pack_ints = 0;
+  int32_t* pack_host = nullptr;  // alloc_host
+  int32_t* routes_host = nullptr;
+  Tensor pack;  // [pack_ints] int32
+  Tensor forced, forced_routes, sink;
+  Tensor x, normed, block_out, q, k, v, attn, gate, up, picked, picked_normed, logits;
+  std::vector<Tensor*> owned() {
+    return {&pack, &forced, &forced_routes, &sink, &x, &normed, &block_out, &q, &k, &v, &attn,
+            &gate, &up, &picked, &picked_normed, &logits};
+  }
+  ~Workspace() {
+    for (Tensor* t : owned())
+      if (t->data) backend->free_buffer(*t);
+    if (pack_host) backend->free_host(pack_host);
+    if (routes_host) backend->free_host(routes_host);
+  }
+  // Views of the packed inputs for a step of (tokens, logits rows, seqs, block-table stride).
+  struct Views {
+    Tensor ids, positions, token_seq, slot_mapping, logits_rows, block_tables;
+    int64_t ints = 0;
+  };
+  Views views(int64_t tokens, int64_t rows, int64_t seqs, int64_t stride) const {
+    Views v;
+    int32_t* base = pack.ptr<int32_t>();
+    auto take = [&](int64_t count) {
+      Tensor t(base + v.ints, DType::kI32, {count}, pack.device);
+      v.ints += count;
+      return t;
+    };
+    v.ids = take(tokens);
+    v.positions = take(tokens);
+    v.token_seq = take(tokens);
+    v.slot_mapping = take(tokens);
+    v.logits_rows = take(rows);
+    v.block_tables = take(seqs * stride).reshaped({seqs, stride});
+    return v;
+  }
+};
+
 namespace {
 
-// Step-lifetime buffers, freed together.
-class StepArena {
- public:
-  explicit StepArena(backend::Backend& backend) : backend_(backend) {}
-  ~StepArena() {
-    for (Tensor& tensor : tensors_) backend_.free_buffer(tensor);
-  }
-  Tensor make(DType dtype, std::initializer_list<int64_t> shape) {
-    tensors_.push_back(backend_.alloc(dtype, shape));
-    return tensors_.back();
-  }
-  Tensor upload_i32(const std::vector<int32_t>& host) {
-    Tensor tensor = make(DType::kI32, {static_cast<int64_t>(host.size())});
-    if (!host.empty()) backend_.upload(host.data(), tensor);
-    return tensor;
-  }
+// Decode steps are recorded per padded batch size (and block-table width).
+int64_t graph_bucket(int64_t tokens) {
+  static constexpr int64_t kBuckets[] = {1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256};
+  for (int64_t b : kBuckets)
+    if (tokens <= b) return b;
+  return 0;  // too large for a graph
+}
 
- private:
-  backend::Backend& backend_;
-  std::vector<Tensor> tensors_;
-};
+int64_t pow2_at_least(int64_t value) {
+  int64_t p = 1;
+  while (p < value) p *= 2;
+  return p;
+}
 
 }  // namespace
 
-Decoder::Decoder(backend::Backend& backend, moe::ExpertsKernel& kernel, int block_size)
-    : backend_(backend), kernel_(kernel), block_size_(block_size) {}
+Decoder::Decoder(backend::Backend& backend, KernelChoice kernels, int block_size)
+    : backend_(backend), kernels_(kernels), block_size_(block_size) {}
 
 Decoder::~Decoder() {
+  ws_.reset();
   for (Tensor& tensor : k_cache_) backend_.free_buffer(tensor);
   for (Tensor& tensor : v_cache_) backend_.free_buffer(tensor);
-  if (logits_.data) backend_.free_buffer(logits_);
 }
 
-void Decoder::allocate_kv_cache(const ModelConfig& config, int64_t num_blocks) {
+Status Decoder::allocate(const ModelConfig& c, int64_t num_blocks, const backend::StepLimits& limits) {
+  if (limits.max_tokens <= 0 || limits.max_seqs <= 0 || limits.max_blocks_per_seq <= 0 ||
+      limits.max_logits_rows <= 0)
+    return Status::error("step limits must be positive");
+  SY_TRY(backend_.reserve(limits));
+  const moe::RouterSpec spec = c.router_spec();
+  for (moe::ExpertsKernel* kernel : {kernels_.large, kernels_.small})
+    if (kernel && c.num_experts > 0)
+      SY_TRY(kernel->reserve(limits.max_tokens, spec, c.hidden_size, c.moe_intermediate_size)
+                 .with_context(fmt::format("MoE kernel {}: ", kernel->name())));
+
   const int64_t slots = num_blocks * block_size_;
-  // Zero-filled now, so the whole cache is resident from the start (as a GPU engine's would be):
-  // memory use does not creep up later as the prefix cache reaches blocks never touched before.
-  for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer) {
+  const DType kv_dtype = backend_.kv_cache_dtype();
+  // Zero-filled now, so the whole cache is resident from the start: memory use does not creep
+  // up later as the prefix cache reaches blocks never touched before.
+  for (int64_t layer = 0; layer < c.num_hidden_layers; ++layer) {
     for (auto* cache : {&k_cache_, &v_cache_}) {
-      cache->push_back(backend_.alloc(DType::kF32, {slots, config.num_key_value_heads, config.head_dim}));
-      backend_.fill_i32(cache->back(), 0);  // f32 zero has the same bits as i32 zero
+      cache->push_back(backend_.alloc(kv_dtype, {slots, c.num_key_value_heads, c.head_dim}));
+      if (!cache->back().data) return Status::error(ErrorCode::kResourceExhausted, "out of memory for the KV cache");
+      Tensor as_i32 = cache->back();
+      as_i32.dtype = DType::kI32;
+      as_i32.rank = 1;
+      as_i32.shape = {static_cast<int64_t>(cache->back().nbytes() / 4), 0, 0, 0};
+      backend_.fill_i32(as_i32, 0);
     }
   }
+
+  auto ws = std::make_unique<Workspace>();
+  ws->backend = &backend_;
+  ws->limits = limits;
+  const int64_t T = limits.max_tokens, R = limits.max_logits_rows;
+  const int64_t L = c.num_hidden_layers, K = std::max<int64_t>(c.experts_per_token, 1);
+  const int64_t hidden = c.hidden_size, heads = c.num_attention_heads, kv_heads = c.num_key_value_heads;
+  ws->pack_ints = 4 * T + R + limits.max_seqs * limits.max_blocks_per_seq;
+  ws->pack = backend_.alloc(DType::kI32, {ws->pack_ints});
+  ws->pack_host = static_cast<int32_t*>(backend_.alloc_host(static_cast<size_t>(ws->pack_ints) * 4));
+  ws->routes_host = static_cast<int32_t*>(backend_.alloc_host(static_cast<size_t>(T * L * K) * 4));
+  ws->forced = backend_.alloc(DType::kU8, {T});
+  ws->forced_routes = backend_.alloc(DType::kI32, {T, L, K});
+  ws->sink = backend_.alloc(DType::kI32, {T, L, K});
+  ws->x = backend_.alloc(DType::kF32, {T, hidden});
+  ws->normed = backend_.alloc(DType::kF32, {T, hidden});
+  ws->block_out = backend_.alloc(DType::kF32, {T, hidden});
+  ws->q = backend_.alloc(DType::kF32, {T, heads, c.head_dim});
+  ws->k = backend_.alloc(DType::kF32, {T, kv_heads, c.head_dim});
+  ws->v = backend_.alloc(DType::kF32, {T, kv_heads, c.head_dim});
+  ws->attn = backend_.alloc(DType::kF32, {T, heads * c.head_dim});
+  bool any_dense = false;
+  for (int layer = 0; layer < c.num_hidden_layers; ++layer) any_dense |= !c.is_moe_layer(layer);
+  if (any_dense) {
+    ws->gate = backend_.alloc(DType::kF32, {T, c.intermediate_size});
+    ws->up = backend_.alloc(DType::kF32, {T, c.intermediate_size});
+  }
+  ws->picked = backend_.alloc(DType::kF32, {R, hidden});
+  ws->picked_normed = backend_.alloc(DType::kF32, {R, hidden});
+  ws->logits = backend_.alloc(DType::kF32, {R, c.vocab_size});
+  for (Tensor* t : ws->owned())
+    if (!t->data && t->numel() > 0)
+      return Status::error(ErrorCode::kResourceExhausted, "out of memory for the step workspace");
+  if (!ws->pack_host || !ws->routes_host)
+    return Status::error(ErrorCode::kResourceExhausted, "out of host memory for the step workspace");
+  ws_ = std::move(ws);
+  return Status::ok();
 }
 
 Status Decoder::forward(const Model& model, const StepInputs& in, StepOutputs& out) {
+  if (!ws_) return Status::error(ErrorCode::kInternal, "decoder: forward before allocate");
   const ModelConfig& c = model.config();
-  const DecoderWeights& w = model.weights();
+  const DecoderWeights& wt = model.weights();
+  Workspace& ws = *ws_;
   const int64_t tokens = static_cast<int64_t>(in.token_ids.size());
+  const int64_t rows = static_cast<int64_t>(in.logits_rows.size());
+  const int64_t seqs = in.num_seqs;
+  const int64_t layers = c.num_hidden_layers, top_k = c.experts_per_token;
   const int64_t hidden = c.hidden_size, heads = c.num_attention_heads, kv_heads = c.num_key_value_heads;
-  const int64_t head_dim = c.head_dim, layers = c.num_hidden_layers, top_k = c.experts_per_token;
-  StepArena arena(backend_);
+  const int64_t head_dim = c.head_dim;
+  if (tokens == 0 || tokens > ws.limits.max_tokens || rows > ws.limits.max_logits_rows ||
+      seqs > ws.limits.max_seqs || in.max_blocks_per_seq > ws.limits.max_blocks_per_seq)
+    return Status::error(ErrorCode::kInternal,
+                         fmt::format("decoder: step of {} tokens, {} logits rows, {} sequences, {} "
+                                     "blocks is outside the workspace's limits",
+                                     tokens, rows, seqs, in.max_blocks_per_seq));
+
+  // A pure decode step (one token per sequence, every row's logits) on a graph-capable backend
+  // is padded to its bucket and replayed from a recorded graph.
+  bool decode = tokens == seqs && rows == tokens;
+  for (int64_t i = 0; decode && i < rows; ++i) decode = in.logits_rows[i] == i && in.token_seq[i] == i;
+  const int64_t bucket = graph_bucket(tokens);
+  const bool graph = graphs_enabled_ && backend_.supports_graphs() && decode && bucket > 0 &&
+                     bucket <= ws.limits.max_tokens && bucket <= ws.limits.max_seqs &&
+                     bucket <= ws.limits.max_logits_rows;
+  const int64_t T = graph ? bucket : tokens;
+  const int64_t S = graph ? bucket : seqs;
+  const int64_t R = graph ? bucket : rows;
+  const int64_t stride = graph ? std::min(pow2_at_least(in.max_blocks_per_seq), ws.limits.max_blocks_per_seq)
+                               : std::max(in.max_blocks_per_seq, 1);
+
+  // Pack and upload the inputs (padding rows: token 0 at position 0 of its own empty
+  // sequence, KV slot -1 = not written).
+  Workspace::Views v = ws.views(T, R, S, stride);
+  int32_t* pack = ws.pack_host;
+  int64_t at = 0;
+  auto put = [&](const std::vector<int32_t>& src, int64_t count, auto pad) {
+    for (int64_t i = 0; i < count; ++i) pack[at + i] = i < static_cast<int64_t>(src.size()) ? src[i] : pad(i);
+    at += count;
+  };
+  put(in.token_ids, T, [](int64_t) { return 0; });
+  put(in.positions, T, [](int64_t) { return 0; });
+  put(in.token_seq, T, [](int64_t i) { return static_cast<int32_t>(i); });
+  put(in.slot_mapping, T, [](int64_t) { return -1; });
+  put(in.logits_rows, R, [](int64_t i) { return static_cast<int32_t>(i); });
+  std::fill_n(pack + at, S * stride, 0);
+  for (int64_t s = 0; s < seqs; ++s)
+    std::copy_n(in.block_tables.begin() + s * in.max_blocks_per_seq, in.max_blocks_per_seq, pack + at + s * stride);
+  at += S * stride;
+  Tensor packed = ws.pack.slice_rows(0, at);
+  backend_.upload(pack, packed);
+
+  const bool forced = !in.forced.empty();
+  if (forced) {
+    std::vector<uint8_t> flags(in.forced);
+    flags.resize(static_cast<size_t>(T), 0);
+    Tensor f = ws.forced.slice_rows(0, T);
+    backend_.upload(flags.data(), f);
+    std::vector<int32_t> given(in.forced_routes);
+    given.resize(static_cast<size_t>(T * layers * top_k), 0);
+    Tensor g = ws.forced_routes.slice_rows(0, T);
+    backend_.upload(given.data(), g);
+  }
+  const bool capture = in.capture_routes && top_k > 0;
+  moe::ExpertsKernel& kernel = kernels_.for_tokens(T);
 
   backend::AttentionBatch batch;
-  batch.positions = arena.upload_i32(in.positions);
-  batch.token_seq = arena.upload_i32(in.token_seq);
-  batch.slot_mapping = arena.upload_i32(in.slot_mapping);
-  batch.block_tables = arena.upload_i32(in.block_tables);
-  batch.block_tables = batch.block_tables.reshaped({in.num_seqs, in.max_blocks_per_seq});
+  batch.positions = v.positions;
+  batch.token_seq = v.token_seq;
+  batch.slot_mapping = v.slot_mapping;
+  batch.block_tables = v.block_tables;
   batch.block_size = block_size_;
-  Tensor ids = arena.upload_i32(in.token_ids);
-
-  moe::RouteBuffers routes;
-  if (in.capture_routes && top_k > 0) {
-    routes.sink = arena.make(DType::kI32, {tokens, layers, top_k});
-    backend_.fill_i32(routes.sink, moe::kRoutePoison);
-  }
-  if (!in.forced.empty()) {
-    routes.forced = arena.make(DType::kU8, {tokens});
-    backend_.upload(in.forced.data(), routes.forced);
-    routes.source = arena.upload_i32(in.forced_routes).reshaped({tokens, layers, top_k});
-  }
-
-  Tensor x = arena.make(DType::kF32, {tokens, hidden});
-  Tensor normed = arena.make(DType::kF32, {tokens, hidden});
-  Tensor q = arena.make(DType::kF32, {tokens, heads, head_dim});
-  Tensor k = arena.make(DType::kF32, {tokens, kv_heads, head_dim});
-  Tensor v = arena.make(DType::kF32, {tokens, kv_heads, head_dim});
-  Tensor attn = arena.make(DType::kF32, {tokens, heads * head_dim});
-  Tensor block_out = arena.make(DType::kF32, {tokens, hidden});
-  const int64_t mlp_width = std::max(c.intermediate_size, int64_t{1});
-  Tensor gate = arena.make(DType::kF32, {tokens, mlp_width});
-  Tensor up = arena.make(DType::kF32, {tokens, mlp_width});
-  const backend::RopeSpec rope{c.rope_theta, head_dim};
-  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
-
-  backend_.embedding(w.embed_tokens, ids, x);
-  for (int64_t layer = 0; layer < layers; ++layer) {
-    const LayerWeights& lw = w.layers[static_cast<size_t>(layer)];
-    const AttentionWeights& a = lw.attention;
-    // Attention block.
-    backend_.rms_norm(x, lw.input_norm, c.rms_norm_eps, normed);
-    backend_.matmul(normed, a.q_proj, a.q_bias.data ? &a.q_bias : nullptr, q);
-    backend_.matmul(normed, a.k_proj, a.k_bias.data ? &a.k_bias : nullptr, k);
-    backend_.matmul(normed, a.v_proj, a.v_bias.data ? &a.v_bias : nullptr, v);
-    if (a.q_norm.data) backend_.rms_norm(q, a.q_norm, c.rms_norm_eps, q);
-    if (a.k_norm.data) backend_.rms_norm(k, a.k_norm, c.rms_norm_eps, k);
-    backend_.rope(q, batch, rope);
-    backend_.rope(k, batch, rope);
-    backend_.write_kv(k, v, k_cache_[layer], v_cache_[layer], batch);
-    backend_.attention(q, k_cache_[layer], v_cache_[layer], batch, scale, attn);
-    backend_.matmul(attn, a.o_proj, a.o_bias.data ? &a.o_bias : nullptr, block_out);
-    backend_.add_inplace(x, block_out);
-    // Feed-forward block: dense MLP or MoE.
-    backend_.rms_norm(x, lw.post_attention_norm, c.rms_norm_eps, normed);
-    if (lw.is_moe) {
-      moe::MoeForwardArgs args;
-      args.layer = static_cast<int>(layer);
-      args.hidden = normed;
-      args.out = block_out;
-      args.weights = &lw.moe;
-      args.spec = c.router_spec();
-      args.routes = routes;
-      SY_TRY(kernel_.forward(args).with_context(
-          fmt::format("MoE layer {} (kernel {}): ", layer, kernel_.name())));
-    } else {
-      Tensor g = gate.reshaped({tokens, c.intermediate_size});
-      Tensor u = up.reshaped({tokens, c.intermediate_size});
-      backend_.matmul(normed, lw.mlp.gate_proj, nullptr, g);
-      backend_.matmul(normed, lw.mlp.up_proj, nullptr, u);
-      backend_.silu_mul(g, u, g);
-      backend_.matmul(g, lw.mlp.down_proj, nullptr, block_out);
+  {
+    std::vector<int64_t> per_seq(static_cast<size_t>(std::max<int64_t>(seqs, 1)), 0);
+    for (int64_t t = 0; t < tokens; ++t) {
+      const int32_t s = in.token_seq[static_cast<size_t>(t)];
+      if (s >= 0 && s < seqs) batch.max_query_len = std::max(batch.max_query_len, ++per_seq[static_cast<size_t>(s)]);
+      batch.max_context_len = std::max<int64_t>(batch.max_context_len, in.positions[static_cast<size_t>(t)] + 1);
     }
-    backend_.add_inplace(x, block_out);
   }
 
-  // Logits for the requested rows only.
-  const int64_t rows = static_cast<int64_t>(in.logits_rows.size());
-  if (logits_.data && logits_.dim(0) < rows) backend_.free_buffer(logits_);
-  if (!logits_.data) logits_ = backend_.alloc(DType::kF32, {std::max<int64_t>(rows, 1), c.vocab_size});
-  out.logits = logits_.slice_rows(0, rows);
-  if (rows > 0) {
-    Tensor picked = arena.make(DType::kF32, {rows, hidden});
-    Tensor picked_normed = arena.make(DType::kF32, {rows, hidden});
-    Tensor row_index = arena.upload_i32(in.logits_rows);
-    backend_.gather_rows(x, row_index, picked);
-    backend_.rms_norm(picked, w.final_norm, c.rms_norm_eps, picked_normed);
-    backend_.matmul(picked_normed, w.lm_head, nullptr, out.logits);
-  }
+  Status layer_status = Status::ok();
+  auto body = [&] {
+    moe::RouteBuffers routes;
+    if (capture) {
+      routes.sink = ws.sink.slice_rows(0, T);
+      backend_.fill_i32(routes.sink, moe::kRoutePoison);
+    }
+    if (forced) {
+      routes.forced = ws.forced.slice_rows(0, T);
+      routes.source = ws.forced_routes.slice_rows(0, T);
+    }
+    Tensor x = ws.x.slice_rows(0, T), normed = ws.normed.slice_rows(0, T);
+    Tensor block_out = ws.block_out.slice_rows(0, T);
+    Tensor q = ws.q.slice_rows(0, T), k = ws.k.slice_rows(0, T), vv = ws.v.slice_rows(0, T);
+    Tensor attn = ws.attn.slice_rows(0, T);
+    const backend::RopeSpec rope{c.rope_theta, head_dim};
+    const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+    (void)hidden, (void)heads, (void)kv_heads;
 
-  // The step's one copy of routes to the host, then the poison check (DESIGN.md).
-  out.routes.clear();
-  if (routes.sink.data) {
-    out.routes.resize(static_cast<size_t>(tokens * layers * top_k));
-    backend_.download(routes.sink, out.routes.data());
+    backend_.embedding(wt.embed_tokens, v.ids, x);
+    backend_.rms_norm(x, wt.layers[0].input_norm, c.rms_norm_eps, normed);
     for (int64_t layer = 0; layer < layers; ++layer) {
-      const bool is_moe = w.layers[static_cast<size_t>(layer)].is_moe;
-      for (int64_t t = 0; t < tokens; ++t) {
-        int32_t* row = out.routes.data() + (t * layers + layer) * top_k;
-        for (int64_t j = 0; j < top_k; ++j) {
-          if (!is_moe) {
-            row[j] = 0;
-            continue;
-          }
-          if (row[j] == moe::kRoutePoison)
-            return Status::error(ErrorCode::kInternal,
-                                 fmt::format("route capture failed: MoE layer {} (kernel {}) did not "
-                                             "write the route of step token {}",
-                                             layer, kernel_.name(), t));
-          if (row[j] < 0 || row[j] >= c.num_experts)
-            return Status::error(ErrorCode::kInternal,
-                                 fmt::format("route capture failed: MoE layer {} (kernel {}) wrote "
-                                             "expert id {} for step token {} (num_experts {})",
-                                             layer, kernel_.name(), row[j], t, c.num_experts));
+      const LayerWeights& lw = wt.layers[static_cast<size_t>(layer)];
+      const AttentionWeights& a = lw.attention;
+      // Attention block (normed holds input_norm(x)).
+      backend_.matmul(normed, a.q_proj, a.q_bias.data ? &a.q_bias : nullptr, q);
+      backend_.matmul(normed, a.k_proj, a.k_bias.data ? &a.k_bias : nullptr, k);
+      backend_.matmul(normed, a.v_proj, a.v_bias.data ? &a.v_bias : nullptr, vv);
+      if (a.q_norm.data) backend_.rms_norm(q, a.q_norm, c.rms_norm_eps, q);
+      if (a.k_norm.data) backend_.rms_norm(k, a.k_norm, c.rms_norm_eps, k);
+      backend_.rope(q, batch, rope);
+      backend_.rope(k, batch, rope);
+      backend_.write_kv(k, vv, k_cache_[layer], v_cache_[layer], batch);
+      backend_.attention(q, k_cache_[layer], v_cache_[layer], batch, scale, attn);
+      backend_.matmul(attn, a.o_proj, a.o_bias.data ? &a.o_bias : nullptr, block_out);
+      backend_.add_rms_norm(x, block_out, lw.post_attention_norm, c.rms_norm_eps, normed);
+      // Feed-forward block: dense MLP or MoE.
+      if (lw.is_moe) {
+        moe::MoeForwardArgs args;
+        args.layer = static_cast<int>(layer);
+        args.hidden = normed;
+        args.out = block_out;
+        args.weights = &lw.moe;
+        args.spec = c.router_spec();
+        args.routes = routes;
+        Status status = kernel.forward(args);
+        if (!status && layer_status)
+          layer_status = status.with_context(fmt::format("MoE layer {} (kernel {}): ", layer, kernel.name()));
+      } else {
+        Tensor g = ws.gate.slice_rows(0, T), u = ws.up.slice_rows(0, T);
+        backend_.matmul(normed, lw.mlp.gate_proj, nullptr, g);
+        backend_.matmul(normed, lw.mlp.up_proj, nullptr, u);
+        backend_.silu_mul(g, u, g);
+        backend_.matmul(g, lw.mlp.down_proj, nullptr, block_out);
+      }
+      // The residual add, fused with the next layer's input norm.
+      const bool last = layer + 1 == layers;
+      if (!last) {
+        backend_.add_rms_norm(x, block_out, wt.layers[static_cast<size_t>(layer + 1)].input_norm, c.rms_norm_eps, normed);
+      } else {
+        backend_.add_inplace(x, block_out);
+      }
+    }
+    // Logits for the requested rows only.
+    if (R > 0) {
+      Tensor picked = ws.picked.slice_rows(0, R), picked_normed = ws.picked_normed.slice_rows(0, R);
+      Tensor logits = ws.logits.slice_rows(0, R);
+      backend_.gather_rows(x, v.logits_rows, picked);
+      backend_.rms_norm(picked, wt.final_norm, c.rms_norm_eps, picked_normed);
+      backend_.matmul(picked_normed, wt.lm_head, nullptr, logits);
+    }
+  };
+  if (graph) {
+    // The key names everything the recorded kernels' arguments depend on.
+    uint64_t key = static_cast<uint64_t>(T);
+    key = key * 1000003u + static_cast<uint64_t>(stride);
+    key = key * 4u + (capture ? 2u : 0u) + (forced ? 1u : 0u);
+    key = key * 2u + (&kernel == kernels_.small ? 1u : 0u);
+    backend_.run_graph(key, body);
+  } else {
+    body();
+  }
+  SY_TRY(layer_status);
+
+  // The step's one copy of routes to the host (checked in finish_step).
+  if (capture) backend_.download_async(ws.sink.slice_rows(0, tokens), ws.routes_host);
+  out.logits = ws.logits.slice_rows(0, rows);
+  out.routes.clear();
+  step_tokens_ = tokens;
+  step_capture_ = capture;
+  step_kernel_ = &kernel;
+  return Status::ok();
+}
+
+Status Decoder::finish_step(const Model& model, StepOutputs& out) {
+  backend_.synchronize();
+  if (!step_capture_) return Status::ok();
+  const ModelConfig& c = model.config();
+  const DecoderWeights& w = model.weights();
+  const int64_t tokens = step_tokens_, layers = c.num_hidden_layers, top_k = c.experts_per_token;
+  out.routes.assign(ws_->routes_host, ws_->routes_host + tokens * layers * top_k);
+  for (int64_t layer = 0; layer < layers; ++layer) {
+    const bool is_moe = w.layers[static_cast<size_t>(layer)].is_moe;
+    for (int64_t t = 0; t < tokens; ++t) {
+      int32_t* row = out.routes.data() + (t * layers + layer) * top_k;
+      for (int64_t j = 0; j < top_k; ++j) {
+        if (!is_moe) {
+          row[j] = 0;
+          continue;
         }
+        if (row[j] == moe::kRoutePoison)
+          return Status::error(ErrorCode::kInternal,
+                               fmt::format("route capture failed: MoE layer {} (kernel {}) did not "
+                                           "write the route of step token {}",
+                                           layer, step_kernel_->name(), t));
+        if (row[j] < 0 || row[j] >= c.num_experts)
+          return Status::error(ErrorCode::kInternal,
+                               fmt::format("route capture failed: MoE layer {} (kernel {}) wrote "
+                                           "expert id {} for step token {} (num_experts {})",
+                                           layer, step_kernel_->name(), row[j], t, c.num_experts));
       }
     }
   }

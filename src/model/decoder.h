@@ -1,7 +1,8 @@
 // The decoder forward pass, written once for every architecture the adapters describe:
 // embed -> per layer (norm, attention over the paged KV cache, norm, dense MLP or MoE block)
 // -> final norm -> logits of the requested rows. Routes go from the MoE kernels straight into
-// the step's route buffer, which is poisoned before and checked after the step.
+// the step's route buffer, which is poisoned before the step, copied to the host once at its
+// end, and checked there (finish_step) after the step's one synchronisation.
 #pragma once
 
 #include <cstdint>
@@ -29,30 +30,55 @@ struct StepInputs {
 
 struct StepOutputs {
   Tensor logits;                // backend buffer [logits_rows, vocab] f32, valid until next step
-  std::vector<int32_t> routes;  // host [T, num_hidden_layers, top_k] when capturing; dense rows 0
+  std::vector<int32_t> routes;  // host [T, num_hidden_layers, top_k] after finish_step; dense rows 0
+};
+
+// Which MoE kernel runs a step: `small` for steps of at most `small_max_tokens` tokens (a
+// monolithic decode kernel), `large` otherwise. Both may be the same kernel.
+struct KernelChoice {
+  moe::ExpertsKernel* large = nullptr;
+  moe::ExpertsKernel* small = nullptr;
+  int64_t small_max_tokens = 0;
+  moe::ExpertsKernel& for_tokens(int64_t tokens) const {
+    return small && tokens <= small_max_tokens ? *small : *large;
+  }
 };
 
 class Decoder {
  public:
-  Decoder(backend::Backend& backend, moe::ExpertsKernel& kernel, int block_size);
+  Decoder(backend::Backend& backend, KernelChoice kernels, int block_size);
   ~Decoder();
   Decoder(const Decoder&) = delete;
   Decoder& operator=(const Decoder&) = delete;
 
-  // KV cache for `num_blocks` blocks of the model's shape (f32).
-  void allocate_kv_cache(const ModelConfig& config, int64_t num_blocks);
+  // The KV cache for `num_blocks` blocks (in the backend's KV dtype) and the step workspace for
+  // the largest step `limits` allows, both allocated once: no step allocates.
+  Status allocate(const ModelConfig& config, int64_t num_blocks, const backend::StepLimits& limits);
   int block_size() const { return block_size_; }
-  const moe::ExpertsKernel& kernel() const { return kernel_; }
+  const KernelChoice& kernels() const { return kernels_; }
+  // Graph recording of decode steps (backends that support it); on by default.
+  void set_graphs_enabled(bool enabled) { graphs_enabled_ = enabled; }
 
-  // Runs one step. An MoE route the kernel left unwritten is an error naming layer and kernel.
+  // Enqueues one step; on a device, the step may still be running when this returns. Logits
+  // are usable by the backend's next operations (sampling).
   Status forward(const Model& model, const StepInputs& inputs, StepOutputs& outputs);
+  // Completes the step: waits for the device and checks the routes. A route the kernel left
+  // unwritten is an error naming layer and kernel.
+  Status finish_step(const Model& model, StepOutputs& outputs);
 
  private:
+  struct Workspace;
+
   backend::Backend& backend_;
-  moe::ExpertsKernel& kernel_;
+  KernelChoice kernels_;
   int block_size_;
+  bool graphs_enabled_ = true;
   std::vector<Tensor> k_cache_, v_cache_;
-  Tensor logits_;
+  std::unique_ptr<Workspace> ws_;
+  // The step in flight (between forward and finish_step).
+  int64_t step_tokens_ = 0;
+  bool step_capture_ = false;
+  moe::ExpertsKernel* step_kernel_ = nullptr;
 };
 
 }  // namespace sy::model

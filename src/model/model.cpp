@@ -1,5 +1,11 @@
 #include "model/model.h"
 
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include "backend/random_fill.h"
+
 namespace sy::model {
 
 Model::~Model() {
@@ -34,13 +40,88 @@ Result<std::unique_ptr<Model>> Model::load(const std::string& model_dir, backend
   return model;
 }
 
+Result<std::unique_ptr<Model>> Model::random(const std::string& config_path, backend::Backend& backend,
+                                             uint64_t seed) {
+  std::ifstream file(config_path);
+  if (!file) return Status::errorf("{}: cannot open", config_path);
+  auto json = nlohmann::json::parse(file, nullptr, false);
+  if (json.is_discarded()) return Status::errorf("{}: not valid JSON", config_path);
+  auto config = parse_model_config(json);
+  if (!config) return config.status().with_context(config_path + ": ");
+  std::unique_ptr<Model> model(new Model());
+  model->model_dir_ = std::filesystem::path(config_path).parent_path().string();
+  model->backend_ = &backend;
+  model->config_ = *config;
+  const ModelConfig& c = model->config_;
+  if (c.model_type != "qwen3_moe")
+    return Status::errorf("{}: --random-weights supports qwen3_moe, got '{}'", config_path, c.model_type);
+
+  uint64_t tensor_index = 0;
+  Status failure = Status::ok();
+  // Matrices in bf16 (uniform with std 0.02, as HF's init; the router with std 3/sqrt(hidden)
+  // so routing is decisive), norm weights near 1 in f32.
+  auto make = [&](std::initializer_list<int64_t> shape, float std_dev, float offset = 0.0f) {
+    const DType dtype = shape.size() == 1 ? DType::kF32 : DType::kBF16;
+    Tensor tensor = backend.alloc(dtype, shape);
+    if (!tensor.data && tensor.numel() > 0) {
+      if (failure) failure = Status::error(ErrorCode::kResourceExhausted, "out of memory for random weights");
+      return tensor;
+    }
+    model->owned_.push_back(tensor);
+    backend.fill_random(tensor, backend::random_fill_hash(seed * 1000003u + tensor_index++),
+                        std_dev * std::sqrt(3.0f), offset);
+    return tensor;
+  };
+  const int64_t hidden = c.hidden_size, q_out = c.num_attention_heads * c.head_dim,
+                kv_out = c.num_key_value_heads * c.head_dim;
+  DecoderWeights& w = model->weights_;
+  w.embed_tokens = make({c.vocab_size, hidden}, 0.02f);
+  w.final_norm = make({hidden}, 0.1f / std::sqrt(3.0f), 1.0f);
+  w.lm_head = c.tie_word_embeddings ? w.embed_tokens : make({c.vocab_size, hidden}, 0.02f);
+  for (int layer = 0; layer < c.num_hidden_layers; ++layer) {
+    LayerWeights lw;
+    lw.input_norm = make({hidden}, 0.1f / std::sqrt(3.0f), 1.0f);
+    lw.post_attention_norm = make({hidden}, 0.1f / std::sqrt(3.0f), 1.0f);
+    AttentionWeights& a = lw.attention;
+    a.q_proj = make({q_out, hidden}, 0.02f);
+    a.k_proj = make({kv_out, hidden}, 0.02f);
+    a.v_proj = make({kv_out, hidden}, 0.02f);
+    a.o_proj = make({hidden, q_out}, 0.02f);
+    if (c.attention_bias) {
+      a.q_bias = make({q_out}, 0.02f);
+      a.k_bias = make({kv_out}, 0.02f);
+      a.v_bias = make({kv_out}, 0.02f);
+    }
+    a.q_norm = make({c.head_dim}, 0.1f / std::sqrt(3.0f), 1.0f);
+    a.k_norm = make({c.head_dim}, 0.1f / std::sqrt(3.0f), 1.0f);
+    lw.is_moe = c.is_moe_layer(layer);
+    if (!lw.is_moe) {
+      lw.mlp.gate_proj = make({c.intermediate_size, hidden}, 0.02f);
+      lw.mlp.up_proj = make({c.intermediate_size, hidden}, 0.02f);
+      lw.mlp.down_proj = make({hidden, c.intermediate_size}, 0.02f);
+    } else {
+      lw.moe.router = make({c.num_experts, hidden}, 3.0f / std::sqrt(static_cast<float>(hidden)));
+      lw.moe.gate_up = make({c.num_experts, 2 * c.moe_intermediate_size, hidden}, 0.02f);
+      lw.moe.down = make({c.num_experts, hidden, c.moe_intermediate_size}, 0.02f);
+    }
+    w.layers.push_back(std::move(lw));
+  }
+  SY_TRY(failure);
+  return model;
+}
+
 int64_t Model::parameter_count() const {
   int64_t count = 0;
+  if (!checkpoint_) {
+    for (const Tensor& tensor : owned_) count += tensor.numel();
+    return count;
+  }
   for (const auto& tensor : checkpoint_->tensors()) count += tensor.numel();
   return count;
 }
 
 Status Model::check_same_shapes(const Model& other) const {
+  if (!checkpoint_ || !other.checkpoint_) return Status::error("random-weight models cannot be swapped");
   const ModelConfig &a = config_, &b = other.config_;
   if (a.model_type != b.model_type)
     return Status::errorf("architecture differs: {} vs {}", a.model_type, b.model_type);

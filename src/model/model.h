@@ -47,6 +47,10 @@ class Model {
   ~Model();
   static Result<std::unique_ptr<Model>> load(const std::string& model_dir, backend::Backend& backend,
                                              const LoadProgress& progress = {});
+  // Seeded random weights of config.json's shapes, built on the backend (no checkpoint files:
+  // full-size models need not fit on disk). Router rows are scaled so routing is decisive.
+  static Result<std::unique_ptr<Model>> random(const std::string& config_json_path,
+                                               backend::Backend& backend, uint64_t seed);
   const ModelConfig& config() const { return config_; }
   const DecoderWeights& weights() const { return weights_; }
   const std::string& model_dir() const { return model_dir_; }

@@ -41,21 +41,31 @@ class Loader {
     return *loaded;
   }
 
+  // Equally shaped tensors stacked into one [names.size(), shape...] backend tensor.
+  Result<Tensor> stacked(const std::vector<std::string>& names, const std::vector<int64_t>& shape) {
+    std::vector<Tensor> parts;
+    for (const std::string& name : names) {
+      const TensorInfo* info = checkpoint_.find(name);
+      if (!info) return Status::errorf("missing tensor '{}' (expected shape {})", name, shape_text(shape));
+      if (info->shape != shape)
+        return Status::errorf("tensor '{}' in {} has shape {}, expected {}", name, info->file,
+                              shape_text(info->shape), shape_text(shape));
+      if (!parts.empty() && info->dtype != parts.front().dtype)
+        return Status::errorf("tensor '{}' in {} has dtype {}, but '{}' has {}", name, info->file,
+                              dtype_name(info->dtype), names.front(), dtype_name(parts.front().dtype));
+      parts.push_back(view_of(*info));
+    }
+    auto loaded = backend_.load_stacked(parts);
+    if (!loaded) return loaded.status().with_context(fmt::format("tensor '{}': ", names.front()));
+    owned_.push_back(*loaded);
+    return *loaded;
+  }
+
  private:
   const Checkpoint& checkpoint_;
   backend::Backend& backend_;
   std::vector<Tensor>& owned_;
 };
-
-// Row range [begin, begin+count) of expert e in a fused [E, rows, cols] tensor, as a 2-D view.
-Tensor expert_slice(const Tensor& fused, int64_t e, int64_t begin, int64_t count) {
-  Tensor view = fused;
-  view.rank = 2;
-  view.shape = {count, fused.shape[2], 0, 0};
-  size_t offset = static_cast<size_t>((e * fused.shape[1] + begin) * fused.shape[2]) * dtype_size(fused.dtype);
-  view.data = static_cast<char*>(fused.data) + offset;
-  return view;
-}
 
 }  // namespace
 
@@ -102,23 +112,22 @@ Result<DecoderWeights> load_qwen3_moe(const ModelConfig& c, const Checkpoint& ch
       const int64_t inter = c.moe_intermediate_size, experts = c.num_experts;
       SY_ASSIGN(lw.moe.router, load.get(p + "mlp.gate.weight", {experts, hidden}));
       if (load.has(p + "mlp.experts.gate_up_proj")) {
-        SY_ASSIGN(Tensor gate_up, load.get(p + "mlp.experts.gate_up_proj", {experts, 2 * inter, hidden}));
-        SY_ASSIGN(Tensor down, load.get(p + "mlp.experts.down_proj", {experts, hidden, inter}));
-        for (int64_t e = 0; e < experts; ++e) {
-          lw.moe.gate_proj.push_back(expert_slice(gate_up, e, 0, inter));
-          lw.moe.up_proj.push_back(expert_slice(gate_up, e, inter, inter));
-          lw.moe.down_proj.push_back(expert_slice(down, e, 0, hidden));
-        }
+        SY_ASSIGN(lw.moe.gate_up, load.get(p + "mlp.experts.gate_up_proj", {experts, 2 * inter, hidden}));
+        SY_ASSIGN(lw.moe.down, load.get(p + "mlp.experts.down_proj", {experts, hidden, inter}));
       } else {
+        // Published checkpoints: one tensor per expert and projection, stacked here.
+        std::vector<std::string> gate_up_names, down_names;
         for (int64_t e = 0; e < experts; ++e) {
           const std::string ep = fmt::format("{}mlp.experts.{}.", p, e);
-          SY_ASSIGN(Tensor gate, load.get(ep + "gate_proj.weight", {inter, hidden}));
-          SY_ASSIGN(Tensor up, load.get(ep + "up_proj.weight", {inter, hidden}));
-          SY_ASSIGN(Tensor down, load.get(ep + "down_proj.weight", {hidden, inter}));
-          lw.moe.gate_proj.push_back(gate);
-          lw.moe.up_proj.push_back(up);
-          lw.moe.down_proj.push_back(down);
+          gate_up_names.push_back(ep + "gate_proj.weight");
+          gate_up_names.push_back(ep + "up_proj.weight");
+          down_names.push_back(ep + "down_proj.weight");
         }
+        SY_ASSIGN(Tensor gate_up, load.stacked(gate_up_names, {inter, hidden}));
+        SY_ASSIGN(Tensor down, load.stacked(down_names, {hidden, inter}));
+        // [E * 2, I, H] with gate, up alternating per expert == [E, 2I, H] gate rows then up rows.
+        lw.moe.gate_up = gate_up.reshaped({experts, 2 * inter, hidden});
+        lw.moe.down = down.reshaped({experts, hidden, inter});
       }
     }
     w.layers.push_back(std::move(lw));

@@ -14,13 +14,27 @@
 
 namespace sy::moe {
 
-// One MoE layer's weights as views on the backend's buffers. Experts are one tensor each
-// ([out, in], as checkpoints store them).
+// One MoE layer's weights on the backend, experts stacked per layer (the layout grouped GEMMs
+// and fused checkpoints use; per-expert checkpoint tensors are stacked at load).
 struct MoeLayerWeights {
-  Tensor router;                   // [num_experts, hidden]
-  std::vector<Tensor> gate_proj;   // per expert [moe_intermediate, hidden]
-  std::vector<Tensor> up_proj;     // per expert [moe_intermediate, hidden]
-  std::vector<Tensor> down_proj;   // per expert [hidden, moe_intermediate]
+  Tensor router;   // [num_experts, hidden]
+  Tensor gate_up;  // [num_experts, 2 * moe_intermediate, hidden]: rows [0, I) gate, [I, 2I) up
+  Tensor down;     // [num_experts, hidden, moe_intermediate]
+
+  int64_t intermediate() const { return gate_up.dim(1) / 2; }
+  // Expert e's matrices as 2-D [out, in] views.
+  Tensor gate(int64_t e) const { return expert_rows(gate_up, e, 0, intermediate()); }
+  Tensor up(int64_t e) const { return expert_rows(gate_up, e, intermediate(), intermediate()); }
+  Tensor down_of(int64_t e) const { return expert_rows(down, e, 0, down.dim(1)); }
+
+  static Tensor expert_rows(const Tensor& stacked, int64_t e, int64_t begin, int64_t count) {
+    Tensor view = stacked;
+    view.rank = 2;
+    view.shape = {count, stacked.shape[2], 0, 0};
+    const size_t offset = static_cast<size_t>((e * stacked.shape[1] + begin) * stacked.shape[2]);
+    view.data = static_cast<char*>(stacked.data) + offset * dtype_size(stacked.dtype);
+    return view;
+  }
 };
 
 // The step's route buffers (DESIGN.md RouteSink / RouteSource), all [step_tokens, num_layers,
@@ -49,6 +63,13 @@ class ExpertsKernel {
   virtual bool routes_inside() const = 0;    // monolithic: routing happens inside the kernel
   virtual bool captures_routes() const = 0;  // writes RouteBuffers::sink
   virtual bool replays_routes() const = 0;   // honours RouteBuffers::source
+  // Called once at start-up with the largest step: a device kernel sizes its scratch here.
+  virtual Status reserve(int64_t max_tokens, const RouterSpec& spec, int64_t hidden, int64_t intermediate) {
+    (void)max_tokens, (void)spec, (void)hidden, (void)intermediate;
+    return Status::ok();
+  }
+  // Enqueues the layer's work (a device kernel need not finish before returning). Must not
+  // synchronise with the host or allocate: steps may be recorded as graphs.
   virtual Status forward(const MoeForwardArgs& args) = 0;
 };
 

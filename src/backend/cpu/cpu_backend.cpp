@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_matmul.h"
+#include "backend/random_fill.h"
 
 namespace sy::backend::cpu {
 
@@ -37,6 +38,46 @@ Result<Tensor> CpuBackend::load_weight(const Tensor& host) {
     return converted;  // owned by the caller's weight store (freed with free_buffer)
   }
   return Status::errorf("cpu backend: weight dtype {} is not supported", dtype_name(host.dtype));
+}
+
+Result<Tensor> CpuBackend::load_stacked(const std::vector<Tensor>& parts) {
+  if (parts.empty()) return Status::error("load_stacked: no tensors");
+  const Tensor& first = parts.front();
+  if (first.rank > Tensor::kMaxRank - 1) return Status::error("load_stacked: rank too high");
+  for (const Tensor& part : parts)
+    if (part.dtype != first.dtype || part.numel() != first.numel())
+      return Status::error("load_stacked: tensors differ in dtype or shape");
+  if (first.dtype != DType::kBF16 && first.dtype != DType::kF32 && first.dtype != DType::kF16)
+    return Status::errorf("cpu backend: weight dtype {} is not supported", dtype_name(first.dtype));
+  const DType dtype = first.dtype == DType::kF16 ? DType::kF32 : first.dtype;
+  Tensor stacked(nullptr, dtype, {static_cast<int64_t>(parts.size())});
+  stacked.rank = first.rank + 1;
+  for (int i = 0; i < first.rank; ++i) stacked.shape[static_cast<size_t>(i + 1)] = first.shape[static_cast<size_t>(i)];
+  stacked.data = std::aligned_alloc(64, std::max<size_t>(64, (stacked.nbytes() + 63) / 64 * 64));
+  if (!stacked.data) return Status::error(ErrorCode::kResourceExhausted, "out of memory stacking expert weights");
+  const size_t part_bytes = static_cast<size_t>(first.numel()) * dtype_size(dtype);
+  for (size_t p = 0; p < parts.size(); ++p) {
+    char* dst = static_cast<char*>(stacked.data) + p * part_bytes;
+    if (first.dtype == DType::kF16) {
+      const uint16_t* src = parts[p].ptr<uint16_t>();
+      float* out = reinterpret_cast<float*>(dst);
+      for (int64_t i = 0; i < first.numel(); ++i) out[i] = f16_to_f32(src[i]);
+    } else {
+      std::memcpy(dst, parts[p].data, part_bytes);
+    }
+  }
+  return stacked;
+}
+
+void CpuBackend::fill_random(Tensor& dst, uint64_t seed, float scale, float offset) {
+  const int64_t n = dst.numel();
+  pool_.parallel_for(n, 1 << 16, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const float value = random_fill_value(seed, static_cast<uint64_t>(i), scale, offset);
+      if (dst.dtype == DType::kBF16) dst.ptr<uint16_t>()[i] = f32_to_bf16(value);
+      else dst.ptr<float>()[i] = value;
+    }
+  });
 }
 
 void CpuBackend::upload(const void* host, Tensor& dst) { std::memcpy(dst.data, host, dst.nbytes()); }
@@ -138,6 +179,7 @@ void CpuBackend::write_kv(const Tensor& k, const Tensor& v, Tensor& k_cache, Ten
   const int64_t row = k.numel() / k.dim(0);
   const int32_t* slots = batch.slot_mapping.ptr<int32_t>();
   for (int64_t t = 0; t < k.dim(0); ++t) {
+    if (slots[t] < 0) continue;  // padding
     std::memcpy(k_cache.ptr<float>() + slots[t] * row, k.ptr<float>() + t * row, row * sizeof(float));
     std::memcpy(v_cache.ptr<float>() + slots[t] * row, v.ptr<float>() + t * row, row * sizeof(float));
   }

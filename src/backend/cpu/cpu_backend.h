@@ -20,6 +20,8 @@ class CpuBackend final : public Backend {
   Tensor alloc(DType dtype, std::initializer_list<int64_t> shape) override;
   void free_buffer(Tensor& tensor) override;
   Result<Tensor> load_weight(const Tensor& host) override;
+  Result<Tensor> load_stacked(const std::vector<Tensor>& host_parts) override;
+  void fill_random(Tensor& dst, uint64_t seed, float scale, float offset) override;
   void upload(const void* host, Tensor& dst) override;
   void download(const Tensor& src, void* host) override;
   void fill_i32(Tensor& dst, int32_t value) override;

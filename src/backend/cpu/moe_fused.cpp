@@ -74,7 +74,7 @@ class FusedKernel final : public moe::ExpertsKernel {
         float* dst = args.out.ptr<float>() + t * hidden;
         std::fill_n(dst, hidden, 0.0f);
         for (int64_t k = 0; k < top_k; ++k) {
-          expert_mlp(x, 1, w.gate_proj[chosen[k]], w.up_proj[chosen[k]], w.down_proj[chosen[k]], y.data(), nullptr);
+          expert_mlp(x, 1, w.gate(chosen[k]), w.up(chosen[k]), w.down_of(chosen[k]), y.data(), nullptr);
           for (int64_t i = 0; i < hidden; ++i) dst[i] += gates[k] * y[i];
         }
       }

@@ -65,7 +65,7 @@ class ModularKernel final : public moe::ExpertsKernel {
         const float* src = args.hidden.ptr<float>() + (slots[r] / top_k) * hidden;
         std::copy(src, src + hidden, rows_in.data() + r * hidden);
       }
-      expert_mlp(rows_in.data(), count, w.gate_proj[e], w.up_proj[e], w.down_proj[e], rows_out.data(), &pool_);
+      expert_mlp(rows_in.data(), count, w.gate(e), w.up(e), w.down_of(e), rows_out.data(), &pool_);
       for (int64_t r = 0; r < count; ++r)
         std::copy(rows_out.data() + r * hidden, rows_out.data() + (r + 1) * hidden,
                   expert_out.data() + slots[r] * hidden);

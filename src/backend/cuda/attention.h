@@ -1,0 +1,49 @@
+// Paged attention on CUDA over a bf16 KV cache ([slots, kv_heads, head_dim] per layer, slot =
+// block * block_size + offset, blocks from each sequence's row of the block table).
+//   write: this step's K/V (f32) into the cache at slot_mapping (slot -1 = padding, skipped).
+//   attention: causal, GQA; a token at position p of sequence s attends to positions 0..p of s,
+//   all read from the cache (this step's K/V are written first). Two kernels: decode (every
+//   sequence has one query token) splits each context across blocks (flash-decoding) with a
+//   grid that does not depend on context lengths (CUDA graphs replay it); prefill is
+//   flash-attention style over cached blocks (chunked prefill: queries at any positions).
+// Floors: decode reads each token's K/V once (bytes / bandwidth); prefill does
+// 4 * q_tokens * context * head_dim * heads FLOPs (causal: about half of that).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "backend/cuda/cuda_context.h"
+
+namespace sy::backend::cuda {
+
+void launch_write_kv(const float* k, const float* v, __nv_bfloat16* k_cache, __nv_bfloat16* v_cache,
+                     const int32_t* slot_mapping, int64_t tokens, int kv_heads, int head_dim,
+                     cudaStream_t stream);
+
+struct AttentionParams {
+  const float* q = nullptr;  // [tokens, heads, head_dim], RoPE applied
+  const __nv_bfloat16* k_cache = nullptr;
+  const __nv_bfloat16* v_cache = nullptr;
+  const int32_t* positions = nullptr;     // [tokens]
+  const int32_t* token_seq = nullptr;     // [tokens]
+  const int32_t* block_tables = nullptr;  // [seqs, block_table_stride]
+  int block_table_stride = 0;
+  int block_size = 16;
+  int64_t tokens = 0;
+  int heads = 0;
+  int kv_heads = 0;
+  int head_dim = 0;  // any value <= 256 that is a multiple of 8 (e.g. 64, 80, 96, 128, 256)
+  float scale = 1.0f;
+  float* out = nullptr;  // [tokens, heads * head_dim] f32
+  // Host-side facts about the step: 1 = every sequence has one query token (decode kernel).
+  int64_t max_query_len = 1;
+  int64_t max_context_len = 0;  // prefill kernel only (decode must not depend on it)
+};
+
+// Scratch the decode kernel needs for up to `max_decode_tokens` tokens (reserved once).
+size_t attention_scratch_bytes(int64_t max_decode_tokens, int heads, int head_dim);
+// `scratch` holds attention_scratch_bytes(...) for at least params.tokens decode tokens.
+void launch_attention(const AttentionParams& params, void* scratch, cudaStream_t stream);
+
+}  // namespace sy::backend::cuda

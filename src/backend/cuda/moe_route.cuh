@@ -1,0 +1,184 @@
+// Routing on CUDA, shared by every MoE kernel so that all of them choose bitwise the same experts
+// from the same hidden states: router logits (one warp per expert, a fixed reduction order),
+// softmax or sigmoid scores, top-k by (score desc, id asc), gating weights as the CPU reference
+// router (moe/router.cpp) computes them, forced ids for replayed rows. NaN scores never select
+// an invalid id. Floor: reading the router matrix (E * H * 2 bytes) once per step.
+#pragma once
+
+#include <cstdint>
+
+#include "backend/cuda/cuda_context.h"
+#include "moe/router_spec.h"
+
+namespace sy::backend::cuda {
+
+constexpr int kMaxRouteExperts = 1024;
+constexpr int kMaxRouteTopK = 32;
+
+struct RouteParams {
+  int num_experts = 0;
+  int top_k = 0;
+  int hidden = 0;
+  bool sigmoid = false;
+  bool renormalize = false;
+  bool softmax_after_topk = false;
+  float scaling = 1.0f;
+  static RouteParams from(const moe::RouterSpec& spec, int64_t hidden) {
+    RouteParams p;
+    p.num_experts = static_cast<int>(spec.num_experts);
+    p.top_k = static_cast<int>(spec.top_k);
+    p.hidden = static_cast<int>(hidden);
+    p.sigmoid = spec.scoring == moe::RouterScoring::kSigmoid;
+    p.renormalize = spec.renormalize;
+    p.softmax_after_topk = spec.softmax_after_topk;
+    p.scaling = spec.routed_scaling_factor;
+    return p;
+  }
+};
+
+// One expert's router logit: dot(x[0:hidden], w_row) in f32, computed by one whole warp in a
+// fixed order (lane l sums elements l*8 .. l*8+7 of each 256-wide slab in slab order, then a
+// butterfly over lanes). Every lane returns the same value. hidden must be a multiple of 8.
+__device__ __forceinline__ float router_logit_warp(const float* __restrict__ x,
+                                                   const __nv_bfloat16* __restrict__ w_row, int hidden) {
+  const int lane = threadIdx.x & 31;
+  float acc = 0.0f;
+  for (int base = lane * 8; base < hidden; base += 256) {
+    const uint4 packed = *reinterpret_cast<const uint4*>(w_row + base);
+    const __nv_bfloat162* w2 = reinterpret_cast<const __nv_bfloat162*>(&packed);
+    const float4 x0 = *reinterpret_cast<const float4*>(x + base);
+    const float4 x1 = *reinterpret_cast<const float4*>(x + base + 4);
+    float2 a = __bfloat1622float2(w2[0]), b = __bfloat1622float2(w2[1]);
+    float2 c = __bfloat1622float2(w2[2]), d = __bfloat1622float2(w2[3]);
+    acc = fmaf(x0.x, a.x, acc);
+    acc = fmaf(x0.y, a.y, acc);
+    acc = fmaf(x0.z, b.x, acc);
+    acc = fmaf(x0.w, b.y, acc);
+    acc = fmaf(x1.x, c.x, acc);
+    acc = fmaf(x1.y, c.y, acc);
+    acc = fmaf(x1.z, d.x, acc);
+    acc = fmaf(x1.w, d.y, acc);
+  }
+  for (int offset = 16; offset > 0; offset >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, offset);
+  return acc;
+}
+
+// Fills logits[0:E] (shared memory) for token row x, using every warp of the block.
+__device__ __forceinline__ void router_logits_block(const float* __restrict__ x,
+                                                    const __nv_bfloat16* __restrict__ router,
+                                                    const RouteParams& p, float* logits) {
+  const int warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  for (int e = warp; e < p.num_experts; e += warps) {
+    const float value = router_logit_warp(x, router + static_cast<int64_t>(e) * p.hidden, p.hidden);
+    if ((threadIdx.x & 31) == 0) logits[e] = value;
+  }
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// Run by one whole warp after router_logits_block (and a barrier). logits[] (shared memory) is
+// turned into scores in place; ids/weights (K each) are written by lane 0..K-1. `forced` (K ids,
+// or nullptr) replaces the selection; weights are then recomputed from the scores at those ids.
+__device__ __forceinline__ void route_select_warp(float* scores, const RouteParams& p,
+                                                  const int32_t* forced, int32_t* ids, float* weights) {
+  const int lane = threadIdx.x & 31;
+  const int E = p.num_experts, K = p.top_k;
+  const float* logits = scores;  // softmax_after_topk selects on logits and keeps them
+  if (!p.softmax_after_topk) {
+    if (p.sigmoid) {
+      for (int e = lane; e < E; e += 32) scores[e] = 1.0f / (1.0f + expf(-scores[e]));
+    } else {
+      float m = -INFINITY;
+      for (int e = lane; e < E; e += 32) m = fmaxf(m, scores[e]);
+      m = warp_max(m);
+      float s = 0.0f;
+      for (int e = lane; e < E; e += 32) {
+        const float v = expf(scores[e] - m);
+        scores[e] = v;
+        s += v;
+      }
+      s = warp_sum(s);
+      for (int e = lane; e < E; e += 32) scores[e] = scores[e] / s;
+    }
+    __syncwarp();
+  }
+  // Selection: K rounds of a warp argmax by (score desc, id asc); NaN counts as -inf.
+  int32_t chosen = -1;  // lane k keeps the k-th choice
+  unsigned long long taken_mask[kMaxRouteExperts / 64] = {};
+  for (int k = 0; k < K; ++k) {
+    int32_t id = -1;
+    if (forced) {
+      id = forced[k];
+    } else {
+      float best = -INFINITY;
+      int32_t best_id = E;
+      for (int e = lane; e < E; e += 32) {
+        if (taken_mask[e >> 6] >> (e & 63) & 1ull) continue;
+        float v = scores[e];
+        if (v != v) v = -INFINITY;
+        if (best_id == E || v > best || (v == best && e < best_id)) {
+          best = v;
+          best_id = e;
+        }
+      }
+      for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, best, o);
+        const int32_t oid = __shfl_xor_sync(0xffffffffu, best_id, o);
+        if (oid != E && (best_id == E || ov > best || (ov == best && oid < best_id))) {
+          best = ov;
+          best_id = oid;
+        }
+      }
+      id = best_id;
+    }
+    taken_mask[id >> 6] |= 1ull << (id & 63);
+    if (lane == k) chosen = id;
+  }
+  // Weights: lane k < K holds choice k.
+  float w = 0.0f;
+  if (p.softmax_after_topk) {
+    float m = lane < K ? logits[chosen] : -INFINITY;
+    m = warp_max(m);
+    float e = lane < K ? expf(logits[chosen] - m) : 0.0f;
+    const float s = warp_sum(e);
+    w = e / s;
+  } else {
+    w = lane < K ? scores[chosen] : 0.0f;
+  }
+  if (p.renormalize) {
+    const float s = warp_sum(w);
+    w = w / s;
+  }
+  if (p.scaling != 1.0f) w *= p.scaling;
+  if (lane < K) {
+    ids[lane] = chosen;
+    weights[lane] = w;
+  }
+  __syncwarp();
+}
+
+// The router stage as its own kernel (cuda-modular): one block per token. Writes ids/weights
+// [T, K]; with a sink, also ids into sink[t * route_row_stride + k] (the layer's column of
+// the step's [T, L, K] route buffer); a token with forced[t] != 0 uses source's row instead.
+struct RouteLaunch {
+  const float* hidden = nullptr;  // [T, H]
+  int64_t tokens = 0;
+  const __nv_bfloat16* router = nullptr;  // [E, H]
+  RouteParams params;
+  const uint8_t* forced = nullptr;   // [T] or nullptr
+  const int32_t* source = nullptr;   // already offset to this layer
+  int32_t* sink = nullptr;           // already offset to this layer, or nullptr
+  int64_t route_row_stride = 0;      // L * K
+  int32_t* ids = nullptr;            // [T, K]
+  float* weights = nullptr;          // [T, K]
+};
+void launch_route(const RouteLaunch& launch, cudaStream_t stream);
+
+}  // namespace sy::backend::cuda
