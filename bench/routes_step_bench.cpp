@@ -79,6 +79,7 @@ Series alternate(sy::model::Decoder& decoder, const sy::model::Model& model,
     step.capture_routes = capture;
     auto start = Clock::now();
     sy::Status status = decoder.forward(model, step, out);
+    if (status) status = decoder.finish_step(model, out);
     const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
     if (!status) {
       std::fprintf(stderr, "forward: %s\n", status.message().c_str());
@@ -181,15 +182,21 @@ int main(int argc, char** argv) {
   const sy::model::ModelConfig& c = (*model)->config();
   const int block_size = 16;
   const int blocks_per_seq = (std::max(prompt + 1, chunk) + block_size - 1) / block_size;
-  sy::model::Decoder decoder(*backend, **kernel, block_size);
-  decoder.allocate_kv_cache(c, int64_t{seqs} * blocks_per_seq);
+  sy::model::Decoder decoder(*backend, {*kernel, nullptr, 0}, block_size);
+  const int64_t max_tokens = std::max<int64_t>(int64_t{seqs} * prompt, chunk);
+  if (sy::Status s = decoder.allocate(c, int64_t{seqs} * blocks_per_seq, {max_tokens, seqs, blocks_per_seq, max_tokens}); !s) {
+    std::fprintf(stderr, "allocate: %s\n", s.message().c_str());
+    return 1;
+  }
 
   // Context for the decode steps: each sequence's prompt in the cache.
   {
     sy::model::StepInputs fill =
         make_step(seqs, 0, prompt, blocks_per_seq, block_size, c.vocab_size);
     sy::model::StepOutputs out;
-    if (sy::Status s = decoder.forward(**model, fill, out); !s) {
+    sy::Status s = decoder.forward(**model, fill, out);
+    if (s) s = decoder.finish_step(**model, out);
+    if (!s) {
       std::fprintf(stderr, "prefill: %s\n", s.message().c_str());
       return 1;
     }

@@ -10,14 +10,6 @@
 
 namespace sy::backend {
 
-int64_t Backend::free_memory_bytes() const {
-  long pages = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-  return pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : int64_t{4} << 30;
-}
-
-void* Backend::alloc_host(size_t bytes) { return std::aligned_alloc(64, (std::max<size_t>(bytes, 64) + 63) / 64 * 64); }
-void Backend::free_host(void* host) { std::free(host); }
-
 Result<Device> parse_device(const std::string& text) {
   if (text == "cpu") return Device::kCpu;
   if (text == "cuda") return Device::kCuda;

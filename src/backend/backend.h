@@ -3,7 +3,11 @@
 // the same interface. Within a step nothing returns to the host except through download().
 #pragma once
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <string>
@@ -65,6 +69,11 @@ struct StepLimits {
   int64_t max_seqs = 0;            // sequences per step
   int64_t max_blocks_per_seq = 0;  // KV blocks of the longest sequence
   int64_t max_logits_rows = 0;     // rows of logits per step
+  // The model's shapes that size kernels' scratch.
+  int64_t vocab_size = 0;
+  int64_t num_heads = 0;
+  int64_t head_dim = 0;
+  int64_t max_feature_dim = 0;  // widest matmul input (hidden, heads * head_dim, MLP widths)
 };
 
 class Backend {
@@ -75,7 +84,10 @@ class Backend {
   // The dtype the paged KV cache is kept in (CPU: f32; CUDA: bf16).
   virtual DType kv_cache_dtype() const { return DType::kF32; }
   // Memory the backend's device has free now (CPU: available physical memory).
-  virtual int64_t free_memory_bytes() const;
+  virtual int64_t free_memory_bytes() const {
+    const long pages = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    return pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : int64_t{4} << 30;
+  }
   // A monolithic MoE kernel for small steps that `--moe-kernel auto` uses up to this many
   // tokens (crossover measured per backend); empty: none.
   virtual std::string small_batch_kernel() const { return ""; }
@@ -104,8 +116,10 @@ class Backend {
   virtual void download(const Tensor& src, void* host) = 0;
   virtual void download_async(const Tensor& src, void* host) { download(src, host); }
   virtual void synchronize() {}
-  virtual void* alloc_host(size_t bytes);  // pinned on devices that have it
-  virtual void free_host(void* host);
+  virtual void* alloc_host(size_t bytes) {  // pinned on devices that have it
+    return std::aligned_alloc(64, (std::max<size_t>(bytes, 64) + 63) / 64 * 64);
+  }
+  virtual void free_host(void* host) { std::free(host); }
   virtual void fill_i32(Tensor& dst, int32_t value) = 0;
 
   // Graphs: runs `body` (device work only, on buffers with stable addresses) and, where the

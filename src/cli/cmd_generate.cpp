@@ -78,11 +78,12 @@ struct Options {
   std::optional<float> temperature, top_p;
   std::optional<int> top_k;
   std::optional<uint64_t> seed;
+  DeviceOptions device;
   bool json = false, ignore_eos = false;
   int threads = 0;
 };
 
-int run(const Options& o) {
+int run(Options o) {
   auto fail = [](const std::string& message) {
     std::fprintf(stderr, "generate: %s\n", message.c_str());
     return 1;
@@ -92,6 +93,8 @@ int run(const Options& o) {
 
   engine::EngineConfig config;
   config.model_dir = o.model;
+  if (Status applied = apply_device_options(o.device, config); !applied) return fail(applied.message());
+  o.model = config.model_dir;
   config.moe_kernel = o.moe_kernel;
   config.capture_routes = !o.routes_out.empty();
   config.require_replay = !o.routes_in.empty();
@@ -189,7 +192,8 @@ int run(const Options& o) {
 void add_generate_command(CLI::App& app, int& exit_code) {
   auto o = std::make_shared<Options>();
   auto* command = app.add_subcommand("generate", "Generate from one prompt; write or replay routed experts");
-  command->add_option("--model", o->model, "Model folder (Hugging Face format)")->required();
+  command->add_option("--model", o->model, "Model folder (Hugging Face format)");
+  add_device_options(command, o->device);
   command->add_option("--prompt", o->prompt, "Prompt text");
   command->add_option("--prompt-ids", o->prompt_ids, "Prompt token ids, comma-separated");
   command->add_option("--chat", o->chat, "Chat messages as JSON (rendered with the model's chat template)");

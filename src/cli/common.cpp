@@ -8,9 +8,33 @@
 
 #include <nlohmann/json.hpp>
 
+#include "backend/backend.h"
 #include "chat/chat_template.h"
 
 namespace sy::cli {
+
+void add_device_options(CLI::App* command, DeviceOptions& options) {
+  command->add_option("--device", options.device, "cpu | cuda")->capture_default_str();
+  command->add_option("--random-weights", options.random_weights,
+                      "Build seeded random weights on the device from this config.json (no checkpoint "
+                      "files; the tokenizer is read from the config's folder)");
+  command->add_option("--random-seed", options.random_seed, "Seed of --random-weights")->capture_default_str();
+  command->add_flag("--no-cuda-graphs", options.no_cuda_graphs, "Run decode steps without recorded graphs");
+}
+
+Status apply_device_options(const DeviceOptions& options, engine::EngineConfig& config) {
+  SY_ASSIGN(config.device, backend::parse_device(options.device));
+  config.random_weights_config = options.random_weights;
+  config.random_weights_seed = options.random_seed;
+  config.cuda_graphs = !options.no_cuda_graphs;
+  if (!options.random_weights.empty() && config.model_dir.empty()) {
+    namespace fs = std::filesystem;
+    config.model_dir = fs::path(options.random_weights).parent_path().string();
+    if (config.model_dir.empty()) config.model_dir = ".";
+  }
+  if (config.model_dir.empty()) return Status::error("--model is required (or --random-weights CONFIG.json)");
+  return Status::ok();
+}
 
 std::string default_tokenizer_dir() {
   namespace fs = std::filesystem;

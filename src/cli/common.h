@@ -3,9 +3,23 @@
 
 #include <string>
 
+#include <CLI/CLI.hpp>
+
+#include "engine/engine.h"
 #include "util/status.h"
 
 namespace sy::cli {
+
+// --device, --random-weights, --random-seed, --no-cuda-graphs: shared by generate and serve.
+struct DeviceOptions {
+  std::string device = "cpu";
+  std::string random_weights;
+  uint64_t random_seed = 0;
+  bool no_cuda_graphs = false;
+};
+void add_device_options(CLI::App* command, DeviceOptions& options);
+// Fills the engine config; with --random-weights, an empty model_dir becomes the config's folder.
+Status apply_device_options(const DeviceOptions& options, engine::EngineConfig& config);
 
 // The Qwen3 tokenizer files installed by scripts/setup.sh (deps/ beside the build folder or the
 // current folder); empty when not found. SWITCHYARD_TOKENIZER_DIR overrides.

@@ -82,7 +82,13 @@ Status Decoder::allocate(const ModelConfig& c, int64_t num_blocks, const backend
   if (limits.max_tokens <= 0 || limits.max_seqs <= 0 || limits.max_blocks_per_seq <= 0 ||
       limits.max_logits_rows <= 0)
     return Status::error("step limits must be positive");
-  SY_TRY(backend_.reserve(limits));
+  backend::StepLimits full = limits;
+  full.vocab_size = c.vocab_size;
+  full.num_heads = c.num_attention_heads;
+  full.head_dim = c.head_dim;
+  full.max_feature_dim = std::max({c.hidden_size, c.num_attention_heads * c.head_dim, c.intermediate_size,
+                                   c.moe_intermediate_size});
+  SY_TRY(backend_.reserve(full));
   const moe::RouterSpec spec = c.router_spec();
   for (moe::ExpertsKernel* kernel : {kernels_.large, kernels_.small})
     if (kernel && c.num_experts > 0)

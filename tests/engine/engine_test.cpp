@@ -3,6 +3,8 @@
 // catches a kernel that skips a layer; the capability guard refuses a kernel that cannot capture.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+
 #include <future>
 #include <set>
 #include <random>
@@ -30,6 +32,9 @@ struct Runner {
   explicit Runner(engine::EngineConfig config) {
     config.model_dir = config.model_dir.empty() ? kModel : config.model_dir;
     config.num_threads = 2;
+    // SY_TEST_DEVICE=cuda runs the engine's end-to-end checks on the GPU (scripts/gpu-check.sh).
+    if (const char* device = std::getenv("SY_TEST_DEVICE"); device && std::string(device) == "cuda")
+      config.device = Device::kCuda;
     auto created = engine::create_engine(config);
     EXPECT_TRUE(created.is_ok()) << created.message();
     engine = std::move(created).value();
@@ -362,8 +367,8 @@ TEST(RouteCapture, AnUnwrittenRouteIsAnErrorNamingLayerAndKernel) {
   SkipsLayerKernel broken(**modular, 2);
   auto model = model::Model::load(kModel, *backend);
   ASSERT_TRUE(model.is_ok()) << model.message();
-  model::Decoder decoder(*backend, broken, 16);
-  decoder.allocate_kv_cache((*model)->config(), 4);
+  model::Decoder decoder(*backend, {&broken, nullptr, 0}, 16);
+  ASSERT_TRUE(decoder.allocate((*model)->config(), 4, {16, 1, 4, 16}).is_ok());
   model::StepInputs in;
   in.token_ids = {1, 2, 3};
   in.positions = {0, 1, 2};
@@ -376,15 +381,17 @@ TEST(RouteCapture, AnUnwrittenRouteIsAnErrorNamingLayerAndKernel) {
   in.capture_routes = true;
   model::StepOutputs out;
   Status status = decoder.forward(**model, in, out);
+  if (status) status = decoder.finish_step(**model, out);
   ASSERT_FALSE(status.is_ok());
   EXPECT_EQ(status.code(), ErrorCode::kInternal);
   EXPECT_NE(status.message().find("layer 2"), std::string::npos) << status.message();
   EXPECT_NE(status.message().find("test-skips-layer"), std::string::npos) << status.message();
   // The same kernel with layer 2 intact passes: the check is about the skipped layer.
   SkipsLayerKernel skips_nothing(**modular, -1);
-  model::Decoder good(*backend, skips_nothing, 16);
-  good.allocate_kv_cache((*model)->config(), 4);
+  model::Decoder good(*backend, {&skips_nothing, nullptr, 0}, 16);
+  ASSERT_TRUE(good.allocate((*model)->config(), 4, {16, 1, 4, 16}).is_ok());
   EXPECT_TRUE(good.forward(**model, in, out).is_ok());
+  EXPECT_TRUE(good.finish_step(**model, out).is_ok());
 }
 
 TEST(RouteCapture, TheEngineFailsTheRequestAndKeepsServing) {

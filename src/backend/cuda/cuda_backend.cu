@@ -1,0 +1,363 @@
+// CudaBackend: the Backend interface over one CUDA stream. Weights are bf16 matrices and f32
+// vectors on the device; activations f32; the KV cache bf16. Small steps (<= kGemvMaxRows rows)
+// multiply with our GEMV, larger ones with cuBLAS (activations rounded to bf16, f32 out).
+#include "backend/cuda/cuda_backend.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <unordered_map>
+#include <vector>
+
+#include "backend/cuda/attention.h"
+#include "backend/cuda/cuda_context.h"
+#include "backend/cuda/elementwise.h"
+#include "backend/cuda/moe_kernels.h"
+#include "backend/cuda/sampler.h"
+
+namespace sy::backend::cuda {
+namespace {
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(int device) : sampler_(context_) {
+    context_.device = device;
+    SY_CUDA_CHECK(cudaSetDevice(device));
+    SY_CUDA_CHECK(cudaStreamCreateWithFlags(&context_.stream, cudaStreamNonBlocking));
+    SY_CUBLAS_CHECK(cublasCreate(&context_.cublas));
+    SY_CUBLAS_CHECK(cublasSetStream(context_.cublas, context_.stream));
+    SY_CUBLAS_CHECK(cublasLtCreate(&context_.cublas_lt));
+    context_.cublas_workspace_bytes = size_t{64} << 20;
+    SY_CUDA_CHECK(cudaMalloc(&context_.cublas_workspace, context_.cublas_workspace_bytes));
+    SY_CUBLAS_CHECK(cublasSetWorkspace(context_.cublas, context_.cublas_workspace, context_.cublas_workspace_bytes));
+    cudaDeviceProp prop{};
+    SY_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+    context_.sm_count = prop.multiProcessorCount;
+    context_.shared_memory_per_block_optin = prop.sharedMemPerBlockOptin;
+    device_name_ = prop.name;
+  }
+
+  ~CudaBackend() override {
+    clear_graphs();
+    cudaStreamSynchronize(context_.stream);
+    if (matmul_scratch_) cudaFree(matmul_scratch_);
+    if (attention_scratch_) cudaFree(attention_scratch_);
+    cudaFree(context_.cublas_workspace);
+    cublasLtDestroy(context_.cublas_lt);
+    cublasDestroy(context_.cublas);
+    cudaStreamDestroy(context_.stream);
+  }
+
+  std::string name() const override { return "cuda"; }
+  Device device() const override { return Device::kCuda; }
+  DType kv_cache_dtype() const override { return DType::kBF16; }
+  int64_t free_memory_bytes() const override {
+    size_t free_bytes = 0, total = 0;
+    SY_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total));
+    return static_cast<int64_t>(free_bytes);
+  }
+  std::string small_batch_kernel() const override { return "cuda-fused"; }
+  int64_t small_batch_max_tokens() const override { return kFusedMaxTokens; }
+
+  Status reserve(const StepLimits& limits) override {
+    limits_ = limits;
+    matmul_scratch_elems_ = limits.max_tokens * std::max<int64_t>(limits.max_feature_dim, 1);
+    if (cudaMalloc(&matmul_scratch_, static_cast<size_t>(matmul_scratch_elems_) * 2) != cudaSuccess)
+      return Status::error(ErrorCode::kResourceExhausted, "cuda: out of memory for the matmul scratch");
+    attention_scratch_bytes_ = attention_scratch_bytes(std::min(limits.max_tokens, limits.max_seqs),
+                                                       static_cast<int>(limits.num_heads),
+                                                       static_cast<int>(limits.head_dim));
+    if (attention_scratch_bytes_ > 0 &&
+        cudaMalloc(&attention_scratch_, attention_scratch_bytes_) != cudaSuccess)
+      return Status::error(ErrorCode::kResourceExhausted, "cuda: out of memory for the attention scratch");
+    attention_decode_tokens_ = std::min(limits.max_tokens, limits.max_seqs);
+    if (limits.vocab_size > 0) sampler_.reserve(limits.max_logits_rows, limits.vocab_size);
+    return Status::ok();
+  }
+
+  Tensor alloc(DType dtype, std::initializer_list<int64_t> shape) override {
+    Tensor tensor(nullptr, dtype, shape, Device::kCuda);
+    void* data = nullptr;
+    if (cudaMalloc(&data, std::max<size_t>(tensor.nbytes(), 16)) != cudaSuccess) {
+      cudaGetLastError();  // an out-of-memory answer is not sticky: clear it
+      return tensor;       // data == nullptr: the caller reports it
+    }
+    tensor.data = data;
+    return tensor;
+  }
+  void free_buffer(Tensor& tensor) override {
+    if (tensor.data) SY_CUDA_CHECK(cudaFree(tensor.data));
+    tensor.data = nullptr;
+  }
+
+  Result<Tensor> load_weight(const Tensor& host) override {
+    std::vector<uint8_t> converted;
+    SY_ASSIGN(DType dtype, convert_weight(host, converted));
+    Tensor tensor = host;
+    tensor.device = Device::kCuda;
+    tensor.dtype = dtype;
+    Tensor allocated = alloc_like(tensor);
+    if (!allocated.data) return Status::error(ErrorCode::kResourceExhausted, "cuda: out of device memory for weights");
+    SY_CUDA_CHECK(cudaMemcpy(allocated.data, converted.empty() ? host.data : converted.data(), allocated.nbytes(),
+                             cudaMemcpyHostToDevice));
+    return allocated;
+  }
+
+  Result<Tensor> load_stacked(const std::vector<Tensor>& parts) override {
+    if (parts.empty()) return Status::error("load_stacked: no tensors");
+    const Tensor& first = parts.front();
+    for (const Tensor& part : parts)
+      if (part.dtype != first.dtype || part.numel() != first.numel())
+        return Status::error("load_stacked: tensors differ in dtype or shape");
+    Tensor stacked = first;
+    stacked.rank = first.rank + 1;
+    stacked.shape[0] = static_cast<int64_t>(parts.size());
+    for (int i = 0; i < first.rank; ++i) stacked.shape[static_cast<size_t>(i + 1)] = first.shape[static_cast<size_t>(i)];
+    std::vector<uint8_t> converted;
+    SY_ASSIGN(stacked.dtype, convert_weight(stacked, converted, /*probe_only=*/true));
+    stacked.device = Device::kCuda;
+    Tensor allocated = alloc_like(stacked);
+    if (!allocated.data) return Status::error(ErrorCode::kResourceExhausted, "cuda: out of device memory for weights");
+    const size_t part_bytes = static_cast<size_t>(first.numel()) * dtype_size(allocated.dtype);
+    for (size_t p = 0; p < parts.size(); ++p) {
+      SY_ASSIGN(DType dtype, convert_weight(parts[p], converted));
+      (void)dtype;
+      SY_CUDA_CHECK(cudaMemcpy(static_cast<char*>(allocated.data) + p * part_bytes,
+                               converted.empty() ? parts[p].data : converted.data(), part_bytes,
+                               cudaMemcpyHostToDevice));
+    }
+    return allocated;
+  }
+
+  void fill_random(Tensor& dst, uint64_t seed, float scale, float offset) override {
+    launch_fill_random(dst.data, dst.dtype == DType::kBF16, dst.numel(), seed, scale, offset, context_.stream);
+  }
+
+  void upload(const void* host, Tensor& dst) override {
+    check_not_capturing("upload");
+    if (dst.nbytes() == 0) return;
+    SY_CUDA_CHECK(cudaMemcpyAsync(dst.data, host, dst.nbytes(), cudaMemcpyHostToDevice, context_.stream));
+    SY_CUDA_CHECK(cudaStreamSynchronize(context_.stream));
+  }
+  void download(const Tensor& src, void* host) override {
+    check_not_capturing("download");
+    if (src.nbytes() == 0) return;
+    SY_CUDA_CHECK(cudaMemcpyAsync(host, src.data, src.nbytes(), cudaMemcpyDeviceToHost, context_.stream));
+    SY_CUDA_CHECK(cudaStreamSynchronize(context_.stream));
+  }
+  void download_async(const Tensor& src, void* host) override {
+    if (src.nbytes() == 0) return;
+    SY_CUDA_CHECK(cudaMemcpyAsync(host, src.data, src.nbytes(), cudaMemcpyDeviceToHost, context_.stream));
+  }
+  void synchronize() override { SY_CUDA_CHECK(cudaStreamSynchronize(context_.stream)); }
+  void* alloc_host(size_t bytes) override {
+    void* host = nullptr;
+    if (cudaMallocHost(&host, std::max<size_t>(bytes, 64)) != cudaSuccess) {
+      cudaGetLastError();
+      return nullptr;
+    }
+    return host;
+  }
+  void free_host(void* host) override {
+    if (host) SY_CUDA_CHECK(cudaFreeHost(host));
+  }
+  void fill_i32(Tensor& dst, int32_t value) override {
+    launch_fill_i32(dst.ptr<int32_t>(), static_cast<int64_t>(dst.nbytes() / 4), value, context_.stream);
+  }
+
+  bool supports_graphs() const override { return true; }
+  void clear_graphs() override {
+    for (auto& [key, exec] : graphs_) cudaGraphExecDestroy(exec);
+    graphs_.clear();
+  }
+  void run_graph(uint64_t key, const std::function<void()>& body) override {
+    auto found = graphs_.find(key);
+    if (found == graphs_.end()) {
+      capturing_ = true;
+      SY_CUDA_CHECK(cudaStreamBeginCapture(context_.stream, cudaStreamCaptureModeThreadLocal));
+      body();
+      cudaGraph_t graph = nullptr;
+      SY_CUDA_CHECK(cudaStreamEndCapture(context_.stream, &graph));
+      capturing_ = false;
+      cudaGraphExec_t exec = nullptr;
+      SY_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+      SY_CUDA_CHECK(cudaGraphDestroy(graph));
+      found = graphs_.emplace(key, exec).first;
+    }
+    SY_CUDA_CHECK(cudaGraphLaunch(found->second, context_.stream));
+  }
+
+  void embedding(const Tensor& table, const Tensor& ids, Tensor& out) override {
+    launch_embedding(table.ptr<__nv_bfloat16>(), ids.ptr<int32_t>(), ids.numel(), table.dim(1), out.ptr<float>(),
+                     context_.stream);
+  }
+  void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) override {
+    const int64_t width = weight.numel();
+    launch_rms_norm(x.ptr<float>(), nullptr, weight.ptr<float>(), x.numel() / width, width, eps, out.ptr<float>(),
+                    context_.stream);
+  }
+  void add_rms_norm(Tensor& x, const Tensor& delta, const Tensor& weight, float eps, Tensor& out) override {
+    const int64_t width = weight.numel();
+    launch_rms_norm(x.ptr<float>(), delta.ptr<float>(), weight.ptr<float>(), x.numel() / width, width, eps,
+                    out.ptr<float>(), context_.stream);
+  }
+  void matmul(const Tensor& x, const Tensor& weight, const Tensor* bias, Tensor& out) override {
+    const int64_t in = weight.dim(1), out_features = weight.dim(0), rows = x.numel() / in;
+    if (rows == 0) return;
+    if (rows <= kGemvMaxRows) {
+      launch_gemv(x.ptr<float>(), rows, in, weight.ptr<__nv_bfloat16>(), out_features, out.ptr<float>(),
+                  context_.stream);
+    } else {
+      if (rows * in > matmul_scratch_elems_)
+        cuda_fail("matmul", "step larger than reserved", __FILE__, __LINE__);
+      auto* x_bf16 = static_cast<__nv_bfloat16*>(matmul_scratch_);
+      launch_f32_to_bf16(x.ptr<float>(), rows * in, x_bf16, context_.stream);
+      // Row-major out[rows, out] = x[rows, in] * W[out, in]^T is column-major C[out, rows] =
+      // W'^T * x' with W' = W as column-major [in, out].
+      const float alpha = 1.0f, beta = 0.0f;
+      SY_CUBLAS_CHECK(cublasGemmEx(context_.cublas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(out_features),
+                                   static_cast<int>(rows), static_cast<int>(in), &alpha, weight.data, CUDA_R_16BF,
+                                   static_cast<int>(in), x_bf16, CUDA_R_16BF, static_cast<int>(in), &beta, out.data,
+                                   CUDA_R_32F, static_cast<int>(out_features), CUBLAS_COMPUTE_32F,
+                                   CUBLAS_GEMM_DEFAULT));
+    }
+    if (bias && bias->data)
+      launch_add_bias(out.ptr<float>(), bias->ptr<float>(), rows, out_features, context_.stream);
+  }
+  void add_inplace(Tensor& x, const Tensor& y) override {
+    launch_add(x.ptr<float>(), y.ptr<float>(), x.numel(), context_.stream);
+  }
+  void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) override {
+    launch_silu_mul(gate.ptr<float>(), up.ptr<float>(), out.numel(), out.ptr<float>(), context_.stream);
+  }
+  void rope(Tensor& x, const AttentionBatch& batch, const RopeSpec& spec) override {
+    launch_rope(x.ptr<float>(), batch.positions.ptr<int32_t>(), x.dim(0), x.dim(1), x.dim(2), spec.theta,
+                context_.stream);
+  }
+  void write_kv(const Tensor& k, const Tensor& v, Tensor& k_cache, Tensor& v_cache,
+                const AttentionBatch& batch) override {
+    launch_write_kv(k.ptr<float>(), v.ptr<float>(), k_cache.ptr<__nv_bfloat16>(), v_cache.ptr<__nv_bfloat16>(),
+                    batch.slot_mapping.ptr<int32_t>(), k.dim(0), static_cast<int>(k.dim(1)),
+                    static_cast<int>(k.dim(2)), context_.stream);
+  }
+  void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttentionBatch& batch,
+                 float scale, Tensor& out) override {
+    AttentionParams p;
+    p.q = q.ptr<float>();
+    p.k_cache = k_cache.ptr<__nv_bfloat16>();
+    p.v_cache = v_cache.ptr<__nv_bfloat16>();
+    p.positions = batch.positions.ptr<int32_t>();
+    p.token_seq = batch.token_seq.ptr<int32_t>();
+    p.block_tables = batch.block_tables.ptr<int32_t>();
+    p.block_table_stride = static_cast<int>(batch.block_tables.dim(1));
+    p.block_size = batch.block_size;
+    p.tokens = q.dim(0);
+    p.heads = static_cast<int>(q.dim(1));
+    p.kv_heads = static_cast<int>(k_cache.dim(1));
+    p.head_dim = static_cast<int>(q.dim(2));
+    p.scale = scale;
+    p.out = out.ptr<float>();
+    p.max_query_len = std::max<int64_t>(batch.max_query_len, 1);
+    p.max_context_len = batch.max_context_len;
+    if (p.max_query_len == 1 && p.tokens > attention_decode_tokens_)
+      cuda_fail("attention", "decode step larger than reserved", __FILE__, __LINE__);
+    launch_attention(p, attention_scratch_, context_.stream);
+  }
+  void gather_rows(const Tensor& x, const Tensor& rows, Tensor& out) override {
+    launch_gather_rows(x.ptr<float>(), rows.ptr<int32_t>(), rows.numel(), x.numel() / x.dim(0), out.ptr<float>(),
+                       context_.stream);
+  }
+  void sample(const Tensor& logits, const std::vector<SamplingRow>& rows, std::vector<SampledToken>& out) override {
+    check_not_capturing("sample");
+    sampler_.sample(logits, rows, out);
+  }
+  void score_tokens(const Tensor& logits, const std::vector<int32_t>& targets, int top_k,
+                    std::vector<SampledToken>& out) override {
+    check_not_capturing("score_tokens");
+    sampler_.score(logits, targets, top_k, out);
+  }
+  void register_kernels(moe::ExpertsKernelRegistry& registry) override {
+    registry.add(make_cuda_modular_kernel(context_));
+    registry.add(make_cuda_fused_kernel(context_));
+  }
+
+ private:
+  // The largest step cuda-fused runs under --moe-kernel auto (crossover: BENCHMARKS.md).
+  static constexpr int64_t kFusedMaxTokens = 8;
+
+  void check_not_capturing(const char* what) const {
+    if (capturing_) cuda_fail(what, "host transfer while recording a graph", __FILE__, __LINE__);
+  }
+
+  Tensor alloc_like(const Tensor& like) {
+    Tensor tensor = like;
+    tensor.data = nullptr;
+    void* data = nullptr;
+    if (cudaMalloc(&data, std::max<size_t>(tensor.nbytes(), 16)) != cudaSuccess) {
+      cudaGetLastError();
+      return tensor;
+    }
+    tensor.data = data;
+    return tensor;
+  }
+
+  // Weights on the device: vectors (norms, biases) as f32, matrices as bf16. Fills `converted`
+  // when the host bytes need converting (left empty when they can be copied as they are).
+  static Result<DType> convert_weight(const Tensor& host, std::vector<uint8_t>& converted, bool probe_only = false) {
+    converted.clear();
+    const bool vector = host.rank <= 1;
+    const DType target = vector ? DType::kF32 : DType::kBF16;
+    if (host.dtype != DType::kBF16 && host.dtype != DType::kF32 && host.dtype != DType::kF16)
+      return Status::errorf("cuda backend: weight dtype {} is not supported", dtype_name(host.dtype));
+    if (probe_only || host.dtype == target) return target;
+    const int64_t n = host.numel();
+    converted.resize(static_cast<size_t>(n) * dtype_size(target));
+    auto read = [&](int64_t i) -> float {
+      switch (host.dtype) {
+        case DType::kBF16: return bf16_to_f32(host.ptr<uint16_t>()[i]);
+        case DType::kF16: return f16_to_f32(host.ptr<uint16_t>()[i]);
+        default: return host.ptr<float>()[i];
+      }
+    };
+    if (target == DType::kF32) {
+      float* dst = reinterpret_cast<float*>(converted.data());
+      for (int64_t i = 0; i < n; ++i) dst[i] = read(i);
+    } else {
+      uint16_t* dst = reinterpret_cast<uint16_t*>(converted.data());
+      for (int64_t i = 0; i < n; ++i) dst[i] = f32_to_bf16(read(i));
+    }
+    return target;
+  }
+
+  CudaContext context_;
+  CudaSampler sampler_;
+  std::string device_name_;
+  StepLimits limits_;
+  void* matmul_scratch_ = nullptr;
+  int64_t matmul_scratch_elems_ = 0;
+  void* attention_scratch_ = nullptr;
+  size_t attention_scratch_bytes_ = 0;
+  int64_t attention_decode_tokens_ = 0;
+  std::unordered_map<uint64_t, cudaGraphExec_t> graphs_;
+  bool capturing_ = false;
+};
+
+}  // namespace
+}  // namespace sy::backend::cuda
+
+namespace sy::backend {
+
+Result<std::unique_ptr<Backend>> make_cuda_backend(const CudaBackendOptions& options) {
+  int count = 0;
+  cudaError_t status = cudaGetDeviceCount(&count);
+  if (status != cudaSuccess || count == 0)
+    return Status::error(ErrorCode::kUnavailable,
+                         fmt::format("--device cuda: no CUDA device is available ({})",
+                                     status != cudaSuccess ? cudaGetErrorString(status) : "0 devices"));
+  if (options.device_index < 0 || options.device_index >= count)
+    return Status::errorf("--device cuda: device index {} out of range (found {})", options.device_index, count);
+  return std::unique_ptr<Backend>(std::make_unique<cuda::CudaBackend>(options.device_index));
+}
+
+}  // namespace sy::backend

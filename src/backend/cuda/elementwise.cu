@@ -1,0 +1,272 @@
+#include "backend/cuda/elementwise.h"
+
+#include "backend/random_fill.h"
+
+namespace sy::backend::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+__device__ __forceinline__ float block_sum(float v, float* shared) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  float total = 0.0f;
+  for (int w = 0; w < warps; ++w) total += shared[w];  // same order in every thread
+  __syncthreads();
+  return total;
+}
+
+// Bytes: tokens * hidden * (2 read + 4 written).
+__global__ void embedding_kernel(const __nv_bfloat16* table, const int32_t* ids, int64_t hidden, float* out) {
+  const int64_t t = blockIdx.y;
+  const __nv_bfloat16* row = table + static_cast<int64_t>(ids[t]) * hidden;
+  for (int64_t i = blockIdx.x * blockDim.x + threadIdx.x; i < hidden; i += gridDim.x * blockDim.x)
+    out[t * hidden + i] = __bfloat162float(row[i]);
+}
+
+// One block per row; the row stays in registers/L1 between the two passes. Bytes: rows * width *
+// 8 (12 with the residual).
+__global__ void rms_norm_kernel(float* x, const float* residual, const float* weight, int64_t width, float eps,
+                                float* out) {
+  __shared__ float partial[32];
+  float* row = x + blockIdx.x * width;
+  float sum_squares = 0.0f;
+  for (int64_t i = threadIdx.x; i < width; i += blockDim.x) {
+    float v = row[i];
+    if (residual) {
+      v += residual[blockIdx.x * width + i];
+      row[i] = v;
+    }
+    sum_squares += v * v;
+  }
+  const float total = block_sum(sum_squares, partial);
+  const float scale = rsqrtf(total / static_cast<float>(width) + eps);
+  float* dst = out + blockIdx.x * width;
+  for (int64_t i = threadIdx.x; i < width; i += blockDim.x) dst[i] = weight[i] * (row[i] * scale);
+}
+
+__global__ void add_kernel(float* x, const float* y, int64_t count) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    x[i] += y[i];
+}
+
+__global__ void add_bias_kernel(float* out, const float* bias, int64_t rows, int64_t width) {
+  const int64_t count = rows * width;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    out[i] += bias[i % width];
+}
+
+__global__ void silu_mul_kernel(const float* gate, const float* up, int64_t count, float* out) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float g = gate[i];
+    out[i] = g / (1.0f + expf(-g)) * up[i];
+  }
+}
+
+// Rotate-half RoPE as transformers computes it in f32: inv_freq = 1 / theta^(2i/d) (double,
+// rounded to f32), angle = f32(position) * inv_freq.
+__global__ void rope_kernel(float* x, const int32_t* positions, int64_t heads, int64_t head_dim, double theta) {
+  const int64_t t = blockIdx.x;
+  const int64_t half = head_dim / 2;
+  const float position = static_cast<float>(positions[t]);
+  for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
+    const float inv_freq = static_cast<float>(1.0 / pow(theta, static_cast<double>(2 * i) / static_cast<double>(head_dim)));
+    const float angle = position * inv_freq;
+    const float c = cosf(angle), s = sinf(angle);
+    for (int64_t h = 0; h < heads; ++h) {
+      float* v = x + (t * heads + h) * head_dim;
+      const float a = v[i], b = v[i + half];
+      v[i] = a * c - b * s;
+      v[i + half] = b * c + a * s;
+    }
+  }
+}
+
+__global__ void gather_rows_kernel(const float* x, const int32_t* rows, int64_t width, float* out) {
+  const int64_t r = blockIdx.y;
+  const float* src = x + static_cast<int64_t>(rows[r]) * width;
+  for (int64_t i = blockIdx.x * blockDim.x + threadIdx.x; i < width; i += gridDim.x * blockDim.x)
+    out[r * width + i] = src[i];
+}
+
+__global__ void fill_i32_kernel(int32_t* dst, int64_t count, int32_t value) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    dst[i] = value;
+}
+
+__global__ void fill_random_kernel(void* dst, bool bf16, int64_t count, uint64_t seed, float scale, float offset) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float value = random_fill_value(seed, static_cast<uint64_t>(i), scale, offset);
+    if (bf16) static_cast<__nv_bfloat16*>(dst)[i] = __float2bfloat16_rn(value);
+    else static_cast<float*>(dst)[i] = value;
+  }
+}
+
+__global__ void f32_to_bf16_kernel(const float* src, int64_t count, __nv_bfloat16* dst) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    dst[i] = __float2bfloat16_rn(src[i]);
+}
+
+// One warp per output feature; lane l reads 8 consecutive weights (16 bytes) of each 256-wide
+// slab, four slabs in flight. x rows (f32, at most kGemvMaxRows) come from L1/L2.
+template <int ROWS>
+__global__ void __launch_bounds__(256) gemv_kernel(const float* __restrict__ x, int64_t in,
+                                                   const __nv_bfloat16* __restrict__ w, int64_t out_features,
+                                                   float* __restrict__ out) {
+  const int64_t o = blockIdx.x * 8 + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (o >= out_features) return;
+  const __nv_bfloat16* row = w + o * in;
+  float acc[ROWS];
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r) acc[r] = 0.0f;
+  int64_t base = lane * 8;
+  constexpr int kUnroll = 4;
+  for (; base + (kUnroll - 1) * 256 < in; base += kUnroll * 256) {
+    uint4 packed[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) packed[u] = __ldg(reinterpret_cast<const uint4*>(row + base + u * 256));
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const __nv_bfloat162* w2 = reinterpret_cast<const __nv_bfloat162*>(&packed[u]);
+      float wf[8];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float2 f = __bfloat1622float2(w2[j]);
+        wf[2 * j] = f.x;
+        wf[2 * j + 1] = f.y;
+      }
+#pragma unroll
+      for (int r = 0; r < ROWS; ++r) {
+        const float4 a = *reinterpret_cast<const float4*>(x + r * in + base + u * 256);
+        const float4 b = *reinterpret_cast<const float4*>(x + r * in + base + u * 256 + 4);
+        acc[r] += a.x * wf[0] + a.y * wf[1] + a.z * wf[2] + a.w * wf[3] + b.x * wf[4] + b.y * wf[5] +
+                  b.z * wf[6] + b.w * wf[7];
+      }
+    }
+  }
+  for (; base < in; base += 256) {
+    const uint4 packed = __ldg(reinterpret_cast<const uint4*>(row + base));
+    const __nv_bfloat162* w2 = reinterpret_cast<const __nv_bfloat162*>(&packed);
+    float wf[8];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float2 f = __bfloat1622float2(w2[j]);
+      wf[2 * j] = f.x;
+      wf[2 * j + 1] = f.y;
+    }
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+      const float4 a = *reinterpret_cast<const float4*>(x + r * in + base);
+      const float4 b = *reinterpret_cast<const float4*>(x + r * in + base + 4);
+      acc[r] += a.x * wf[0] + a.y * wf[1] + a.z * wf[2] + a.w * wf[3] + b.x * wf[4] + b.y * wf[5] +
+                b.z * wf[6] + b.w * wf[7];
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r) {
+    float v = acc[r];
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+    if (lane == 0) out[r * out_features + o] = v;
+  }
+}
+
+unsigned grid_stride_blocks(int64_t count) {
+  return static_cast<unsigned>(std::min<int64_t>((count + kThreads - 1) / kThreads, 132 * 16));
+}
+
+}  // namespace
+
+void launch_embedding(const __nv_bfloat16* table, const int32_t* ids, int64_t tokens, int64_t hidden, float* out,
+                      cudaStream_t stream) {
+  if (tokens == 0) return;
+  dim3 grid(static_cast<unsigned>(std::min<int64_t>((hidden + kThreads - 1) / kThreads, 8)), static_cast<unsigned>(tokens));
+  embedding_kernel<<<grid, kThreads, 0, stream>>>(table, ids, hidden, out);
+  SY_CUDA_LAUNCH_CHECK("embedding");
+}
+
+void launch_rms_norm(float* x, const float* residual, const float* weight, int64_t rows, int64_t width, float eps,
+                     float* out, cudaStream_t stream) {
+  if (rows == 0) return;
+  const int threads = width >= 1024 ? 512 : width >= 256 ? 256 : width >= 128 ? 128 : 64;
+  rms_norm_kernel<<<static_cast<unsigned>(rows), threads, 0, stream>>>(x, residual, weight, width, eps, out);
+  SY_CUDA_LAUNCH_CHECK("rms_norm");
+}
+
+void launch_add(float* x, const float* y, int64_t count, cudaStream_t stream) {
+  if (count == 0) return;
+  add_kernel<<<grid_stride_blocks(count), kThreads, 0, stream>>>(x, y, count);
+  SY_CUDA_LAUNCH_CHECK("add");
+}
+
+void launch_add_bias(float* out, const float* bias, int64_t rows, int64_t width, cudaStream_t stream) {
+  if (rows * width == 0) return;
+  add_bias_kernel<<<grid_stride_blocks(rows * width), kThreads, 0, stream>>>(out, bias, rows, width);
+  SY_CUDA_LAUNCH_CHECK("add_bias");
+}
+
+void launch_silu_mul(const float* gate, const float* up, int64_t count, float* out, cudaStream_t stream) {
+  if (count == 0) return;
+  silu_mul_kernel<<<grid_stride_blocks(count), kThreads, 0, stream>>>(gate, up, count, out);
+  SY_CUDA_LAUNCH_CHECK("silu_mul");
+}
+
+void launch_rope(float* x, const int32_t* positions, int64_t tokens, int64_t heads, int64_t head_dim, double theta,
+                 cudaStream_t stream) {
+  if (tokens == 0) return;
+  const int threads = static_cast<int>(std::min<int64_t>(128, std::max<int64_t>(32, head_dim / 2)));
+  rope_kernel<<<static_cast<unsigned>(tokens), threads, 0, stream>>>(x, positions, heads, head_dim, theta);
+  SY_CUDA_LAUNCH_CHECK("rope");
+}
+
+void launch_gather_rows(const float* x, const int32_t* rows, int64_t count, int64_t width, float* out,
+                        cudaStream_t stream) {
+  if (count == 0) return;
+  dim3 grid(static_cast<unsigned>(std::min<int64_t>((width + kThreads - 1) / kThreads, 64)), static_cast<unsigned>(count));
+  gather_rows_kernel<<<grid, kThreads, 0, stream>>>(x, rows, width, out);
+  SY_CUDA_LAUNCH_CHECK("gather_rows");
+}
+
+void launch_fill_i32(int32_t* dst, int64_t count, int32_t value, cudaStream_t stream) {
+  if (count == 0) return;
+  fill_i32_kernel<<<grid_stride_blocks(count), kThreads, 0, stream>>>(dst, count, value);
+  SY_CUDA_LAUNCH_CHECK("fill_i32");
+}
+
+void launch_fill_random(void* dst, bool bf16, int64_t count, uint64_t seed, float scale, float offset,
+                        cudaStream_t stream) {
+  if (count == 0) return;
+  fill_random_kernel<<<grid_stride_blocks(count), kThreads, 0, stream>>>(dst, bf16, count, seed, scale, offset);
+  SY_CUDA_LAUNCH_CHECK("fill_random");
+}
+
+void launch_f32_to_bf16(const float* src, int64_t count, __nv_bfloat16* dst, cudaStream_t stream) {
+  if (count == 0) return;
+  f32_to_bf16_kernel<<<grid_stride_blocks(count), kThreads, 0, stream>>>(src, count, dst);
+  SY_CUDA_LAUNCH_CHECK("f32_to_bf16");
+}
+
+void launch_gemv(const float* x, int64_t rows, int64_t in, const __nv_bfloat16* w, int64_t out_features, float* out,
+                 cudaStream_t stream) {
+  if (rows == 0 || out_features == 0) return;
+  const unsigned grid = static_cast<unsigned>((out_features + 7) / 8);
+  switch (rows) {
+#define SY_GEMV_CASE(R) \
+  case R: gemv_kernel<R><<<grid, 256, 0, stream>>>(x, in, w, out_features, out); break;
+    SY_GEMV_CASE(1) SY_GEMV_CASE(2) SY_GEMV_CASE(3) SY_GEMV_CASE(4)
+    SY_GEMV_CASE(5) SY_GEMV_CASE(6) SY_GEMV_CASE(7) SY_GEMV_CASE(8)
+#undef SY_GEMV_CASE
+    default: cuda_fail("launch_gemv", "rows > kGemvMaxRows", __FILE__, __LINE__);
+  }
+  SY_CUDA_LAUNCH_CHECK("gemv");
+}
+
+}  // namespace sy::backend::cuda

@@ -1,0 +1,34 @@
+// The CUDA backend's small kernels: embedding, norms, residual, SiLU*mul, RoPE, gathers, fills,
+// dtype conversion and the small-batch GEMV. All are memory-bound: each note gives its bytes.
+#pragma once
+
+#include <cstdint>
+
+#include "backend/cuda/cuda_context.h"
+
+namespace sy::backend::cuda {
+
+void launch_embedding(const __nv_bfloat16* table, const int32_t* ids, int64_t tokens, int64_t hidden, float* out,
+                      cudaStream_t stream);
+// out = x / rms(x) * weight per row of `width`; out may alias x. With `residual`: x += residual
+// first (x is updated in place), then the norm.
+void launch_rms_norm(float* x, const float* residual, const float* weight, int64_t rows, int64_t width,
+                     float eps, float* out, cudaStream_t stream);
+void launch_add(float* x, const float* y, int64_t count, cudaStream_t stream);
+void launch_add_bias(float* out, const float* bias, int64_t rows, int64_t width, cudaStream_t stream);
+void launch_silu_mul(const float* gate, const float* up, int64_t count, float* out, cudaStream_t stream);
+void launch_rope(float* x, const int32_t* positions, int64_t tokens, int64_t heads, int64_t head_dim,
+                 double theta, cudaStream_t stream);
+void launch_gather_rows(const float* x, const int32_t* rows, int64_t count, int64_t width, float* out,
+                        cudaStream_t stream);
+void launch_fill_i32(int32_t* dst, int64_t count, int32_t value, cudaStream_t stream);
+void launch_fill_random(void* dst, bool bf16, int64_t count, uint64_t seed, float scale, float offset,
+                        cudaStream_t stream);
+void launch_f32_to_bf16(const float* src, int64_t count, __nv_bfloat16* dst, cudaStream_t stream);
+// out[r, o] = sum_i x[r, i] * w[o, i] for rows <= kGemvMaxRows: one warp per output feature,
+// streaming w once (the floor: out * in * 2 bytes / bandwidth). in must be a multiple of 8.
+constexpr int64_t kGemvMaxRows = 8;
+void launch_gemv(const float* x, int64_t rows, int64_t in, const __nv_bfloat16* w, int64_t out_features,
+                 float* out, cudaStream_t stream);
+
+}  // namespace sy::backend::cuda

@@ -1,0 +1,600 @@
+// cuda-fused: the monolithic MoE kernel for small decode steps. One cooperative launch per layer
+// runs Gate -> Route -> Forward -> Combine: router logits, top-k with the shared routing device
+// functions (moe_route.cuh, so routes equal cuda-modular's bitwise), the route sink written by
+// the kernel itself (the write other engines' fused kernels forgot, DESIGN.md), the chosen
+// experts' SwiGLU MLPs and the weighted combine. Deterministic: no float atomics.
+// fmt (via util/status.h) turns its constexpr off under nvcc, and then its C++20 code does not
+// compile (gcc 12, fmt 9); host code here is plain C++, so keep it on.
+#ifndef FMT_USE_CONSTEXPR
+#define FMT_USE_CONSTEXPR 1
+#endif
+
+#include <cooperative_groups.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "backend/cuda/moe_kernels.h"
+#include "backend/cuda/moe_route.cuh"
+
+namespace sy::backend::cuda {
+namespace {
+
+namespace cg = cooperative_groups;
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+// Tokens per launch: steps beyond this run as several launches (cuda-modular is the kernel for
+// them; this only keeps a named cuda-fused correct on a prefill).
+constexpr int kChunkTokens = 64;
+// gate_up work item: gate row r and up row r, 8 slabs of 256 columns each per load round
+// (H = 2048 is one round: 16 x 16-byte loads in flight per lane), dotted with up to 4 pairs'
+// vectors per load (more pairs re-read the rows, from L2, for the next group).
+constexpr int kGateUpSlabs = 8;
+constexpr int kGateUpPairs = 4;
+// down work item: 4 consecutive rows of one expert, 3 slabs per load round (I = 768 is one
+// round: 12 loads), 2 pairs per load. More pairs or slabs here spill at 128 registers.
+constexpr int kDownRows = 4;
+constexpr int kDownSlabs = 3;
+constexpr int kDownPairs = 2;
+constexpr int kDownPrefetchItems = 2;         // per warp, into L2 while gate_up drains
+constexpr int64_t kMaxComboBytes = 64 << 10;  // cap of the per-block down results buffer
+
+struct FusedLaunch {
+  const float* hidden = nullptr;  // [T, H]
+  float* out = nullptr;           // [T, H]
+  const __nv_bfloat16* router = nullptr;
+  const __nv_bfloat16* gate_up = nullptr;
+  const __nv_bfloat16* down = nullptr;
+  RouteParams route;  // num_experts, top_k, hidden, scoring
+  int tokens = 0;
+  int intermediate = 0;
+  const uint8_t* forced = nullptr;  // [T] or nullptr
+  const int32_t* source = nullptr;  // offset to this layer and chunk
+  int32_t* sink = nullptr;          // offset to this layer and chunk, or nullptr
+  int64_t route_row_stride = 0;     // L * K
+  float* logits = nullptr;          // [T, E] scratch
+  float* act = nullptr;             // [T * K, I] scratch: silu(gate) * up per (token, k)
+  int tile_rows = 0;                // hidden rows each block combines: ceil(H / grid)
+  int pass_rows = 0;                // rows per pass so that combo (T*K x pass_rows) fits
+  int pair_capacity = 0;            // shared layout: kChunkTokens(or less) * K
+  int combo_floats = 0;
+};
+
+// Dynamic shared memory, in 4-byte words; the same function on host (sizing) and device.
+struct SharedLayout {
+  int scores, ids, weights, sorted, slot_expert, slot_begin, cursor, slot_count, combo, words;
+  __host__ __device__ static SharedLayout make(int experts, int pair_capacity, int combo_floats) {
+    auto round4 = [](int n) { return (n + 3) & ~3; };
+    const int slot_capacity = experts < pair_capacity ? experts : pair_capacity;
+    SharedLayout l{};
+    int at = 0;
+    l.scores = at, at += round4(kWarps * experts);       // one score row per warp
+    l.ids = at, at += round4(pair_capacity);             // [T, K] chosen ids
+    l.weights = at, at += round4(pair_capacity);         // [T, K] gating weights
+    l.sorted = at, at += round4(pair_capacity);          // pairs t*K+k grouped by expert
+    l.slot_expert = at, at += round4(slot_capacity);     // distinct experts, ascending
+    l.slot_begin = at, at += round4(slot_capacity + 1);  // their ranges in sorted
+    l.cursor = at, at += round4(experts);                // per-expert count, then fill cursor
+    l.slot_count = at, at += 4;
+    l.combo = at, at += round4(combo_floats);  // down results [pair, row of pass]
+    l.words = at;
+    return l;
+  }
+};
+
+__device__ __forceinline__ bool valid_expert(int32_t id, int experts) {
+  return static_cast<uint32_t>(id) < static_cast<uint32_t>(experts);
+}
+
+// Weights are read once per step: bypass L1, ask L2 for 256-byte lines and mark them first to
+// evict, leaving L2 to the down rows prefetched behind them. The predicate lives inside the asm,
+// so a skipped (out-of-range) load can never become a speculative one; skipped lanes get zeros.
+__device__ __forceinline__ uint64_t evict_first_policy() {
+  uint64_t policy;
+  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  return policy;
+}
+__device__ __forceinline__ uint4 load_weights(const __nv_bfloat16* p, bool in_range,
+                                              uint64_t policy) {
+  uint4 v;
+  asm("{\n"
+      "  .reg .pred in_range;\n"
+      "  setp.ne.b32 in_range, %5, 0;\n"
+      "  mov.b32 %0, 0;\n"
+      "  mov.b32 %1, 0;\n"
+      "  mov.b32 %2, 0;\n"
+      "  mov.b32 %3, 0;\n"
+      "  @in_range ld.global.nc.L1::no_allocate.L2::cache_hint.L2::256B.v4.u32 {%0, %1, %2, %3}, "
+      "[%4], %6;\n"
+      "}\n"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p), "r"(static_cast<int>(in_range)), "l"(policy));
+  return v;
+}
+
+__device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+#else
+  (void)p, (void)bytes;
+#endif
+}
+
+// 8 bf16 (one uint4; element 2i in the low half of word i) times 8 f32, added to acc.
+__device__ __forceinline__ float dot8(uint4 w, float4 a, float4 b, float acc) {
+  acc = fmaf(__uint_as_float(w.x << 16), a.x, acc);
+  acc = fmaf(__uint_as_float(w.x & 0xffff0000u), a.y, acc);
+  acc = fmaf(__uint_as_float(w.y << 16), a.z, acc);
+  acc = fmaf(__uint_as_float(w.y & 0xffff0000u), a.w, acc);
+  acc = fmaf(__uint_as_float(w.z << 16), b.x, acc);
+  acc = fmaf(__uint_as_float(w.z & 0xffff0000u), b.y, acc);
+  acc = fmaf(__uint_as_float(w.w << 16), b.z, acc);
+  acc = fmaf(__uint_as_float(w.w & 0xffff0000u), b.w, acc);
+  return acc;
+}
+
+// One warp streams R bf16 rows (row i at rows + i * row_stride, n columns, n % 8 == 0; rows past
+// valid_rows are not read) and dots each with the f32 vector of every pair in pairs[0:count]
+// (vector of pair p at vectors + (p / vector_div) * vector_stride). A round loads S slabs of
+// 256 columns of all R rows (R * S 16-byte loads in flight per lane) before using them.
+// M pairs share one load of the rows. finish(pair, values[R]) runs on lane 0.
+template <int R, int S, int M, typename Finish>
+__device__ __forceinline__ void warp_rows_dot(const __nv_bfloat16* rows, int64_t row_stride,
+                                              int valid_rows, int n, const float* vectors,
+                                              int64_t vector_stride, int vector_div,
+                                              const int32_t* pairs, int count, Finish finish) {
+  const int lane = threadIdx.x & 31;
+  const uint64_t policy = evict_first_policy();
+  for (int group = 0; group < count; group += M) {
+    const int in_group = min(M, count - group);
+    const float* vec[M];
+#pragma unroll
+    for (int m = 0; m < M; ++m)
+      vec[m] = vectors + static_cast<int64_t>(pairs[group + min(m, in_group - 1)] / vector_div) *
+                             vector_stride;
+    float acc[R][M];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int m = 0; m < M; ++m) acc[r][m] = 0.0f;
+
+    for (int round = 0; round < n; round += S * 256) {
+      uint4 w[R][S];
+#pragma unroll
+      for (int s = 0; s < S; ++s) {
+        const int col = round + s * 256 + lane * 8;
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+          w[r][s] = load_weights(rows + r * row_stride + col, r < valid_rows && col < n, policy);
+      }
+#pragma unroll
+      for (int m = 0; m < M; ++m) {
+        if (m < in_group) {
+#pragma unroll
+          for (int s = 0; s < S; ++s) {
+            const int col = round + s * 256 + lane * 8;
+            if (col < n) {
+              const float4 a = *reinterpret_cast<const float4*>(vec[m] + col);
+              const float4 b = *reinterpret_cast<const float4*>(vec[m] + col + 4);
+#pragma unroll
+              for (int r = 0; r < R; ++r) acc[r][m] = dot8(w[r][s], a, b, acc[r][m]);
+            }
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      if (m < in_group) {
+        float values[R];
+#pragma unroll
+        for (int r = 0; r < R; ++r) values[r] = warp_sum(acc[r][m]);
+        if (lane == 0) finish(pairs[group + m], values);
+      }
+    }
+  }
+}
+
+// Run by warp 0: groups the T*K pairs (p = t*K + k) by expert. Slots are the distinct experts in
+// ascending id and pairs keep ascending p inside a slot, so every block builds the same lists
+// (the grid-wide work split depends on it). Pairs with an invalid (replayed) id join no slot.
+__device__ void group_pairs_by_expert(const int32_t* ids, int pairs, int experts, int32_t* sorted,
+                                      int32_t* slot_expert, int32_t* slot_begin, int32_t* cursor,
+                                      int32_t* slot_count) {
+  const int lane = threadIdx.x & 31;
+  const unsigned lanes_below = (1u << lane) - 1u;
+  for (int e = lane; e < experts; e += 32) cursor[e] = 0;
+  __syncwarp();
+  for (int p = lane; p < pairs; p += 32)
+    if (valid_expert(ids[p], experts)) atomicAdd(&cursor[ids[p]], 1);
+  __syncwarp();
+  int slots = 0, placed = 0;
+  for (int base = 0; base < experts; base += 32) {
+    const int e = base + lane;
+    const int count = e < experts ? cursor[e] : 0;
+    int count_scan = count;  // inclusive scans over the 32 experts of this round
+    for (int o = 1; o < 32; o <<= 1) {
+      const int v = __shfl_up_sync(0xffffffffu, count_scan, o);
+      if (lane >= o) count_scan += v;
+    }
+    const unsigned used = __ballot_sync(0xffffffffu, count > 0);
+    const int slot = slots + __popc(used & lanes_below);
+    const int begin = placed + count_scan - count;
+    if (count > 0) {
+      slot_expert[slot] = e;
+      slot_begin[slot] = begin;
+    }
+    if (e < experts) cursor[e] = begin;
+    slots += __popc(used);
+    placed += __shfl_sync(0xffffffffu, count_scan, 31);
+  }
+  if (lane == 0) {
+    slot_begin[slots] = placed;
+    *slot_count = slots;
+  }
+  __syncwarp();
+  for (int base = 0; base < pairs; base += 32) {
+    const int p = base + lane;
+    const int32_t id = p < pairs ? ids[p] : -1;
+    const bool active = p < pairs && valid_expert(id, experts);
+    const unsigned active_mask = __ballot_sync(0xffffffffu, active);
+    if (active) {
+      const unsigned same = __match_any_sync(active_mask, id);
+      const int at = cursor[id] + __popc(same & lanes_below);
+      sorted[at] = p;
+      __syncwarp(active_mask);  // every lane has read cursor[id] before its leader moves it
+      if (lane == 31 - __clz(same)) cursor[id] += __popc(same);
+    }
+    __syncwarp();
+  }
+}
+
+// The down work of one pass: item it -> slot j and kDownRows rows starting at h.
+struct DownItem {
+  int slot, h, rows;
+};
+__device__ __forceinline__ DownItem down_item(int it, int pass_begin, int rows_here) {
+  const int groups = (rows_here + kDownRows - 1) / kDownRows;
+  DownItem item;
+  item.slot = it / groups;
+  item.h = pass_begin + (it - item.slot * groups) * kDownRows;
+  item.rows = min(kDownRows, pass_begin + rows_here - item.h);
+  return item;
+}
+
+// Floor: the chosen experts' weights, distinct(ids) * 3 * I * H * 2 bytes, plus the router
+// E * H * 2 once (Qwen3-30B-A3B, T = 1: 76 MB, ~18 us at 4.3 TB/s on an H200).
+// Phases, two grid barriers: (a) router logits, one warp per (token, expert) over the whole
+// grid; (b) every block selects all T tokens' top-k itself (route_select_warp) and groups the
+// pairs by expert, block 0 writes the sink; (c) gate_up: (slot, row) items split evenly over
+// all warps, silu(gate) * up into act; (d) down: block b owns hidden rows [b * tile, ...), its
+// warps dot every chosen expert's rows with act into shared memory, then each (token, row)
+// sums its k = 0..K-1 terms in order.
+__global__ void __launch_bounds__(kThreads, 2)
+    fused_moe_kernel(const __grid_constant__ FusedLaunch a) {
+  extern __shared__ float4 shared_words[];
+  int32_t* const words = reinterpret_cast<int32_t*>(shared_words);
+  const SharedLayout layout =
+      SharedLayout::make(a.route.num_experts, a.pair_capacity, a.combo_floats);
+  float* const scores = reinterpret_cast<float*>(words + layout.scores);
+  int32_t* const ids = words + layout.ids;
+  float* const weights = reinterpret_cast<float*>(words + layout.weights);
+  int32_t* const sorted = words + layout.sorted;
+  int32_t* const slot_expert = words + layout.slot_expert;
+  int32_t* const slot_begin = words + layout.slot_begin;
+  int32_t* const cursor = words + layout.cursor;
+  int32_t* const slot_count = words + layout.slot_count;
+  float* const combo = reinterpret_cast<float*>(words + layout.combo);
+
+  cg::grid_group grid = cg::this_grid();
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int E = a.route.num_experts, K = a.route.top_k, H = a.route.hidden;
+  const int I = a.intermediate, T = a.tokens, pairs = T * K;
+  const int total_warps = static_cast<int>(gridDim.x) * kWarps;
+
+  // (a) Router logits. Warp-major numbering spreads a T = 1 step's E rows over E blocks.
+  for (int q = warp * gridDim.x + blockIdx.x; q < T * E; q += total_warps) {
+    const int t = q / E, e = q - t * E;
+    const float logit = router_logit_warp(a.hidden + static_cast<int64_t>(t) * H,
+                                          a.router + static_cast<int64_t>(e) * H, H);
+    if (lane == 0) a.logits[q] = logit;
+  }
+  grid.sync();
+
+  // (b) Route: the same selection in every block (cheap next to the weights), so no third
+  // barrier is needed to share it.
+  float* const my_scores = scores + warp * E;
+  for (int t = warp; t < T; t += kWarps) {
+    for (int e = lane; e < E; e += 32) my_scores[e] = a.logits[t * E + e];
+    __syncwarp();
+    const int32_t* forced =
+        a.forced && a.forced[t] ? a.source + static_cast<int64_t>(t) * a.route_row_stride : nullptr;
+    route_select_warp(my_scores, a.route, forced, ids + t * K, weights + t * K);
+  }
+  __syncthreads();
+  if (blockIdx.x == 0 && a.sink)
+    for (int i = threadIdx.x; i < pairs; i += kThreads)
+      a.sink[static_cast<int64_t>(i / K) * a.route_row_stride + i % K] = ids[i];
+  if (warp == 0)
+    group_pairs_by_expert(ids, pairs, E, sorted, slot_expert, slot_begin, cursor, slot_count);
+  __syncthreads();
+  const int slots = *slot_count;
+
+  // (c) gate_up with SiLU(gate) * up, items (slot, row r) in contiguous even shares per warp.
+  {
+    const int64_t items = static_cast<int64_t>(slots) * I;
+    const int me = static_cast<int>(blockIdx.x) * kWarps + warp;
+    const int64_t end = items * (me + 1) / total_warps;
+    for (int64_t item = items * me / total_warps; item < end; ++item) {
+      const int j = static_cast<int>(item / I),
+                r = static_cast<int>(item - static_cast<int64_t>(j) * I);
+      const int64_t e = slot_expert[j];
+      const int first = slot_begin[j];
+      warp_rows_dot<2, kGateUpSlabs, kGateUpPairs>(
+          a.gate_up + (e * 2 * I + r) * H, static_cast<int64_t>(I) * H, 2, H, a.hidden, H, K,
+          sorted + first, slot_begin[j + 1] - first, [&](int pair, const float(&v)[2]) {
+            a.act[static_cast<int64_t>(pair) * I + r] = v[0] / (1.0f + expf(-v[0])) * v[1];
+          });
+    }
+    // Start this warp's first down rows towards L2 so DRAM stays busy across the barrier.
+    const int tile_begin = static_cast<int>(blockIdx.x) * a.tile_rows;
+    if (lane == 0 && tile_begin < H) {
+      const int rows_here = min(a.pass_rows, min(H, tile_begin + a.tile_rows) - tile_begin);
+      const int down_items = slots * ((rows_here + kDownRows - 1) / kDownRows);
+      for (int n = 0; n < kDownPrefetchItems; ++n) {
+        const int it = warp + n * kWarps;
+        if (it >= down_items) break;
+        const DownItem d = down_item(it, tile_begin, rows_here);
+        prefetch_l2(a.down + (static_cast<int64_t>(slot_expert[d.slot]) * H + d.h) * I,
+                    static_cast<uint32_t>(d.rows) * I * 2u);
+      }
+    }
+  }
+  grid.sync();
+
+  // (d) down and combine.
+  for (int tile = static_cast<int>(blockIdx.x) * a.tile_rows; tile < H;
+       tile += static_cast<int>(gridDim.x) * a.tile_rows) {
+    const int tile_end = min(H, tile + a.tile_rows);
+    for (int pass = tile; pass < tile_end; pass += a.pass_rows) {
+      const int rows_here = min(a.pass_rows, tile_end - pass);
+      const int down_items = slots * ((rows_here + kDownRows - 1) / kDownRows);
+      for (int it = warp; it < down_items; it += kWarps) {
+        const DownItem d = down_item(it, pass, rows_here);
+        const int first = slot_begin[d.slot];
+        const int row_in_pass = d.h - pass, rows = d.rows;
+        warp_rows_dot<kDownRows, kDownSlabs, kDownPairs>(
+            a.down + (static_cast<int64_t>(slot_expert[d.slot]) * H + d.h) * I, I, rows, I, a.act,
+            I, 1, sorted + first, slot_begin[d.slot + 1] - first,
+            [&](int pair, const float(&v)[kDownRows]) {
+#pragma unroll
+              for (int r = 0; r < kDownRows; ++r)
+                if (r < rows) combo[pair * rows_here + row_in_pass + r] = v[r];
+            });
+      }
+      __syncthreads();
+      for (int i = threadIdx.x; i < T * rows_here; i += kThreads) {
+        const int t = i / rows_here, row = i - t * rows_here;
+        float sum = 0.0f;
+        for (int k = 0; k < K; ++k) {
+          const int pair = t * K + k;
+          if (valid_expert(ids[pair], E))
+            sum = fmaf(weights[pair], combo[pair * rows_here + row], sum);
+        }
+        a.out[static_cast<int64_t>(t) * H + pass + row] = sum;
+      }
+      __syncthreads();
+    }
+  }
+}
+
+bool aligned16(const void* p) {
+  return (reinterpret_cast<uintptr_t>(p) & 15u) == 0;
+}
+
+class FusedKernel final : public moe::ExpertsKernel {
+ public:
+  explicit FusedKernel(CudaContext& context) : context_(context) {}
+  ~FusedKernel() override { release(); }
+  FusedKernel(const FusedKernel&) = delete;
+  FusedKernel& operator=(const FusedKernel&) = delete;
+
+  std::string_view name() const override { return "cuda-fused"; }
+  Device device() const override { return Device::kCuda; }
+  bool routes_inside() const override { return true; }
+  bool captures_routes() const override { return true; }
+  bool replays_routes() const override { return true; }
+
+  Status reserve(int64_t max_tokens, const moe::RouterSpec& spec, int64_t hidden,
+                 int64_t intermediate) override {
+    if (max_tokens <= 0)
+      return Status::errorf("cuda-fused: max_tokens must be positive, got {}", max_tokens);
+    if (spec.num_experts < 1 || spec.num_experts > kMaxRouteExperts)
+      return Status::errorf("cuda-fused: num_experts must be in [1, {}], got {}", kMaxRouteExperts,
+                            spec.num_experts);
+    if (spec.top_k < 1 || spec.top_k > std::min<int64_t>(kMaxRouteTopK, spec.num_experts))
+      return Status::errorf("cuda-fused: top_k must be in [1, min({}, num_experts = {})], got {}",
+                            kMaxRouteTopK, spec.num_experts, spec.top_k);
+    if (hidden <= 0 || hidden % 8 != 0 || hidden > (1 << 24))
+      return Status::errorf("cuda-fused: hidden size must be a multiple of 8 in [8, 2^24], got {}",
+                            hidden);
+    if (intermediate <= 0 || intermediate % 8 != 0 || intermediate > (1 << 24))
+      return Status::errorf(
+          "cuda-fused: moe_intermediate_size must be a multiple of 8 in [8, 2^24], got {}",
+          intermediate);
+    int cooperative = 0;
+    SY_CUDA_CHECK(
+        cudaDeviceGetAttribute(&cooperative, cudaDevAttrCooperativeLaunch, context_.device));
+    if (!cooperative)
+      return Status::error(ErrorCode::kUnsupported,
+                           "cuda-fused needs cooperative launches, which this GPU lacks");
+    int sm_count = context_.sm_count;
+    if (sm_count <= 0)
+      SY_CUDA_CHECK(
+          cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, context_.device));
+
+    release();
+    max_tokens_ = max_tokens;
+    experts_ = spec.num_experts, top_k_ = spec.top_k, hidden_ = hidden,
+    intermediate_ = intermediate;
+    chunk_tokens_ = static_cast<int>(std::min<int64_t>(max_tokens, kChunkTokens));
+    pair_capacity_ = chunk_tokens_ * static_cast<int>(top_k_);
+    // Combine buffer for the largest tile (one block per SM); passes split a tile beyond the cap.
+    const int64_t largest_tile = (hidden + sm_count - 1) / sm_count;
+    combo_floats_ = static_cast<int>(std::max<int64_t>(
+        pair_capacity_, std::min<int64_t>(pair_capacity_ * largest_tile, kMaxComboBytes / 4)));
+    shared_bytes_ =
+        static_cast<size_t>(
+            SharedLayout::make(static_cast<int>(experts_), pair_capacity_, combo_floats_).words) *
+        4;
+    if (shared_bytes_ > context_.shared_memory_per_block_optin &&
+        context_.shared_memory_per_block_optin > 0)
+      return Status::errorf("cuda-fused: needs {} bytes of shared memory per block, the GPU has {}",
+                            shared_bytes_, context_.shared_memory_per_block_optin);
+    SY_CUDA_CHECK(cudaFuncSetAttribute(fused_moe_kernel,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(shared_bytes_)));
+    int blocks_per_sm = 0;
+    SY_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, fused_moe_kernel,
+                                                                kThreads, shared_bytes_));
+    if (blocks_per_sm < 1)
+      return Status::errorf(
+          "cuda-fused: no block of {} threads with {} bytes of shared memory fits an SM", kThreads,
+          shared_bytes_);
+    grid_ = sm_count * blocks_per_sm;
+
+    if (cudaMalloc(&logits_, sizeof(float) * chunk_tokens_ * experts_) != cudaSuccess ||
+        cudaMalloc(&act_, sizeof(float) * pair_capacity_ * intermediate_) != cudaSuccess) {
+      cudaGetLastError();  // an allocation failure is not sticky: clear it for the next check
+      release();
+      return Status::error(
+          ErrorCode::kResourceExhausted,
+          fmt::format("cuda-fused: out of device memory for the scratch of {} tokens",
+                      chunk_tokens_));
+    }
+    return Status::ok();
+  }
+
+  Status forward(const moe::MoeForwardArgs& args) override {
+    SY_TRY(check(args));
+    const moe::MoeLayerWeights& w = *args.weights;
+    const int64_t tokens = args.hidden.dim(0);
+    const RouteBuffers& routes = args.routes;
+    const Tensor& layered = routes.sink.data ? routes.sink : routes.source;
+    const int64_t row_stride = layered.data ? layered.dim(1) * top_k_ : 0;
+    const bool replay = routes.source.data && routes.forced.data;
+
+    FusedLaunch launch;
+    launch.router = w.router.ptr<__nv_bfloat16>();
+    launch.gate_up = w.gate_up.ptr<__nv_bfloat16>();
+    launch.down = w.down.ptr<__nv_bfloat16>();
+    launch.route = RouteParams::from(args.spec, hidden_);
+    launch.intermediate = static_cast<int>(intermediate_);
+    launch.route_row_stride = row_stride;
+    launch.logits = logits_;
+    launch.act = act_;
+    launch.tile_rows = static_cast<int>((hidden_ + grid_ - 1) / grid_);
+    launch.pair_capacity = pair_capacity_;
+    launch.combo_floats = combo_floats_;
+    for (int64_t begin = 0; begin < tokens; begin += chunk_tokens_) {
+      const int count = static_cast<int>(std::min<int64_t>(chunk_tokens_, tokens - begin));
+      launch.tokens = count;
+      launch.hidden = args.hidden.ptr<float>() + begin * hidden_;
+      launch.out = args.out.ptr<float>() + begin * hidden_;
+      launch.forced = replay ? routes.forced.ptr<uint8_t>() + begin : nullptr;
+      launch.source = replay
+                          ? routes.source.ptr<int32_t>() + begin * row_stride + args.layer * top_k_
+                          : nullptr;
+      launch.sink = routes.sink.data
+                        ? routes.sink.ptr<int32_t>() + begin * row_stride + args.layer * top_k_
+                        : nullptr;
+      launch.pass_rows = std::max(
+          1, std::min(launch.tile_rows, combo_floats_ / (count * static_cast<int>(top_k_))));
+      void* kernel_args[] = {&launch};
+      SY_CUDA_CHECK(cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(fused_moe_kernel),
+                                                dim3(static_cast<unsigned>(grid_)), dim3(kThreads),
+                                                kernel_args, shared_bytes_, context_.stream));
+      SY_CUDA_LAUNCH_CHECK("fused_moe_kernel");
+    }
+    return Status::ok();
+  }
+
+ private:
+  using RouteBuffers = moe::RouteBuffers;
+
+  Status check(const moe::MoeForwardArgs& args) const {
+    if (!logits_) return Status::error(ErrorCode::kInternal, "cuda-fused: forward before reserve");
+    const moe::MoeLayerWeights* w = args.weights;
+    if (!w) return Status::error(ErrorCode::kInternal, "cuda-fused: no layer weights");
+    const int64_t tokens = args.hidden.dim(0);
+    if (args.hidden.dtype != DType::kF32 || args.hidden.rank != 2 || args.hidden.dim(1) != hidden_)
+      return Status::errorf("cuda-fused: hidden must be f32 [T, {}], got {}", hidden_,
+                            args.hidden.shape_string());
+    if (args.out.dtype != DType::kF32 || args.out.rank != 2 || args.out.dim(0) != tokens ||
+        args.out.dim(1) != hidden_)
+      return Status::errorf("cuda-fused: out must be f32 [{}, {}], got {}", tokens, hidden_,
+                            args.out.shape_string());
+    if (tokens > max_tokens_)
+      return Status::errorf("cuda-fused: step of {} tokens, reserved for at most {}", tokens,
+                            max_tokens_);
+    if (args.spec.num_experts != experts_ || args.spec.top_k != top_k_)
+      return Status::errorf("cuda-fused: reserved for {} experts, top_k {}; got {}, top_k {}",
+                            experts_, top_k_, args.spec.num_experts, args.spec.top_k);
+    const Tensor& r = w->router;
+    const Tensor& gu = w->gate_up;
+    const Tensor& d = w->down;
+    if (r.dtype != DType::kBF16 || r.rank != 2 || r.dim(0) != experts_ || r.dim(1) != hidden_)
+      return Status::errorf("cuda-fused: router must be bf16 [{}, {}], got {}", experts_, hidden_,
+                            r.shape_string());
+    if (gu.dtype != DType::kBF16 || gu.rank != 3 || gu.dim(0) != experts_ ||
+        gu.dim(1) != 2 * intermediate_ || gu.dim(2) != hidden_)
+      return Status::errorf("cuda-fused: gate_up must be bf16 [{}, {}, {}], got {}", experts_,
+                            2 * intermediate_, hidden_, gu.shape_string());
+    if (d.dtype != DType::kBF16 || d.rank != 3 || d.dim(0) != experts_ || d.dim(1) != hidden_ ||
+        d.dim(2) != intermediate_)
+      return Status::errorf("cuda-fused: down must be bf16 [{}, {}, {}], got {}", experts_, hidden_,
+                            intermediate_, d.shape_string());
+    for (const void* p : {args.hidden.data, args.out.data, r.data, gu.data, d.data})
+      if (tokens > 0 && !aligned16(p))
+        return Status::error(ErrorCode::kInternal, "cuda-fused: tensors must be 16-byte aligned");
+    const RouteBuffers& routes = args.routes;
+    for (const Tensor* buffer : {&routes.sink, &routes.source}) {
+      if (!buffer->data) continue;
+      if (buffer->dtype != DType::kI32 || buffer->rank != 3 || buffer->dim(0) < tokens ||
+          buffer->dim(2) != top_k_ || args.layer < 0 || args.layer >= buffer->dim(1))
+        return Status::errorf(
+            "cuda-fused: route buffer must be int32 [>= {}, > layer {}, {}], got {}", tokens,
+            args.layer, top_k_, buffer->shape_string());
+    }
+    if (routes.sink.data && routes.source.data && routes.sink.dim(1) != routes.source.dim(1))
+      return Status::error(ErrorCode::kInternal,
+                           "cuda-fused: route sink and source disagree on layers");
+    if (routes.source.data && routes.forced.data &&
+        (routes.forced.dtype != DType::kU8 || routes.forced.numel() < tokens))
+      return Status::errorf("cuda-fused: forced must be uint8 [>= {}], got {}", tokens,
+                            routes.forced.shape_string());
+    return Status::ok();
+  }
+
+  void release() {
+    if (logits_) cudaFree(logits_);
+    if (act_) cudaFree(act_);
+    logits_ = nullptr, act_ = nullptr;
+  }
+
+  CudaContext& context_;
+  int64_t max_tokens_ = 0, experts_ = 0, top_k_ = 0, hidden_ = 0, intermediate_ = 0;
+  int chunk_tokens_ = 0, pair_capacity_ = 0, combo_floats_ = 0, grid_ = 0;
+  size_t shared_bytes_ = 0;
+  float* logits_ = nullptr;  // [chunk_tokens, E]
+  float* act_ = nullptr;     // [chunk_tokens * K, I]
+};
+
+}  // namespace
+
+std::unique_ptr<moe::ExpertsKernel> make_cuda_fused_kernel(CudaContext& context) {
+  return std::make_unique<FusedKernel>(context);
+}
+
+}  // namespace sy::backend::cuda

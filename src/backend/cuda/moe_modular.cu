@@ -1,0 +1,644 @@
+// cuda-modular: Route (moe_route.cuh, the router every CUDA kernel shares) -> Align (the T*K
+// (token, slot) pairs grouped by expert, each expert padded to the GEMM's M tile) -> Forward
+// (grouped GEMM gate_up with SiLU(gate)*up in its epilogue, grouped GEMM down) -> Combine
+// (weighted sum in top-k order). Deterministic: no float atomics, every sum in a fixed order.
+// Graph-safe: grids depend only on T and the shapes; CTAs past the real work exit early.
+// fmt (via util/status.h) turns its constexpr off under nvcc, and then its C++20 code does not
+// compile (gcc 12, fmt 9); host code here is plain C++, so keep it on.
+#ifndef FMT_USE_CONSTEXPR
+#define FMT_USE_CONSTEXPR 1
+#endif
+
+#include <algorithm>
+#include <cstdint>
+
+#include "backend/cuda/moe_kernels.h"
+#include "backend/cuda/moe_route.cuh"
+
+namespace sy::backend::cuda {
+namespace {
+
+// ---- PTX wrappers (sm_80+: cp.async, ldmatrix, mma.sync bf16) ----
+
+__device__ __forceinline__ uint32_t smem_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+// 16 bytes global -> shared, bypassing L1; `valid == false` writes 16 zero bytes (tile tails,
+// padding rows) and reads nothing.
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {
+  const int bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::);
+}
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t address) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(address));
+}
+__device__ __forceinline__ void ldmatrix_x2(uint32_t (&r)[2], uint32_t address) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n"
+               : "=r"(r[0]), "=r"(r[1])
+               : "r"(address));
+}
+// c += a (16x16, row) * b (16x8, col), bf16 in, f32 accumulate.
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4],
+                                         const uint32_t (&b)[2]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// ---- Tiles ----
+
+// One CTA computes a kM x kN tile of one expert (for gate_up: kN/2 gate rows and the kN/2 up
+// rows of the same output columns, so SiLU*up happens in registers). Warps tile it kWarpsM x
+// kWarpsN; each warp holds (kWarpM/16) x (kWarpN/8) m16n8 accumulators. Shared rows carry 8
+// halves (16 bytes) of padding so the 8 rows one ldmatrix phase reads fall in distinct banks.
+template <int M, int N, int K, int WarpsM, int WarpsN, int Stages, int MinBlocks>
+struct Tile {
+  static constexpr int kM = M, kN = N, kK = K, kWarpsM = WarpsM, kWarpsN = WarpsN;
+  static constexpr int kStages = Stages, kMinBlocks = MinBlocks;
+  static constexpr int kThreads = WarpsM * WarpsN * 32;
+  static constexpr int kWarpM = M / WarpsM, kWarpN = N / WarpsN;
+  static constexpr int kFragsM = kWarpM / 16, kFragsN = kWarpN / 8;
+  static constexpr int kRowHalves = K + 8;
+  static constexpr int kChunksPerRow = K / 8;                    // 16-byte cp.async chunks
+  static constexpr int kAChunks = M * kChunksPerRow / kThreads;  // per thread per stage
+  static constexpr int kBChunks = N * kChunksPerRow / kThreads;
+  static constexpr size_t kSmemBytes =
+      static_cast<size_t>(Stages) * (M + N) * kRowHalves * 2 + static_cast<size_t>(M) * 4;
+
+  static_assert(kWarpM * kWarpsM == kM && kWarpN * kWarpsN == kN, "warps tile the CTA tile");
+  static_assert(kWarpM % 16 == 0 && kWarpN % 16 == 0, "warp tile: m16 rows, an even count of n8");
+  static_assert(K % 16 == 0 && kThreads % kChunksPerRow == 0, "k chunks fixed per thread");
+  static_assert(M * kChunksPerRow % kThreads == 0 && N * kChunksPerRow % kThreads == 0,
+                "even loads");
+};
+// Few rows per expert (decode-sized steps): bound by streaming the touched experts' weights, so
+// a short M tile, a deep pipeline and many CTAs. Larger steps: bound by tensor-core FLOPs.
+using SmallTile = Tile<32, 64, 64, 1, 4, 5, 3>;
+using MediumTile = Tile<64, 128, 32, 2, 4, 4, 2>;
+using LargeTile = Tile<128, 128, 32, 2, 4, 4, 2>;
+
+int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
+
+// Upper bound of M tiles over all experts for `pairs` (token, slot) pairs: sum_e ceil(c_e / M) <=
+// pairs / M + (experts with c_e > 0). Grids use it so that they never depend on the counts.
+int64_t m_tiles_bound(int64_t pairs, int64_t experts, int64_t tile_m) {
+  return ceil_div(pairs, tile_m) + std::min(experts, pairs);
+}
+
+// ---- Align ----
+
+constexpr int kAlignThreads = 256;
+constexpr int kAlignPairsPerThread = 8;
+
+// One block per expert. Pass 1 counts the pairs of experts <= this one (shared-memory histogram)
+// to find where this expert's tiles start; pass 2 lists this expert's pairs in pair order
+// (stable: a block-wide scan, no atomics) into perm, padding its last tile with -1, and writes
+// its entries of the tile table. Floor: every block reads the T*K ids twice from L2 (0.5 MB at
+// T = 8192, K = 8): a few microseconds, negligible against the GEMMs.
+__global__ void __launch_bounds__(kAlignThreads)
+    align_kernel(const int32_t* __restrict__ ids, int pairs, int experts, int tile_m,
+                 int32_t* __restrict__ perm, int32_t* __restrict__ tile_expert,
+                 int32_t* tile_count) {
+  __shared__ int32_t count_of[kMaxRouteExperts];
+  __shared__ int32_t warp_totals[kAlignThreads / 32];
+  __shared__ int32_t tiles_before;
+  const int expert = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  for (int e = tid; e <= expert; e += kAlignThreads) count_of[e] = 0;
+  if (tid == 0) tiles_before = 0;
+  __syncthreads();
+  for (int i = tid; i < pairs; i += kAlignThreads) {
+    const int32_t id = ids[i];
+    if (id >= 0 && id <= expert) atomicAdd(&count_of[id], 1);
+  }
+  __syncthreads();
+  int before = 0;
+  for (int e = tid; e < expert; e += kAlignThreads) before += (count_of[e] + tile_m - 1) / tile_m;
+  for (int o = 16; o > 0; o >>= 1) before += __shfl_xor_sync(0xffffffffu, before, o);
+  if (lane == 0 && before) atomicAdd(&tiles_before, before);  // integer: order does not matter
+  __syncthreads();
+  const int count = count_of[expert];
+  const int tiles = (count + tile_m - 1) / tile_m;
+  const int first_tile = tiles_before;
+  for (int j = tid; j < tiles; j += kAlignThreads) tile_expert[first_tile + j] = expert;
+  if (expert == experts - 1 && tid == 0) *tile_count = first_tile + tiles;
+  if (count == 0) return;  // uniform over the block
+
+  int32_t* rows = perm + static_cast<int64_t>(first_tile) * tile_m;
+  int written = 0;  // the same in every thread
+  for (int chunk = 0; chunk < pairs; chunk += kAlignThreads * kAlignPairsPerThread) {
+    const int first = chunk + tid * kAlignPairsPerThread;  // this thread's 8 consecutive pairs
+    uint32_t mine = 0;
+    if (first + kAlignPairsPerThread <= pairs) {
+      const int4 lo = *reinterpret_cast<const int4*>(ids + first);
+      const int4 hi = *reinterpret_cast<const int4*>(ids + first + 4);
+      const int32_t v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+#pragma unroll
+      for (int j = 0; j < 8; ++j) mine |= static_cast<uint32_t>(v[j] == expert) << j;
+    } else {
+      for (int j = 0; j < kAlignPairsPerThread && first + j < pairs; ++j)
+        mine |= static_cast<uint32_t>(ids[first + j] == expert) << j;
+    }
+    const int n = __popc(mine);
+    int inclusive = n;
+    for (int o = 1; o < 32; o <<= 1) {
+      const int v = __shfl_up_sync(0xffffffffu, inclusive, o);
+      if (lane >= o) inclusive += v;
+    }
+    if (lane == 31) warp_totals[warp] = inclusive;
+    __syncthreads();
+    int offset = written + inclusive - n, total = 0;
+    for (int w = 0; w < kAlignThreads / 32; ++w) {
+      const int t = warp_totals[w];
+      if (w < warp) offset += t;
+      total += t;
+    }
+    for (int j = 0; j < kAlignPairsPerThread; ++j)
+      if (mine >> j & 1u) rows[offset++] = first + j;
+    written += total;
+    __syncthreads();  // warp_totals is rewritten by the next chunk
+  }
+  for (int r = count + tid; r < tiles * tile_m; r += kAlignThreads) rows[r] = -1;
+}
+
+// Bytes: T*H*(4 read + 2 written). H % 8 == 0: one 16-byte store per 8 elements.
+__global__ void to_bf16_kernel(const float* __restrict__ x, int64_t chunks,
+                               __nv_bfloat16* __restrict__ out) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < chunks;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float4 lo = reinterpret_cast<const float4*>(x)[2 * i];
+    const float4 hi = reinterpret_cast<const float4*>(x)[2 * i + 1];
+    __nv_bfloat162 packed[4] = {
+        __floats2bfloat162_rn(lo.x, lo.y), __floats2bfloat162_rn(lo.z, lo.w),
+        __floats2bfloat162_rn(hi.x, hi.y), __floats2bfloat162_rn(hi.z, hi.w)};
+    reinterpret_cast<uint4*>(out)[i] = *reinterpret_cast<const uint4*>(packed);
+  }
+}
+
+// ---- Forward: grouped GEMMs ----
+
+struct GroupedGemm {
+  // gate_up: x_bf16 [T, H], row of pair p is p / top_k. down: act [padded rows, I], in perm order.
+  const __nv_bfloat16* a = nullptr;
+  const __nv_bfloat16* w = nullptr;  // gate_up [E, 2I, H] or down [E, H, I]
+  int k_dim = 0;                     // H or I
+  int n_dim = 0;                     // output columns: I or H
+  int top_k = 0;
+  const int32_t* perm = nullptr;         // [padded rows]: pair index, -1 for padding
+  const int32_t* tile_expert = nullptr;  // [M tiles]
+  const int32_t* tile_count = nullptr;   // [1]
+  __nv_bfloat16* act = nullptr;          // gate_up output [padded rows, I]
+  float* y = nullptr;                    // down output [T*K, H], row = pair
+};
+
+// grid (N tiles, M-tile bound). One (expert, M tile, N tile) per CTA; cp.async multi-stage
+// pipeline over k; ldmatrix + mma.sync m16n8k16. Floor, gate_up: max(touched experts x 2*I*H*2
+// bytes, 2*T*K*2I*H FLOPs); down: max(touched experts x H*I*2 bytes, 2*T*K*H*I FLOPs).
+template <class Cfg, bool kGateUp>
+__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
+    grouped_gemm_kernel(GroupedGemm g) {
+  const int m_tile = blockIdx.y;
+  if (m_tile >= *g.tile_count) return;  // past the real tiles of this step
+  const int expert = g.tile_expert[m_tile];
+  const int64_t row_base = static_cast<int64_t>(m_tile) * Cfg::kM;
+
+  extern __shared__ __align__(16) unsigned char smem[];
+  __nv_bfloat16* a_smem = reinterpret_cast<__nv_bfloat16*>(smem);
+  __nv_bfloat16* b_smem = a_smem + Cfg::kStages * Cfg::kM * Cfg::kRowHalves;
+  int32_t* row_pair = reinterpret_cast<int32_t*>(b_smem + Cfg::kStages * Cfg::kN * Cfg::kRowHalves);
+
+  const int tid = threadIdx.x;
+  for (int r = tid; r < Cfg::kM; r += Cfg::kThreads) row_pair[r] = g.perm[row_base + r];
+  __syncthreads();
+
+  // Each thread copies the same k chunk of fixed rows at every stage: resolve the rows once.
+  constexpr int kRowsPerPass = Cfg::kThreads / Cfg::kChunksPerRow;
+  const int k_chunk = (tid % Cfg::kChunksPerRow) * 8;
+  const int row0 = tid / Cfg::kChunksPerRow;
+  const __nv_bfloat16* a_src[Cfg::kAChunks];  // nullptr: padding row, zero-filled
+#pragma unroll
+  for (int i = 0; i < Cfg::kAChunks; ++i) {
+    const int r = row0 + i * kRowsPerPass;
+    const int32_t pair = row_pair[r];
+    const int64_t src_row = kGateUp ? pair / g.top_k : row_base + r;
+    a_src[i] = pair >= 0 ? g.a + src_row * g.k_dim : nullptr;
+  }
+  const int n_per_cta = kGateUp ? Cfg::kN / 2 : Cfg::kN;
+  const int n0 = blockIdx.x * n_per_cta;
+  const __nv_bfloat16* b_src[Cfg::kBChunks];  // nullptr: past n_dim, zero-filled
+#pragma unroll
+  for (int i = 0; i < Cfg::kBChunks; ++i) {
+    const int j = row0 + i * kRowsPerPass;
+    const int n = n0 + j % n_per_cta;  // gate_up: rows [0, kN/2) gate, [kN/2, kN) up
+    int64_t w_row;
+    if constexpr (kGateUp)
+      w_row = static_cast<int64_t>(expert) * 2 * g.n_dim + (j >= n_per_cta ? g.n_dim : 0) + n;
+    else
+      w_row = static_cast<int64_t>(expert) * g.n_dim + n;
+    b_src[i] = n < g.n_dim ? g.w + w_row * g.k_dim : nullptr;
+  }
+
+  auto load_stage = [&](int stage, int k0) {
+    const int k = k0 + k_chunk;
+    const bool k_ok = k < g.k_dim;  // k_dim % 8 == 0: a chunk is all in or all out
+    __nv_bfloat16* a_stage = a_smem + stage * Cfg::kM * Cfg::kRowHalves;
+    __nv_bfloat16* b_stage = b_smem + stage * Cfg::kN * Cfg::kRowHalves;
+#pragma unroll
+    for (int i = 0; i < Cfg::kAChunks; ++i) {
+      const bool ok = k_ok && a_src[i];
+      cp_async_16(smem_address(a_stage + (row0 + i * kRowsPerPass) * Cfg::kRowHalves + k_chunk),
+                  ok ? a_src[i] + k : g.a, ok);
+    }
+#pragma unroll
+    for (int i = 0; i < Cfg::kBChunks; ++i) {
+      const bool ok = k_ok && b_src[i];
+      cp_async_16(smem_address(b_stage + (row0 + i * kRowsPerPass) * Cfg::kRowHalves + k_chunk),
+                  ok ? b_src[i] + k : g.w, ok);
+    }
+  };
+
+  const int warp = tid >> 5, lane = tid & 31;
+  const int warp_m = warp / Cfg::kWarpsN, warp_n = warp % Cfg::kWarpsN;
+  constexpr int kHalfFrags = Cfg::kFragsN / 2;
+  // Shared-memory row of the warp's n8 fragment j: for gate_up, fragments [0, kHalfFrags) are
+  // gate rows and [kHalfFrags, kFragsN) the up rows of the same output columns.
+  auto b_frag_row = [&](int j) {
+    if constexpr (kGateUp)
+      return (j < kHalfFrags ? 0 : Cfg::kN / 2) + warp_n * kHalfFrags * 8 + (j % kHalfFrags) * 8;
+    else
+      return warp_n * Cfg::kWarpN + j * 8;
+  };
+
+  float acc[Cfg::kFragsM][Cfg::kFragsN][4];
+#pragma unroll
+  for (int mf = 0; mf < Cfg::kFragsM; ++mf)
+#pragma unroll
+    for (int j = 0; j < Cfg::kFragsN; ++j)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) acc[mf][j][c] = 0.0f;
+
+  const int k_tiles = (g.k_dim + Cfg::kK - 1) / Cfg::kK;
+#pragma unroll
+  for (int s = 0; s < Cfg::kStages - 1; ++s) {
+    if (s < k_tiles) load_stage(s, s * Cfg::kK);
+    cp_async_commit();  // always commit: the group count stays uniform
+  }
+  for (int kt = 0; kt < k_tiles; ++kt) {
+    cp_async_wait<Cfg::kStages - 2>();  // tile kt has landed (this thread's copies)
+    __syncthreads();                    // ... everyone's; and stage (kt - 1) is free again
+    const int next = kt + Cfg::kStages - 1;
+    if (next < k_tiles) load_stage(next % Cfg::kStages, next * Cfg::kK);
+    cp_async_commit();
+
+    const int stage = kt % Cfg::kStages;
+    const __nv_bfloat16* a_stage = a_smem + stage * Cfg::kM * Cfg::kRowHalves;
+    const __nv_bfloat16* b_stage = b_smem + stage * Cfg::kN * Cfg::kRowHalves;
+#pragma unroll
+    for (int kk = 0; kk < Cfg::kK; kk += 16) {
+      uint32_t a_frag[Cfg::kFragsM][4];
+      uint32_t b_frag[Cfg::kFragsN][2];
+#pragma unroll
+      for (int mf = 0; mf < Cfg::kFragsM; ++mf) {
+        const int r = warp_m * Cfg::kWarpM + mf * 16 + (lane & 15);
+        ldmatrix_x4(a_frag[mf], smem_address(a_stage + r * Cfg::kRowHalves + kk + (lane >> 4) * 8));
+      }
+#pragma unroll
+      for (int j = 0; j < Cfg::kFragsN; ++j) {
+        const int r = b_frag_row(j) + (lane & 7);
+        ldmatrix_x2(b_frag[j],
+                    smem_address(b_stage + r * Cfg::kRowHalves + kk + ((lane >> 3) & 1) * 8));
+      }
+#pragma unroll
+      for (int mf = 0; mf < Cfg::kFragsM; ++mf)
+#pragma unroll
+        for (int j = 0; j < Cfg::kFragsN; ++j) mma_bf16(acc[mf][j], a_frag[mf], b_frag[j]);
+    }
+  }
+
+  // Epilogue. Accumulator c of fragment (mf, j): row mf*16 + lane/4 + 8*(c/2), column
+  // j*8 + 2*(lane%4) + c%2. n_dim % 8 == 0, so a column pair is all in or all out.
+#pragma unroll
+  for (int mf = 0; mf < Cfg::kFragsM; ++mf) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = warp_m * Cfg::kWarpM + mf * 16 + (lane >> 2) + half * 8;
+      const int32_t pair = row_pair[r];
+      if (pair < 0) continue;  // padding row
+      if constexpr (kGateUp) {
+        __nv_bfloat16* out_row = g.act + (row_base + r) * g.n_dim;
+#pragma unroll
+        for (int j = 0; j < kHalfFrags; ++j) {
+          const int col = n0 + warp_n * kHalfFrags * 8 + j * 8 + (lane & 3) * 2;
+          if (col >= g.n_dim) continue;
+          const float g0 = acc[mf][j][half * 2], g1 = acc[mf][j][half * 2 + 1];
+          const float u0 = acc[mf][j + kHalfFrags][half * 2],
+                      u1 = acc[mf][j + kHalfFrags][half * 2 + 1];
+          const float h0 = g0 / (1.0f + expf(-g0)) * u0, h1 = g1 / (1.0f + expf(-g1)) * u1;
+          *reinterpret_cast<__nv_bfloat162*>(out_row + col) = __floats2bfloat162_rn(h0, h1);
+        }
+      } else {
+        float* out_row = g.y + static_cast<int64_t>(pair) * g.n_dim;
+#pragma unroll
+        for (int j = 0; j < Cfg::kFragsN; ++j) {
+          const int col = n0 + warp_n * Cfg::kWarpN + j * 8 + (lane & 3) * 2;
+          if (col >= g.n_dim) continue;
+          *reinterpret_cast<float2*>(out_row + col) =
+              make_float2(acc[mf][j][half * 2], acc[mf][j][half * 2 + 1]);
+        }
+      }
+    }
+  }
+}
+
+// ---- Combine ----
+
+constexpr int kCombineThreads = 128;
+
+// grid (ceil(H / 4 / 128), T): out[t] = sum over k = 0..K-1, in order, of weight[t, k] * y[t*K +
+// k]. Bytes: T*K*H*4 read + T*H*4 written.
+__global__ void __launch_bounds__(kCombineThreads)
+    combine_kernel(const float* __restrict__ y, const float* __restrict__ weights, int top_k,
+                   int hidden, float* __restrict__ out) {
+  const int64_t t = blockIdx.y;
+  const int h = (blockIdx.x * kCombineThreads + threadIdx.x) * 4;
+  if (h >= hidden) return;
+  float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  for (int k = 0; k < top_k; ++k) {
+    const float w = weights[t * top_k + k];
+    const float4 v = *reinterpret_cast<const float4*>(y + (t * top_k + k) * hidden + h);
+    acc.x += w * v.x;
+    acc.y += w * v.y;
+    acc.z += w * v.z;
+    acc.w += w * v.w;
+  }
+  *reinterpret_cast<float4*>(out + t * hidden + h) = acc;
+}
+
+// ---- The kernel object ----
+
+template <class Cfg>
+void allow_shared_memory() {
+  SY_CUDA_CHECK(cudaFuncSetAttribute(grouped_gemm_kernel<Cfg, true>,
+                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     static_cast<int>(Cfg::kSmemBytes)));
+  SY_CUDA_CHECK(cudaFuncSetAttribute(grouped_gemm_kernel<Cfg, false>,
+                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     static_cast<int>(Cfg::kSmemBytes)));
+}
+
+class ModularKernel final : public moe::ExpertsKernel {
+ public:
+  explicit ModularKernel(CudaContext& context) : context_(context) {}
+  ~ModularKernel() override { release(); }
+  ModularKernel(const ModularKernel&) = delete;
+  ModularKernel& operator=(const ModularKernel&) = delete;
+
+  std::string_view name() const override { return "cuda-modular"; }
+  Device device() const override { return Device::kCuda; }
+  bool routes_inside() const override { return false; }
+  bool captures_routes() const override { return true; }
+  bool replays_routes() const override { return true; }
+
+  Status reserve(int64_t max_tokens, const moe::RouterSpec& spec, int64_t hidden,
+                 int64_t intermediate) override {
+    const int64_t experts = spec.num_experts, top_k = spec.top_k;
+    if (experts < 1 || experts > kMaxRouteExperts)
+      return Status::errorf("cuda-modular: num_experts must be in [1, {}], got {}",
+                            kMaxRouteExperts, experts);
+    if (top_k < 1 || top_k > std::min<int64_t>(kMaxRouteTopK, experts))
+      return Status::errorf("cuda-modular: top_k must be in [1, {}], got {}",
+                            std::min<int64_t>(kMaxRouteTopK, experts), top_k);
+    if (hidden < 8 || hidden % 8 != 0 || intermediate < 8 || intermediate % 8 != 0)
+      return Status::errorf(
+          "cuda-modular: hidden and moe_intermediate must be multiples of 8, "
+          "got {} and {}",
+          hidden, intermediate);
+    if (max_tokens < 1 || max_tokens > 65535)  // combine's grid.y
+      return Status::errorf("cuda-modular: max_tokens must be in [1, 65535], got {}", max_tokens);
+    const int64_t pairs = max_tokens * top_k;
+    if (m_tiles_bound(pairs, experts, SmallTile::kM) > 65535 || hidden > (1 << 30) ||
+        intermediate > (1 << 30))
+      return Status::errorf("cuda-modular: a step of {} tokens x top_k {} is too large", max_tokens,
+                            top_k);
+
+    release();
+    max_tokens_ = max_tokens;
+    experts_ = experts;
+    top_k_ = top_k;
+    hidden_ = hidden;
+    intermediate_ = intermediate;
+    int64_t padded_rows = 0, tiles = 0;
+    for (int64_t tile_m : {SmallTile::kM, MediumTile::kM, LargeTile::kM}) {
+      tiles = std::max(tiles, m_tiles_bound(pairs, experts, tile_m));
+      padded_rows = std::max(padded_rows, m_tiles_bound(pairs, experts, tile_m) * tile_m);
+    }
+    const bool ok = allocate(&ids_, pairs * 4) && allocate(&weights_, pairs * 4) &&
+                    allocate(&x_bf16_, max_tokens * hidden * 2) &&
+                    allocate(&perm_, padded_rows * 4) && allocate(&tile_expert_, tiles * 4) &&
+                    allocate(&tile_count_, 4) && allocate(&act_, padded_rows * intermediate * 2) &&
+                    allocate(&y_, pairs * hidden * 4);
+    if (!ok) {
+      release();
+      return Status::error(
+          ErrorCode::kResourceExhausted,
+          fmt::format("cuda-modular: out of device memory for the scratch of {} tokens",
+                      max_tokens));
+    }
+    allow_shared_memory<SmallTile>();
+    allow_shared_memory<MediumTile>();
+    allow_shared_memory<LargeTile>();
+    return Status::ok();
+  }
+
+  Status forward(const moe::MoeForwardArgs& args) override {
+    SY_TRY(check(args));
+    const int64_t tokens = args.hidden.dim(0);
+    if (tokens == 0) return Status::ok();
+    const moe::MoeLayerWeights& w = *args.weights;
+    const int64_t pairs = tokens * top_k_;
+    cudaStream_t stream = context_.stream;
+
+    // Gate and Route: router logits, top-k, gating weights; ids into the sink, forced ids from the
+    // source.
+    const moe::RouteBuffers& routes = args.routes;
+    const int64_t layers = routes.sink.data     ? routes.sink.dim(1)
+                           : routes.source.data ? routes.source.dim(1)
+                                                : 0;
+    RouteLaunch route;
+    route.hidden = args.hidden.ptr<float>();
+    route.tokens = tokens;
+    route.router = w.router.ptr<__nv_bfloat16>();
+    route.params = RouteParams::from(args.spec, hidden_);
+    route.forced = routes.forced.data ? routes.forced.ptr<uint8_t>() : nullptr;
+    route.source =
+        routes.source.data ? routes.source.ptr<int32_t>() + args.layer * top_k_ : nullptr;
+    route.sink = routes.sink.data ? routes.sink.ptr<int32_t>() + args.layer * top_k_ : nullptr;
+    route.route_row_stride = layers * top_k_;
+    route.ids = ids_;
+    route.weights = weights_;
+    launch_route(route, stream);
+
+    // The bf16 copy of the hidden states; the gate_up GEMM gathers its rows in expert order.
+    const int64_t chunks = tokens * hidden_ / 8;
+    const int64_t convert_blocks =
+        std::min<int64_t>(ceil_div(chunks, 256), 8 * std::max(context_.sm_count, 1));
+    to_bf16_kernel<<<static_cast<unsigned>(convert_blocks), 256, 0, stream>>>(
+        args.hidden.ptr<float>(), chunks, x_bf16_);
+    SY_CUDA_LAUNCH_CHECK("to_bf16_kernel");
+
+    // Align + Forward, with the tile picked by the mean rows per expert (T and shapes only,
+    // never the device-side counts).
+    if (pairs <= 24 * experts_)
+      forward_experts<SmallTile>(w, pairs, stream);
+    else if (pairs <= 96 * experts_)
+      forward_experts<MediumTile>(w, pairs, stream);
+    else
+      forward_experts<LargeTile>(w, pairs, stream);
+
+    // Combine.
+    const dim3 combine_grid(static_cast<unsigned>(ceil_div(hidden_ / 4, kCombineThreads)),
+                            static_cast<unsigned>(tokens));
+    combine_kernel<<<combine_grid, kCombineThreads, 0, stream>>>(
+        y_, weights_, static_cast<int>(top_k_), static_cast<int>(hidden_), args.out.ptr<float>());
+    SY_CUDA_LAUNCH_CHECK("combine_kernel");
+    return Status::ok();
+  }
+
+ private:
+  template <class Cfg>
+  void forward_experts(const moe::MoeLayerWeights& w, int64_t pairs, cudaStream_t stream) {
+    align_kernel<<<static_cast<unsigned>(experts_), kAlignThreads, 0, stream>>>(
+        ids_, static_cast<int>(pairs), static_cast<int>(experts_), Cfg::kM, perm_, tile_expert_,
+        tile_count_);
+    SY_CUDA_LAUNCH_CHECK("align_kernel");
+
+    const unsigned m_tiles = static_cast<unsigned>(m_tiles_bound(pairs, experts_, Cfg::kM));
+    GroupedGemm gemm;
+    gemm.top_k = static_cast<int>(top_k_);
+    gemm.perm = perm_;
+    gemm.tile_expert = tile_expert_;
+    gemm.tile_count = tile_count_;
+
+    gemm.a = x_bf16_;
+    gemm.w = w.gate_up.ptr<__nv_bfloat16>();
+    gemm.k_dim = static_cast<int>(hidden_);
+    gemm.n_dim = static_cast<int>(intermediate_);
+    gemm.act = act_;
+    const dim3 gate_up_grid(static_cast<unsigned>(ceil_div(intermediate_, Cfg::kN / 2)), m_tiles);
+    grouped_gemm_kernel<Cfg, true><<<gate_up_grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(gemm);
+    SY_CUDA_LAUNCH_CHECK("grouped_gemm_kernel<gate_up>");
+
+    gemm.a = act_;
+    gemm.w = w.down.ptr<__nv_bfloat16>();
+    gemm.k_dim = static_cast<int>(intermediate_);
+    gemm.n_dim = static_cast<int>(hidden_);
+    gemm.act = nullptr;
+    gemm.y = y_;
+    const dim3 down_grid(static_cast<unsigned>(ceil_div(hidden_, Cfg::kN)), m_tiles);
+    grouped_gemm_kernel<Cfg, false><<<down_grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(gemm);
+    SY_CUDA_LAUNCH_CHECK("grouped_gemm_kernel<down>");
+  }
+
+  // Everything forward() needs to be true of its arguments, as errors naming the offender.
+  Status check(const moe::MoeForwardArgs& args) const {
+    if (!ids_) return Status::error(ErrorCode::kInternal, "cuda-modular: forward before reserve");
+    const Tensor& x = args.hidden;
+    if (x.rank != 2 || x.dtype != DType::kF32 || x.dim(1) != hidden_)
+      return Status::errorf("cuda-modular: hidden must be f32 [T, {}], got {}", hidden_,
+                            x.shape_string());
+    const int64_t tokens = x.dim(0);
+    if (tokens > max_tokens_)
+      return Status::errorf("cuda-modular: {} tokens exceed the reserved {}", tokens, max_tokens_);
+    if (args.out.dtype != DType::kF32 || args.out.numel() != x.numel() ||
+        (tokens && !args.out.data))
+      return Status::errorf("cuda-modular: out must be f32 of hidden's shape, got {}",
+                            args.out.shape_string());
+    if (args.spec.num_experts != experts_ || args.spec.top_k != top_k_)
+      return Status::errorf("cuda-modular: reserved for {} experts top-{}, got {} top-{}", experts_,
+                            top_k_, args.spec.num_experts, args.spec.top_k);
+    const moe::MoeLayerWeights* w = args.weights;
+    if (!w) return Status::error(ErrorCode::kInternal, "cuda-modular: no weights");
+    auto bad_weight = [](const Tensor& t, int64_t d0, int64_t d1, int64_t d2) {
+      const bool shape_ok = d2 ? t.rank == 3 && t.dim(0) == d0 && t.dim(1) == d1 && t.dim(2) == d2
+                               : t.rank == 2 && t.dim(0) == d0 && t.dim(1) == d1;
+      return !shape_ok || t.dtype != DType::kBF16 || t.device != Device::kCuda || !t.data;
+    };
+    if (bad_weight(w->router, experts_, hidden_, 0) ||
+        bad_weight(w->gate_up, experts_, 2 * intermediate_, hidden_) ||
+        bad_weight(w->down, experts_, hidden_, intermediate_))
+      return Status::errorf(
+          "cuda-modular: weights must be bf16 on cuda: router [{}, {}], gate_up [{}, {}, {}], down "
+          "[{}, {}, {}]; got {}, "
+          "{}, {}",
+          experts_, hidden_, experts_, 2 * intermediate_, hidden_, experts_, hidden_, intermediate_,
+          w->router.shape_string(), w->gate_up.shape_string(), w->down.shape_string());
+    const moe::RouteBuffers& routes = args.routes;
+    auto bad_routes = [&](const Tensor& t) {
+      return t.rank != 3 || t.dtype != DType::kI32 || t.dim(0) < tokens || t.dim(2) != top_k_ ||
+             args.layer < 0 || args.layer >= t.dim(1);
+    };
+    if (routes.sink.data && bad_routes(routes.sink))
+      return Status::errorf(
+          "cuda-modular: route sink must be int32 [>= {}, > layer {}, {}], got {}", tokens,
+          args.layer, top_k_, routes.sink.shape_string());
+    if (routes.source.data && (bad_routes(routes.source) ||
+                               (routes.sink.data && routes.source.dim(1) != routes.sink.dim(1))))
+      return Status::errorf(
+          "cuda-modular: route source must be int32 [>= {}, > layer {}, {}] like the sink, got {}",
+          tokens, args.layer, top_k_, routes.source.shape_string());
+    if (routes.forced.data && (!routes.source.data || routes.forced.dtype != DType::kU8 ||
+                               routes.forced.numel() < tokens))
+      return Status::errorf(
+          "cuda-modular: forced must be uint8 [>= {}] with a route source, got {}", tokens,
+          routes.forced.shape_string());
+    return Status::ok();
+  }
+
+  template <class T>
+  bool allocate(T** ptr, int64_t bytes) {
+    return cudaMalloc(reinterpret_cast<void**>(ptr),
+                      static_cast<size_t>(std::max<int64_t>(bytes, 16))) == cudaSuccess;
+  }
+  void release() {
+    for (void* p :
+         {static_cast<void*>(ids_), static_cast<void*>(weights_), static_cast<void*>(x_bf16_),
+          static_cast<void*>(perm_), static_cast<void*>(tile_expert_),
+          static_cast<void*>(tile_count_), static_cast<void*>(act_), static_cast<void*>(y_)})
+      if (p) cudaFree(p);
+    ids_ = nullptr, weights_ = nullptr, x_bf16_ = nullptr, perm_ = nullptr, tile_expert_ = nullptr;
+    tile_count_ = nullptr, act_ = nullptr, y_ = nullptr;
+  }
+
+  CudaContext& context_;
+  int64_t max_tokens_ = 0, experts_ = 0, top_k_ = 0, hidden_ = 0, intermediate_ = 0;
+  // Scratch, sized by reserve() for max_tokens (T*K pairs, P padded rows = max over tiles of
+  // m_tiles_bound * tile M):
+  int32_t* ids_ = nullptr;           // [T, K] chosen experts
+  float* weights_ = nullptr;         // [T, K] gating weights
+  __nv_bfloat16* x_bf16_ = nullptr;  // [T, H] hidden in bf16
+  int32_t* perm_ = nullptr;          // [P] pair index by padded row, experts in order, -1 padding
+  int32_t* tile_expert_ = nullptr;   // [M tiles] expert of each M tile
+  int32_t* tile_count_ = nullptr;    // [1] M tiles of this step
+  __nv_bfloat16* act_ = nullptr;     // [P, I] SiLU(gate) * up
+  float* y_ = nullptr;               // [T*K, H] each pair's expert output
+};
+
+}  // namespace
+
+std::unique_ptr<moe::ExpertsKernel> make_cuda_modular_kernel(CudaContext& context) {
+  return std::make_unique<ModularKernel>(context);
+}
+
+}  // namespace sy::backend::cuda

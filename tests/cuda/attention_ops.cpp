@@ -1,0 +1,247 @@
+// write_kv + paged attention on realistic layouts: several sequences, random non-contiguous
+// block tables, block sizes 16 and 5; pure decode (with padding tokens, as the decoder pads a
+// graph bucket), prefill from scratch, chunked prefill over cached context, and mixed steps.
+// Each backend keeps its own cache dtype (CPU f32, CUDA bf16); both get the same K/V.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "harness.h"
+
+namespace sy::harness {
+namespace {
+
+constexpr double kAttentionTol = 1e-2;  // bf16 KV cache vs the CPU's f32 cache
+constexpr double kCacheTol = 4e-3;      // a bf16 rounding of each value (2^-8 relative at most)
+constexpr int64_t kWriteChunk = 1024;   // history is written in steps no larger than the limits
+
+struct SeqSpec {
+  int64_t context = 1;  // tokens in the cache after this step
+  int64_t queries = 1;  // the last `queries` of them are this step's tokens
+};
+
+// The step as the decoder uploads it (model/decoder.cpp), plus the history to write first.
+struct Layout {
+  int block_size = 16;
+  int64_t num_blocks = 0, seqs = 0, stride = 0;
+  std::vector<int32_t> block_tables;                     // [seqs, stride]
+  std::vector<int32_t> positions, token_seq, slot_mapping;  // the step's tokens
+  std::vector<uint8_t> real;                             // 0: padding token
+  std::vector<int32_t> history_slots, history_positions, history_seq;
+  int64_t max_query_len = 0, max_context_len = 0;
+  int64_t work = 0;  // sum over real tokens of their context (the reference's cost)
+};
+
+Layout make_layout(Rng& rng, std::vector<SeqSpec> specs, int block_size, int64_t padding_tokens, bool shuffle) {
+  Layout l;
+  l.block_size = block_size;
+  if (shuffle) rng.shuffle(specs);
+  const int64_t real_seqs = static_cast<int64_t>(specs.size());
+  int64_t total_blocks = 0, max_blocks = 0;
+  for (const SeqSpec& s : specs) {
+    const int64_t blocks = (s.context + block_size - 1) / block_size;
+    total_blocks += blocks;
+    max_blocks = std::max(max_blocks, blocks);
+  }
+  l.num_blocks = total_blocks + rng.between(1, 8);  // some blocks stay unused
+  std::vector<int32_t> pool(static_cast<size_t>(l.num_blocks));
+  std::iota(pool.begin(), pool.end(), 0);
+  rng.shuffle(pool);
+  l.stride = max_blocks + rng.below(3);  // wider than needed: unused entries are 0, as the decoder pads
+  int64_t tokens = 0;
+  for (const SeqSpec& s : specs) tokens += s.queries;
+  tokens += padding_tokens;
+  // Padding tokens sit at position 0 of their own empty sequence (index = token index).
+  l.seqs = padding_tokens ? std::max(real_seqs, tokens) : real_seqs;
+  l.block_tables.assign(static_cast<size_t>(l.seqs * l.stride), 0);
+  size_t next_block = 0;
+  for (int64_t s = 0; s < real_seqs; ++s) {
+    const int64_t blocks = (specs[static_cast<size_t>(s)].context + block_size - 1) / block_size;
+    for (int64_t b = 0; b < blocks; ++b) l.block_tables[static_cast<size_t>(s * l.stride + b)] = pool[next_block++];
+  }
+  auto slot_of = [&](int64_t s, int64_t position) {
+    return l.block_tables[static_cast<size_t>(s * l.stride + position / block_size)] * block_size +
+           static_cast<int32_t>(position % block_size);
+  };
+  for (int64_t s = 0; s < real_seqs; ++s) {
+    const SeqSpec& spec = specs[static_cast<size_t>(s)];
+    const int64_t first_query = spec.context - spec.queries;
+    for (int64_t p = 0; p < first_query; ++p) {
+      l.history_slots.push_back(slot_of(s, p));
+      l.history_positions.push_back(static_cast<int32_t>(p));
+      l.history_seq.push_back(static_cast<int32_t>(s));
+    }
+    for (int64_t p = first_query; p < spec.context; ++p) {
+      l.positions.push_back(static_cast<int32_t>(p));
+      l.token_seq.push_back(static_cast<int32_t>(s));
+      l.slot_mapping.push_back(slot_of(s, p));
+      l.real.push_back(1);
+      l.work += p + 1;
+    }
+    l.max_query_len = std::max(l.max_query_len, spec.queries);
+  }
+  for (int64_t i = 0; i < padding_tokens; ++i) {
+    l.positions.push_back(0);
+    l.token_seq.push_back(static_cast<int32_t>(l.positions.size() - 1));
+    l.slot_mapping.push_back(-1);
+    l.real.push_back(0);
+  }
+  for (int32_t p : l.positions) l.max_context_len = std::max<int64_t>(l.max_context_len, p + 1);
+  return l;
+}
+
+enum class Kind { kDecode, kPrefill, kChunked, kMixed };
+
+std::vector<SeqSpec> specs_for(Kind kind, Rng& rng, bool quick) {
+  std::vector<SeqSpec> specs;
+  switch (kind) {
+    case Kind::kDecode: {
+      const int64_t longest = quick ? 3000 : 5000;
+      for (int64_t context : {int64_t{1}, longest, int64_t{16}, int64_t{17}, int64_t{80}}) specs.push_back({context, 1});
+      const int64_t more = quick ? 1 : 7;
+      for (int64_t i = 0; i < more; ++i) specs.push_back({rng.between(2, longest), 1});
+      break;
+    }
+    case Kind::kPrefill:
+      if (quick) {
+        specs = {{rng.between(2, 40), 0}, {rng.between(100, 300), 0}};
+      } else {
+        specs = {{1, 0}, {rng.between(2, 80), 0}, {rng.between(200, 700), 0}};
+      }
+      for (SeqSpec& s : specs) s.queries = s.context;
+      break;
+    case Kind::kChunked: {
+      const int64_t history = rng.between(100, quick ? 800 : 1500), chunk = rng.between(64, quick ? 128 : 200);
+      specs = {{history + chunk, chunk}, {32 + 17, 17}, {rng.between(2, 500), 1}};
+      break;
+    }
+    case Kind::kMixed: {
+      for (int i = 0; i < 4; ++i) specs.push_back({rng.between(1, 3000), 1});
+      const int64_t prompt = rng.between(50, 300);
+      specs.push_back({prompt, prompt});
+      for (int i = 0; i < 2; ++i) {
+        const int64_t chunk = rng.between(2, 128);
+        specs.push_back({rng.between(1, 1500) + chunk, chunk});
+      }
+      break;
+    }
+  }
+  return specs;
+}
+
+const char* kind_name(Kind k) {
+  switch (k) {
+    case Kind::kDecode: return "decode";
+    case Kind::kPrefill: return "prefill";
+    case Kind::kChunked: return "chunked";
+    case Kind::kMixed: return "mixed";
+  }
+  return "?";
+}
+
+struct HeadConfig {
+  int64_t heads, kv_heads, head_dim;
+};
+
+struct Batches {
+  backend::AttentionBatch cpu, dev;
+};
+
+// Uploads one batch's index tensors to both backends (kept alive by `p`).
+Batches upload_batch(Pair& p, const Layout& l, const std::vector<int32_t>& positions, const std::vector<int32_t>& seqs,
+                     const std::vector<int32_t>& slots, int64_t max_query_len, int64_t max_context_len) {
+  const int64_t t = static_cast<int64_t>(positions.size());
+  Both pos = p.i32(positions, {t}), sq = p.i32(seqs, {t}), sl = p.i32(slots, {t});
+  Both tables = p.i32(l.block_tables, {l.seqs, l.stride});
+  Batches b;
+  for (auto [batch, which] : {std::pair{&b.cpu, 0}, std::pair{&b.dev, 1}}) {
+    batch->positions = which ? pos.dev : pos.cpu;
+    batch->token_seq = which ? sq.dev : sq.cpu;
+    batch->slot_mapping = which ? sl.dev : sl.cpu;
+    batch->block_tables = which ? tables.dev : tables.cpu;
+    batch->block_size = l.block_size;
+    batch->max_query_len = max_query_len;
+    batch->max_context_len = max_context_len;
+  }
+  return b;
+}
+
+void attention_case(Harness& h, Case& c, const HeadConfig& hc, Kind kind, int block_size) {
+  const Layout l = make_layout(c.rng, specs_for(kind, c.rng, h.options.quick), block_size,
+                               kind == Kind::kDecode ? 3 : 0, kind == Kind::kMixed);
+  const int64_t heads = hc.heads, kv_heads = hc.kv_heads, head_dim = hc.head_dim;
+  const int64_t slots = l.num_blocks * block_size, kv_row = kv_heads * head_dim;
+  Pair p(h);
+  Tensor cpu_k = p.cpu.alloc(h.cpu.kv_cache_dtype(), {slots, kv_heads, head_dim});
+  Tensor cpu_v = p.cpu.alloc(h.cpu.kv_cache_dtype(), {slots, kv_heads, head_dim});
+  Tensor dev_k = p.dev.alloc(h.device.kv_cache_dtype(), {slots, kv_heads, head_dim});
+  Tensor dev_v = p.dev.alloc(h.device.kv_cache_dtype(), {slots, kv_heads, head_dim});
+  for (Tensor* t : {&cpu_k, &cpu_v}) p.cpu.zero(*t);
+  for (Tensor* t : {&dev_k, &dev_v}) p.dev.zero(*t);
+
+  // The earlier context, written as earlier steps would have (chunks of at most kWriteChunk).
+  const int64_t history = static_cast<int64_t>(l.history_slots.size());
+  for (int64_t begin = 0; begin < history; begin += kWriteChunk) {
+    const int64_t n = std::min(kWriteChunk, history - begin);
+    auto part = [&](const std::vector<int32_t>& v) {
+      return std::vector<int32_t>(v.begin() + begin, v.begin() + begin + n);
+    };
+    Pair& chunk = p;  // kept until the case ends: no buffer is freed under queued device work
+    Batches b = upload_batch(chunk, l, part(l.history_positions), part(l.history_seq), part(l.history_slots), n,
+                             l.history_positions[static_cast<size_t>(begin + n - 1)] + 1);
+    Both k = chunk.f32(random_floats(c.rng, n * kv_row, 1.7f), {n, kv_heads, head_dim});
+    Both v = chunk.f32(random_floats(c.rng, n * kv_row, 1.7f), {n, kv_heads, head_dim});
+    h.cpu.write_kv(k.cpu, v.cpu, cpu_k, cpu_v, b.cpu);
+    h.device.write_kv(k.dev, v.dev, dev_k, dev_v, b.dev);
+  }
+
+  // The step: write this step's K/V, then attend.
+  const int64_t tokens = static_cast<int64_t>(l.positions.size());
+  Batches b = upload_batch(p, l, l.positions, l.token_seq, l.slot_mapping, l.max_query_len, l.max_context_len);
+  Both q = p.f32(random_floats(c.rng, tokens * heads * head_dim, 3.4f), {tokens, heads, head_dim});
+  Both k = p.f32(random_floats(c.rng, tokens * kv_row, 1.7f), {tokens, kv_heads, head_dim});
+  Both v = p.f32(random_floats(c.rng, tokens * kv_row, 1.7f), {tokens, kv_heads, head_dim});
+  Both out = p.output({tokens, heads * head_dim});
+  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  h.cpu.write_kv(k.cpu, v.cpu, cpu_k, cpu_v, b.cpu);
+  h.cpu.attention(q.cpu, cpu_k, cpu_v, b.cpu, scale, out.cpu);
+  h.device.write_kv(k.dev, v.dev, dev_k, dev_v, b.dev);
+  h.device.attention(q.dev, dev_k, dev_v, b.dev, scale, out.dev);
+
+  // Padding tokens' outputs are nobody's business; every real token's must match.
+  const Metrics m = compare(to_host(h.device, out.dev), to_host(h.cpu, out.cpu), heads * head_dim, &l.real);
+  c.check("out", m, kAttentionTol);
+  // The whole cache: every written slot equal (up to the cache dtype), padding never written.
+  c.check("k_cache", compare(to_host(h.device, dev_k), to_host(h.cpu, cpu_k), kv_row), kCacheTol);
+  c.check("v_cache", compare(to_host(h.device, dev_v), to_host(h.cpu, cpu_v), kv_row), kCacheTol);
+  if (m.worst_row >= 0 && c.failed()) {
+    const int32_t s = l.token_seq[static_cast<size_t>(m.worst_row)];
+    c.info(fmt::format("worst token {} (seq {}, position {})", m.worst_row, s, l.positions[static_cast<size_t>(m.worst_row)]));
+  }
+  c.info(fmt::format("{} tokens, {} seqs, max_query_len {}, max_context_len {}, {} blocks", tokens, l.seqs,
+                     l.max_query_len, l.max_context_len, l.num_blocks));
+}
+
+}  // namespace
+
+void run_attention_ops(Harness& h) {
+  // The largest heads * head_dim first: a backend that sizes decode scratch on first use sees
+  // its largest need first (the engine never changes it within a run).
+  std::vector<HeadConfig> configs = {{32, 4, 128}, {6, 2, 200}, {8, 8, 64}};
+  std::vector<std::pair<Kind, int>> kinds = {{Kind::kDecode, 16},  {Kind::kDecode, 5},  {Kind::kPrefill, 16},
+                                             {Kind::kChunked, 16}, {Kind::kChunked, 5}, {Kind::kMixed, 16},
+                                             {Kind::kMixed, 5}};
+  if (h.options.quick) {
+    configs = {{32, 4, 128}, {6, 2, 200}};
+    kinds = {{Kind::kDecode, 16}, {Kind::kPrefill, 16}, {Kind::kChunked, 5}, {Kind::kMixed, 16}};
+  }
+  for (const HeadConfig& hc : configs)
+    for (auto [kind, block_size] : kinds)
+      h.run(std::string("attention.") + kind_name(kind),
+            fmt::format("heads={}/{} head_dim={} block={}", hc.heads, hc.kv_heads, hc.head_dim, block_size),
+            [&](Case& c) { attention_case(h, c, hc, kind, block_size); });
+}
+
+}  // namespace sy::harness

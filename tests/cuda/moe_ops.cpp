@@ -1,0 +1,454 @@
+// MoE kernels: cuda-modular and cuda-fused against cpu-modular on random weights. The router
+// is scaled so routing is decisive, plus rows built to tie: exact ties (router row E-1 is a copy
+// of row 0, so both backends compute equal logits and must both take the lower id) and
+// near-ties at the k-th/(k+1)-th boundary (either choice is right; counted, not failed).
+//   capture: routes equal the CPU's exactly on every row whose adjacent top-(k+1) gaps
+//     (computed here in double) exceed 1e-3 relative; the poisoned sink's layer column is fully
+//     written and nothing else in it; fused and modular write bitwise the same routes.
+//   replay: forced rows come back unchanged; outputs match the CPU run with the same ids.
+//   outputs: within bf16 tolerance on every row whose routes match the CPU's.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <numeric>
+
+#include "harness.h"
+#include "moe/router.h"
+
+namespace sy::harness {
+namespace {
+
+constexpr double kMoeTol = 1e-2;
+constexpr double kDecisiveGap = 1e-3;
+constexpr int64_t kLayers = 3, kLayer = 1;  // the sink/source hold 3 layers; the kernel is layer 1
+constexpr int64_t kFusedMaxTokens = 64;
+
+struct MoeShape {
+  int64_t hidden, inter, experts, top_k;
+};
+
+enum class SpecKind { kQwen, kMixtral, kSigmoid, kPlainSoftmax };
+
+const char* spec_name(SpecKind k) {
+  switch (k) {
+    case SpecKind::kQwen: return "softmax+renorm";
+    case SpecKind::kMixtral: return "softmax-after-topk";
+    case SpecKind::kSigmoid: return "sigmoid+renorm*2.5";
+    case SpecKind::kPlainSoftmax: return "softmax";
+  }
+  return "?";
+}
+
+moe::RouterSpec make_spec(SpecKind k, const MoeShape& s) {
+  moe::RouterSpec spec;
+  spec.num_experts = s.experts;
+  spec.top_k = s.top_k;
+  switch (k) {
+    case SpecKind::kQwen: spec.renormalize = true; break;
+    case SpecKind::kMixtral: spec.softmax_after_topk = true; break;
+    case SpecKind::kSigmoid:
+      spec.scoring = moe::RouterScoring::kSigmoid;
+      spec.renormalize = true;
+      spec.routed_scaling_factor = 2.5f;
+      break;
+    case SpecKind::kPlainSoftmax: break;
+  }
+  return spec;
+}
+
+struct Group {
+  MoeShape shape;
+  SpecKind spec;
+  std::vector<int64_t> tokens;
+};
+
+// One group's weights, on both backends (the CPU keeps views of the host tensors).
+struct Weights {
+  HostTensor router, gate_up, down;
+  std::vector<float> router_f32;  // [E, H], for the host's double-precision logits
+  std::unique_ptr<Pair> pair;
+  moe::MoeLayerWeights cpu, dev;
+};
+
+// One step's inputs and the CPU's answers.
+struct StepData {
+  int64_t tokens = 0;
+  std::vector<float> x;  // [T, H]
+  std::vector<uint8_t> decisive;
+  int64_t near_tied = 0, exact_ties = 0;
+  std::vector<uint8_t> forced;  // [T]
+  std::vector<int32_t> source;  // [T, L, K]
+  std::vector<float> capture_out, replay_out;
+  std::vector<int32_t> capture_sink, replay_sink;
+  std::string error;  // the CPU reference failed
+};
+
+std::vector<double> logits_of(const Weights& w, const MoeShape& s, const float* x) {
+  std::vector<double> logits(static_cast<size_t>(s.experts));
+  for (int64_t e = 0; e < s.experts; ++e) {
+    const float* row = w.router_f32.data() + e * s.hidden;
+    double sum = 0;
+    for (int64_t i = 0; i < s.hidden; ++i) sum += static_cast<double>(x[i]) * row[i];
+    logits[static_cast<size_t>(e)] = sum;
+  }
+  return logits;
+}
+
+// Experts by (logit desc, id asc): the selection order of every scoring kind (all monotonic).
+std::vector<int32_t> ranking(const std::vector<double>& logits) {
+  std::vector<int32_t> order(logits.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
+  return order;
+}
+
+// The smallest non-zero relative gap between adjacent experts among the top k+1 selection
+// scores (0 gaps are exact ties, which both backends break by the lower id); counts exact ties.
+double selection_gap(const std::vector<double>& logits, SpecKind kind, int64_t top_k, bool& exact_tie) {
+  const std::vector<int32_t> order = ranking(logits);
+  double gap = std::numeric_limits<double>::infinity();
+  exact_tie = false;
+  for (int64_t j = 0; j < top_k && j + 1 < static_cast<int64_t>(order.size()); ++j) {
+    const double a = logits[order[j]], b = logits[order[j + 1]];
+    if (a == b) {
+      exact_tie = true;
+      continue;
+    }
+    double g;
+    if (kind == SpecKind::kSigmoid) {
+      const double sa = 1 / (1 + std::exp(-a)), sb = 1 / (1 + std::exp(-b));
+      g = (sa - sb) / sa;
+    } else if (kind == SpecKind::kMixtral) {
+      g = (a - b) / std::max(1.0, std::abs(a));
+    } else {
+      g = a - b;  // softmax: the log of the probability ratio
+    }
+    gap = std::min(gap, g);
+  }
+  return gap;
+}
+
+void build_step(Harness& h, const Group& g, Weights& w, int64_t tokens, const std::string& group_desc, StepData& d) {
+  const MoeShape& s = g.shape;
+  Rng rng(h.seed_for(fmt::format("moe data {} T={}", group_desc, tokens)));
+  d.tokens = tokens;
+  d.x = random_floats(rng, tokens * s.hidden, std::sqrt(3.0f));
+  const float* w0 = w.router_f32.data();
+  for (int64_t t = 0; t < tokens; ++t) {
+    float* x = d.x.data() + t * s.hidden;
+    if (tokens >= 2 && t % 8 == 5) {
+      // Experts 0 and E-1 (equal rows) clearly on top: an exact tie for first place.
+      double norm2 = 0;
+      for (int64_t i = 0; i < s.hidden; ++i) norm2 += static_cast<double>(w0[i]) * w0[i];
+      for (int iteration = 0; iteration < 3; ++iteration) {
+        const std::vector<double> l = logits_of(w, s, x);
+        double others = -INFINITY;
+        for (int64_t e = 1; e + 1 < s.experts; ++e) others = std::max(others, l[static_cast<size_t>(e)]);
+        const double beta = (others + 3.0 - l[0]) / norm2;
+        for (int64_t i = 0; i < s.hidden; ++i) x[i] = static_cast<float>(x[i] + beta * w0[i]);
+      }
+    } else if (t % 8 == 1) {
+      // Near-tie at the selection boundary: move x along (w_a - w_b) until l_a - l_b ~ 1e-6.
+      for (int iteration = 0; iteration < 3; ++iteration) {
+        const std::vector<double> l = logits_of(w, s, x);
+        const std::vector<int32_t> order = ranking(l);
+        const int32_t a = order[static_cast<size_t>(s.top_k - 1)], b = order[static_cast<size_t>(s.top_k)];
+        const float* wa = w.router_f32.data() + a * s.hidden;
+        const float* wb = w.router_f32.data() + b * s.hidden;
+        double norm2 = 0;
+        for (int64_t i = 0; i < s.hidden; ++i) norm2 += (static_cast<double>(wa[i]) - wb[i]) * (static_cast<double>(wa[i]) - wb[i]);
+        if (norm2 == 0) break;
+        const double coef = (l[b] - l[a] + 1e-6) / norm2;
+        for (int64_t i = 0; i < s.hidden; ++i) x[i] = static_cast<float>(x[i] + coef * (static_cast<double>(wa[i]) - wb[i]));
+      }
+    }
+  }
+  d.decisive.assign(static_cast<size_t>(tokens), 0);
+  for (int64_t t = 0; t < tokens; ++t) {
+    bool tie = false;
+    const double gap = selection_gap(logits_of(w, s, d.x.data() + t * s.hidden), g.spec, s.top_k, tie);
+    d.decisive[static_cast<size_t>(t)] = gap > kDecisiveGap;
+    if (!(gap > kDecisiveGap)) ++d.near_tied;
+    if (tie) ++d.exact_ties;
+  }
+  // Replay inputs: about half the rows forced (the first always, the last never), every layer's
+  // column filled with valid distinct ids so a kernel reading the wrong column is caught.
+  d.forced.assign(static_cast<size_t>(tokens), 0);
+  for (int64_t t = 0; t < tokens; ++t) d.forced[static_cast<size_t>(t)] = static_cast<uint8_t>(rng.below(2));
+  d.forced.front() = 1;
+  if (tokens >= 2) d.forced.back() = 0;
+  d.source.clear();
+  for (int64_t t = 0; t < tokens * kLayers; ++t) {
+    const std::vector<int32_t> ids = distinct_ids(rng, s.top_k, s.experts);
+    d.source.insert(d.source.end(), ids.begin(), ids.end());
+  }
+}
+
+struct Run {
+  std::vector<float> out;
+  std::vector<int32_t> sink;
+  Status status;
+};
+
+// One forward of `kernel` on `backend` (the CPU reference or the device) over a fresh poisoned
+// out (and sink).
+Run forward(Backend& backend, Buffers& buffers, moe::ExpertsKernel& kernel, const moe::MoeLayerWeights& weights,
+            const moe::RouterSpec& spec, const StepData& d, bool capture, bool replay) {
+  const int64_t T = d.tokens, H = weights.router.dim(1), K = spec.top_k;
+  Tensor x = buffers.f32(d.x, {T, H});
+  Tensor out = buffers.alloc(DType::kF32, {T, H});
+  buffers.poison(out);
+  moe::MoeForwardArgs args;
+  args.layer = static_cast<int>(kLayer);
+  args.hidden = x;
+  args.out = out;
+  args.weights = &weights;
+  args.spec = spec;
+  Tensor sink;
+  if (capture) {
+    sink = buffers.alloc(DType::kI32, {T, kLayers, K});
+    backend.fill_i32(sink, moe::kRoutePoison);  // as the decoder does before every step
+    args.routes.sink = sink;
+  }
+  if (replay) {
+    args.routes.source = buffers.i32(d.source, {T, kLayers, K});
+    args.routes.forced = buffers.u8(d.forced, {T});
+  }
+  Run run;
+  run.status = kernel.forward(args);
+  if (!run.status) return run;
+  run.out = to_host(backend, out);
+  if (capture) run.sink = to_host_i32(backend, sink);
+  return run;
+}
+
+const int32_t* route_row(const std::vector<int32_t>& sink, int64_t t, int64_t K) {
+  return sink.data() + (t * kLayers + kLayer) * K;
+}
+
+// The sink after a capturing step: the layer's column fully written with valid distinct ids,
+// the other columns untouched (still poison).
+void check_sink(Case& c, const char* who, const std::vector<int32_t>& sink, int64_t T, int64_t K, int64_t E) {
+  int64_t unwritten = 0, invalid = 0, repeated = 0, stray = 0;
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t layer = 0; layer < kLayers; ++layer) {
+      const int32_t* row = sink.data() + (t * kLayers + layer) * K;
+      for (int64_t k = 0; k < K; ++k) {
+        if (layer != kLayer) {
+          stray += row[k] != moe::kRoutePoison;
+          continue;
+        }
+        if (row[k] == moe::kRoutePoison) ++unwritten;
+        else if (row[k] < 0 || row[k] >= E) ++invalid;
+        else
+          for (int64_t j = 0; j < k; ++j) repeated += row[j] == row[k];
+      }
+    }
+  if (unwritten) c.fail(fmt::format("{}: {} route entries of layer {} left as poison (kRoutePoison)", who, unwritten, kLayer));
+  if (invalid) c.fail(fmt::format("{}: {} route entries outside [0, {})", who, invalid, E));
+  if (repeated) c.fail(fmt::format("{}: {} repeated expert ids within a row", who, repeated));
+  if (stray) c.fail(fmt::format("{}: {} entries written outside layer {}'s column", who, stray, kLayer));
+}
+
+// Routes of `dev` against the CPU's: exact on decisive rows, forced rows as given. Returns the
+// rows whose routes equal the CPU's (the rows whose outputs are compared).
+std::vector<uint8_t> check_routes(Case& c, const std::vector<int32_t>& dev, const std::vector<int32_t>& cpu,
+                                  const StepData& d, int64_t K, bool replay) {
+  const int64_t T = d.tokens;
+  std::vector<uint8_t> equal(static_cast<size_t>(T), 0);
+  int64_t decisive = 0, decisive_differ = 0, near_differ = 0, forced_rows = 0, forced_wrong = 0;
+  for (int64_t t = 0; t < T; ++t) {
+    const int32_t* a = route_row(dev, t, K);
+    const int32_t* b = route_row(cpu, t, K);
+    const bool same = std::equal(a, a + K, b);
+    equal[static_cast<size_t>(t)] = same;
+    if (replay && d.forced[static_cast<size_t>(t)]) {
+      ++forced_rows;
+      const int32_t* given = d.source.data() + (t * kLayers + kLayer) * K;
+      if (!std::equal(a, a + K, given) && forced_wrong++ < 2)
+        c.fail(fmt::format("forced row {}: routes {} not the given {}", t, fmt::join(a, a + K, ","),
+                           fmt::join(given, given + K, ",")));
+      continue;
+    }
+    if (d.decisive[static_cast<size_t>(t)]) {
+      ++decisive;
+      if (!same && decisive_differ++ < 2)
+        c.fail(fmt::format("row {}: routes {}, the CPU has {} (a decisive row)", t, fmt::join(a, a + K, ","),
+                           fmt::join(b, b + K, ",")));
+    } else if (!same) {
+      ++near_differ;
+    }
+  }
+  if (decisive_differ > 2) c.fail(fmt::format("{} of {} decisive rows route differently", decisive_differ, decisive));
+  if (forced_wrong > 2) c.fail(fmt::format("{} of {} forced rows changed", forced_wrong, forced_rows));
+  std::string note = fmt::format("routes: {}/{} decisive equal", decisive - decisive_differ, decisive);
+  if (replay) note += fmt::format(", {}/{} forced kept", forced_rows - forced_wrong, forced_rows);
+  const int64_t near_rows = T - decisive - forced_rows;
+  if (near_rows > 0) note += fmt::format(", {} near-tied ({} differ)", near_rows, near_differ);
+  if (d.exact_ties) note += fmt::format(", exact ties in {} rows", d.exact_ties);
+  c.info(note);
+  return equal;
+}
+
+void device_case(Harness& h, Case& c, const Group& g, Weights& w, StepData& d, moe::ExpertsKernel& kernel,
+                 moe::ExpertsKernel* modular, bool replay) {
+  if (!d.error.empty()) {
+    c.fail("cpu reference: " + d.error);
+    return;
+  }
+  const MoeShape& s = g.shape;
+  const moe::RouterSpec spec = make_spec(g.spec, s);
+  Buffers buffers(h.device);
+  Run run = forward(h.device, buffers, kernel, w.dev, spec, d, true, replay);
+  if (!run.status) {
+    if (run.status.code() == ErrorCode::kUnsupported) c.skip(run.status.message());
+    else c.fail(std::string(kernel.name()) + ": " + run.status.message());
+    return;
+  }
+  check_sink(c, "sink", run.sink, d.tokens, s.top_k, s.experts);
+  const std::vector<int32_t>& cpu_sink = replay ? d.replay_sink : d.capture_sink;
+  const std::vector<uint8_t> rows = check_routes(c, run.sink, cpu_sink, d, s.top_k, replay);
+  c.check("out", compare(run.out, replay ? d.replay_out : d.capture_out, s.hidden, &rows), kMoeTol);
+  const int64_t compared = std::count(rows.begin(), rows.end(), 1);
+  if (compared == 0) c.fail("no row routes as the CPU does: nothing to compare");
+  if (!replay) {
+    // Capture off: same outputs, and the kernel must not need a sink.
+    Run plain = forward(h.device, buffers, kernel, w.dev, spec, d, false, false);
+    if (!plain.status) c.fail("without capture: " + plain.status.message());
+    else c.check("out (capture off)", compare(plain.out, d.capture_out, s.hidden, &rows), kMoeTol);
+  }
+  if (modular && modular != &kernel) {
+    // Both device kernels route with the same device functions: bitwise the same routes.
+    Run other = forward(h.device, buffers, *modular, w.dev, spec, d, true, replay);
+    if (!other.status) {
+      c.fail(std::string(modular->name()) + ": " + other.status.message());
+    } else {
+      int64_t differ = 0;
+      for (int64_t t = 0; t < d.tokens; ++t)
+        differ += !std::equal(route_row(run.sink, t, s.top_k), route_row(run.sink, t, s.top_k) + s.top_k,
+                              route_row(other.sink, t, s.top_k));
+      if (differ) c.fail(fmt::format("routes differ from {} on {} of {} rows", modular->name(), differ, d.tokens));
+    }
+  }
+}
+
+}  // namespace
+
+void run_moe_ops(Harness& h) {
+  std::vector<Group> groups;
+  if (h.options.quick) {
+    groups = {{{2048, 768, 128, 8}, SpecKind::kQwen, {1, 33}},
+              {{200, 72, 12, 3}, SpecKind::kQwen, {1, 7, 300}},
+              {{200, 72, 12, 3}, SpecKind::kMixtral, {33}}};
+  } else {
+    // The largest shape first: a kernel whose reserve() only grows (or only counts the first
+    // call) still has room for every later group.
+    groups = {{{2048, 768, 128, 8}, SpecKind::kQwen, {1, 2, 7, 33, 300}},
+              {{328, 200, 64, 6}, SpecKind::kQwen, {17, 64, 100}},
+              {{200, 72, 12, 3}, SpecKind::kQwen, {1, 2, 7, 33, 300}},
+              {{200, 72, 12, 3}, SpecKind::kMixtral, {2, 33, 300}},
+              {{200, 72, 12, 3}, SpecKind::kSigmoid, {2, 33, 300}},
+              {{200, 72, 12, 3}, SpecKind::kPlainSoftmax, {7, 64}}};
+  }
+  const moe::KernelNeeds cpu_needs{Device::kCpu, true, true};
+  const moe::KernelNeeds dev_needs{h.device.device(), true, true};
+  auto cpu_kernel = h.cpu_kernels.select("cpu-modular", cpu_needs);
+  const std::string modular_name = h.device_kernel("cuda-modular"), fused_name = h.device_kernel("cuda-fused");
+  auto dev_modular = h.device_kernels.select(modular_name, dev_needs);
+  auto dev_fused = h.device_kernels.select(fused_name, dev_needs);
+
+  for (const Group& g : groups) {
+    const MoeShape& s = g.shape;
+    const std::string group_desc =
+        fmt::format("H={} I={} E={} K={} {}", s.hidden, s.inter, s.experts, s.top_k, spec_name(g.spec));
+    const int64_t max_tokens = *std::max_element(g.tokens.begin(), g.tokens.end());
+    const moe::RouterSpec spec = make_spec(g.spec, s);
+    auto desc_of = [&](int64_t T) { return fmt::format("{} T={}", group_desc, T); };
+    // Which cases of this group run (nothing is built for a group the filter leaves out).
+    bool any = false;
+    for (int64_t T : g.tokens)
+      for (const char* mode : {"capture", "replay"}) {
+        any |= h.selected(fmt::format("moe.cuda-modular.{}", mode), desc_of(T));
+        if (T <= kFusedMaxTokens) any |= h.selected(fmt::format("moe.cuda-fused.{}", mode), desc_of(T));
+      }
+    if (!any) continue;
+
+    Weights w;
+    std::string setup_error;
+    auto ensure_weights = [&]() {
+      if (w.pair || !setup_error.empty()) return;
+      try {
+        Rng rng(h.seed_for("moe weights " + group_desc));
+        const float router_scale = 2.0f * std::sqrt(3.0f / static_cast<float>(s.hidden));  // logit std ~2
+        w.router = host_random(h.cpu, DType::kBF16, {s.experts, s.hidden}, rng.next(), router_scale);
+        uint16_t* router_bits = w.router.view.ptr<uint16_t>();
+        std::copy(router_bits, router_bits + s.hidden, router_bits + (s.experts - 1) * s.hidden);  // exact ties
+        w.gate_up = host_random(h.cpu, DType::kBF16, {s.experts, 2 * s.inter, s.hidden}, rng.next(),
+                                std::sqrt(3.0f / static_cast<float>(s.hidden)));
+        w.down = host_random(h.cpu, DType::kBF16, {s.experts, s.hidden, s.inter}, rng.next(),
+                             std::sqrt(3.0f / static_cast<float>(s.inter)));
+        w.router_f32.resize(static_cast<size_t>(s.experts * s.hidden));
+        for (size_t i = 0; i < w.router_f32.size(); ++i) w.router_f32[i] = bf16_to_f32(router_bits[i]);
+        auto pair = std::make_unique<Pair>(h);
+        Both router = pair->weight(w.router.view), gate_up = pair->weight(w.gate_up.view), down = pair->weight(w.down.view);
+        w.cpu = {router.cpu, gate_up.cpu, down.cpu};
+        w.dev = {router.dev, gate_up.dev, down.dev};
+        w.pair = std::move(pair);
+        for (moe::ExpertsKernel* k : {cpu_kernel ? *cpu_kernel : nullptr, dev_modular ? *dev_modular : nullptr,
+                                      dev_fused ? *dev_fused : nullptr}) {
+          if (!k) continue;
+          Status reserved = k->reserve(max_tokens, spec, s.hidden, s.inter);
+          if (!reserved) setup_error += fmt::format("{}.reserve: {}; ", k->name(), reserved.message());
+        }
+      } catch (const std::exception& error) {
+        setup_error = error.what();
+      }
+    };
+
+    for (int64_t T : g.tokens) {
+      StepData d;
+      bool built = false;
+      auto ensure_step = [&]() {
+        ensure_weights();
+        if (!setup_error.empty()) throw std::runtime_error("setup: " + setup_error);
+        if (built) return;
+        built = true;
+        build_step(h, g, w, T, group_desc, d);
+        if (!cpu_kernel) {
+          d.error = cpu_kernel.message();
+          return;
+        }
+        Buffers buffers(h.cpu);
+        Run cap = forward(h.cpu, buffers, **cpu_kernel, w.cpu, spec, d, true, false);
+        Run rep = forward(h.cpu, buffers, **cpu_kernel, w.cpu, spec, d, true, true);
+        if (!cap.status || !rep.status) {
+          d.error = (!cap.status ? cap.status : rep.status).message();
+          return;
+        }
+        d.capture_out = std::move(cap.out);
+        d.capture_sink = std::move(cap.sink);
+        d.replay_out = std::move(rep.out);
+        d.replay_sink = std::move(rep.sink);
+      };
+      for (bool replay : {false, true}) {
+        const char* mode = replay ? "replay" : "capture";
+        h.run(fmt::format("moe.cuda-modular.{}", mode), desc_of(T), [&](Case& c) {
+          if (!dev_modular) return c.fail(dev_modular.message());
+          ensure_step();
+          device_case(h, c, g, w, d, **dev_modular, nullptr, replay);
+        });
+        if (T > kFusedMaxTokens) continue;
+        h.run(fmt::format("moe.cuda-fused.{}", mode), desc_of(T), [&](Case& c) {
+          if (!dev_fused) return c.fail(dev_fused.message());
+          ensure_step();
+          device_case(h, c, g, w, d, **dev_fused, dev_modular ? *dev_modular : nullptr, replay);
+        });
+      }
+    }
+  }
+}
+
+}  // namespace sy::harness
