@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU machine's whole visit, run as it is from the repo root there, after scripts/gpu-pack.sh
-# here (carry gpu-carry/). Stages (default: all): ceilings ops golden engine bench serve.
+# here (carry gpu-carry/). Stages (default: all): ceilings ops golden engine bench8 bench48 serve.
 # Everything it prints also goes to $OUT/gpu-check.log; JSON results land in $OUT.
 #   scripts/gpu-check.sh [stage ...]
 set -uo pipefail
@@ -10,7 +10,7 @@ OUT=${OUT:-/tmp/gpu-check}
 mkdir -p "$OUT"
 exec > >(tee -a "$OUT/gpu-check.log") 2>&1
 stages=("$@")
-[[ ${#stages[@]} -gt 0 ]] || stages=(ceilings ops golden engine bench serve)
+[[ ${#stages[@]} -gt 0 ]] || stages=(ceilings ops golden engine bench8 bench48 serve)
 want() { local s; for s in "${stages[@]}"; do [[ $s == "$1" ]] && return 0; done; return 1; }
 section() { echo; echo "=== $* ($(date +%T))"; }
 carry=$root/gpu-carry
@@ -49,11 +49,13 @@ if want engine; then
   section "engine tests on CUDA"
   SY_TEST_DEVICE=cuda run engine timeout 300 "$carry/test_engine" --gtest_filter='Engine.*' --gtest_brief=1
 fi
-if want bench; then
+if want bench8; then
   section "step bench: Qwen3-30B-A3B 8-layer cut"
   run bench8 timeout 300 "$carry/step_bench" --device cuda --random-weights "$carry/qwen3-30b-a3b-8l/config.json" \
     --batches 1,8,64 --context 1024 --steps 32 --prefill 8192 --bandwidth-gbs "$bandwidth" \
     --matmul-tflops "$tflops" --json-out "$OUT/step_bench_8l.json"
+fi
+if want bench48; then
   section "step bench: Qwen3-30B-A3B full (48 layers)"
   run bench48 timeout 400 "$carry/step_bench" --device cuda --random-weights "$carry/qwen3-30b-a3b/config.json" \
     --batches 1,64 --context 1024 --steps 32 --prefill 8192 --bandwidth-gbs "$bandwidth" \

@@ -366,8 +366,15 @@ void rope_cases(Harness& h) {
             const Metrics mq = compare(to_host(h.device, qt.dev), to_host(h.cpu, qt.cpu), s.heads * s.head_dim);
             c.check("q", mq, kF32Tol);
             c.check("k", compare(to_host(h.device, kt.dev), to_host(h.cpu, kt.cpu), s.kv_heads * s.head_dim), kF32Tol);
-            if (c.failed() && mq.worst_row >= 0)
-              c.info(fmt::format("worst q row: token {} at position {}", mq.worst_row, positions[mq.worst_row]));
+            if (c.failed() && mq.worst_row >= 0) {
+              // One f32 rounding of the angle at position p moves it by up to p * 2^-24 rad: an
+              // implementation that does not compute inv_freq and the angle as the CPU does
+              // (inv_freq = float(1 / theta^(2i/d)) in double, angle = float(p) * inv_freq in
+              // f32, accurate sin/cos) differs by about that much.
+              c.info(fmt::format("worst q row: token {} at position {}; f32 angle noise at that position ~{:.1e} rad",
+                                 mq.worst_row, positions[static_cast<size_t>(mq.worst_row)],
+                                 positions[static_cast<size_t>(mq.worst_row)] * 5.96e-8));
+            }
           });
   }
 }

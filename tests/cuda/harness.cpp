@@ -245,8 +245,11 @@ void Harness::run(std::string_view op, const std::string& desc, const std::funct
   g_running[0] = '\0';
 
   const Case::Check* head = c.headline();
-  const std::string numbers = head ? fmt::format("rel={} maxabs={}", sci(head->m.rel), sci(head->m.max_abs))
-                                   : std::string("rel=- maxabs=-");
+  // Poison left in the output (or NaN produced) reads as nan, whatever the finite part says.
+  const bool nan = head && (head->m.nonfinite || head->m.ref_nonfinite);
+  const std::string numbers = !head ? std::string("rel=- maxabs=-")
+                              : nan ? std::string("rel=nan maxabs=nan")
+                                    : fmt::format("rel={} maxabs={}", sci(head->m.rel), sci(head->m.max_abs));
   std::string line;
   const char* status = "pass";
   if (c.skipped() && !c.failed()) {
@@ -278,14 +281,16 @@ void Harness::run(std::string_view op, const std::string& desc, const std::funct
   nlohmann::json record = {{"op", std::string(op)}, {"desc", desc}, {"status", status},
                            {"seed", options.seed}, {"time_ms", elapsed_ms},
                            {"failures", c.failures()}, {"info", c.infos()}};
+  // JSON has no inf/nan: those go as strings.
+  auto number = [](double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(fmt::format("{}", v)); };
   if (head) {
-    record["rel"] = head->m.rel;
-    record["max_abs"] = head->m.max_abs;
+    record["rel"] = nan ? nlohmann::json("nan") : number(head->m.rel);
+    record["max_abs"] = nan ? nlohmann::json("nan") : number(head->m.max_abs);
   }
   if (c.skipped()) record["skip_reason"] = c.skip_reason();
   nlohmann::json checks = nlohmann::json::array();
   for (const Case::Check& k : c.checks()) {
-    auto finite = [](double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(fmt::format("{}", v)); };
+    const auto& finite = number;
     checks.push_back({{"what", k.what}, {"pass", k.pass}, {"tol", k.tol}, {"rel", finite(k.m.rel)},
                       {"max_abs", finite(k.m.max_abs)}, {"worst_row_rel", finite(k.m.worst_row_rel)},
                       {"worst_row", k.m.worst_row}, {"worst_elem", finite(k.m.worst_elem)},
@@ -293,10 +298,6 @@ void Harness::run(std::string_view op, const std::string& desc, const std::funct
                       {"elements", k.m.elements}});
   }
   record["checks"] = checks;
-  if (head) {
-    if (!std::isfinite(head->m.rel)) record["rel"] = "inf";
-    if (!std::isfinite(head->m.max_abs)) record["max_abs"] = "inf";
-  }
   state_->cases.push_back(std::move(record));
   // Rewritten after every case: a crash later still leaves the cases before it on disk.
   write_json();

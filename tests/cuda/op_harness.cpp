@@ -100,7 +100,16 @@ int main(int argc, char** argv) {
   }
 
   // The largest step any case runs (the backends size their step workspace from it once).
-  const sy::backend::StepLimits limits{1024, 64, 1024, 4096};
+  // Every case stays within these; the model-shape fields cover the largest case of each op.
+  sy::backend::StepLimits limits;
+  limits.max_tokens = 1024;         // matmul rows, prefill tokens, rope tokens
+  limits.max_seqs = 64;             // sequences of an attention step (decode tokens <= this)
+  limits.max_blocks_per_seq = 1024;  // context 5000 at block size 5
+  limits.max_logits_rows = 4096;    // sampling: rows per sample() call
+  limits.vocab_size = 151936;
+  limits.num_heads = 32;
+  limits.head_dim = 256;
+  limits.max_feature_dim = 4096;  // widest matmul input
   for (sy::backend::Backend* b : {cpu.get(), device.get()}) {
     sy::Status reserved = b->reserve(limits);
     if (!reserved) return setup_failure("backend.reserve", b->name() + ": " + reserved.message(), options.seed);
