@@ -141,7 +141,7 @@ Status Decoder::allocate(const ModelConfig& c, int64_t num_blocks, const backend
   ws->picked_normed = backend_.alloc(DType::kF32, {R, hidden});
   ws->logits = backend_.alloc(DType::kF32, {R, c.vocab_size});
   for (Tensor* t : ws->owned())
-    if (!t->data && t->numel() > 0)
+    if (!t->data && t->rank > 0 && t->numel() > 0)
       return Status::error(ErrorCode::kResourceExhausted, "out of memory for the step workspace");
   if (!ws->pack_host || !ws->routes_host)
     return Status::error(ErrorCode::kResourceExhausted, "out of host memory for the step workspace");

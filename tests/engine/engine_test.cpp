@@ -26,6 +26,11 @@ struct Outcome {
 };
 
 // Submits and waits; returns tokens and the final event.
+bool on_cuda() {
+  const char* device = std::getenv("SY_TEST_DEVICE");
+  return device && std::string(device) == "cuda";
+}
+
 struct Runner {
   std::unique_ptr<engine::Engine> engine;
 
@@ -33,8 +38,7 @@ struct Runner {
     config.model_dir = config.model_dir.empty() ? kModel : config.model_dir;
     config.num_threads = 2;
     // SY_TEST_DEVICE=cuda runs the engine's end-to-end checks on the GPU (scripts/gpu-check.sh).
-    if (const char* device = std::getenv("SY_TEST_DEVICE"); device && std::string(device) == "cuda")
-      config.device = Device::kCuda;
+    if (on_cuda()) config.device = Device::kCuda;
     auto created = engine::create_engine(config);
     EXPECT_TRUE(created.is_ok()) << created.message();
     engine = std::move(created).value();
@@ -90,6 +94,9 @@ void expect_same(const Outcome& a, const Outcome& b, const std::string& what) {
 }
 
 TEST(Engine, RoutesUnderConcurrencyChunkingPrefixHitsAndPreemptionEqualRoutesAlone) {
+  // Bitwise alone-vs-batched equality is the CPU backend's batch invariance; CUDA steps are not
+  // batch-invariant (GEMV vs GEMM by batch size) until the --batch-invariant mode exists.
+  if (on_cuda()) GTEST_SKIP() << "CUDA is not batch-invariant (DESIGN.md)";
   std::mt19937 rng(std::random_device{}());
   std::vector<engine::GenerationRequest> requests;
   const std::vector<int32_t> shared = random_prompt(rng, 40);
@@ -141,6 +148,9 @@ TEST(Engine, RoutesUnderConcurrencyChunkingPrefixHitsAndPreemptionEqualRoutesAlo
 }
 
 TEST(Engine, PromptLogprobsOncePerPositionUnderChunkingAndPreemption) {
+  // Bitwise alone-vs-batched equality is the CPU backend's batch invariance; CUDA steps are not
+  // batch-invariant (GEMV vs GEMM by batch size) until the --batch-invariant mode exists.
+  if (on_cuda()) GTEST_SKIP() << "CUDA is not batch-invariant (DESIGN.md)";
   std::mt19937 rng(std::random_device{}());
   std::vector<engine::GenerationRequest> requests;
   for (int i = 0; i < 10; ++i) {
@@ -255,6 +265,9 @@ TEST(Engine, InvalidReplayAndRequestsAreErrors) {
 }
 
 TEST(Engine, SeededSamplingIsReproducibleAloneAndInABatch) {
+  // Bitwise alone-vs-batched equality is the CPU backend's batch invariance; CUDA steps are not
+  // batch-invariant (GEMV vs GEMM by batch size) until the --batch-invariant mode exists.
+  if (on_cuda()) GTEST_SKIP() << "CUDA is not batch-invariant (DESIGN.md)";
   engine::EngineConfig config;
   Runner runner(config);
   engine::GenerationRequest request = greedy({3, 4, 5, 6}, 10);

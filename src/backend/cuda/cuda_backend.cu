@@ -121,7 +121,7 @@ class CudaBackend final : public Backend {
     if (!allocated.data) return Status::error(ErrorCode::kResourceExhausted, "cuda: out of device memory for weights");
     const size_t part_bytes = static_cast<size_t>(first.numel()) * dtype_size(allocated.dtype);
     for (size_t p = 0; p < parts.size(); ++p) {
-      SY_ASSIGN(DType dtype, convert_weight(parts[p], converted));
+      SY_ASSIGN(DType dtype, convert_weight(parts[p], converted, false, stacked.rank));
       (void)dtype;
       SY_CUDA_CHECK(cudaMemcpy(static_cast<char*>(allocated.data) + p * part_bytes,
                                converted.empty() ? parts[p].data : converted.data(), part_bytes,
@@ -304,9 +304,10 @@ class CudaBackend final : public Backend {
 
   // Weights on the device: vectors (norms, biases) as f32, matrices as bf16. Fills `converted`
   // when the host bytes need converting (left empty when they can be copied as they are).
-  static Result<DType> convert_weight(const Tensor& host, std::vector<uint8_t>& converted, bool probe_only = false) {
+  static Result<DType> convert_weight(const Tensor& host, std::vector<uint8_t>& converted, bool probe_only = false,
+                                      int rank_of_result = -1) {
     converted.clear();
-    const bool vector = host.rank <= 1;
+    const bool vector = (rank_of_result >= 0 ? rank_of_result : host.rank) <= 1;
     const DType target = vector ? DType::kF32 : DType::kBF16;
     if (host.dtype != DType::kBF16 && host.dtype != DType::kF32 && host.dtype != DType::kF16)
       return Status::errorf("cuda backend: weight dtype {} is not supported", dtype_name(host.dtype));
