@@ -147,7 +147,7 @@ int main(int argc, char** argv) {
   bench.model = std::move(loaded).value();
   const sy::model::ModelConfig& c = bench.model->config();
 
-  const int max_batch = *std::max_element(a.batches.begin(), a.batches.end());
+  const int max_batch = a.batches.empty() ? 1 : *std::max_element(a.batches.begin(), a.batches.end());
   const int longest = a.context + a.steps + 2 * a.ab_pairs + 8;
   bench.blocks_per_seq = (longest + bench.block_size - 1) / bench.block_size;
   const int prefill_blocks = (a.prefill + bench.block_size - 1) / bench.block_size;
@@ -216,6 +216,7 @@ int main(int argc, char** argv) {
       const double second = bench.run(bench.make_step(batch, position++, 1, !on_first));
       ratios.push_back(on_first ? first / second : second / first);
     }
+    if (ratios.empty()) continue;
     std::vector<double> sorted = ratios;
     std::sort(sorted.begin(), sorted.end());
     const double lo = sorted[sorted.size() / 10], hi = sorted[sorted.size() * 9 / 10];

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The GPU machine's whole visit, run as it is from the repo root there, after scripts/gpu-pack.sh
-# here (carry gpu-carry/). Stages (default: all): ceilings ops golden engine bench8 bench48 serve.
+# here (carry gpu-carry/). Stages (default: all but profile): ceilings ops golden engine bench8
+# bench48 crossover serve; profile (ncu per-kernel times of one decode and one prefill step;
+# PROFILE_STEPS=decode for one), moe-detail (ncu's full sections on one cuda-fused launch).
 # Everything it prints also goes to $OUT/gpu-check.log; JSON results land in $OUT.
 #   scripts/gpu-check.sh [stage ...]
 set -uo pipefail
@@ -10,7 +12,7 @@ OUT=${OUT:-/tmp/gpu-check}
 mkdir -p "$OUT"
 exec > >(tee -a "$OUT/gpu-check.log") 2>&1
 stages=("$@")
-[[ ${#stages[@]} -gt 0 ]] || stages=(ceilings ops golden engine bench8 bench48 serve)
+[[ ${#stages[@]} -gt 0 ]] || stages=(ceilings ops golden engine bench8 bench48 crossover serve)
 want() { local s; for s in "${stages[@]}"; do [[ $s == "$1" ]] && return 0; done; return 1; }
 section() { echo; echo "=== $* ($(date +%T))"; }
 carry=$root/gpu-carry
@@ -60,6 +62,38 @@ if want bench48; then
   run bench48 timeout 400 "$carry/step_bench" --device cuda --random-weights "$carry/qwen3-30b-a3b/config.json" \
     --batches 1,64 --context 1024 --steps 32 --prefill 8192 --bandwidth-gbs "$bandwidth" \
     --matmul-tflops "$tflops" --json-out "$OUT/step_bench_48l.json"
+fi
+if want crossover; then
+  section "MoE kernel crossover: monolithic (cuda-fused) vs modular (cuda-modular) decode, 48 layers"
+  for kernel in cuda-fused cuda-modular; do
+    run "crossover-$kernel" timeout 300 "$carry/step_bench" --device cuda --random-weights "$carry/qwen3-30b-a3b/config.json" \
+      --kernel "$kernel" --batches 1,2,4,8,12,16,24,32,48,64 --context 1024 --steps 16 --ab-pairs 0 --prefill 0 \
+      --bandwidth-gbs "$bandwidth" --json-out "$OUT/crossover_$kernel.json"
+  done
+fi
+if want profile; then
+  # ncu per-kernel durations (and DRAM bytes where counters are readable): one batch-1 decode
+  # step and one 4k prefill, 48 layers, no graphs (ncu serialises kernels either way).
+  section "profile: ncu per-kernel times"
+  ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+  for what in ${PROFILE_STEPS:-decode prefill}; do
+    if [[ $what == decode ]]; then shape=(--batches 1 --context 1024 --steps 2 --ab-pairs 0 --prefill 0)
+    else shape=(--batches "" --prefill 4096 --steps 1 --ab-pairs 0); fi
+    run "profile-$what" timeout 400 "$ncu_bin" --clock-control none --cache-control none --csv \
+      --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum --log-file "$OUT/ncu_$what.csv" \
+      "$carry/step_bench" --device cuda --random-weights "$carry/qwen3-30b-a3b/config.json" --no-graphs \
+      "${shape[@]}" --bandwidth-gbs "$bandwidth"
+    python3 tools/gpu/ncu_table.py "$OUT/ncu_$what.csv" --last-step "$what" --bandwidth-gbs "$bandwidth" | tee "$OUT/ncu_$what.txt"
+  done
+fi
+if want moe-detail; then
+  # ncu's full section set on one monolithic MoE launch of a batch-1 decode step (8-layer cut).
+  section "profile: cuda-fused kernel, full ncu sections"
+  ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+  run moe-detail timeout 300 "$ncu_bin" --clock-control none --set full -k regex:fused_moe --launch-skip 40 -c 1 \
+    "$carry/step_bench" --device cuda --random-weights "$carry/qwen3-30b-a3b-8l/config.json" --no-graphs \
+    --batches 1 --context 1024 --steps 8 --ab-pairs 0 --prefill 0 > "$OUT/ncu_fused_moe.txt" 2>&1
+  grep -E "Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Stall|Warp Cycles Per Issued|Block Limit|Waves|L2 Hit|Theoretical Occ" "$OUT/ncu_fused_moe.txt" | head -40
 fi
 if want serve; then
   section "serve --device cuda + switchyard bench (1024 in / 128 out x 1000, rate inf)"

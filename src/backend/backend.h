@@ -137,6 +137,16 @@ class Backend {
   virtual void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) = 0;
   // out[r, o] = sum_i x[r, i] * weight[o, i] (+ bias[o]); batch-invariant per row.
   virtual void matmul(const Tensor& x, const Tensor& weight, const Tensor* bias, Tensor& out) = 0;
+  // Several projections of one input (q, k and v of attention): out_i = matmul(x, weight_i,
+  // bias_i). A device backend may run them as one launch; the results are those of matmul.
+  struct MatmulPart {
+    const Tensor* weight = nullptr;
+    const Tensor* bias = nullptr;  // or nullptr
+    Tensor* out = nullptr;
+  };
+  virtual void matmul_parts(const Tensor& x, const std::vector<MatmulPart>& parts) {
+    for (const MatmulPart& part : parts) matmul(x, *part.weight, part.bias, *part.out);
+  }
   virtual void add_inplace(Tensor& x, const Tensor& y) = 0;
   // The residual step: x += delta, then out = rms_norm(x) (fused on devices).
   virtual void add_rms_norm(Tensor& x, const Tensor& delta, const Tensor& weight, float eps, Tensor& out) {
@@ -151,6 +161,18 @@ class Backend {
   // ([slots, kv_heads, head_dim]) at batch.slot_mapping; a slot of -1 (padding) is skipped.
   virtual void write_kv(const Tensor& k, const Tensor& v, Tensor& k_cache, Tensor& v_cache,
                         const AttentionBatch& batch) = 0;
+  // The attention block between projections and attention: per-head RMSNorm of q and k (each
+  // norm optional), RoPE on both, then k and v into the cache. q and k are updated in place,
+  // exactly as the composition of rms_norm, rope and write_kv below (fused on devices).
+  virtual void qk_norm_rope_write_kv(Tensor& q, Tensor& k, const Tensor& v, const Tensor* q_norm,
+                                     const Tensor* k_norm, float eps, const AttentionBatch& batch,
+                                     const RopeSpec& spec, Tensor& k_cache, Tensor& v_cache) {
+    if (q_norm) rms_norm(q, *q_norm, eps, q);
+    if (k_norm) rms_norm(k, *k_norm, eps, k);
+    rope(q, batch, spec);
+    rope(k, batch, spec);
+    write_kv(k, v, k_cache, v_cache, batch);
+  }
   // Causal attention of q [T, heads, head_dim] over positions 0..position of each token's own
   // sequence; out [T, heads * head_dim]. GQA by heads / kv_heads.
   virtual void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,

@@ -256,14 +256,12 @@ Status Decoder::forward(const Model& model, const StepInputs& in, StepOutputs& o
       const LayerWeights& lw = wt.layers[static_cast<size_t>(layer)];
       const AttentionWeights& a = lw.attention;
       // Attention block (normed holds input_norm(x)).
-      backend_.matmul(normed, a.q_proj, a.q_bias.data ? &a.q_bias : nullptr, q);
-      backend_.matmul(normed, a.k_proj, a.k_bias.data ? &a.k_bias : nullptr, k);
-      backend_.matmul(normed, a.v_proj, a.v_bias.data ? &a.v_bias : nullptr, vv);
-      if (a.q_norm.data) backend_.rms_norm(q, a.q_norm, c.rms_norm_eps, q);
-      if (a.k_norm.data) backend_.rms_norm(k, a.k_norm, c.rms_norm_eps, k);
-      backend_.rope(q, batch, rope);
-      backend_.rope(k, batch, rope);
-      backend_.write_kv(k, vv, k_cache_[layer], v_cache_[layer], batch);
+      backend_.matmul_parts(normed, {{&a.q_proj, a.q_bias.data ? &a.q_bias : nullptr, &q},
+                                     {&a.k_proj, a.k_bias.data ? &a.k_bias : nullptr, &k},
+                                     {&a.v_proj, a.v_bias.data ? &a.v_bias : nullptr, &vv}});
+      backend_.qk_norm_rope_write_kv(q, k, vv, a.q_norm.data ? &a.q_norm : nullptr,
+                                     a.k_norm.data ? &a.k_norm : nullptr, c.rms_norm_eps, batch, rope,
+                                     k_cache_[layer], v_cache_[layer]);
       backend_.attention(q, k_cache_[layer], v_cache_[layer], batch, scale, attn);
       backend_.matmul(attn, a.o_proj, a.o_bias.data ? &a.o_bias : nullptr, block_out);
       backend_.add_rms_norm(x, block_out, lw.post_attention_norm, c.rms_norm_eps, normed);

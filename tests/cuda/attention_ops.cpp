@@ -15,6 +15,7 @@ namespace {
 
 constexpr double kAttentionTol = 1e-2;  // bf16 KV cache vs the CPU's f32 cache
 constexpr double kCacheTol = 4e-3;      // a bf16 rounding of each value (2^-8 relative at most)
+constexpr double kPrepTol = 1e-5;       // f32 norm + RoPE (same formulas; the norm sums in another order)
 constexpr int64_t kWriteChunk = 1024;   // history is written in steps no larger than the limits
 
 struct SeqSpec {
@@ -224,9 +225,60 @@ void attention_case(Harness& h, Case& c, const HeadConfig& hc, Kind kind, int bl
                      l.max_query_len, l.max_context_len, l.num_blocks));
 }
 
+// q/k norm + RoPE + cache write as one op (the device fuses it; the CPU composes rms_norm, rope
+// and write_kv): q and k in place and both caches, with padding slots (-1) never written.
+void qk_prep_case(Harness& h, Case& c, const HeadConfig& hc, int64_t tokens, bool norms) {
+  const int64_t heads = hc.heads, kv_heads = hc.kv_heads, head_dim = hc.head_dim;
+  const int block_size = 16;
+  const int64_t slots = (tokens + 8) * 2, kv_row = kv_heads * head_dim;
+  std::vector<int32_t> positions(static_cast<size_t>(tokens)), slot_mapping(static_cast<size_t>(tokens));
+  std::vector<int32_t> free_slots(static_cast<size_t>(slots));
+  std::iota(free_slots.begin(), free_slots.end(), 0);
+  c.rng.shuffle(free_slots);
+  for (int64_t t = 0; t < tokens; ++t) {
+    positions[static_cast<size_t>(t)] = static_cast<int32_t>(c.rng.between(0, 40000));
+    slot_mapping[static_cast<size_t>(t)] = c.rng.below(5) == 0 ? -1 : free_slots[static_cast<size_t>(t)];
+  }
+  positions.front() = 0;
+  Pair p(h);
+  Layout l;
+  l.block_size = block_size;
+  l.seqs = 1, l.stride = 1, l.block_tables = {0};
+  Batches b = upload_batch(p, l, positions, std::vector<int32_t>(static_cast<size_t>(tokens), 0), slot_mapping,
+                           tokens, *std::max_element(positions.begin(), positions.end()) + 1);
+  Tensor cpu_k = p.cpu.alloc(h.cpu.kv_cache_dtype(), {slots, kv_heads, head_dim});
+  Tensor cpu_v = p.cpu.alloc(h.cpu.kv_cache_dtype(), {slots, kv_heads, head_dim});
+  Tensor dev_k = p.dev.alloc(h.device.kv_cache_dtype(), {slots, kv_heads, head_dim});
+  Tensor dev_v = p.dev.alloc(h.device.kv_cache_dtype(), {slots, kv_heads, head_dim});
+  for (Tensor* t : {&cpu_k, &cpu_v}) p.cpu.zero(*t);
+  for (Tensor* t : {&dev_k, &dev_v}) p.dev.zero(*t);
+  Both q = p.f32(random_floats(c.rng, tokens * heads * head_dim, 3.0f), {tokens, heads, head_dim});
+  Both k = p.f32(random_floats(c.rng, tokens * kv_row, 3.0f), {tokens, kv_heads, head_dim});
+  Both v = p.f32(random_floats(c.rng, tokens * kv_row, 1.7f), {tokens, kv_heads, head_dim});
+  HostTensor qn = host_random(h.cpu, DType::kF32, {head_dim}, c.rng.next(), 0.5f, 1.0f);
+  HostTensor kn = host_random(h.cpu, DType::kF32, {head_dim}, c.rng.next(), 0.5f, 1.0f);
+  Both q_norm = p.weight(qn.view), k_norm = p.weight(kn.view);
+  const backend::RopeSpec spec{1e6, head_dim};
+  h.cpu.qk_norm_rope_write_kv(q.cpu, k.cpu, v.cpu, norms ? &q_norm.cpu : nullptr, norms ? &k_norm.cpu : nullptr,
+                              1e-6f, b.cpu, spec, cpu_k, cpu_v);
+  h.device.qk_norm_rope_write_kv(q.dev, k.dev, v.dev, norms ? &q_norm.dev : nullptr, norms ? &k_norm.dev : nullptr,
+                                 1e-6f, b.dev, spec, dev_k, dev_v);
+  c.check("q", compare(to_host(h.device, q.dev), to_host(h.cpu, q.cpu), heads * head_dim), kPrepTol);
+  c.check("k", compare(to_host(h.device, k.dev), to_host(h.cpu, k.cpu), kv_row), kPrepTol);
+  c.check("k_cache", compare(to_host(h.device, dev_k), to_host(h.cpu, cpu_k), kv_row), kCacheTol);
+  c.check("v_cache", compare(to_host(h.device, dev_v), to_host(h.cpu, cpu_v), kv_row), kCacheTol);
+}
+
 }  // namespace
 
 void run_attention_ops(Harness& h) {
+  for (const HeadConfig& hc : std::vector<HeadConfig>{{32, 4, 128}, {6, 2, 200}, {8, 8, 64}, {4, 1, 256}, {5, 5, 72}})
+    for (int64_t tokens : {int64_t{1}, int64_t{7}, int64_t{300}})
+      for (bool norms : {true, false})
+        h.run("qk_norm_rope_write_kv",
+              fmt::format("T={} heads={}/{} head_dim={}{}", tokens, hc.heads, hc.kv_heads, hc.head_dim,
+                          norms ? " q/k norms" : ""),
+              [&](Case& c) { qk_prep_case(h, c, hc, tokens, norms); });
   // The largest heads * head_dim first: a backend that sizes decode scratch on first use sees
   // its largest need first (the engine never changes it within a run).
   std::vector<HeadConfig> configs = {{32, 4, 128}, {6, 2, 200}, {8, 8, 64}};

@@ -284,6 +284,56 @@ void matmul_cases(Harness& h) {
   }
 }
 
+// Several weights over one x (the attention's q/k/v): each part must equal matmul's result,
+// whether the device runs them as one launch (small rows, no bias) or falls back per part.
+void matmul_parts_cases(Harness& h) {
+  struct Shape {
+    int64_t rows, in;
+    std::vector<int64_t> outs;
+    int biased_part;  // -1: none (a bias makes the device fall back to matmul per part)
+  };
+  const std::vector<Shape> shapes = {{1, 2048, {4096, 512, 512}, -1}, {3, 2048, {4096, 512, 512}, -1},
+                                     {8, 328, {200, 72, 8}, -1},       {1, 4096, {2048}, -1},
+                                     {5, 200, {16, 24, 8, 40}, -1},    {2, 200, {16, 24, 8, 40, 56}, -1},
+                                     {4, 328, {200, 72, 8}, 1},        {9, 2048, {4096, 512, 512}, -1},
+                                     {40, 328, {200, 72, 8}, 2}};
+  for (const Shape& s : shapes) {
+    std::string outs;
+    for (int64_t o : s.outs) outs += fmt::format("{}{}", outs.empty() ? "" : ",", o);
+    h.run("matmul_parts", fmt::format("rows={} in={} outs={}{}", s.rows, s.in, outs,
+                                      s.biased_part >= 0 ? fmt::format(" bias on part {}", s.biased_part) : ""),
+          [&](Case& c) {
+            const std::vector<float> x = random_floats(c.rng, s.rows * s.in, 1.0f);
+            Pair p(h);
+            Both xt = p.f32(x, {s.rows, s.in});
+            std::vector<HostTensor> weights, biases;
+            std::vector<Both> w, b, out;
+            for (size_t i = 0; i < s.outs.size(); ++i) {
+              weights.push_back(host_random(h.cpu, DType::kBF16, {s.outs[i], s.in}, c.rng.next(), std::sqrt(3.0f / s.in)));
+              w.push_back(p.weight(weights.back().view));
+              if (static_cast<int>(i) == s.biased_part) {
+                biases.push_back(host_random(h.cpu, DType::kF32, {s.outs[i]}, c.rng.next(), 0.5f));
+                b.push_back(p.weight(biases.back().view));
+              } else {
+                b.push_back({});
+              }
+              out.push_back(p.output({s.rows, s.outs[i]}));
+            }
+            std::vector<Backend::MatmulPart> cpu_parts, dev_parts;
+            for (size_t i = 0; i < s.outs.size(); ++i) {
+              const bool biased = static_cast<int>(i) == s.biased_part;
+              cpu_parts.push_back({&w[i].cpu, biased ? &b[i].cpu : nullptr, &out[i].cpu});
+              dev_parts.push_back({&w[i].dev, biased ? &b[i].dev : nullptr, &out[i].dev});
+            }
+            h.cpu.matmul_parts(xt.cpu, cpu_parts);
+            h.device.matmul_parts(xt.dev, dev_parts);
+            for (size_t i = 0; i < s.outs.size(); ++i)
+              c.check(fmt::format("out{}", i), compare(to_host(h.device, out[i].dev), to_host(h.cpu, out[i].cpu), s.outs[i]),
+                      kGemmTol);
+          });
+  }
+}
+
 void add_inplace_cases(Harness& h) {
   for (auto [rows, width] : std::vector<std::pair<int64_t, int64_t>>{{1, 8}, {17, 200}, {1000, 2048}}) {
     h.run("add_inplace", fmt::format("rows={} width={}", rows, width), [&](Case& c) {
@@ -421,6 +471,7 @@ void run_basic_ops(Harness& h) {
   rope_cases(h);
   gather_rows_cases(h);
   matmul_cases(h);
+  matmul_parts_cases(h);
 }
 
 }  // namespace sy::harness

@@ -473,32 +473,45 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const __grid_consta
 }
 
 // Floor: reads the written splits' partials ((head_dim + 2) * 4 bytes each), writes out.
-// A warp per (token, head).
+// A warp per (token, head): lanes take the splits for the max and the sum (warp reductions),
+// each split's weight goes to shared memory, then the partials are summed with four loads in
+// flight per lane (they sit in L2: latency, not bandwidth, is what this kernel pays).
 __global__ void __launch_bounds__(kThreads)
     combine_splits_kernel(const __grid_constant__ KernelArgs a, int key_tile) {
+  __shared__ float split_weight[kWarps][kMaxSplits];
   const AttentionParams& p = a.p;
   const int64_t pair = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
   if (pair >= p.tokens * p.heads) return;
   const int lane = threadIdx.x & 31, head_dim = p.head_dim;
+  float* const weight = split_weight[threadIdx.x / 32];
   const int context = p.positions[pair / p.heads] + 1;
   const int written = context > 0 ? ceil_div(context, split_chunk(context, a.splits, key_tile)) : 0;
   const float2* ml = a.partial_ml + pair * a.splits;
   const float* partial = a.partial_o + pair * a.splits * head_dim;
   float row_max = -INFINITY;
-  for (int s = 0; s < written; ++s) row_max = fmaxf(row_max, ml[s].x);
+  for (int s = lane; s < written; s += 32) row_max = fmaxf(row_max, ml[s].x);
+  for (int o = 16; o > 0; o >>= 1) row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, o));
   const float base = row_max == -INFINITY ? 0.0f : row_max;
   float row_sum = 0.0f;
-  for (int s = 0; s < written; ++s) row_sum += ml[s].y * exp2f(ml[s].x - base);
+  for (int s = lane; s < written; s += 32) {
+    const float2 m = ml[s];
+    const float w = exp2f(m.x - base);
+    weight[s] = w;
+    row_sum += m.y * w;
+  }
+  for (int o = 16; o > 0; o >>= 1) row_sum += __shfl_xor_sync(0xffffffffu, row_sum, o);
   const float inv = row_sum > 0.0f ? 1.0f / row_sum : 0.0f;
+  __syncwarp();
   for (int d = lane * 4; d < head_dim; d += 128) {
     float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 4
     for (int s = 0; s < written; ++s) {
-      const float weight = exp2f(ml[s].x - base) * inv;
+      const float w = weight[s] * inv;
       const float4 part = *reinterpret_cast<const float4*>(partial + s * head_dim + d);
-      o.x += part.x * weight;
-      o.y += part.y * weight;
-      o.z += part.z * weight;
-      o.w += part.w * weight;
+      o.x += part.x * w;
+      o.y += part.y * w;
+      o.z += part.z * w;
+      o.w += part.w * w;
     }
     *reinterpret_cast<float4*>(p.out + pair * head_dim + d) = o;
   }
@@ -516,6 +529,66 @@ __global__ void write_kv_kernel(const float* k, const float* v, __nv_bfloat16* k
   const int64_t src = i * 8, dst = (static_cast<int64_t>(slot) * row_chunks + i % row_chunks) * 8;
   *reinterpret_cast<uint4*>(k_cache + dst) = load_bf16x8(k + src, 1.0f);
   *reinterpret_cast<uint4*>(v_cache + dst) = load_bf16x8(v + src, 1.0f);
+}
+
+// A warp per (token, head): heads [0, heads) are q's, [heads, heads + kv_heads) k's (whose
+// warp also copies v). Lane l holds the rotate-half pairs (i, i + half) for i = l + 32 j. The
+// arithmetic is rms_norm_kernel's and rope_kernel's, so results equal the unfused ops.
+__global__ void __launch_bounds__(128) qk_norm_rope_write_kv_kernel(const __grid_constant__ QkvPrepParams p) {
+  const int64_t warp_id = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  const int lane = threadIdx.x & 31;
+  const int per_token = p.heads + p.kv_heads;
+  if (warp_id >= p.tokens * per_token) return;
+  const int64_t t = warp_id / per_token;
+  const int head = static_cast<int>(warp_id - t * per_token);
+  const bool is_q = head < p.heads;
+  const int kh = head - p.heads;
+  const int D = p.head_dim, half = D / 2;
+  float* x = is_q ? p.q + (t * p.heads + head) * D : p.k + (t * p.kv_heads + kh) * D;
+  const float* norm = is_q ? p.q_norm : p.k_norm;
+  constexpr int kPairs = 4;  // half <= 128
+  float lo[kPairs], hi[kPairs];
+  float sum_squares = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kPairs; ++j) {
+    const int i = lane + 32 * j;
+    lo[j] = i < half ? x[i] : 0.0f;
+    hi[j] = i < half ? x[i + half] : 0.0f;
+    sum_squares += lo[j] * lo[j] + hi[j] * hi[j];
+  }
+  if (norm) {
+    for (int o = 16; o > 0; o >>= 1) sum_squares += __shfl_xor_sync(0xffffffffu, sum_squares, o);
+    const float scale = rsqrtf(sum_squares / static_cast<float>(D) + p.eps);
+#pragma unroll
+    for (int j = 0; j < kPairs; ++j) {
+      const int i = lane + 32 * j;
+      if (i < half) {
+        lo[j] = norm[i] * (lo[j] * scale);
+        hi[j] = norm[i + half] * (hi[j] * scale);
+      }
+    }
+  }
+  const float position = static_cast<float>(p.positions[t]);
+  const int32_t slot = is_q ? -1 : p.slot_mapping[t];
+#pragma unroll
+  for (int j = 0; j < kPairs; ++j) {
+    const int i = lane + 32 * j;
+    if (i >= half) continue;
+    const float inv_freq = static_cast<float>(1.0 / pow(p.theta, static_cast<double>(2 * i) / static_cast<double>(D)));
+    const float angle = position * inv_freq;
+    const float c = cosf(angle), sn = sinf(angle);
+    const float a = lo[j] * c - hi[j] * sn, b = hi[j] * c + lo[j] * sn;
+    x[i] = a;
+    x[i + half] = b;
+    if (slot >= 0) {
+      const int64_t at = (static_cast<int64_t>(slot) * p.kv_heads + kh) * D;
+      const float* v = p.v + (t * p.kv_heads + kh) * D;
+      p.k_cache[at + i] = __float2bfloat16_rn(a);
+      p.k_cache[at + i + half] = __float2bfloat16_rn(b);
+      p.v_cache[at + i] = __float2bfloat16_rn(v[i]);
+      p.v_cache[at + i + half] = __float2bfloat16_rn(v[i + half]);
+    }
+  }
 }
 
 [[noreturn]] void invalid_shape(const AttentionParams& p) {
@@ -562,6 +635,15 @@ void launch_write_kv(const float* k, const float* v, __nv_bfloat16* k_cache, __n
   write_kv_kernel<<<static_cast<unsigned>((threads + 255) / 256), 256, 0, stream>>>(
       k, v, k_cache, v_cache, slot_mapping, tokens, row_chunks);
   SY_CUDA_LAUNCH_CHECK("write_kv_kernel");
+}
+
+void launch_qk_norm_rope_write_kv(const QkvPrepParams& params, cudaStream_t stream) {
+  if (params.tokens == 0) return;
+  if (params.head_dim <= 0 || params.head_dim % 2 != 0 || params.head_dim > 256)
+    cuda_fail("qk_norm_rope_write_kv", "head_dim must be even and <= 256", __FILE__, __LINE__);
+  const int64_t warps = params.tokens * (params.heads + params.kv_heads);
+  qk_norm_rope_write_kv_kernel<<<static_cast<unsigned>((warps + 3) / 4), 128, 0, stream>>>(params);
+  SY_CUDA_LAUNCH_CHECK("qk_norm_rope_write_kv_kernel");
 }
 
 size_t attention_scratch_bytes(int64_t max_decode_tokens, int heads, int head_dim) {

@@ -21,6 +21,26 @@ void launch_write_kv(const float* k, const float* v, __nv_bfloat16* k_cache, __n
                      const int32_t* slot_mapping, int64_t tokens, int kv_heads, int head_dim,
                      cudaStream_t stream);
 
+// The attention block's work between the projections and attention, one launch: per-head
+// RMSNorm of q and k (each optional), RoPE (as launch_rope), k and v into the cache at
+// slot_mapping; q and k updated in place. A warp per (token, head); head_dim <= 256, even.
+struct QkvPrepParams {
+  float* q = nullptr;        // [tokens, heads, head_dim]
+  float* k = nullptr;        // [tokens, kv_heads, head_dim]
+  const float* v = nullptr;  // [tokens, kv_heads, head_dim]
+  const float* q_norm = nullptr;  // [head_dim] or nullptr
+  const float* k_norm = nullptr;
+  float eps = 1e-6f;
+  const int32_t* positions = nullptr;
+  const int32_t* slot_mapping = nullptr;
+  __nv_bfloat16* k_cache = nullptr;
+  __nv_bfloat16* v_cache = nullptr;
+  int64_t tokens = 0;
+  int heads = 0, kv_heads = 0, head_dim = 0;
+  double theta = 10000.0;
+};
+void launch_qk_norm_rope_write_kv(const QkvPrepParams& params, cudaStream_t stream);
+
 struct AttentionParams {
   const float* q = nullptr;  // [tokens, heads, head_dim], RoPE applied
   const __nv_bfloat16* k_cache = nullptr;

@@ -225,6 +225,20 @@ class CudaBackend final : public Backend {
     if (bias && bias->data)
       launch_add_bias(out.ptr<float>(), bias->ptr<float>(), rows, out_features, context_.stream);
   }
+  void matmul_parts(const Tensor& x, const std::vector<MatmulPart>& parts) override {
+    // Small steps: one GEMV launch over every part (the weights' rows back to back).
+    const int64_t in = parts.empty() ? 0 : parts[0].weight->dim(1);
+    const int64_t rows = in > 0 ? x.numel() / in : 0;
+    bool one_launch = rows > 0 && rows <= kGemvMaxRows && parts.size() <= static_cast<size_t>(kGemvMaxParts);
+    GemvPart gemv[kGemvMaxParts];
+    for (size_t p = 0; one_launch && p < parts.size(); ++p) {
+      const MatmulPart& part = parts[p];
+      one_launch = part.weight->dim(1) == in && part.weight->dtype == DType::kBF16 && !(part.bias && part.bias->data);
+      gemv[p] = {part.weight->ptr<__nv_bfloat16>(), part.out->ptr<float>(), part.weight->dim(0)};
+    }
+    if (!one_launch) return Backend::matmul_parts(x, parts);
+    launch_gemv_parts(x.ptr<float>(), rows, in, gemv, static_cast<int>(parts.size()), context_.stream);
+  }
   void add_inplace(Tensor& x, const Tensor& y) override {
     launch_add(x.ptr<float>(), y.ptr<float>(), x.numel(), context_.stream);
   }
@@ -240,6 +254,27 @@ class CudaBackend final : public Backend {
     launch_write_kv(k.ptr<float>(), v.ptr<float>(), k_cache.ptr<__nv_bfloat16>(), v_cache.ptr<__nv_bfloat16>(),
                     batch.slot_mapping.ptr<int32_t>(), k.dim(0), static_cast<int>(k.dim(1)),
                     static_cast<int>(k.dim(2)), context_.stream);
+  }
+  void qk_norm_rope_write_kv(Tensor& q, Tensor& k, const Tensor& v, const Tensor* q_norm, const Tensor* k_norm,
+                             float eps, const AttentionBatch& batch, const RopeSpec& spec, Tensor& k_cache,
+                             Tensor& v_cache) override {
+    QkvPrepParams p;
+    p.q = q.ptr<float>();
+    p.k = k.ptr<float>();
+    p.v = v.ptr<float>();
+    p.q_norm = q_norm && q_norm->data ? q_norm->ptr<float>() : nullptr;
+    p.k_norm = k_norm && k_norm->data ? k_norm->ptr<float>() : nullptr;
+    p.eps = eps;
+    p.positions = batch.positions.ptr<int32_t>();
+    p.slot_mapping = batch.slot_mapping.ptr<int32_t>();
+    p.k_cache = k_cache.ptr<__nv_bfloat16>();
+    p.v_cache = v_cache.ptr<__nv_bfloat16>();
+    p.tokens = q.dim(0);
+    p.heads = static_cast<int>(q.dim(1));
+    p.kv_heads = static_cast<int>(k.dim(1));
+    p.head_dim = static_cast<int>(q.dim(2));
+    p.theta = spec.theta;
+    launch_qk_norm_rope_write_kv(p, context_.stream);
   }
   void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttentionBatch& batch,
                  float scale, Tensor& out) override {

@@ -116,61 +116,74 @@ __global__ void f32_to_bf16_kernel(const float* src, int64_t count, __nv_bfloat1
 }
 
 // One warp per output feature; lane l reads 8 consecutive weights (16 bytes) of each 256-wide
-// slab, four slabs in flight. x rows (f32, at most kGemvMaxRows) come from L1/L2.
+// slab, eight slabs in flight (a 2048-wide row is one round of loads). x rows (f32, at most
+// kGemvMaxRows) come from L1/L2. Blocks [block_begin[p], block_begin[p + 1]) serve part p, so
+// q, k and v (one input, several weights) are one launch.
+struct GemvParts {
+  const __nv_bfloat16* w[kGemvMaxParts];
+  float* out[kGemvMaxParts];
+  int64_t features[kGemvMaxParts];
+  int block_begin[kGemvMaxParts + 1];
+  int count;
+};
+
+__device__ __forceinline__ void bf16x8_to_f32(const uint4& packed, float (&wf)[8]) {
+  const __nv_bfloat162* w2 = reinterpret_cast<const __nv_bfloat162*>(&packed);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const float2 f = __bfloat1622float2(w2[j]);
+    wf[2 * j] = f.x;
+    wf[2 * j + 1] = f.y;
+  }
+}
+
+template <int ROWS>
+__device__ __forceinline__ void gemv_slab(const float* __restrict__ x, int64_t in, int64_t col,
+                                          const uint4& packed, float (&acc)[ROWS]) {
+  float wf[8];
+  bf16x8_to_f32(packed, wf);
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r) {
+    const float4 a = *reinterpret_cast<const float4*>(x + r * in + col);
+    const float4 b = *reinterpret_cast<const float4*>(x + r * in + col + 4);
+    acc[r] += a.x * wf[0] + a.y * wf[1] + a.z * wf[2] + a.w * wf[3] + b.x * wf[4] + b.y * wf[5] +
+              b.z * wf[6] + b.w * wf[7];
+  }
+}
+
 template <int ROWS>
 __global__ void __launch_bounds__(256) gemv_kernel(const float* __restrict__ x, int64_t in,
-                                                   const __nv_bfloat16* __restrict__ w, int64_t out_features,
-                                                   float* __restrict__ out) {
-  const int64_t o = blockIdx.x * 8 + (threadIdx.x >> 5);
+                                                   const __grid_constant__ GemvParts parts) {
+  int part = 0;
+  while (part + 1 < parts.count && static_cast<int>(blockIdx.x) >= parts.block_begin[part + 1]) ++part;
+  const int64_t out_features = parts.features[part];
+  const int64_t o = (static_cast<int64_t>(blockIdx.x) - parts.block_begin[part]) * 8 + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (o >= out_features) return;
-  const __nv_bfloat16* row = w + o * in;
+  const __nv_bfloat16* row = parts.w[part] + o * in;
   float acc[ROWS];
 #pragma unroll
   for (int r = 0; r < ROWS; ++r) acc[r] = 0.0f;
   int64_t base = lane * 8;
-  constexpr int kUnroll = 4;
+  constexpr int kUnroll = 8;
   for (; base + (kUnroll - 1) * 256 < in; base += kUnroll * 256) {
     uint4 packed[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) packed[u] = __ldg(reinterpret_cast<const uint4*>(row + base + u * 256));
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const __nv_bfloat162* w2 = reinterpret_cast<const __nv_bfloat162*>(&packed[u]);
-      float wf[8];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const float2 f = __bfloat1622float2(w2[j]);
-        wf[2 * j] = f.x;
-        wf[2 * j + 1] = f.y;
-      }
-#pragma unroll
-      for (int r = 0; r < ROWS; ++r) {
-        const float4 a = *reinterpret_cast<const float4*>(x + r * in + base + u * 256);
-        const float4 b = *reinterpret_cast<const float4*>(x + r * in + base + u * 256 + 4);
-        acc[r] += a.x * wf[0] + a.y * wf[1] + a.z * wf[2] + a.w * wf[3] + b.x * wf[4] + b.y * wf[5] +
-                  b.z * wf[6] + b.w * wf[7];
-      }
-    }
+    for (int u = 0; u < kUnroll; ++u) gemv_slab<ROWS>(x, in, base + u * 256, packed[u], acc);
   }
-  for (; base < in; base += 256) {
-    const uint4 packed = __ldg(reinterpret_cast<const uint4*>(row + base));
-    const __nv_bfloat162* w2 = reinterpret_cast<const __nv_bfloat162*>(&packed);
-    float wf[8];
+  // The tail: all of its slabs' loads issued before any is used.
+  {
+    uint4 packed[kUnroll];
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const float2 f = __bfloat1622float2(w2[j]);
-      wf[2 * j] = f.x;
-      wf[2 * j + 1] = f.y;
-    }
+    for (int u = 0; u < kUnroll; ++u)
+      if (base + u * 256 < in) packed[u] = __ldg(reinterpret_cast<const uint4*>(row + base + u * 256));
 #pragma unroll
-    for (int r = 0; r < ROWS; ++r) {
-      const float4 a = *reinterpret_cast<const float4*>(x + r * in + base);
-      const float4 b = *reinterpret_cast<const float4*>(x + r * in + base + 4);
-      acc[r] += a.x * wf[0] + a.y * wf[1] + a.z * wf[2] + a.w * wf[3] + b.x * wf[4] + b.y * wf[5] +
-                b.z * wf[6] + b.w * wf[7];
-    }
+    for (int u = 0; u < kUnroll; ++u)
+      if (base + u * 256 < in) gemv_slab<ROWS>(x, in, base + u * 256, packed[u], acc);
   }
+  float* out = parts.out[part];
 #pragma unroll
   for (int r = 0; r < ROWS; ++r) {
     float v = acc[r];
@@ -254,19 +267,38 @@ void launch_f32_to_bf16(const float* src, int64_t count, __nv_bfloat16* dst, cud
   SY_CUDA_LAUNCH_CHECK("f32_to_bf16");
 }
 
-void launch_gemv(const float* x, int64_t rows, int64_t in, const __nv_bfloat16* w, int64_t out_features, float* out,
-                 cudaStream_t stream) {
-  if (rows == 0 || out_features == 0) return;
-  const unsigned grid = static_cast<unsigned>((out_features + 7) / 8);
+void launch_gemv_parts(const float* x, int64_t rows, int64_t in, const GemvPart* parts, int count,
+                       cudaStream_t stream) {
+  if (rows == 0 || count == 0) return;
+  if (count > kGemvMaxParts) cuda_fail("launch_gemv_parts", "more than kGemvMaxParts parts", __FILE__, __LINE__);
+  GemvParts table{};
+  table.count = count;
+  int blocks = 0;
+  for (int p = 0; p < count; ++p) {
+    table.w[p] = parts[p].w;
+    table.out[p] = parts[p].out;
+    table.features[p] = parts[p].out_features;
+    table.block_begin[p] = blocks;
+    blocks += static_cast<int>((parts[p].out_features + 7) / 8);
+  }
+  table.block_begin[count] = blocks;
+  if (blocks == 0) return;
+  const unsigned grid = static_cast<unsigned>(blocks);
   switch (rows) {
 #define SY_GEMV_CASE(R) \
-  case R: gemv_kernel<R><<<grid, 256, 0, stream>>>(x, in, w, out_features, out); break;
+  case R: gemv_kernel<R><<<grid, 256, 0, stream>>>(x, in, table); break;
     SY_GEMV_CASE(1) SY_GEMV_CASE(2) SY_GEMV_CASE(3) SY_GEMV_CASE(4)
     SY_GEMV_CASE(5) SY_GEMV_CASE(6) SY_GEMV_CASE(7) SY_GEMV_CASE(8)
 #undef SY_GEMV_CASE
     default: cuda_fail("launch_gemv", "rows > kGemvMaxRows", __FILE__, __LINE__);
   }
   SY_CUDA_LAUNCH_CHECK("gemv");
+}
+
+void launch_gemv(const float* x, int64_t rows, int64_t in, const __nv_bfloat16* w, int64_t out_features, float* out,
+                 cudaStream_t stream) {
+  const GemvPart part{w, out, out_features};
+  launch_gemv_parts(x, rows, in, &part, 1, stream);
 }
 
 }  // namespace sy::backend::cuda

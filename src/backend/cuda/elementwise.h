@@ -30,5 +30,14 @@ void launch_f32_to_bf16(const float* src, int64_t count, __nv_bfloat16* dst, cud
 constexpr int64_t kGemvMaxRows = 8;
 void launch_gemv(const float* x, int64_t rows, int64_t in, const __nv_bfloat16* w, int64_t out_features,
                  float* out, cudaStream_t stream);
+// Several weights over the same x in one launch (q, k, v): part p writes its own out.
+constexpr int kGemvMaxParts = 4;
+struct GemvPart {
+  const __nv_bfloat16* w = nullptr;
+  float* out = nullptr;
+  int64_t out_features = 0;
+};
+void launch_gemv_parts(const float* x, int64_t rows, int64_t in, const GemvPart* parts, int count,
+                       cudaStream_t stream);
 
 }  // namespace sy::backend::cuda
