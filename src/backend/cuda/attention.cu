@@ -191,6 +191,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const __grid_consta
   __nv_bfloat16* s_q = reinterpret_cast<__nv_bfloat16*>(smem);
   __nv_bfloat16* s_kv = reinterpret_cast<__nv_bfloat16*>(smem + L::kQBytes);  // [stage][K,V][key]
   float* s_out = reinterpret_cast<float*>(smem + L::kQBytes);  // reuses s_kv after the key loop
+  overlap_prologue();
   __shared__ int s_pos[L::kRows], s_token[L::kRows], s_head[L::kRows];
   __shared__ int64_t s_key_offset[2][kKeys];  // element offset of each tile key's row, -1 = none
   __shared__ float s_max[kWarps][16], s_sum[kWarps][16];
@@ -479,6 +480,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const __grid_consta
 __global__ void __launch_bounds__(kThreads)
     combine_splits_kernel(const __grid_constant__ KernelArgs a, int key_tile) {
   __shared__ float split_weight[kWarps][kMaxSplits];
+  overlap_prologue();
   const AttentionParams& p = a.p;
   const int64_t pair = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
   if (pair >= p.tokens * p.heads) return;
@@ -535,6 +537,7 @@ __global__ void write_kv_kernel(const float* k, const float* v, __nv_bfloat16* k
 // warp also copies v). Lane l holds the rotate-half pairs (i, i + half) for i = l + 32 j. The
 // arithmetic is rms_norm_kernel's and rope_kernel's, so results equal the unfused ops.
 __global__ void __launch_bounds__(128) qk_norm_rope_write_kv_kernel(const __grid_constant__ QkvPrepParams p) {
+  overlap_prologue();
   const int64_t warp_id = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
   const int lane = threadIdx.x & 31;
   const int per_token = p.heads + p.kv_heads;
@@ -605,7 +608,7 @@ int launch_tiled(const KernelArgs& args, dim3 grid, cudaStream_t stream) {
   SY_CUDA_CHECK(cudaFuncSetAttribute(attention_kernel<DPAD, MT>,
                                      cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      static_cast<int>(L::kSmemBytes)));
-  attention_kernel<DPAD, MT><<<grid, kThreads, L::kSmemBytes, stream>>>(args);
+  launch_overlapped(attention_kernel<DPAD, MT>, grid, dim3(kThreads), L::kSmemBytes, stream, args);
   SY_CUDA_LAUNCH_CHECK("attention_kernel");
   return L::kKeys;
 }
@@ -642,7 +645,8 @@ void launch_qk_norm_rope_write_kv(const QkvPrepParams& params, cudaStream_t stre
   if (params.head_dim <= 0 || params.head_dim % 2 != 0 || params.head_dim > 256)
     cuda_fail("qk_norm_rope_write_kv", "head_dim must be even and <= 256", __FILE__, __LINE__);
   const int64_t warps = params.tokens * (params.heads + params.kv_heads);
-  qk_norm_rope_write_kv_kernel<<<static_cast<unsigned>((warps + 3) / 4), 128, 0, stream>>>(params);
+  launch_overlapped(qk_norm_rope_write_kv_kernel, dim3(static_cast<unsigned>((warps + 3) / 4)), dim3(128), 0, stream,
+                    params);
   SY_CUDA_LAUNCH_CHECK("qk_norm_rope_write_kv_kernel");
 }
 
@@ -701,8 +705,8 @@ void launch_attention(const AttentionParams& params, void* scratch, cudaStream_t
                                : launch_for_head_dim<4>(args, grid, stream);
   if (args.splits > 1) {
     const int64_t warps = params.tokens * params.heads;
-    combine_splits_kernel<<<static_cast<unsigned>((warps + kWarps - 1) / kWarps), kThreads, 0,
-                            stream>>>(args, key_tile);
+    launch_overlapped(combine_splits_kernel, dim3(static_cast<unsigned>((warps + kWarps - 1) / kWarps)),
+                      dim3(kThreads), 0, stream, args, key_tile);
     SY_CUDA_LAUNCH_CHECK("combine_splits_kernel");
   }
 }

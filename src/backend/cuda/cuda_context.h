@@ -10,6 +10,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <utility>
 
 namespace sy::backend::cuda {
 
@@ -47,3 +48,37 @@ struct CudaContext {
     if (sy_cublas_status_ != CUBLAS_STATUS_SUCCESS)                                           \
       ::sy::backend::cuda::cuda_fail(#expr, cublasGetStatusString(sy_cublas_status_), __FILE__, __LINE__); \
   } while (0)
+
+#ifdef __CUDACC__
+namespace sy::backend::cuda {
+
+// Programmatic dependent launch (sm_90): a kernel started with launch_overlapped may become
+// resident while the kernel before it in the stream drains, hiding the launch gap of a chain of
+// small decode kernels. Such a kernel calls overlap_prologue() before it touches global memory:
+// that waits until the previous kernel has finished and its writes are visible (no-op when not
+// launched overlapped, or on older GPUs), and lets the next kernel start its own launch.
+__device__ __forceinline__ void overlap_prologue() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+template <typename... Params, typename... Args>
+void launch_overlapped(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream,
+                       Args&&... args) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = shared_bytes;
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attribute;
+  config.numAttrs = 1;
+  SY_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
+}
+
+}  // namespace sy::backend::cuda
+#endif

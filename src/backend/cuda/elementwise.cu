@@ -31,6 +31,7 @@ __global__ void embedding_kernel(const __nv_bfloat16* table, const int32_t* ids,
 __global__ void rms_norm_kernel(float* x, const float* residual, const float* weight, int64_t width, float eps,
                                 float* out) {
   __shared__ float partial[32];
+  overlap_prologue();
   float* row = x + blockIdx.x * width;
   float sum_squares = 0.0f;
   for (int64_t i = threadIdx.x; i < width; i += blockDim.x) {
@@ -116,7 +117,7 @@ __global__ void f32_to_bf16_kernel(const float* src, int64_t count, __nv_bfloat1
 }
 
 // One warp per output feature; lane l reads 8 consecutive weights (16 bytes) of each 256-wide
-// slab, eight slabs in flight (a 2048-wide row is one round of loads). x rows (f32, at most
+// slab, up to eight slabs in flight (a 2048-wide row is one round of loads). x rows (f32, at most
 // kGemvMaxRows) come from L1/L2. Blocks [block_begin[p], block_begin[p + 1]) serve part p, so
 // q, k and v (one input, several weights) are one launch.
 struct GemvParts {
@@ -154,6 +155,7 @@ __device__ __forceinline__ void gemv_slab(const float* __restrict__ x, int64_t i
 template <int ROWS>
 __global__ void __launch_bounds__(256) gemv_kernel(const float* __restrict__ x, int64_t in,
                                                    const __grid_constant__ GemvParts parts) {
+  overlap_prologue();
   int part = 0;
   while (part + 1 < parts.count && static_cast<int>(blockIdx.x) >= parts.block_begin[part + 1]) ++part;
   const int64_t out_features = parts.features[part];
@@ -164,21 +166,15 @@ __global__ void __launch_bounds__(256) gemv_kernel(const float* __restrict__ x, 
   float acc[ROWS];
 #pragma unroll
   for (int r = 0; r < ROWS; ++r) acc[r] = 0.0f;
-  int64_t base = lane * 8;
-  constexpr int kUnroll = 8;
-  for (; base + (kUnroll - 1) * 256 < in; base += kUnroll * 256) {
-    uint4 packed[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) packed[u] = __ldg(reinterpret_cast<const uint4*>(row + base + u * 256));
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) gemv_slab<ROWS>(x, in, base + u * 256, packed[u], acc);
-  }
-  // The tail: all of its slabs' loads issued before any is used.
-  {
+  // Eight slabs in flight for one or two rows (a 2048-wide row is one round), four for more
+  // rows (their x values need the registers); out-of-range slabs load nothing.
+  constexpr int kUnroll = ROWS <= 2 ? 8 : 4;
+  for (int64_t base = lane * 8; base < in; base += kUnroll * 256) {
     uint4 packed[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u)
-      if (base + u * 256 < in) packed[u] = __ldg(reinterpret_cast<const uint4*>(row + base + u * 256));
+      packed[u] = base + u * 256 < in ? __ldg(reinterpret_cast<const uint4*>(row + base + u * 256))
+                                      : make_uint4(0, 0, 0, 0);
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u)
       if (base + u * 256 < in) gemv_slab<ROWS>(x, in, base + u * 256, packed[u], acc);
@@ -210,7 +206,8 @@ void launch_rms_norm(float* x, const float* residual, const float* weight, int64
                      float* out, cudaStream_t stream) {
   if (rows == 0) return;
   const int threads = width >= 1024 ? 512 : width >= 256 ? 256 : width >= 128 ? 128 : 64;
-  rms_norm_kernel<<<static_cast<unsigned>(rows), threads, 0, stream>>>(x, residual, weight, width, eps, out);
+  launch_overlapped(rms_norm_kernel, dim3(static_cast<unsigned>(rows)), dim3(threads), 0, stream, x, residual, weight,
+                    width, eps, out);
   SY_CUDA_LAUNCH_CHECK("rms_norm");
 }
 
@@ -286,7 +283,7 @@ void launch_gemv_parts(const float* x, int64_t rows, int64_t in, const GemvPart*
   const unsigned grid = static_cast<unsigned>(blocks);
   switch (rows) {
 #define SY_GEMV_CASE(R) \
-  case R: gemv_kernel<R><<<grid, 256, 0, stream>>>(x, in, table); break;
+  case R: launch_overlapped(gemv_kernel<R>, dim3(grid), dim3(256), 0, stream, x, in, table); break;
     SY_GEMV_CASE(1) SY_GEMV_CASE(2) SY_GEMV_CASE(3) SY_GEMV_CASE(4)
     SY_GEMV_CASE(5) SY_GEMV_CASE(6) SY_GEMV_CASE(7) SY_GEMV_CASE(8)
 #undef SY_GEMV_CASE

@@ -13,6 +13,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
 
 #include "backend/cuda/moe_kernels.h"
 #include "backend/cuda/moe_route.cuh"
@@ -59,7 +62,17 @@ struct FusedLaunch {
   int pass_rows = 0;                // rows per pass so that combo (T*K x pass_rows) fits
   int pair_capacity = 0;            // shared layout: kChunkTokens(or less) * K
   int combo_floats = 0;
+  unsigned long long* stamps = nullptr;  // SY_FUSED_STAMPS=1: [grid, kStamps] %globaltimer per phase
 };
+constexpr int kStamps = 7;
+
+__device__ __forceinline__ void stamp(const FusedLaunch& a, int phase) {
+  if (a.stamps && threadIdx.x == 0) {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    a.stamps[blockIdx.x * kStamps + phase] = t;
+  }
+}
 
 // Dynamic shared memory, in 4-byte words; the same function on host (sizing) and device.
 struct SharedLayout {
@@ -293,6 +306,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int I = a.intermediate, T = a.tokens, pairs = T * K;
   const int total_warps = static_cast<int>(gridDim.x) * kWarps;
 
+  stamp(a, 0);
   // (a) Router logits. Warp-major numbering spreads a T = 1 step's E rows over E blocks.
   for (int q = warp * gridDim.x + blockIdx.x; q < T * E; q += total_warps) {
     const int t = q / E, e = q - t * E;
@@ -300,7 +314,9 @@ __global__ void __launch_bounds__(kThreads, 2)
                                           a.router + static_cast<int64_t>(e) * H, H);
     if (lane == 0) a.logits[q] = logit;
   }
+  stamp(a, 1);
   grid.sync();
+  stamp(a, 2);
 
   // (b) Route: the same selection in every block (cheap next to the weights), so no third
   // barrier is needed to share it.
@@ -319,6 +335,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   if (warp == 0)
     group_pairs_by_expert(ids, pairs, E, sorted, slot_expert, slot_begin, cursor, slot_count);
   __syncthreads();
+  stamp(a, 3);
   const int slots = *slot_count;
 
   // (c) gate_up with SiLU(gate) * up, items (slot, row r) in contiguous even shares per warp.
@@ -351,7 +368,9 @@ __global__ void __launch_bounds__(kThreads, 2)
       }
     }
   }
+  stamp(a, 4);
   grid.sync();
+  stamp(a, 5);
 
   // (d) down and combine.
   for (int tile = static_cast<int>(blockIdx.x) * a.tile_rows; tile < H;
@@ -387,6 +406,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       __syncthreads();
     }
   }
+  stamp(a, 6);
 }
 
 bool aligned16(const void* p) {
@@ -396,7 +416,10 @@ bool aligned16(const void* p) {
 class FusedKernel final : public moe::ExpertsKernel {
  public:
   explicit FusedKernel(CudaContext& context) : context_(context) {}
-  ~FusedKernel() override { release(); }
+  ~FusedKernel() override {
+    report_stamps();
+    release();
+  }
   FusedKernel(const FusedKernel&) = delete;
   FusedKernel& operator=(const FusedKernel&) = delete;
 
@@ -473,6 +496,12 @@ class FusedKernel final : public moe::ExpertsKernel {
           fmt::format("cuda-fused: out of device memory for the scratch of {} tokens",
                       chunk_tokens_));
     }
+    const char* want_stamps = std::getenv("SY_FUSED_STAMPS");
+    if (want_stamps && want_stamps[0] == '1' &&
+        cudaMalloc(&stamps_, sizeof(unsigned long long) * grid_ * kStamps) != cudaSuccess) {
+      cudaGetLastError();
+      stamps_ = nullptr;
+    }
     return Status::ok();
   }
 
@@ -497,6 +526,7 @@ class FusedKernel final : public moe::ExpertsKernel {
     launch.tile_rows = static_cast<int>((hidden_ + grid_ - 1) / grid_);
     launch.pair_capacity = pair_capacity_;
     launch.combo_floats = combo_floats_;
+    launch.stamps = stamps_;
     for (int64_t begin = 0; begin < tokens; begin += chunk_tokens_) {
       const int count = static_cast<int>(std::min<int64_t>(chunk_tokens_, tokens - begin));
       launch.tokens = count;
@@ -516,6 +546,7 @@ class FusedKernel final : public moe::ExpertsKernel {
                                                 dim3(static_cast<unsigned>(grid_)), dim3(kThreads),
                                                 kernel_args, shared_bytes_, context_.stream));
       SY_CUDA_LAUNCH_CHECK("fused_moe_kernel");
+      collect_stamps();
     }
     return Status::ok();
   }
@@ -577,7 +608,39 @@ class FusedKernel final : public moe::ExpertsKernel {
     return Status::ok();
   }
 
+  // SY_FUSED_STAMPS=1 (no graphs): per-phase times of every launch, printed at exit. Stamp p of
+  // each block minus the earliest block's start; the median and the latest block per phase.
+  void collect_stamps() {
+    if (!stamps_) return;
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    cudaStreamIsCapturing(context_.stream, &capturing);
+    if (capturing != cudaStreamCaptureStatusNone) return;
+    std::vector<unsigned long long> host(static_cast<size_t>(grid_) * kStamps);
+    SY_CUDA_CHECK(cudaMemcpyAsync(host.data(), stamps_, host.size() * 8, cudaMemcpyDeviceToHost, context_.stream));
+    SY_CUDA_CHECK(cudaStreamSynchronize(context_.stream));
+    unsigned long long start = ~0ull;
+    for (int b = 0; b < grid_; ++b) start = std::min(start, host[static_cast<size_t>(b) * kStamps]);
+    for (int p = 0; p < kStamps; ++p) {
+      std::vector<double> t(static_cast<size_t>(grid_));
+      for (int b = 0; b < grid_; ++b) t[static_cast<size_t>(b)] = static_cast<double>(host[static_cast<size_t>(b) * kStamps + p] - start) * 1e-3;
+      std::sort(t.begin(), t.end());
+      stamp_median_[p] += t[t.size() / 2];
+      stamp_max_[p] += t.back();
+    }
+    ++stamp_launches_;
+  }
+  void report_stamps() const {
+    if (!stamps_ || stamp_launches_ == 0) return;
+    std::fprintf(stderr, "cuda-fused phase stamps over %d launches (us since the first block started; median block / last block):\n",
+                 stamp_launches_);
+    const char* names[kStamps] = {"start", "router logits", "barrier 1", "route+group", "gate_up", "barrier 2", "down+combine"};
+    for (int p = 0; p < kStamps; ++p)
+      std::fprintf(stderr, "  %-14s %8.2f %8.2f\n", names[p], stamp_median_[p] / stamp_launches_, stamp_max_[p] / stamp_launches_);
+  }
+
   void release() {
+    if (stamps_) cudaFree(stamps_);
+    stamps_ = nullptr;
     if (logits_) cudaFree(logits_);
     if (act_) cudaFree(act_);
     logits_ = nullptr, act_ = nullptr;
@@ -588,6 +651,9 @@ class FusedKernel final : public moe::ExpertsKernel {
   int chunk_tokens_ = 0, pair_capacity_ = 0, combo_floats_ = 0, grid_ = 0;
   size_t shared_bytes_ = 0;
   float* logits_ = nullptr;  // [chunk_tokens, E]
+  unsigned long long* stamps_ = nullptr;
+  double stamp_median_[kStamps] = {}, stamp_max_[kStamps] = {};
+  int stamp_launches_ = 0;
   float* act_ = nullptr;     // [chunk_tokens * K, I]
 };
 

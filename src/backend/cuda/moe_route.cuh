@@ -111,7 +111,10 @@ __device__ __forceinline__ void route_select_warp(float* scores, const RoutePara
   }
   // Selection: K rounds of a warp argmax by (score desc, id asc); NaN counts as -inf.
   int32_t chosen = -1;  // lane k keeps the k-th choice
-  unsigned long long taken_mask[kMaxRouteExperts / 64] = {};
+  // Bit j: expert lane + 32 j is taken. A register (a dynamically indexed array would live in
+  // local memory); a forced id out of range marks nothing.
+  static_assert(kMaxRouteExperts <= 32 * 32, "one 32-bit taken mask per lane");
+  uint32_t taken = 0;
   for (int k = 0; k < K; ++k) {
     int32_t id = -1;
     if (forced) {
@@ -119,8 +122,8 @@ __device__ __forceinline__ void route_select_warp(float* scores, const RoutePara
     } else {
       float best = -INFINITY;
       int32_t best_id = E;
-      for (int e = lane; e < E; e += 32) {
-        if (taken_mask[e >> 6] >> (e & 63) & 1ull) continue;
+      for (int e = lane, j = 0; e < E; e += 32, ++j) {
+        if (taken >> j & 1u) continue;
         float v = scores[e];
         if (v != v) v = -INFINITY;
         if (best_id == E || v > best || (v == best && e < best_id)) {
@@ -138,7 +141,7 @@ __device__ __forceinline__ void route_select_warp(float* scores, const RoutePara
       }
       id = best_id;
     }
-    taken_mask[id >> 6] |= 1ull << (id & 63);
+    if (id >= 0 && id < E && (id & 31) == lane) taken |= 1u << (id >> 5);
     if (lane == k) chosen = id;
   }
   // Weights: lane k < K holds choice k.
