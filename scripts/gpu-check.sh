@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU machine's whole visit, run as it is from the repo root there, after scripts/gpu-pack.sh
 # here (carry gpu-carry/). Stages (default: all but profile): ceilings ops golden engine bench8
-# bench48 crossover serve; profile (ncu per-kernel times of one decode and one prefill step;
+# bench48 crossover serve-e2e serve; profile (ncu per-kernel times of one decode and one prefill step;
 # PROFILE_STEPS=decode for one), moe-detail (ncu's full sections on one cuda-fused launch).
 # Everything it prints also goes to $OUT/gpu-check.log; JSON results land in $OUT.
 #   scripts/gpu-check.sh [stage ...]
@@ -12,7 +12,7 @@ OUT=${OUT:-/tmp/gpu-check}
 mkdir -p "$OUT"
 exec > >(tee -a "$OUT/gpu-check.log") 2>&1
 stages=("$@")
-[[ ${#stages[@]} -gt 0 ]] || stages=(ceilings ops golden engine bench8 bench48 crossover serve)
+[[ ${#stages[@]} -gt 0 ]] || stages=(ceilings ops golden engine bench8 bench48 crossover serve-e2e serve)
 want() { local s; for s in "${stages[@]}"; do [[ $s == "$1" ]] && return 0; done; return 1; }
 section() { echo; echo "=== $* ($(date +%T))"; }
 carry=$root/gpu-carry
@@ -94,6 +94,14 @@ if want moe-detail; then
     "$carry/step_bench" --device cuda --random-weights "$carry/qwen3-30b-a3b-8l/config.json" --no-graphs \
     --batches 1 --context 1024 --steps 8 --ab-pairs 0 --prefill 0 > "$OUT/ncu_fused_moe.txt" 2>&1
   grep -E "Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Stall|Warp Cycles Per Issued|Block Limit|Waves|L2 Hit|Theoretical Occ" "$OUT/ncu_fused_moe.txt" | head -40
+fi
+if want serve-e2e; then
+  # The server's end-to-end tests with every server on CUDA. Left out: the load test (its own
+  # stage below) and the two that need batch invariance (CUDA is not batch-invariant yet).
+  section "serve end-to-end tests on --device cuda"
+  mkdir -p "$root/build-gpu"  # the tests' SY_BINARY_DIR: their tiny models are made there
+  SWITCHYARD_BIN="$carry/switchyard" SY_SERVE_ARGS="--device cuda" run serve-e2e timeout 400 "$carry/test_server" \
+    --gtest_filter='ServeE2E.*:-*Load*:*ConcurrentRequestsEqualAlone*:*EqualsGenerate*' --gtest_brief=1
 fi
 if want serve; then
   section "serve --device cuda + switchyard bench (1024 in / 128 out x 1000, rate inf)"

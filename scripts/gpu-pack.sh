@@ -7,7 +7,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 jobs=${JOBS:-$(nproc)}
-targets=(switchyard step_bench cuda_op_harness test_model test_engine)
+targets=(switchyard step_bench cuda_op_harness test_model test_engine test_server)
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DSWITCHYARD_NATIVE=OFF -DSWITCHYARD_MARCH=x86-64-v3 \
   -DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc >/dev/null
 ninja -C build-gpu -j "$jobs" "${targets[@]}"

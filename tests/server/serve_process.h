@@ -50,6 +50,20 @@ class ServeProcess {
       ::close(pipe_fds[1]);
       std::vector<std::string> all = {binary, "serve", "--port", "0"};
       all.insert(all.end(), args.begin(), args.end());
+      // SY_SERVE_ARGS (e.g. "--device cuda"): extra flags for every server a test starts, so
+      // the GPU machine runs the same end-to-end tests on its backend.
+      if (const char* extra = std::getenv("SY_SERVE_ARGS")) {
+        std::string word;
+        for (const char* c = extra;; ++c) {
+          if (*c == ' ' || *c == '\0') {
+            if (!word.empty()) all.push_back(word);
+            word.clear();
+            if (*c == '\0') break;
+          } else {
+            word += *c;
+          }
+        }
+      }
       std::vector<char*> argv;
       for (std::string& a : all) argv.push_back(a.data());
       argv.push_back(nullptr);
