@@ -67,7 +67,7 @@ if want crossover; then
   section "MoE kernel crossover: monolithic (cuda-fused) vs modular (cuda-modular) decode, 48 layers"
   for kernel in cuda-fused cuda-modular; do
     run "crossover-$kernel" timeout 300 "$carry/step_bench" --device cuda --random-weights "$carry/qwen3-30b-a3b/config.json" \
-      --kernel "$kernel" --batches 1,2,4,8,12,16,24,32,48,64 --context 1024 --steps 16 --ab-pairs 0 --prefill 0 \
+      --kernel "$kernel" --batches 1,2,4,8,12,16,32 --context 1024 --steps 8 --ab-pairs 0 --prefill 0 \
       --bandwidth-gbs "$bandwidth" --json-out "$OUT/crossover_$kernel.json"
   done
 fi

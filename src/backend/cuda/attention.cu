@@ -7,7 +7,7 @@
 //     four warps split every key tile four ways, so each K/V byte is read once. The number of
 //     splits depends only on tokens, kv heads and SMs; a split finds its key range from
 //     positions[t] on the device, so a recorded graph replays for any context. Splits write
-//     (max, sum, acc) partials; combine_splits_kernel merges them.
+//     (max, sum, acc) partials; the last split block of each token to finish merges them.
 //   prefill: a block per (query tile, kv head), a tile being up to 64 / group consecutive tokens
 //     of one sequence; blocks find their tile on the device (see find_prefill_tile).
 #include <algorithm>
@@ -67,6 +67,7 @@ struct KernelArgs {
   bool decode = true;
   float2* partial_ml = nullptr;  // [tokens * heads * splits] (max in log2 units, sum)
   float* partial_o = nullptr;    // [tokens * heads * splits, head_dim], unnormalised
+  int* arrivals = nullptr;       // [tokens * kv_heads * row_chunks] splits done; the last resets it
 };
 
 // ---- PTX wrappers (sm_80+: cp.async, ldmatrix, mma.sync bf16) ----
@@ -124,7 +125,7 @@ __device__ __forceinline__ uint4 load_bf16x8(const float* src, float scale) {
 }
 
 // A decode split's keys: the context cut into `splits` chunks of whole key tiles; splits past
-// the context are empty. combine_splits_kernel uses the same rule to know which splits wrote.
+// the context are empty. The merge uses the same rule to know how many splits wrote.
 struct KeyRange {
   int begin = 0, end = 0;
 };
@@ -183,6 +184,46 @@ __device__ void find_prefill_tile(const AttentionParams& p, int tile_tokens, int
 
 // Floor (decode): K/V bytes of the contexts / bandwidth. Floor (prefill): 4 * rows * context *
 // head_dim FLOPs on tensor cores (about half of it masked away by causality).
+// The merge of a decode token's split partials, run by the last split block of each (token, kv
+// head) to finish (so no second launch): a warp per (token, head) row. Lanes take the splits for
+// the max and the sum (warp reductions), each split's weight goes to shared memory, then the
+// partials are summed with four loads in flight per lane. The partials come from other blocks:
+// loads bypass L1 (__ldcg). Floor: (head_dim + 2) * 4 bytes read per written split.
+__device__ void combine_split_row(const KernelArgs& a, int64_t pair, int written, float* weight) {
+  const AttentionParams& p = a.p;
+  const int lane = threadIdx.x & 31, head_dim = p.head_dim;
+  const float2* ml = a.partial_ml + pair * a.splits;
+  const float* partial = a.partial_o + pair * a.splits * head_dim;
+  float row_max = -INFINITY;
+  for (int s = lane; s < written; s += 32) row_max = fmaxf(row_max, __ldcg(&ml[s].x));
+  for (int o = 16; o > 0; o >>= 1) row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, o));
+  const float base = row_max == -INFINITY ? 0.0f : row_max;
+  float row_sum = 0.0f;
+  for (int s = lane; s < written; s += 32) {
+    const float2 m = __ldcg(&ml[s]);
+    const float w = exp2f(m.x - base);
+    weight[s] = w;
+    row_sum += m.y * w;
+  }
+  for (int o = 16; o > 0; o >>= 1) row_sum += __shfl_xor_sync(0xffffffffu, row_sum, o);
+  const float inv = row_sum > 0.0f ? 1.0f / row_sum : 0.0f;
+  __syncwarp();
+  for (int d = lane * 4; d < head_dim; d += 128) {
+    float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 4
+    for (int s = 0; s < written; ++s) {
+      const float w = weight[s] * inv;
+      const float4 part = __ldcg(reinterpret_cast<const float4*>(partial + s * head_dim + d));
+      o.x += part.x * w;
+      o.y += part.y * w;
+      o.z += part.z * w;
+      o.w += part.w * w;
+    }
+    *reinterpret_cast<float4*>(p.out + pair * head_dim + d) = o;
+  }
+  __syncwarp();
+}
+
 template <int DPAD, int MT>
 __global__ void __launch_bounds__(kThreads) attention_kernel(const __grid_constant__ KernelArgs a) {
   using L = Tiling<DPAD, MT>;
@@ -262,7 +303,14 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const __grid_consta
   KeyRange range{0, context};
   if (a.decode) {
     range = split_range(context, a.splits, blockIdx.z, kKeys);
-    if (a.splits > 1 && range.begin >= range.end) return;  // the combine skips this split
+    if (a.splits > 1 && range.begin >= range.end) {
+      // No keys at all (no split writes): split 0 writes the zeros a single pass would.
+      if (context == 0 && blockIdx.z == 0)
+        for (int i = tid; i < rows * head_dim; i += kThreads)
+          p.out[(static_cast<int64_t>(s_token[i / head_dim]) * p.heads + s_head[i / head_dim]) * head_dim +
+                i % head_dim] = 0.0f;
+      return;  // the last split to finish merges the others
+    }
   }
   const int tiles = range.end > range.begin ? ceil_div(range.end - range.begin, kKeys) : 0;
   const int32_t* table =
@@ -471,51 +519,24 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const __grid_consta
       if (d == 0) a.partial_ml[part] = make_float2(row_max, row_sum);
     }
   }
-}
-
-// Floor: reads the written splits' partials ((head_dim + 2) * 4 bytes each), writes out.
-// A warp per (token, head): lanes take the splits for the max and the sum (warp reductions),
-// each split's weight goes to shared memory, then the partials are summed with four loads in
-// flight per lane (they sit in L2: latency, not bandwidth, is what this kernel pays).
-__global__ void __launch_bounds__(kThreads)
-    combine_splits_kernel(const __grid_constant__ KernelArgs a, int key_tile) {
-  __shared__ float split_weight[kWarps][kMaxSplits];
-  overlap_prologue();
-  const AttentionParams& p = a.p;
-  const int64_t pair = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
-  if (pair >= p.tokens * p.heads) return;
-  const int lane = threadIdx.x & 31, head_dim = p.head_dim;
-  float* const weight = split_weight[threadIdx.x / 32];
-  const int context = p.positions[pair / p.heads] + 1;
-  const int written = context > 0 ? ceil_div(context, split_chunk(context, a.splits, key_tile)) : 0;
-  const float2* ml = a.partial_ml + pair * a.splits;
-  const float* partial = a.partial_o + pair * a.splits * head_dim;
-  float row_max = -INFINITY;
-  for (int s = lane; s < written; s += 32) row_max = fmaxf(row_max, ml[s].x);
-  for (int o = 16; o > 0; o >>= 1) row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, o));
-  const float base = row_max == -INFINITY ? 0.0f : row_max;
-  float row_sum = 0.0f;
-  for (int s = lane; s < written; s += 32) {
-    const float2 m = ml[s];
-    const float w = exp2f(m.x - base);
-    weight[s] = w;
-    row_sum += m.y * w;
-  }
-  for (int o = 16; o > 0; o >>= 1) row_sum += __shfl_xor_sync(0xffffffffu, row_sum, o);
-  const float inv = row_sum > 0.0f ? 1.0f / row_sum : 0.0f;
-  __syncwarp();
-  for (int d = lane * 4; d < head_dim; d += 128) {
-    float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll 4
-    for (int s = 0; s < written; ++s) {
-      const float w = weight[s] * inv;
-      const float4 part = *reinterpret_cast<const float4*>(partial + s * head_dim + d);
-      o.x += part.x * w;
-      o.y += part.y * w;
-      o.z += part.z * w;
-      o.w += part.w * w;
+  if (a.splits > 1) {
+    // Publish this split's partials, then count it; the block that completes the count merges.
+    __shared__ int s_last;
+    __shared__ float s_split_weight[kWarps][kMaxSplits];
+    __threadfence();
+    __syncthreads();
+    const int written = ceil_div(context, split_chunk(context, a.splits, kKeys));
+    if (tid == 0) {
+      int* arrivals = a.arrivals + static_cast<int64_t>(t0) * gridDim.y + blockIdx.y;
+      const int done = atomicAdd(arrivals, 1) + 1;
+      s_last = done == written;
+      if (done == written) *arrivals = 0;  // ready for the next launch (graphs replay this one)
     }
-    *reinterpret_cast<float4*>(p.out + pair * head_dim + d) = o;
+    __syncthreads();
+    if (!s_last) return;
+    __threadfence();
+    for (int r = warp; r < rows; r += kWarps)
+      combine_split_row(a, static_cast<int64_t>(s_token[r]) * p.heads + s_head[r], written, s_split_weight[warp]);
   }
 }
 
@@ -657,7 +678,11 @@ size_t attention_scratch_bytes(int64_t max_decode_tokens, int heads, int head_di
   return ml_bytes + static_cast<size_t>(parts) * head_dim * sizeof(float);
 }
 
-void launch_attention(const AttentionParams& params, void* scratch, cudaStream_t stream) {
+size_t attention_arrivals_count(int64_t max_decode_tokens, int heads) {
+  return static_cast<size_t>(std::max<int64_t>(max_decode_tokens, 1)) * heads;  // >= tokens * kv_heads * row_chunks
+}
+
+void launch_attention(const AttentionParams& params, void* scratch, int* arrivals, cudaStream_t stream) {
   if (params.tokens == 0) return;
   if (params.head_dim <= 0 || params.head_dim % 8 != 0 || params.head_dim > 256 ||
       params.kv_heads <= 0 || params.heads % params.kv_heads != 0)
@@ -689,26 +714,20 @@ void launch_attention(const AttentionParams& params, void* scratch, cudaStream_t
   const int64_t pairs = params.tokens * params.kv_heads * args.row_chunks;
   const int64_t wanted = (static_cast<int64_t>(sms) * kDecodeBlocksPerSm + pairs - 1) / pairs;
   args.splits =
-      scratch ? static_cast<int>(std::clamp<int64_t>(wanted, 1, max_decode_splits(params.tokens)))
+      scratch && arrivals ? static_cast<int>(std::clamp<int64_t>(wanted, 1, max_decode_splits(params.tokens)))
               : 1;
   if (args.splits > 1) {
     const int64_t parts = params.tokens * params.heads * args.splits;
     args.partial_ml = static_cast<float2*>(scratch);
-    args.partial_o =
-        reinterpret_cast<float*>(static_cast<char*>(scratch) +
-                                 (static_cast<size_t>(parts) * sizeof(float2) + 255) / 256 * 256);
+    const size_t ml_bytes = (static_cast<size_t>(parts) * sizeof(float2) + 255) / 256 * 256;
+    args.partial_o = reinterpret_cast<float*>(static_cast<char*>(scratch) + ml_bytes);
+    args.arrivals = arrivals;
   }
   const dim3 grid(static_cast<unsigned>(tokens),
                   static_cast<unsigned>(params.kv_heads * args.row_chunks),
                   static_cast<unsigned>(args.splits));
-  const int key_tile = mt == 1 ? launch_for_head_dim<1>(args, grid, stream)
-                               : launch_for_head_dim<4>(args, grid, stream);
-  if (args.splits > 1) {
-    const int64_t warps = params.tokens * params.heads;
-    launch_overlapped(combine_splits_kernel, dim3(static_cast<unsigned>((warps + kWarps - 1) / kWarps)),
-                      dim3(kThreads), 0, stream, args, key_tile);
-    SY_CUDA_LAUNCH_CHECK("combine_splits_kernel");
-  }
+  if (mt == 1) launch_for_head_dim<1>(args, grid, stream);
+  else launch_for_head_dim<4>(args, grid, stream);
 }
 
 }  // namespace sy::backend::cuda

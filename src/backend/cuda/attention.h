@@ -4,7 +4,8 @@
 //   attention: causal, GQA; a token at position p of sequence s attends to positions 0..p of s,
 //   all read from the cache (this step's K/V are written first). Two kernels: decode (every
 //   sequence has one query token) splits each context across blocks (flash-decoding) with a
-//   grid that does not depend on context lengths (CUDA graphs replay it); prefill is
+//   grid that does not depend on context lengths (CUDA graphs replay it), the last split of a
+//   token to finish merging the partials; prefill is
 //   flash-attention style over cached blocks (chunked prefill: queries at any positions).
 // Floors: decode reads each token's K/V once (bytes / bandwidth); prefill does
 // 4 * q_tokens * context * head_dim * heads FLOPs (causal: about half of that).
@@ -61,9 +62,12 @@ struct AttentionParams {
   int64_t max_context_len = 0;  // prefill kernel only (decode must not depend on it)
 };
 
-// Scratch the decode kernel needs for up to `max_decode_tokens` tokens (reserved once).
+// Scratch the decode kernel needs for up to `max_decode_tokens` tokens (reserved once), and its
+// arrival counters (int32, zeroed once at reserve; every launch leaves them zero).
 size_t attention_scratch_bytes(int64_t max_decode_tokens, int heads, int head_dim);
-// `scratch` holds attention_scratch_bytes(...) for at least params.tokens decode tokens.
-void launch_attention(const AttentionParams& params, void* scratch, cudaStream_t stream);
+size_t attention_arrivals_count(int64_t max_decode_tokens, int heads);
+// `scratch` holds attention_scratch_bytes(...) and `arrivals` attention_arrivals_count(...) for
+// at least params.tokens decode tokens (either null: no key splits).
+void launch_attention(const AttentionParams& params, void* scratch, int* arrivals, cudaStream_t stream);
 
 }  // namespace sy::backend::cuda

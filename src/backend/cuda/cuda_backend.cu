@@ -43,6 +43,7 @@ class CudaBackend final : public Backend {
     cudaStreamSynchronize(context_.stream);
     if (matmul_scratch_) cudaFree(matmul_scratch_);
     if (attention_scratch_) cudaFree(attention_scratch_);
+    if (attention_arrivals_) cudaFree(attention_arrivals_);
     cudaFree(context_.cublas_workspace);
     cublasLtDestroy(context_.cublas_lt);
     cublasDestroy(context_.cublas);
@@ -72,6 +73,10 @@ class CudaBackend final : public Backend {
         cudaMalloc(&attention_scratch_, attention_scratch_bytes_) != cudaSuccess)
       return Status::error(ErrorCode::kResourceExhausted, "cuda: out of memory for the attention scratch");
     attention_decode_tokens_ = std::min(limits.max_tokens, limits.max_seqs);
+    const size_t arrivals = attention_arrivals_count(attention_decode_tokens_, static_cast<int>(limits.num_heads));
+    if (cudaMalloc(&attention_arrivals_, arrivals * sizeof(int)) != cudaSuccess)
+      return Status::error(ErrorCode::kResourceExhausted, "cuda: out of memory for the attention counters");
+    SY_CUDA_CHECK(cudaMemset(attention_arrivals_, 0, arrivals * sizeof(int)));
     if (limits.vocab_size > 0) sampler_.reserve(limits.max_logits_rows, limits.vocab_size);
     return Status::ok();
   }
@@ -297,7 +302,7 @@ class CudaBackend final : public Backend {
     p.max_context_len = batch.max_context_len;
     if (p.max_query_len == 1 && p.tokens > attention_decode_tokens_)
       cuda_fail("attention", "decode step larger than reserved", __FILE__, __LINE__);
-    launch_attention(p, attention_scratch_, context_.stream);
+    launch_attention(p, attention_scratch_, attention_arrivals_, context_.stream);
   }
   void gather_rows(const Tensor& x, const Tensor& rows, Tensor& out) override {
     launch_gather_rows(x.ptr<float>(), rows.ptr<int32_t>(), rows.numel(), x.numel() / x.dim(0), out.ptr<float>(),
@@ -373,6 +378,7 @@ class CudaBackend final : public Backend {
   void* matmul_scratch_ = nullptr;
   int64_t matmul_scratch_elems_ = 0;
   void* attention_scratch_ = nullptr;
+  int* attention_arrivals_ = nullptr;
   size_t attention_scratch_bytes_ = 0;
   int64_t attention_decode_tokens_ = 0;
   std::unordered_map<uint64_t, cudaGraphExec_t> graphs_;
