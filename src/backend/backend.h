@@ -107,6 +107,18 @@ class Backend {
   // Stacks equally shaped host tensors into one [parts, ...] backend tensor (per-expert
   // checkpoint tensors -> the stacked expert layout).
   virtual Result<Tensor> load_stacked(const std::vector<Tensor>& host_parts) = 0;
+  // The same, into a tensor an earlier load_weight/load_stacked of the same shape returned (a
+  // weight update in place: no second copy of the model). kUnsupported where weights are not
+  // backend-owned copies (the CPU keeps views of the mapped checkpoint).
+  virtual bool updates_weights_in_place() const { return false; }
+  virtual Status load_weight_into(const Tensor& host, Tensor& dst) {
+    (void)host, (void)dst;
+    return Status::error(ErrorCode::kUnsupported, "this backend does not update weights in place");
+  }
+  virtual Status load_stacked_into(const std::vector<Tensor>& host_parts, Tensor& dst) {
+    (void)host_parts, (void)dst;
+    return Status::error(ErrorCode::kUnsupported, "this backend does not update weights in place");
+  }
   // Deterministic pseudo-random weights (--random-weights): offset + uniform [-scale, scale)
   // from (seed, element index) (backend/random_fill.h), the same numbers on every backend.
   virtual void fill_random(Tensor& dst, uint64_t seed, float scale, float offset) = 0;

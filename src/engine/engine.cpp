@@ -152,10 +152,15 @@ class EngineImpl final : public Engine {
 
   Status update_weights_from_disk(const std::string& model_dir) override {
     return run_on_engine_thread([this, model_dir]() -> Status {
-      auto fresh = model::Model::load(model_dir, *backend_);
-      if (!fresh) return fresh.status();
-      SY_TRY(model_->check_same_shapes(**fresh).with_context(model_dir + ": not the same shapes: "));
-      model_ = std::move(fresh).value();
+      // In place where the backend can (a GPU has no room for a second copy), else a new model.
+      if (Status in_place = model_->reload_in_place(model_dir); in_place.code() != ErrorCode::kUnsupported) {
+        SY_TRY(in_place);
+      } else {
+        auto fresh = model::Model::load(model_dir, *backend_);
+        if (!fresh) return fresh.status();
+        SY_TRY(model_->check_same_shapes(**fresh).with_context(model_dir + ": not the same shapes: "));
+        model_ = std::move(fresh).value();
+      }
       backend_->clear_graphs();  // recorded steps point at the old weights
       kv_->flush();
       return Status::ok();

@@ -34,7 +34,8 @@ Result<std::unique_ptr<Model>> Model::load(const std::string& model_dir, backend
     if (progress) progress(i + 1, tensors.size(), done_bytes, total_bytes);
   }
 
-  auto weights = load_qwen3_moe(model->config_, *model->checkpoint_, backend, model->owned_);
+  auto weights = load_qwen3_moe(model->config_, *model->checkpoint_, backend, model->owned_,
+                                WeightPlacement{&model->load_order_, nullptr, false});
   if (!weights) return weights.status().with_context(model_dir + ": ");
   model->weights_ = std::move(weights).value();
   return model;
@@ -118,6 +119,32 @@ int64_t Model::parameter_count() const {
   }
   for (const auto& tensor : checkpoint_->tensors()) count += tensor.numel();
   return count;
+}
+
+Status Model::reload_in_place(const std::string& model_dir) {
+  if (!checkpoint_ || load_order_.empty())
+    return Status::error(ErrorCode::kUnsupported, "random-weight models are updated by loading a new model");
+  if (!backend_->updates_weights_in_place())
+    return Status::error(ErrorCode::kUnsupported, "this backend updates weights by loading a new model");
+  std::unique_ptr<Model> incoming(new Model());
+  incoming->model_dir_ = model_dir;
+  SY_ASSIGN(incoming->config_, load_model_config(model_dir));
+  auto checkpoint = Checkpoint::open(model_dir);
+  if (!checkpoint) return checkpoint.status();
+  incoming->checkpoint_ = std::make_unique<Checkpoint>(std::move(checkpoint).value());
+  SY_TRY(check_same_shapes(*incoming));
+  std::vector<Tensor> unused;
+  auto checked = load_qwen3_moe(incoming->config_, *incoming->checkpoint_, *backend_, unused,
+                                WeightPlacement{nullptr, &load_order_, true});
+  if (!checked) return checked.status().with_context(model_dir + ": ");
+  auto copied = load_qwen3_moe(incoming->config_, *incoming->checkpoint_, *backend_, unused,
+                               WeightPlacement{nullptr, &load_order_, false});
+  if (!copied)
+    return copied.status().with_context(model_dir + ": the weights are now partly updated (load them again): ");
+  model_dir_ = model_dir;
+  config_ = incoming->config_;
+  checkpoint_ = std::move(incoming->checkpoint_);  // the old mapping goes; nothing points into it
+  return Status::ok();
 }
 
 Status Model::check_same_shapes(const Model& other) const {

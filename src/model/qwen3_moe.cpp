@@ -22,10 +22,14 @@ Tensor view_of(const TensorInfo& info) {
   return tensor;
 }
 
+// Loads each tensor onto the backend, or (an in-place update: `place.into` holds the tensors
+// an earlier load returned, in call order) copies it into the tensor loaded at the same call,
+// or (place.check_only) only checks names and shapes against those tensors.
 class Loader {
  public:
-  Loader(const Checkpoint& checkpoint, backend::Backend& backend, std::vector<Tensor>& owned)
-      : checkpoint_(checkpoint), backend_(backend), owned_(owned) {}
+  Loader(const Checkpoint& checkpoint, backend::Backend& backend, std::vector<Tensor>& owned,
+         const WeightPlacement& place)
+      : checkpoint_(checkpoint), backend_(backend), owned_(owned), place_(place) {}
 
   bool has(const std::string& name) const { return checkpoint_.find(name) != nullptr; }
 
@@ -35,9 +39,19 @@ class Loader {
     if (info->shape != shape)
       return Status::errorf("tensor '{}' in {} has shape {}, expected {}", name, info->file,
                             shape_text(info->shape), shape_text(shape));
+    if (place_.into) {
+      SY_ASSIGN(Tensor* target, next_target(name));
+      if (target->numel() != view_of(*info).numel())
+        return Status::errorf("tensor '{}' has {} elements, the loaded model {}", name, view_of(*info).numel(),
+                              target->numel());
+      if (!place_.check_only)
+        SY_TRY(backend_.load_weight_into(view_of(*info), *target).with_context(fmt::format("tensor '{}': ", name)));
+      return *target;
+    }
     auto loaded = backend_.load_weight(view_of(*info));
     if (!loaded) return loaded.status().with_context(fmt::format("tensor '{}': ", name));
     if (loaded->data != info->data) owned_.push_back(*loaded);
+    if (place_.order) place_.order->push_back(*loaded);
     return *loaded;
   }
 
@@ -55,23 +69,49 @@ class Loader {
                               dtype_name(info->dtype), names.front(), dtype_name(parts.front().dtype));
       parts.push_back(view_of(*info));
     }
+    if (place_.into) {
+      SY_ASSIGN(Tensor* target, next_target(names.front()));
+      if (target->numel() != parts.front().numel() * static_cast<int64_t>(parts.size()))
+        return Status::errorf("tensors '{}'...: {} x {} elements, the loaded model {}", names.front(), parts.size(),
+                              parts.front().numel(), target->numel());
+      if (!place_.check_only)
+        SY_TRY(backend_.load_stacked_into(parts, *target).with_context(fmt::format("tensor '{}': ", names.front())));
+      return *target;
+    }
     auto loaded = backend_.load_stacked(parts);
     if (!loaded) return loaded.status().with_context(fmt::format("tensor '{}': ", names.front()));
     owned_.push_back(*loaded);
+    if (place_.order) place_.order->push_back(*loaded);
     return *loaded;
   }
 
+  // An update must load exactly as many tensors as the first load did.
+  Status finish() const {
+    if (place_.into && next_ != place_.into->size())
+      return Status::errorf("the checkpoint maps onto {} tensors, the loaded model has {}", next_, place_.into->size());
+    return Status::ok();
+  }
+
  private:
+  Result<Tensor*> next_target(const std::string& name) {
+    if (next_ >= place_.into->size())
+      return Status::errorf("tensor '{}': more tensors than the loaded model has ({})", name, place_.into->size());
+    return &(*place_.into)[next_++];
+  }
+
   const Checkpoint& checkpoint_;
   backend::Backend& backend_;
   std::vector<Tensor>& owned_;
+  WeightPlacement place_;
+  size_t next_ = 0;
 };
 
 }  // namespace
 
 Result<DecoderWeights> load_qwen3_moe(const ModelConfig& c, const Checkpoint& checkpoint,
-                                      backend::Backend& backend, std::vector<Tensor>& owned) {
-  Loader load(checkpoint, backend, owned);
+                                      backend::Backend& backend, std::vector<Tensor>& owned,
+                                      const WeightPlacement& place) {
+  Loader load(checkpoint, backend, owned, place);
   DecoderWeights w;
   const int64_t hidden = c.hidden_size, q_out = c.num_attention_heads * c.head_dim,
                 kv_out = c.num_key_value_heads * c.head_dim;
@@ -132,6 +172,7 @@ Result<DecoderWeights> load_qwen3_moe(const ModelConfig& c, const Checkpoint& ch
     }
     w.layers.push_back(std::move(lw));
   }
+  SY_TRY(load.finish());
   return w;
 }
 

@@ -109,6 +109,42 @@ class CudaBackend final : public Backend {
     return allocated;
   }
 
+  bool updates_weights_in_place() const override { return true; }
+  Status load_weight_into(const Tensor& host, Tensor& dst) override {
+    std::vector<uint8_t> converted;
+    SY_ASSIGN(DType dtype, convert_weight(host, converted));
+    if (dtype != dst.dtype || host.numel() != dst.numel() || !dst.data)
+      return Status::errorf("cuda: weight update: {} {} does not match the loaded {} {}", dtype_name(dtype),
+                            host.shape_string(), dtype_name(dst.dtype), dst.shape_string());
+    SY_CUDA_CHECK(cudaMemcpy(dst.data, converted.empty() ? host.data : converted.data(), dst.nbytes(),
+                             cudaMemcpyHostToDevice));
+    return Status::ok();
+  }
+
+  Status load_stacked_into(const std::vector<Tensor>& parts, Tensor& dst) override {
+    if (parts.empty()) return Status::error("load_stacked_into: no tensors");
+    const Tensor& first = parts.front();
+    for (const Tensor& part : parts)
+      if (part.dtype != first.dtype || part.numel() != first.numel())
+        return Status::error("load_stacked_into: tensors differ in dtype or shape");
+    std::vector<uint8_t> converted;
+    Tensor stacked = first;
+    stacked.rank = first.rank + 1;
+    SY_ASSIGN(DType dtype, convert_weight(stacked, converted, /*probe_only=*/true));
+    if (dtype != dst.dtype || first.numel() * static_cast<int64_t>(parts.size()) != dst.numel() || !dst.data)
+      return Status::errorf("cuda: weight update: {} x {} {} does not match the loaded {} {}", parts.size(),
+                            dtype_name(dtype), first.shape_string(), dtype_name(dst.dtype), dst.shape_string());
+    const size_t part_bytes = static_cast<size_t>(first.numel()) * dtype_size(dst.dtype);
+    for (size_t p = 0; p < parts.size(); ++p) {
+      SY_ASSIGN(DType part_dtype, convert_weight(parts[p], converted, false, stacked.rank));
+      (void)part_dtype;
+      SY_CUDA_CHECK(cudaMemcpy(static_cast<char*>(dst.data) + p * part_bytes,
+                               converted.empty() ? parts[p].data : converted.data(), part_bytes,
+                               cudaMemcpyHostToDevice));
+    }
+    return Status::ok();
+  }
+
   Result<Tensor> load_stacked(const std::vector<Tensor>& parts) override {
     if (parts.empty()) return Status::error("load_stacked: no tensors");
     const Tensor& first = parts.front();

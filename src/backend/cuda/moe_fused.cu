@@ -485,6 +485,9 @@ class FusedKernel final : public moe::ExpertsKernel {
       return Status::errorf(
           "cuda-fused: no block of {} threads with {} bytes of shared memory fits an SM", kThreads,
           shared_bytes_);
+    // SY_FUSED_BLOCKS_PER_SM (experiments): fewer co-resident blocks than fit.
+    if (const char* cap = std::getenv("SY_FUSED_BLOCKS_PER_SM"); cap && std::atoi(cap) > 0)
+      blocks_per_sm = std::min(blocks_per_sm, std::atoi(cap));
     grid_ = sm_count * blocks_per_sm;
 
     if (cudaMalloc(&logits_, sizeof(float) * chunk_tokens_ * experts_) != cudaSuccess ||
