@@ -312,11 +312,16 @@ TEST_F(ServeE2E, ReplayRescoresTheRollout) {
                            {"routed_experts_replay", choice["routed_experts"]}});
   const json& prompt_logprobs = rescore["choices"][0]["prompt_logprobs"];
   ASSERT_EQ(prompt_logprobs.size(), full.size());
+  // The CPU computes a prompt row and a decode row alike (1e-5); CUDA's prefill GEMMs round
+  // activations to bf16 where decode's GEMV keeps f32, so there the rescored logprob can move by
+  // a few 1e-4 (seen up to 6e-4 on the H200): 2e-3 there. The routes must still come back as given.
+  const char* serve_args = std::getenv("SY_SERVE_ARGS");
+  const double tolerance = serve_args && std::string(serve_args).find("cuda") != std::string::npos ? 2e-3 : 1e-5;
   for (size_t j = 0; j < 6; ++j) {
     int token = full[12 + j];
     double expected = choice["logprobs"]["token_logprobs"][j].get<double>();
     double got = prompt_logprobs[12 + j][std::to_string(token)]["logprob"].get<double>();
-    EXPECT_NEAR(got, expected, 1e-5) << "position " << 12 + j;
+    EXPECT_NEAR(got, expected, tolerance) << "position " << 12 + j;
   }
   // The replayed rows come back as given.
   std::vector<int64_t> given = routes_of(choice);

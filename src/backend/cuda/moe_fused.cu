@@ -63,6 +63,7 @@ struct FusedLaunch {
   int pair_capacity = 0;            // shared layout: kChunkTokens(or less) * K
   int combo_floats = 0;
   unsigned long long* stamps = nullptr;  // SY_FUSED_STAMPS=1: [grid, kStamps] %globaltimer per phase
+  int prefetch_down = 1;                 // 0 (SY_FUSED_NO_PREFETCH=1, experiments): no L2 prefetch
 };
 constexpr int kStamps = 7;
 
@@ -320,13 +321,24 @@ __global__ void __launch_bounds__(kThreads, 2)
 
   // (b) Route: the same selection in every block (cheap next to the weights), so no third
   // barrier is needed to share it.
+  // One token (batch-1 decode): the whole block ranks the experts at once (route_select_block,
+  // the same choice as route_select_warp), so this serial step is short.
   float* const my_scores = scores + warp * E;
-  for (int t = warp; t < T; t += kWarps) {
-    for (int e = lane; e < E; e += 32) my_scores[e] = a.logits[t * E + e];
-    __syncwarp();
-    const int32_t* forced =
-        a.forced && a.forced[t] ? a.source + static_cast<int64_t>(t) * a.route_row_stride : nullptr;
-    route_select_warp(my_scores, a.route, forced, ids + t * K, weights + t * K);
+  if (T == 1) {
+    if (warp == 0) {
+      for (int e = lane; e < E; e += 32) my_scores[e] = a.logits[e];
+      __syncwarp();
+    }
+    const int32_t* forced = a.forced && a.forced[0] ? a.source : nullptr;
+    route_select_block(scores, a.route, forced, cursor, ids, weights);  // cursor: scratch until grouping
+  } else {
+    for (int t = warp; t < T; t += kWarps) {
+      for (int e = lane; e < E; e += 32) my_scores[e] = a.logits[t * E + e];
+      __syncwarp();
+      const int32_t* forced =
+          a.forced && a.forced[t] ? a.source + static_cast<int64_t>(t) * a.route_row_stride : nullptr;
+      route_select_warp(my_scores, a.route, forced, ids + t * K, weights + t * K);
+    }
   }
   __syncthreads();
   if (blockIdx.x == 0 && a.sink)
@@ -356,7 +368,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
     // Start this warp's first down rows towards L2 so DRAM stays busy across the barrier.
     const int tile_begin = static_cast<int>(blockIdx.x) * a.tile_rows;
-    if (lane == 0 && tile_begin < H) {
+    if (lane == 0 && tile_begin < H && a.prefetch_down) {
       const int rows_here = min(a.pass_rows, min(H, tile_begin + a.tile_rows) - tile_begin);
       const int down_items = slots * ((rows_here + kDownRows - 1) / kDownRows);
       for (int n = 0; n < kDownPrefetchItems; ++n) {
@@ -530,6 +542,7 @@ class FusedKernel final : public moe::ExpertsKernel {
     launch.pair_capacity = pair_capacity_;
     launch.combo_floats = combo_floats_;
     launch.stamps = stamps_;
+    if (const char* off = std::getenv("SY_FUSED_NO_PREFETCH"); off && off[0] == '1') launch.prefetch_down = 0;
     for (int64_t begin = 0; begin < tokens; begin += chunk_tokens_) {
       const int count = static_cast<int>(std::min<int64_t>(chunk_tokens_, tokens - begin));
       launch.tokens = count;
@@ -549,7 +562,7 @@ class FusedKernel final : public moe::ExpertsKernel {
                                                 dim3(static_cast<unsigned>(grid_)), dim3(kThreads),
                                                 kernel_args, shared_bytes_, context_.stream));
       SY_CUDA_LAUNCH_CHECK("fused_moe_kernel");
-      collect_stamps();
+      if (count == 1) collect_stamps();  // the batch-1 decode launches only
     }
     return Status::ok();
   }
@@ -634,7 +647,7 @@ class FusedKernel final : public moe::ExpertsKernel {
   }
   void report_stamps() const {
     if (!stamps_ || stamp_launches_ == 0) return;
-    std::fprintf(stderr, "cuda-fused phase stamps over %d launches (us since the first block started; median block / last block):\n",
+    std::fprintf(stderr, "cuda-fused phase stamps over %d one-token launches (us since the first block started; median block / last block):\n",
                  stamp_launches_);
     const char* names[kStamps] = {"start", "router logits", "barrier 1", "route+group", "gate_up", "barrier 2", "down+combine"};
     for (int p = 0; p < kStamps; ++p)

@@ -83,14 +83,11 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-// Run by one whole warp after router_logits_block (and a barrier). logits[] (shared memory) is
-// turned into scores in place; ids/weights (K each) are written by lane 0..K-1. `forced` (K ids,
-// or nullptr) replaces the selection; weights are then recomputed from the scores at those ids.
-__device__ __forceinline__ void route_select_warp(float* scores, const RouteParams& p,
-                                                  const int32_t* forced, int32_t* ids, float* weights) {
+// Scores in place (one whole warp): softmax or sigmoid over logits[0:E], unless the router
+// selects on logits (softmax_after_topk).
+__device__ __forceinline__ void route_scores_warp(float* scores, const RouteParams& p) {
   const int lane = threadIdx.x & 31;
-  const int E = p.num_experts, K = p.top_k;
-  const float* logits = scores;  // softmax_after_topk selects on logits and keeps them
+  const int E = p.num_experts;
   if (!p.softmax_after_topk) {
     if (p.sigmoid) {
       for (int e = lane; e < E; e += 32) scores[e] = 1.0f / (1.0f + expf(-scores[e]));
@@ -109,42 +106,20 @@ __device__ __forceinline__ void route_select_warp(float* scores, const RoutePara
     }
     __syncwarp();
   }
-  // Selection: K rounds of a warp argmax by (score desc, id asc); NaN counts as -inf.
-  int32_t chosen = -1;  // lane k keeps the k-th choice
-  // Bit j: expert lane + 32 j is taken. A register (a dynamically indexed array would live in
-  // local memory); a forced id out of range marks nothing.
-  static_assert(kMaxRouteExperts <= 32 * 32, "one 32-bit taken mask per lane");
-  uint32_t taken = 0;
-  for (int k = 0; k < K; ++k) {
-    int32_t id = -1;
-    if (forced) {
-      id = forced[k];
-    } else {
-      float best = -INFINITY;
-      int32_t best_id = E;
-      for (int e = lane, j = 0; e < E; e += 32, ++j) {
-        if (taken >> j & 1u) continue;
-        float v = scores[e];
-        if (v != v) v = -INFINITY;
-        if (best_id == E || v > best || (v == best && e < best_id)) {
-          best = v;
-          best_id = e;
-        }
-      }
-      for (int o = 16; o > 0; o >>= 1) {
-        const float ov = __shfl_xor_sync(0xffffffffu, best, o);
-        const int32_t oid = __shfl_xor_sync(0xffffffffu, best_id, o);
-        if (oid != E && (best_id == E || ov > best || (ov == best && oid < best_id))) {
-          best = ov;
-          best_id = oid;
-        }
-      }
-      id = best_id;
-    }
-    if (id >= 0 && id < E && (id & 31) == lane) taken |= 1u << (id >> 5);
-    if (lane == k) chosen = id;
-  }
-  // Weights: lane k < K holds choice k.
+}
+
+// The selection order: (score desc, id asc), NaN as -inf. a ranks before b.
+__device__ __forceinline__ float route_key(float v) {
+  return v != v ? -INFINITY : v;
+}
+
+// Gating weights of the chosen ids (one whole warp; lane k < K holds choice k in `chosen`),
+// written with the ids by lanes 0..K-1.
+__device__ __forceinline__ void route_weights_warp(const float* scores, const RouteParams& p, int32_t chosen,
+                                                   int32_t* ids, float* weights) {
+  const int lane = threadIdx.x & 31;
+  const int K = p.top_k;
+  const float* logits = scores;  // softmax_after_topk selected on logits and kept them
   float w = 0.0f;
   if (p.softmax_after_topk) {
     float m = lane < K ? logits[chosen] : -INFINITY;
@@ -165,6 +140,89 @@ __device__ __forceinline__ void route_select_warp(float* scores, const RoutePara
     weights[lane] = w;
   }
   __syncwarp();
+}
+
+// Run by one whole warp after router_logits_block (and a barrier). logits[] (shared memory) is
+// turned into scores in place; ids/weights (K each) are written by lane 0..K-1. `forced` (K ids,
+// or nullptr) replaces the selection; weights are then recomputed from the scores at those ids.
+__device__ __forceinline__ void route_select_warp(float* scores, const RouteParams& p,
+                                                  const int32_t* forced, int32_t* ids, float* weights) {
+  const int lane = threadIdx.x & 31;
+  const int E = p.num_experts, K = p.top_k;
+  route_scores_warp(scores, p);
+  // Selection: K rounds of a warp argmax by (score desc, id asc); NaN counts as -inf.
+  int32_t chosen = -1;  // lane k keeps the k-th choice
+  // Bit j: expert lane + 32 j is taken. A register (a dynamically indexed array would live in
+  // local memory); a forced id out of range marks nothing.
+  static_assert(kMaxRouteExperts <= 32 * 32, "one 32-bit taken mask per lane");
+  uint32_t taken = 0;
+  for (int k = 0; k < K; ++k) {
+    int32_t id = -1;
+    if (forced) {
+      id = forced[k];
+    } else {
+      float best = -INFINITY;
+      int32_t best_id = E;
+      for (int e = lane, j = 0; e < E; e += 32, ++j) {
+        if (taken >> j & 1u) continue;
+        const float v = route_key(scores[e]);
+        if (best_id == E || v > best || (v == best && e < best_id)) {
+          best = v;
+          best_id = e;
+        }
+      }
+      for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, best, o);
+        const int32_t oid = __shfl_xor_sync(0xffffffffu, best_id, o);
+        if (oid != E && (best_id == E || ov > best || (ov == best && oid < best_id))) {
+          best = ov;
+          best_id = oid;
+        }
+      }
+      id = best_id;
+    }
+    if (id >= 0 && id < E && (id & 31) == lane) taken |= 1u << (id >> 5);
+    if (lane == k) chosen = id;
+  }
+  route_weights_warp(scores, p, chosen, ids, weights);
+}
+
+// The same choice as route_select_warp for one token, with the whole block (blockDim.x a
+// multiple of 32, >= 64): warp 0 computes the scores exactly as route_select_warp does, then
+// every thread ranks experts in parallel (the rank of e under (score desc, id asc) is the
+// number of experts ordered before it; ranks < K are the choices, in order) instead of K serial
+// rounds, then warp 0 computes the weights. `slots` is K ints of shared scratch. All threads
+// call it; ids/weights are valid after it returns (it ends with a barrier).
+__device__ __forceinline__ void route_select_block(float* scores, const RouteParams& p, const int32_t* forced,
+                                                   int32_t* slots, int32_t* ids, float* weights) {
+  const int E = p.num_experts, K = p.top_k;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (warp == 0) route_scores_warp(scores, p);
+  __syncthreads();
+  if (forced) {
+    if (threadIdx.x < K) slots[threadIdx.x] = forced[threadIdx.x];
+  } else {
+    // tpe adjacent lanes share an expert's scan (a power of two <= 32, blockDim / tpe >= E
+    // when E is small); each sums its share of "ordered before" counts, then a butterfly.
+    int tpe = 1;
+    while (tpe < 32 && tpe * 2 * E <= static_cast<int>(blockDim.x)) tpe *= 2;
+    const int groups = blockDim.x / tpe, sub = threadIdx.x & (tpe - 1);
+    for (int base = 0; base < E; base += groups) {  // uniform trip count: shuffles stay converged
+      const int e = base + static_cast<int>(threadIdx.x) / tpe;
+      const float v = e < E ? route_key(scores[e]) : 0.0f;
+      int before = 0;
+      if (e < E)
+        for (int j = sub; j < E; j += tpe) {
+          const float u = route_key(scores[j]);
+          before += (u > v || (u == v && j < e)) ? 1 : 0;
+        }
+      for (int o = 1; o < tpe; o <<= 1) before += __shfl_xor_sync(0xffffffffu, before, o);
+      if (e < E && sub == 0 && before < K) slots[before] = e;
+    }
+  }
+  __syncthreads();
+  if (warp == 0) route_weights_warp(scores, p, lane < K ? slots[lane] : -1, ids, weights);
+  __syncthreads();
 }
 
 // The router stage as its own kernel (cuda-modular): one block per token. Writes ids/weights
