@@ -28,7 +28,7 @@ run() {  # name command...: runs, records failure, never stops the visit
 
 section "machine"
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem,driver_version --format=csv
-git log -1 --format='commit %H %cd' 2>/dev/null || true
+echo "binaries built from commit $(cat "$carry/BUILD_COMMIT" 2>/dev/null || echo unknown)"
 ldd "$carry/switchyard" | grep -E "not found" && failed+=("libraries")
 
 bandwidth=0 tflops=0

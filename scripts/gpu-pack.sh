@@ -12,6 +12,8 @@ cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DSWITCHYARD_NATIVE=
   -DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc >/dev/null
 ninja -C build-gpu -j "$jobs" "${targets[@]}"
 rm -rf gpu-carry && mkdir -p gpu-carry/lib
+# What the binaries were built from (the device's copy of .git may be stale): commit + dirty flag.
+echo "$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src tests bench scripts tools || echo '+dirty')" > gpu-carry/BUILD_COMMIT
 for t in "${targets[@]}"; do
   f=$(find build-gpu -name "$t" -type f -perm -u+x | head -1)
   strip -o "gpu-carry/$t" "$f"
