@@ -65,7 +65,7 @@ struct FusedLaunch {
   unsigned long long* stamps = nullptr;  // SY_FUSED_STAMPS=1: [grid, kStamps] %globaltimer per phase
   int prefetch_down = 1;                 // 0 (SY_FUSED_NO_PREFETCH=1, experiments): no L2 prefetch
 };
-constexpr int kStamps = 7;
+constexpr int kStamps = 9;
 
 __device__ __forceinline__ void stamp(const FusedLaunch& a, int phase) {
   if (a.stamps && threadIdx.x == 0) {
@@ -330,7 +330,9 @@ __global__ void __launch_bounds__(kThreads, 2)
       __syncwarp();
     }
     const int32_t* forced = a.forced && a.forced[0] ? a.source : nullptr;
+    stamp(a, 7);
     route_select_block(scores, a.route, forced, cursor, ids, weights);  // cursor: scratch until grouping
+    stamp(a, 8);
   } else {
     for (int t = warp; t < T; t += kWarps) {
       for (int e = lane; e < E; e += 32) my_scores[e] = a.logits[t * E + e];
@@ -649,7 +651,8 @@ class FusedKernel final : public moe::ExpertsKernel {
     if (!stamps_ || stamp_launches_ == 0) return;
     std::fprintf(stderr, "cuda-fused phase stamps over %d one-token launches (us since the first block started; median block / last block):\n",
                  stamp_launches_);
-    const char* names[kStamps] = {"start", "router logits", "barrier 1", "route+group", "gate_up", "barrier 2", "down+combine"};
+    const char* names[kStamps] = {"start", "router logits", "barrier 1", "route+group", "gate_up", "barrier 2",
+                                  "down+combine", "(logits read)", "(selected)"};
     for (int p = 0; p < kStamps; ++p)
       std::fprintf(stderr, "  %-14s %8.2f %8.2f\n", names[p], stamp_median_[p] / stamp_launches_, stamp_max_[p] / stamp_launches_);
   }
