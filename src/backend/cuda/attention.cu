@@ -68,15 +68,7 @@ struct KernelArgs {
   float2* partial_ml = nullptr;  // [tokens * heads * splits] (max in log2 units, sum)
   float* partial_o = nullptr;    // [tokens * heads * splits, head_dim], unnormalised
   int* arrivals = nullptr;       // [tokens * kv_heads * row_chunks] splits done; the last resets it
-  int min_split_keys = 64;       // decode: a context uses at most ceil(context / this) of the splits
 };
-
-// The splits a decode token's context really uses: the grid has `splits` (fixed, for graphs),
-// a short context fills only as many as give each at least `min_keys` keys.
-__host__ __device__ inline int used_splits(int context, int splits, int min_keys) {
-  const int wanted = (context + min_keys - 1) / min_keys;
-  return wanted < 1 ? 1 : wanted > splits ? splits : wanted;
-}
 
 // ---- PTX wrappers (sm_80+: cp.async, ldmatrix, mma.sync bf16) ----
 
@@ -310,7 +302,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const __grid_consta
   const int context = s_context;
   KeyRange range{0, context};
   if (a.decode) {
-    range = split_range(context, used_splits(context, a.splits, a.min_split_keys), blockIdx.z, kKeys);
+    range = split_range(context, a.splits, blockIdx.z, kKeys);
     if (a.splits > 1 && range.begin >= range.end) {
       // No keys at all (no split writes): split 0 writes the zeros a single pass would.
       if (context == 0 && blockIdx.z == 0)
@@ -533,7 +525,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const __grid_consta
     __shared__ float s_split_weight[kWarps][kMaxSplits];
     __threadfence();
     __syncthreads();
-    const int written = ceil_div(context, split_chunk(context, used_splits(context, a.splits, a.min_split_keys), kKeys));
+    const int written = ceil_div(context, split_chunk(context, a.splits, kKeys));
     if (tid == 0) {
       int* arrivals = a.arrivals + static_cast<int64_t>(t0) * gridDim.y + blockIdx.y;
       const int done = atomicAdd(arrivals, 1) + 1;
@@ -731,12 +723,6 @@ void launch_attention(const AttentionParams& params, void* scratch, int* arrival
     args.partial_o = reinterpret_cast<float*>(static_cast<char*>(scratch) + ml_bytes);
     args.arrivals = arrivals;
   }
-  // SY_ATTN_MIN_SPLIT_KEYS (experiments; default one key tile): fewer, longer splits.
-  static const int min_split_keys = [] {
-    const char* env = std::getenv("SY_ATTN_MIN_SPLIT_KEYS");
-    return env && std::atoi(env) > 0 ? std::atoi(env) : 64;
-  }();
-  args.min_split_keys = min_split_keys;
   const dim3 grid(static_cast<unsigned>(tokens),
                   static_cast<unsigned>(params.kv_heads * args.row_chunks),
                   static_cast<unsigned>(args.splits));
