@@ -264,8 +264,7 @@ class EngineImpl final : public Engine {
         std::unique_lock lock(mutex_);
         wake_.wait(lock, [&] {
           return stopping_ || !incoming_.empty() || !cancelled_.empty() || !tasks_.empty() ||
-                 !running_.empty() || (!waiting_.empty() && !paused_for_drain()) ||
-                 (!pending_tasks_.empty() && running_.empty());
+                 !running_.empty() || can_admit() || (!pending_tasks_.empty() && !drain_blocked());
         });
         incoming.swap(incoming_);
         cancelled.swap(cancelled_);
@@ -279,7 +278,7 @@ class EngineImpl final : public Engine {
       if (stopping) {
         if ((running_.empty() && waiting_.empty()) || Clock::now() >= drain_deadline_) break;
       }
-      if (!running_.empty() || (!waiting_.empty() && !paused_for_drain())) step();
+      if (!running_.empty() || can_admit()) step();
       publish_metrics();
     }
     for (auto& seq : running_) finish(*seq, FinishReason::kAbort, Status::ok());
@@ -292,16 +291,21 @@ class EngineImpl final : public Engine {
     tasks_.clear();
   }
 
-  // Admission pauses while a weight update waits for running sequences to finish.
+  // Admission pauses while a weight update waits for in-flight sequences to finish.
   bool paused_for_drain() const {
     for (const auto& task : pending_tasks_)
       if (task.drain) return true;
     return false;
   }
+  // In flight: running, or preempted (its KV, route log and tokens so far came from the current
+  // weights, so it finishes on them). Preempted sequences wait at the front of the queue.
+  bool drain_blocked() const { return !running_.empty() || (!waiting_.empty() && waiting_.front()->started); }
+  bool admissible(const Sequence& seq) const { return !paused_for_drain() || seq.started; }
+  bool can_admit() const { return !waiting_.empty() && admissible(*waiting_.front()); }
 
   void run_ready_tasks() {
     while (!pending_tasks_.empty()) {
-      if (pending_tasks_.front().drain && !running_.empty()) return;
+      if (pending_tasks_.front().drain && drain_blocked()) return;
       Task task = std::move(pending_tasks_.front());
       pending_tasks_.pop_front();
       task.run();
@@ -327,12 +331,20 @@ class EngineImpl final : public Engine {
     seq.published_blocks = 0;
   }
 
-  // Ensures blocks for positions [0, end) exist; false when the cache has too few.
+  // Ensures blocks for positions [0, end) exist; when the cache has too few, gives back the
+  // blocks this call took and returns false.
   bool reserve(Sequence& seq, int64_t end) {
     const int64_t needed = (end + kv_->block_size() - 1) / kv_->block_size();
+    const size_t held = seq.blocks.size();
     while (static_cast<int64_t>(seq.blocks.size()) < needed) {
       auto block = kv_->allocate();
-      if (!block) return false;
+      if (!block) {
+        while (seq.blocks.size() > held) {
+          kv_->release(seq.blocks.back());
+          seq.blocks.pop_back();
+        }
+        return false;
+      }
       seq.blocks.push_back(*block);
     }
     return true;
@@ -375,7 +387,10 @@ class EngineImpl final : public Engine {
     }
     seq.published_blocks = hits;
     seq.num_computed = hits * bs;
-    if (seq.first_event_sent) return;  // a recompute after preemption: counted already
+    // Only the first lookup counts: later ones (after a preemption, or a failed admission) may hit
+    // blocks this request computed itself.
+    if (seq.prefix_counted) return;
+    seq.prefix_counted = true;
     seq.cached_prompt_tokens = std::min(seq.num_computed, seq.prompt_len);
     std::lock_guard lock(metrics_mutex_);
     metrics_.prefix_cache_queries_tokens += seq.prompt_len;
@@ -452,12 +467,15 @@ class EngineImpl final : public Engine {
       if (was_current) break;
     }
     // Then admit waiting sequences while tokens, sequence slots and blocks allow.
-    while (budget > 0 && !waiting_.empty() && !paused_for_drain() &&
-           static_cast<int>(running_.size()) < config_.max_num_seqs) {
+    while (budget > 0 && can_admit() && static_cast<int>(running_.size()) < config_.max_num_seqs) {
       Sequence& seq = *waiting_.front();
       if (!seq.prefix_lookup_done) lookup_prefix(seq);
       const int64_t count = tokens_to_run(seq);
       if (!reserve(seq, seq.num_computed + count)) {
+        // A waiting sequence holds no blocks: give back its prefix hits too (it looks up again).
+        free_blocks(seq);
+        seq.num_computed = 0;
+        seq.prefix_lookup_done = false;
         if (running_.empty() && batch.empty()) {
           // Not even one sequence fits: the request can never run in this cache.
           auto failing = std::move(waiting_.front());
@@ -469,6 +487,7 @@ class EngineImpl final : public Engine {
         break;
       }
       take(seq, count);
+      seq.started = true;
       running_.push_back(std::move(waiting_.front()));
       waiting_.pop_front();
     }

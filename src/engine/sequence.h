@@ -37,6 +37,8 @@ struct Sequence {
   int64_t cached_prompt_tokens = 0;
   bool first_event_sent = false;
   bool prefix_lookup_done = false;
+  bool prefix_counted = false;  // cached_prompt_tokens and the prefix-cache metrics, once
+  bool started = false;         // admitted once: a weight update waits for it to finish
 
   int64_t output_len() const { return static_cast<int64_t>(tokens.size()) - prompt_len; }
 };
