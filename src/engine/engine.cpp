@@ -42,13 +42,20 @@ class EngineImpl final : public Engine {
     backend_->register_kernels(registry_);
     if (config.register_extra_kernels) config.register_extra_kernels(registry_);
     moe::KernelNeeds needs{backend_->device(), config.capture_routes, config.require_replay};
-    // A kernel that can replay is preferred so replay requests work; a named kernel is kept as is.
-    needs.replay = config.require_replay || config.moe_kernel == "auto";
+    // Capture needs replay too: a sequence recomputed after preemption replays its logged routes
+    // (DESIGN.md), else its KV would come from routes other than the ones it returns. Otherwise a
+    // kernel that can replay is preferred so replay requests work; a named kernel is kept as is.
+    const bool replay_required = config.require_replay || config.capture_routes;
+    needs.replay = replay_required || config.moe_kernel == "auto";
     auto kernel = registry_.select(config.moe_kernel, needs);
-    if (!kernel && needs.replay && !config.require_replay) {
+    if (!kernel && needs.replay && !replay_required) {
       needs.replay = false;
       kernel = registry_.select(config.moe_kernel, needs);
     }
+    if (!kernel && config.capture_routes && !config.require_replay)
+      return kernel.status().with_context(
+          "route capture needs a kernel that can also replay routes (a sequence recomputed after "
+          "preemption replays its logged routes): ");
     if (!kernel) return kernel.status();
     kernel_ = *kernel;
     model::KernelChoice kernels{kernel_, nullptr, 0};
@@ -93,7 +100,8 @@ class EngineImpl final : public Engine {
     decoder_ = std::make_unique<model::Decoder>(*backend_, kernels, config.block_size_tokens);
     decoder_->set_graphs_enabled(config.cuda_graphs);
     SY_TRY(decoder_->allocate(c, blocks, limits));
-    kv_ = std::make_unique<KvCache>(blocks, config.block_size_tokens, row_ints_);
+    kv_ = std::make_unique<KvCache>(blocks, config.block_size_tokens,
+                                    RoutePacking(c.num_hidden_layers, c.experts_per_token, c.num_experts, c.moe_layers()));
     eos_ids_ = c.eos_token_ids;
     thread_ = std::thread([this] { loop(); });
     return Status::ok();
@@ -350,19 +358,38 @@ class EngineImpl final : public Engine {
     return true;
   }
 
+  // Positions of full block `index` whose route the request gave (its replay).
+  std::vector<uint8_t> forced_mask(const Sequence& seq, int64_t index) const {
+    const int64_t begin = index * kv_->block_size();
+    std::vector<uint8_t> forced(static_cast<size_t>(kv_->block_size()));
+    for (int i = 0; i < kv_->block_size(); ++i) forced[i] = begin + i < seq.user_forced_rows;
+    return forced;
+  }
+
   // Chained hash of full block `index` of seq (its tokens and forced routes must be known).
   uint64_t block_hash(Sequence& seq, int64_t index) {
     while (static_cast<int64_t>(seq.block_hashes.size()) <= index) {
       const int64_t b = static_cast<int64_t>(seq.block_hashes.size());
       const int64_t begin = b * kv_->block_size();
       const uint64_t previous = b ? seq.block_hashes[b - 1] : 0;
-      std::vector<uint8_t> forced(static_cast<size_t>(kv_->block_size()));
-      for (int i = 0; i < kv_->block_size(); ++i) forced[i] = begin + i < seq.user_forced_rows;
+      const std::vector<uint8_t> forced = forced_mask(seq, b);
       const int32_t* routes = seq.routes.empty() ? nullptr : seq.routes.data() + begin * row_ints_;
       seq.block_hashes.push_back(KvCache::chain_hash(previous, seq.tokens.data() + begin, routes,
                                                      forced.data(), kv_->block_size(), row_ints_));
     }
     return seq.block_hashes[index];
+  }
+
+  // Full block `index` of seq as the prefix cache compares it: tokens, forced rows, and the route
+  // rows the sequence has for it (given, or logged by an earlier computation).
+  BlockContent block_content(const Sequence& seq, int64_t index, const std::vector<uint8_t>& forced) const {
+    const int64_t begin = index * kv_->block_size();
+    BlockContent content;
+    content.tokens = seq.tokens.data() + begin;
+    content.forced = forced.data();
+    content.known_rows = std::clamp<int64_t>(seq.route_rows - begin, 0, kv_->block_size());
+    content.routes = content.known_rows > 0 ? seq.routes.data() + begin * row_ints_ : nullptr;
+    return content;
   }
 
   // Prefix-cache lookup for a sequence with nothing computed: reuse leading full blocks (always
@@ -374,13 +401,14 @@ class EngineImpl final : public Engine {
     const int64_t max_blocks = (static_cast<int64_t>(seq.tokens.size()) - 1) / bs;
     int64_t hits = 0;
     for (int64_t b = 0; b < max_blocks; ++b) {
-      auto block = kv_->lookup(block_hash(seq, b));
+      const std::vector<uint8_t> forced = forced_mask(seq, b);
+      auto block = kv_->lookup(block_hash(seq, b), b ? seq.blocks[b - 1] : -1, block_content(seq, b, forced));
       if (!block) break;
       seq.blocks.push_back(*block);
-      const std::vector<int32_t>& stored = kv_->routes(*block);
       if (config_.capture_routes && seq.route_rows < (b + 1) * bs) {
+        // Every cached block of a capturing engine holds all its rows (publish waits for them).
         seq.routes.resize(static_cast<size_t>((b + 1) * bs * row_ints_));
-        std::copy(stored.begin(), stored.end(), seq.routes.begin() + b * bs * row_ints_);
+        kv_->routes(*block, seq.routes.data() + b * bs * row_ints_);
         seq.route_rows = (b + 1) * bs;
       }
       ++hits;
@@ -494,12 +522,58 @@ class EngineImpl final : public Engine {
     return batch;
   }
 
+  // What one forward pass over a batch produced, before any sequence is updated.
+  struct LogitsUse {
+    size_t item;
+    int64_t position;
+    bool sample;
+    bool score;  // prompt_logprobs entry for this position
+  };
+  struct StepResult {
+    std::vector<LogitsUse> logits_uses;
+    std::vector<size_t> sample_items, score_uses;
+    std::vector<backend::SampledToken> scored, sampled;
+    std::vector<int32_t> routes;  // [step tokens, row_ints] when capturing
+  };
+
   void step() {
     std::vector<Scheduled> batch = schedule();
     if (batch.empty()) return;
-    const model::ModelConfig& c = model_->config();
-    const int64_t bs = kv_->block_size();
+    StepResult result;
+    Status status = run_batch(batch, result);
+    if (status) {
+      apply_batch(batch, result);
+      return;
+    }
+    if (batch.size() == 1) {
+      fail_step(batch[0], status);
+      return;
+    }
+    // One request's failure (a poisoned route, a replay the kernel cannot honour) must not fail
+    // the others: run each alone to find which. Rerunning rewrites the same KV slots.
+    for (const Scheduled& s : batch) {
+      StepResult alone;
+      std::vector<Scheduled> one = {s};
+      Status solo = run_batch(one, alone);
+      if (solo) {
+        apply_batch(one, alone);
+      } else {
+        fail_step(s, solo);
+      }
+    }
+  }
 
+  void fail_step(const Scheduled& s, const Status& status) {
+    if (status.code() == ErrorCode::kInternal) {  // a route no kernel wrote
+      std::lock_guard lock(metrics_mutex_);
+      ++metrics_.route_capture_errors_total;
+    }
+    fail_running(s.seq, status);
+  }
+
+  // Builds the step's inputs, runs the model, scores and samples; touches no sequence state.
+  Status run_batch(const std::vector<Scheduled>& batch, StepResult& result) {
+    const int64_t bs = kv_->block_size();
     model::StepInputs in;
     in.capture_routes = config_.capture_routes;
     in.num_seqs = static_cast<int>(batch.size());
@@ -507,13 +581,7 @@ class EngineImpl final : public Engine {
     in.block_tables.assign(static_cast<size_t>(in.num_seqs * std::max(in.max_blocks_per_seq, 1)), 0);
     in.max_blocks_per_seq = std::max(in.max_blocks_per_seq, 1);
     bool any_forced = false;
-    struct LogitsUse {
-      size_t item;
-      int64_t position;
-      bool sample;
-      bool score;  // prompt_logprobs entry for this position
-    };
-    std::vector<LogitsUse> logits_uses;
+    std::vector<LogitsUse>& logits_uses = result.logits_uses;
     for (size_t i = 0; i < batch.size(); ++i) {
       const Scheduled& s = batch[i];
       Sequence& seq = *s.seq;
@@ -552,41 +620,35 @@ class EngineImpl final : public Engine {
     // Prompt logprobs (score the next prompt token) and sampling (the last position), enqueued
     // behind the forward pass; the step's one synchronisation comes with their results.
     std::vector<backend::SamplingRow> rows;
-    std::vector<size_t> sample_items, sample_logit_rows;
+    std::vector<size_t> sample_logit_rows;
     std::vector<int32_t> score_targets;
-    std::vector<size_t> score_uses;
     int max_prompt_top = 0;
     for (size_t r = 0; r < logits_uses.size(); ++r) {
       const LogitsUse& use = logits_uses[r];
       Sequence& seq = *batch[use.item].seq;
       if (use.sample) {
-        sample_items.push_back(use.item);
+        result.sample_items.push_back(use.item);
         sample_logit_rows.push_back(r);
         rows.push_back(sampling_row(seq));
       }
       if (use.score) {
         score_targets.push_back(seq.tokens[use.position + 1]);
-        score_uses.push_back(r);
+        result.score_uses.push_back(r);
         max_prompt_top = std::max(max_prompt_top, seq.request.sampling.prompt_logprobs);
       }
     }
-    std::vector<backend::SampledToken> scored, sampled;
     if (status) {
       if (!score_targets.empty())
-        backend_->score_tokens(gather_logits(out.logits, score_uses), score_targets, max_prompt_top, scored);
-      if (!rows.empty()) backend_->sample(gather_logits(out.logits, sample_logit_rows), rows, sampled);
+        backend_->score_tokens(gather_logits(out.logits, result.score_uses), score_targets, max_prompt_top, result.scored);
+      if (!rows.empty()) backend_->sample(gather_logits(out.logits, sample_logit_rows), rows, result.sampled);
       status = decoder_->finish_step(*model_, out);
     }
-    if (!status) {
-      // E.g. a route no kernel wrote: fail the step's requests, keep serving the rest.
-      if (status.code() == ErrorCode::kInternal) {
-        std::lock_guard lock(metrics_mutex_);
-        ++metrics_.route_capture_errors_total;
-      }
-      for (const auto& s : batch) fail_running(s.seq, status);
-      return;
-    }
+    result.routes = std::move(out.routes);
+    return status;
+  }
 
+  // Takes a successful step's results into its sequences and delivers their events.
+  void apply_batch(const std::vector<Scheduled>& batch, const StepResult& result) {
     // Route log: positions computed for the first time get the rows the kernels wrote.
     if (config_.capture_routes) {
       size_t t = 0;
@@ -594,7 +656,8 @@ class EngineImpl final : public Engine {
         Sequence& seq = *s.seq;
         for (int64_t p = s.begin; p < s.begin + s.count; ++p, ++t) {
           if (p < seq.route_rows) continue;
-          seq.routes.insert(seq.routes.end(), out.routes.begin() + t * row_ints_, out.routes.begin() + (t + 1) * row_ints_);
+          seq.routes.insert(seq.routes.end(), result.routes.begin() + t * row_ints_,
+                            result.routes.begin() + (t + 1) * row_ints_);
           seq.route_rows = p + 1;
         }
       }
@@ -610,19 +673,22 @@ class EngineImpl final : public Engine {
         metrics_.prompt_tokens_computed += prompt_part;
       }
     }
-    for (size_t j = 0; j < scored.size(); ++j) {
-      Sequence& seq = *batch[logits_uses[score_uses[j]].item].seq;
-      TokenLogprob entry{scored[j].token_id, scored[j].logprob, {}};
-      for (int k = 0; k < seq.request.sampling.prompt_logprobs && k < static_cast<int>(scored[j].top.size()); ++k)
-        entry.top.push_back({scored[j].top[k].first, scored[j].top[k].second});
+    const std::vector<LogitsUse>& logits_uses = result.logits_uses;
+    for (size_t j = 0; j < result.scored.size(); ++j) {
+      Sequence& seq = *batch[logits_uses[result.score_uses[j]].item].seq;
+      const backend::SampledToken& scored = result.scored[j];
+      TokenLogprob entry{scored.token_id, scored.logprob, {}};
+      for (int k = 0; k < seq.request.sampling.prompt_logprobs && k < static_cast<int>(scored.top.size()); ++k)
+        entry.top.push_back({scored.top[k].first, scored.top[k].second});
       seq.prompt_logprobs.push_back(std::move(entry));
-      seq.prompt_scored = logits_uses[score_uses[j]].position + 1;
+      seq.prompt_scored = logits_uses[result.score_uses[j]].position + 1;
     }
     std::vector<Sequence*> finished;
-    for (size_t j = 0; j < sampled.size(); ++j) {
-      Sequence& seq = *batch[sample_items[j]].seq;
-      const backend::SampledToken& token = sampled[j];
+    for (size_t j = 0; j < result.sampled.size(); ++j) {
+      Sequence& seq = *batch[result.sample_items[j]].seq;
+      const backend::SampledToken& token = result.sampled[j];
       seq.tokens.push_back(token.token_id);
+      seq.output_ids.push_back(token.token_id);
       seq.new_tokens.push_back(token.token_id);
       if (seq.request.sampling.logprobs >= 0) {
         TokenLogprob entry{token.token_id, token.logprob, {}};
@@ -643,7 +709,6 @@ class EngineImpl final : public Engine {
       }
       if (reason != FinishReason::kNone) finished.push_back(&seq);
     }
-    (void)c;
     for (Sequence* seq : finished) remove_running(seq);
   }
 
@@ -683,12 +748,8 @@ class EngineImpl final : public Engine {
     row.repetition_penalty = s.repetition_penalty;
     row.logit_bias = &s.logit_bias;
     row.prompt_tokens = &seq.request.prompt_ids;
-    output_scratch_.assign(seq.tokens.begin() + seq.prompt_len, seq.tokens.end());
-    row.output_tokens = nullptr;
-    if (!output_scratch_.empty()) {
-      outputs_kept_.push_back(output_scratch_);
-      row.output_tokens = &outputs_kept_.back();
-    }
+    // The sequence's own output list, appended to as tokens are sampled: no per-step copy.
+    row.output_tokens = seq.output_ids.empty() ? nullptr : &seq.output_ids;
     if (seq.output_len() < s.min_tokens) {
       if (!s.ignore_eos) row.banned_tokens = eos_ids_;
       row.banned_tokens.insert(row.banned_tokens.end(), s.stop_token_ids.begin(), s.stop_token_ids.end());
@@ -716,12 +777,9 @@ class EngineImpl final : public Engine {
     const int64_t bs = kv_->block_size();
     const int64_t full = seq.num_computed / bs;
     for (int64_t b = seq.published_blocks; b < full; ++b) {
-      std::vector<int32_t> routes;
-      if (config_.capture_routes) {
-        if (seq.route_rows < (b + 1) * bs) break;
-        routes.assign(seq.routes.begin() + b * bs * row_ints_, seq.routes.begin() + (b + 1) * bs * row_ints_);
-      }
-      kv_->publish(seq.blocks[b], block_hash(seq, b), std::move(routes));
+      if (config_.capture_routes && seq.route_rows < (b + 1) * bs) break;
+      const std::vector<uint8_t> forced = forced_mask(seq, b);
+      kv_->publish(seq.blocks[b], block_hash(seq, b), b ? seq.blocks[b - 1] : -1, block_content(seq, b, forced));
       seq.published_blocks = b + 1;
     }
   }
@@ -790,7 +848,6 @@ class EngineImpl final : public Engine {
   }
 
   void publish_metrics() {
-    outputs_kept_.clear();
     std::lock_guard lock(metrics_mutex_);
     metrics_.running_requests = static_cast<int64_t>(running_.size());
     metrics_.waiting_requests = static_cast<int64_t>(waiting_.size());
@@ -822,8 +879,6 @@ class EngineImpl final : public Engine {
   std::vector<std::unique_ptr<Sequence>> running_;
   std::deque<Task> pending_tasks_;
   Tensor gather_index_, gathered_;  // gathered logits rows (allocated at first use)
-  std::vector<int32_t> output_scratch_;
-  std::deque<std::vector<int32_t>> outputs_kept_;
 
   // Shared with submitters.
   mutable std::mutex mutex_;

@@ -15,6 +15,7 @@ struct Sequence {
   uint64_t seed = 0;
 
   std::vector<int32_t> tokens;  // prompt + generated
+  std::vector<int32_t> output_ids;  // generated (the sampler's penalties read it every step)
   int64_t prompt_len = 0;
   int64_t num_computed = 0;     // positions whose KV is in the cache
   std::vector<int32_t> blocks;  // block table

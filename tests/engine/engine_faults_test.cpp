@@ -8,6 +8,7 @@
 #include <chrono>
 #include <future>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include "../test_seed.h"
@@ -201,6 +202,137 @@ TEST(EngineFaults, AWeightUpdateDrainsPreemptedSequences) {
   }
   EXPECT_GT(old_count, 0) << "some requests were in flight at the update";
   std::printf("weight update mid-flight: %d requests on the old weights, %d on the new\n", old_count, new_count);
+}
+
+// ---- Deliberately broken kernels (test-only) ----
+
+// Delegates to cpu-modular; claims replay but fails at it: `poison` leaves the forced rows'
+// routes unwritten (the poison stays), otherwise it refuses the step with an error.
+class FailsReplayKernel final : public moe::ExpertsKernel {
+ public:
+  FailsReplayKernel(moe::ExpertsKernel& inner, bool poison) : inner_(inner), poison_(poison) {}
+  std::string_view name() const override { return poison_ ? "test-poisons-replay" : "test-refuses-replay"; }
+  Device device() const override { return Device::kCpu; }
+  bool routes_inside() const override { return false; }
+  bool captures_routes() const override { return true; }
+  bool replays_routes() const override { return true; }
+  Status forward(const moe::MoeForwardArgs& args) override {
+    const int64_t tokens = args.hidden.dim(0);
+    const auto* forced = static_cast<const uint8_t*>(args.routes.forced.data);
+    bool any_forced = false;
+    for (int64_t t = 0; forced && t < tokens; ++t) any_forced |= forced[t] != 0;
+    if (any_forced && !poison_) return Status::error(ErrorCode::kUnsupported, "test-refuses-replay cannot replay this row");
+    SY_TRY(inner_.forward(args));
+    if (!any_forced || !args.routes.sink.data) return Status::ok();
+    auto* sink = static_cast<int32_t*>(args.routes.sink.data);
+    const int64_t layers = args.routes.sink.dim(1), top_k = args.routes.sink.dim(2);
+    for (int64_t t = 0; t < tokens; ++t)
+      if (forced[t]) std::fill_n(sink + (t * layers + args.layer) * top_k, top_k, moe::kRoutePoison);
+    return Status::ok();
+  }
+
+ private:
+  moe::ExpertsKernel& inner_;
+  bool poison_;
+};
+
+class CapturesButCannotReplayKernel final : public moe::ExpertsKernel {
+ public:
+  explicit CapturesButCannotReplayKernel(moe::ExpertsKernel& inner) : inner_(inner) {}
+  std::string_view name() const override { return "test-no-replay"; }
+  Device device() const override { return Device::kCpu; }
+  bool routes_inside() const override { return false; }
+  bool captures_routes() const override { return true; }
+  bool replays_routes() const override { return false; }
+  Status forward(const moe::MoeForwardArgs& args) override { return inner_.forward(args); }
+
+ private:
+  moe::ExpertsKernel& inner_;
+};
+
+// Bug 5 (first half): with capture on, a kernel that captures but cannot replay was accepted; a
+// sequence recomputed after preemption then ran free and its KV came from routes other than the
+// ones it returns. Capture now needs replay; without capture the kernel is fine.
+TEST(EngineFaults, CaptureWithAKernelThatCannotReplayIsRefused) {
+  auto add_kernel = [](moe::ExpertsKernelRegistry& registry) {
+    registry.add(std::make_unique<CapturesButCannotReplayKernel>(
+        **registry.select("cpu-modular", {Device::kCpu, false, false})));
+  };
+  engine::EngineConfig config = capture_config();
+  config.model_dir = kModel;
+  config.moe_kernel = "test-no-replay";
+  config.register_extra_kernels = add_kernel;
+  auto refused = engine::create_engine(config);
+  ASSERT_FALSE(refused.is_ok()) << "capture with a kernel that cannot replay must be refused";
+  EXPECT_NE(refused.message().find("cannot replay"), std::string::npos) << refused.message();
+  EXPECT_NE(refused.message().find("preemption"), std::string::npos) << refused.message();
+  EXPECT_NE(refused.message().find("cpu-modular"), std::string::npos) << refused.message();
+  config.capture_routes = false;
+  auto accepted = engine::create_engine(config);
+  EXPECT_TRUE(accepted.is_ok()) << accepted.message();
+}
+
+// Bug 9: one request's failure in the forward pass failed every request in the step. A replay
+// the kernel cannot honour (poisoned routes, or an error) now fails that request alone; the
+// others in the same step finish with the results they get alone.
+class OneFailureInAStep : public ::testing::TestWithParam<bool> {};
+
+TEST_P(OneFailureInAStep, FailsThatRequestAloneAndKeepsTheOthers) {
+  const bool poison = GetParam();
+  engine::EngineConfig config = capture_config();
+  config.moe_kernel = poison ? "test-poisons-replay" : "test-refuses-replay";
+  config.register_extra_kernels = [poison](moe::ExpertsKernelRegistry& registry) {
+    registry.add(std::make_unique<FailsReplayKernel>(**registry.select("cpu-modular", {Device::kCpu, true, true}), poison));
+  };
+  Runner runner(config);
+  const engine::GenerationRequest a = greedy(seeded_prompt(21, 12), 8), c = greedy(seeded_prompt(23, 30), 5);
+  engine::GenerationRequest b = greedy(seeded_prompt(22, 9), 4);
+  b.replay = moe::RouteArray{3, 4, 4, std::vector<int32_t>(3 * 16)};
+  for (size_t i = 0; i < b.replay->ids.size(); ++i) b.replay->ids[i] = static_cast<int32_t>(i % 4);
+  const Outcome a_alone = runner.run(a), c_alone = runner.run(c);
+  ASSERT_EQ(a_alone.final_event.finish_reason, engine::FinishReason::kLength);
+  const engine::EngineMetrics before = runner.engine->metrics();
+  std::future<Outcome> a_future, b_future, c_future;
+  {
+    EngineGate gate(*runner.engine);  // all three arrive in the same step
+    a_future = runner.start(a);
+    b_future = runner.start(b);
+    c_future = runner.start(c);
+    gate.release();
+  }
+  const Outcome b_out = b_future.get();
+  EXPECT_EQ(b_out.final_event.finish_reason, engine::FinishReason::kError);
+  EXPECT_FALSE(b_out.final_event.routes.has_value());
+  if (poison) EXPECT_NE(b_out.final_event.error.message().find("MoE layer"), std::string::npos) << b_out.final_event.error.message();
+  else EXPECT_NE(b_out.final_event.error.message().find("cannot replay"), std::string::npos) << b_out.final_event.error.message();
+  const Outcome a_out = a_future.get(), c_out = c_future.get();
+  ASSERT_EQ(a_out.final_event.finish_reason, engine::FinishReason::kLength)
+      << "A shared B's step and must not fail with it: " << a_out.final_event.error.message();
+  ASSERT_EQ(c_out.final_event.finish_reason, engine::FinishReason::kLength) << c_out.final_event.error.message();
+  expect_same(a_alone, a_out, "A");
+  expect_same(c_alone, c_out, "C");
+  const engine::EngineMetrics after = settled_metrics(*runner.engine);
+  EXPECT_EQ(after.route_capture_errors_total - before.route_capture_errors_total, poison ? 1 : 0);
+  EXPECT_EQ(after.kv_blocks_used, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(PoisonOrError, OneFailureInAStep, ::testing::Bool());
+
+// Bug 6 (per-step copy of each output): the sampler still sees every output token. A strong
+// frequency penalty under greedy decoding never repeats a generated token.
+TEST(EngineFaults, PenaltiesSeeEveryOutputToken) {
+  Runner runner(engine::EngineConfig{});
+  engine::GenerationRequest request = greedy(seeded_prompt(31, 5), 40);
+  request.return_routes = false;
+  request.sampling.frequency_penalty = 1000.0f;
+  const Outcome out = runner.run(request);
+  ASSERT_EQ(out.tokens.size(), 40u);
+  std::set<int32_t> distinct(out.tokens.begin(), out.tokens.end());
+  EXPECT_EQ(distinct.size(), out.tokens.size()) << "a penalised token came back";
+  request.sampling.frequency_penalty = 0.0f;
+  const Outcome free_run = runner.run(request);
+  std::set<int32_t> free_distinct(free_run.tokens.begin(), free_run.tokens.end());
+  EXPECT_LT(free_distinct.size(), free_run.tokens.size()) << "without the penalty this model repeats itself";
 }
 
 }  // namespace

@@ -275,7 +275,7 @@ class SkipsLayerKernel final : public moe::ExpertsKernel {
   Device device() const override { return Device::kCpu; }
   bool routes_inside() const override { return false; }
   bool captures_routes() const override { return true; }  // it claims to, and fails to
-  bool replays_routes() const override { return false; }
+  bool replays_routes() const override { return true; }   // cpu-modular's replay, passed through
   Status forward(const moe::MoeForwardArgs& args) override {
     moe::MoeForwardArgs copy = args;
     if (args.layer == skipped_) copy.routes.sink = Tensor();
