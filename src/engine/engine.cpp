@@ -17,6 +17,7 @@
 #include <unordered_map>
 
 #include "engine/kv_cache.h"
+#include "engine/scheduler.h"
 #include "engine/sequence.h"
 #include "model/decoder.h"
 #include "moe/router.h"
@@ -102,6 +103,10 @@ class EngineImpl final : public Engine {
     SY_TRY(decoder_->allocate(c, blocks, limits));
     kv_ = std::make_unique<KvCache>(blocks, config.block_size_tokens,
                                     RoutePacking(c.num_hidden_layers, c.experts_per_token, c.num_experts, c.moe_layers()));
+    scheduler_ = std::make_unique<Scheduler>(
+        SchedulerConfig{config.max_num_seqs, config.max_num_batched_tokens, config.max_prompt_logprob_rows,
+                        config.enable_prefix_caching, config.capture_routes, row_ints_},
+        *kv_);
     eos_ids_ = c.eos_token_ids;
     thread_ = std::thread([this] { loop(); });
     return Status::ok();
@@ -122,7 +127,7 @@ class EngineImpl final : public Engine {
     }
     std::lock_guard lock(mutex_);
     if (stopping_) return Status::error(ErrorCode::kUnavailable, "engine is shutting down");
-    if (static_cast<int>(incoming_.size() + waiting_.size()) >= config_.max_waiting_requests)
+    if (static_cast<int64_t>(incoming_.size()) + waiting_count_.load() >= config_.max_waiting_requests)
       return Status::error(ErrorCode::kResourceExhausted,
                            fmt::format("request queue is full ({} waiting)", config_.max_waiting_requests));
     seq->id = next_id_++;
@@ -272,27 +277,25 @@ class EngineImpl final : public Engine {
         std::unique_lock lock(mutex_);
         wake_.wait(lock, [&] {
           return stopping_ || !incoming_.empty() || !cancelled_.empty() || !tasks_.empty() ||
-                 !running_.empty() || can_admit() || (!pending_tasks_.empty() && !drain_blocked());
+                 scheduler_->has_work(paused_for_drain()) ||
+                 (!pending_tasks_.empty() && !scheduler_->in_flight());
         });
         incoming.swap(incoming_);
         cancelled.swap(cancelled_);
         tasks.swap(tasks_);
         stopping = stopping_;
       }
-      for (auto& seq : incoming) waiting_.push_back(std::move(seq));
-      for (RequestId id : cancelled) drop(id);
+      for (auto& seq : incoming) scheduler_->add(std::move(seq));
+      for (RequestId id : cancelled) scheduler_->remove(id);  // no further events
       for (auto& task : tasks) pending_tasks_.push_back(std::move(task));
       run_ready_tasks();
       if (stopping) {
-        if ((running_.empty() && waiting_.empty()) || Clock::now() >= drain_deadline_) break;
+        if ((!scheduler_->has_running() && !scheduler_->has_waiting()) || Clock::now() >= drain_deadline_) break;
       }
-      if (!running_.empty() || can_admit()) step();
+      if (scheduler_->has_work(paused_for_drain())) step();
       publish_metrics();
     }
-    for (auto& seq : running_) finish(*seq, FinishReason::kAbort, Status::ok());
-    for (auto& seq : waiting_) finish(*seq, FinishReason::kAbort, Status::ok());
-    running_.clear();
-    waiting_.clear();
+    for (auto& seq : scheduler_->remove_all()) finish(*seq, FinishReason::kAbort, Status::ok());
     for (auto& task : pending_tasks_) task.run();
     std::lock_guard lock(mutex_);
     for (auto& task : tasks_) task.run();
@@ -305,221 +308,13 @@ class EngineImpl final : public Engine {
       if (task.drain) return true;
     return false;
   }
-  // In flight: running, or preempted (its KV, route log and tokens so far came from the current
-  // weights, so it finishes on them). Preempted sequences wait at the front of the queue.
-  bool drain_blocked() const { return !running_.empty() || (!waiting_.empty() && waiting_.front()->started); }
-  bool admissible(const Sequence& seq) const { return !paused_for_drain() || seq.started; }
-  bool can_admit() const { return !waiting_.empty() && admissible(*waiting_.front()); }
-
   void run_ready_tasks() {
     while (!pending_tasks_.empty()) {
-      if (pending_tasks_.front().drain && drain_blocked()) return;
+      if (pending_tasks_.front().drain && scheduler_->in_flight()) return;
       Task task = std::move(pending_tasks_.front());
       pending_tasks_.pop_front();
       task.run();
     }
-  }
-
-  void drop(RequestId id) {
-    auto erase_from = [&](auto& list) {
-      for (auto it = list.begin(); it != list.end(); ++it)
-        if ((*it)->id == id) {
-          free_blocks(**it);
-          list.erase(it);
-          return true;
-        }
-      return false;
-    };
-    if (!erase_from(running_)) erase_from(waiting_);
-  }
-
-  void free_blocks(Sequence& seq) {
-    for (int32_t block : seq.blocks) kv_->release(block);
-    seq.blocks.clear();
-    seq.published_blocks = 0;
-  }
-
-  // Ensures blocks for positions [0, end) exist; when the cache has too few, gives back the
-  // blocks this call took and returns false.
-  bool reserve(Sequence& seq, int64_t end) {
-    const int64_t needed = (end + kv_->block_size() - 1) / kv_->block_size();
-    const size_t held = seq.blocks.size();
-    while (static_cast<int64_t>(seq.blocks.size()) < needed) {
-      auto block = kv_->allocate();
-      if (!block) {
-        while (seq.blocks.size() > held) {
-          kv_->release(seq.blocks.back());
-          seq.blocks.pop_back();
-        }
-        return false;
-      }
-      seq.blocks.push_back(*block);
-    }
-    return true;
-  }
-
-  // Positions of full block `index` whose route the request gave (its replay).
-  std::vector<uint8_t> forced_mask(const Sequence& seq, int64_t index) const {
-    const int64_t begin = index * kv_->block_size();
-    std::vector<uint8_t> forced(static_cast<size_t>(kv_->block_size()));
-    for (int i = 0; i < kv_->block_size(); ++i) forced[i] = begin + i < seq.user_forced_rows;
-    return forced;
-  }
-
-  // Chained hash of full block `index` of seq (its tokens and forced routes must be known).
-  uint64_t block_hash(Sequence& seq, int64_t index) {
-    while (static_cast<int64_t>(seq.block_hashes.size()) <= index) {
-      const int64_t b = static_cast<int64_t>(seq.block_hashes.size());
-      const int64_t begin = b * kv_->block_size();
-      const uint64_t previous = b ? seq.block_hashes[b - 1] : 0;
-      const std::vector<uint8_t> forced = forced_mask(seq, b);
-      const int32_t* routes = seq.routes.empty() ? nullptr : seq.routes.data() + begin * row_ints_;
-      seq.block_hashes.push_back(KvCache::chain_hash(previous, seq.tokens.data() + begin, routes,
-                                                     forced.data(), kv_->block_size(), row_ints_));
-    }
-    return seq.block_hashes[index];
-  }
-
-  // Full block `index` of seq as the prefix cache compares it: tokens, forced rows, and the route
-  // rows the sequence has for it (given, or logged by an earlier computation).
-  BlockContent block_content(const Sequence& seq, int64_t index, const std::vector<uint8_t>& forced) const {
-    const int64_t begin = index * kv_->block_size();
-    BlockContent content;
-    content.tokens = seq.tokens.data() + begin;
-    content.forced = forced.data();
-    content.known_rows = std::clamp<int64_t>(seq.route_rows - begin, 0, kv_->block_size());
-    content.routes = content.known_rows > 0 ? seq.routes.data() + begin * row_ints_ : nullptr;
-    return content;
-  }
-
-  // Prefix-cache lookup for a sequence with nothing computed: reuse leading full blocks (always
-  // leaving the last token to compute) and restore their routes into the route log.
-  void lookup_prefix(Sequence& seq) {
-    seq.prefix_lookup_done = true;
-    if (!config_.enable_prefix_caching || seq.request.sampling.prompt_logprobs >= 0) return;
-    const int64_t bs = kv_->block_size();
-    const int64_t max_blocks = (static_cast<int64_t>(seq.tokens.size()) - 1) / bs;
-    int64_t hits = 0;
-    for (int64_t b = 0; b < max_blocks; ++b) {
-      const std::vector<uint8_t> forced = forced_mask(seq, b);
-      auto block = kv_->lookup(block_hash(seq, b), b ? seq.blocks[b - 1] : -1, block_content(seq, b, forced));
-      if (!block) break;
-      seq.blocks.push_back(*block);
-      if (config_.capture_routes && seq.route_rows < (b + 1) * bs) {
-        // Every cached block of a capturing engine holds all its rows (publish waits for them).
-        seq.routes.resize(static_cast<size_t>((b + 1) * bs * row_ints_));
-        kv_->routes(*block, seq.routes.data() + b * bs * row_ints_);
-        seq.route_rows = (b + 1) * bs;
-      }
-      ++hits;
-    }
-    seq.published_blocks = hits;
-    seq.num_computed = hits * bs;
-    // Only the first lookup counts: later ones (after a preemption, or a failed admission) may hit
-    // blocks this request computed itself.
-    if (seq.prefix_counted) return;
-    seq.prefix_counted = true;
-    seq.cached_prompt_tokens = std::min(seq.num_computed, seq.prompt_len);
-    std::lock_guard lock(metrics_mutex_);
-    metrics_.prefix_cache_queries_tokens += seq.prompt_len;
-    metrics_.prefix_cache_hits_tokens += seq.cached_prompt_tokens;
-  }
-
-  void preempt(std::unique_ptr<Sequence> seq) {
-    free_blocks(*seq);
-    seq->num_computed = 0;
-    seq->prefix_lookup_done = false;
-    {
-      std::lock_guard lock(metrics_mutex_);
-      ++metrics_.preemptions_total;
-    }
-    waiting_.push_front(std::move(seq));
-  }
-
-  struct Scheduled {
-    Sequence* seq;
-    int64_t begin, count;
-  };
-
-  // Prompt positions 0 .. prompt_len-2 are scored (each predicts the next prompt token), once.
-  static bool scores_prompt(const Sequence& seq) {
-    return seq.request.sampling.prompt_logprobs >= 0 && seq.prompt_scored + 1 < seq.prompt_len;
-  }
-  static bool scores_position(const Sequence& seq, int64_t p) {
-    return seq.request.sampling.prompt_logprobs >= 0 && p >= seq.prompt_scored && p + 1 < seq.prompt_len;
-  }
-  static int64_t prompt_rows_to_score(const Sequence& seq, int64_t begin, int64_t count) {
-    if (seq.request.sampling.prompt_logprobs < 0) return 0;
-    return std::max<int64_t>(0, std::min(begin + count, seq.prompt_len - 1) - std::max(begin, seq.prompt_scored));
-  }
-
-  std::vector<Scheduled> schedule() {
-    std::vector<Scheduled> batch;
-    int64_t budget = config_.max_num_batched_tokens;
-    // Logits rows for prompt_logprobs: a sequence that scores its prompt gets at most what is left
-    // of this step's rows (at least one token, so it always advances).
-    int64_t score_rows = std::max(config_.max_prompt_logprob_rows, 1);
-    auto tokens_to_run = [&](const Sequence& seq) {
-      const int64_t count = std::min<int64_t>(static_cast<int64_t>(seq.tokens.size()) - seq.num_computed, budget);
-      if (!scores_prompt(seq)) return count;
-      const int64_t unscored_from = std::max(seq.num_computed, seq.prompt_scored);
-      return std::min(count, unscored_from - seq.num_computed + std::max<int64_t>(score_rows, 1));
-    };
-    auto take = [&](Sequence& seq, int64_t count) {
-      batch.push_back({&seq, seq.num_computed, count});
-      budget -= count;
-      score_rows -= prompt_rows_to_score(seq, seq.num_computed, count);
-    };
-    // Running sequences first (decodes and unfinished prefills), oldest first; when blocks run
-    // out, preempt from the back.
-    for (size_t i = 0; i < running_.size() && budget > 0;) {
-      Sequence& seq = *running_[i];
-      const int64_t count = tokens_to_run(seq);
-      if (reserve(seq, seq.num_computed + count)) {
-        take(seq, count);
-        ++i;
-        continue;
-      }
-      // Out of blocks: the newest running sequence gives its blocks back (maybe this one).
-      std::unique_ptr<Sequence> victim = std::move(running_.back());
-      running_.pop_back();
-      for (auto it = batch.begin(); it != batch.end(); ++it)
-        if (it->seq == victim.get()) {
-          budget += it->count;
-          score_rows += prompt_rows_to_score(*victim, it->begin, it->count);
-          batch.erase(it);
-          break;
-        }
-      bool was_current = victim.get() == &seq;
-      preempt(std::move(victim));
-      if (was_current) break;
-    }
-    // Then admit waiting sequences while tokens, sequence slots and blocks allow.
-    while (budget > 0 && can_admit() && static_cast<int>(running_.size()) < config_.max_num_seqs) {
-      Sequence& seq = *waiting_.front();
-      if (!seq.prefix_lookup_done) lookup_prefix(seq);
-      const int64_t count = tokens_to_run(seq);
-      if (!reserve(seq, seq.num_computed + count)) {
-        // A waiting sequence holds no blocks: give back its prefix hits too (it looks up again).
-        free_blocks(seq);
-        seq.num_computed = 0;
-        seq.prefix_lookup_done = false;
-        if (running_.empty() && batch.empty()) {
-          // Not even one sequence fits: the request can never run in this cache.
-          auto failing = std::move(waiting_.front());
-          waiting_.pop_front();
-          finish(*failing, FinishReason::kError,
-                 Status::error(ErrorCode::kResourceExhausted, "KV cache too small for this request"));
-          continue;
-        }
-        break;
-      }
-      take(seq, count);
-      seq.started = true;
-      running_.push_back(std::move(waiting_.front()));
-      waiting_.pop_front();
-    }
-    return batch;
   }
 
   // What one forward pass over a batch produced, before any sequence is updated.
@@ -536,8 +331,14 @@ class EngineImpl final : public Engine {
     std::vector<int32_t> routes;  // [step tokens, row_ints] when capturing
   };
 
+  using Scheduled = ScheduledChunk;
+
   void step() {
-    std::vector<Scheduled> batch = schedule();
+    std::vector<std::unique_ptr<Sequence>> rejected;
+    std::vector<Scheduled> batch = scheduler_->schedule(paused_for_drain(), rejected);
+    for (auto& seq : rejected)
+      finish(*seq, FinishReason::kError,
+             Status::error(ErrorCode::kResourceExhausted, "KV cache too small for this request"));
     if (batch.empty()) return;
     StepResult result;
     Status status = run_batch(batch, result);
@@ -662,10 +463,7 @@ class EngineImpl final : public Engine {
         }
       }
     }
-    for (const auto& s : batch) {
-      s.seq->num_computed = s.begin + s.count;
-      publish_full_blocks(*s.seq);
-    }
+    for (const auto& s : batch) scheduler_->computed(*s.seq, s.begin + s.count);
     {
       std::lock_guard lock(metrics_mutex_);
       for (const auto& s : batch) {
@@ -771,19 +569,6 @@ class EngineImpl final : public Engine {
     return FinishReason::kNone;
   }
 
-  // Registers newly completed full blocks (tokens known and computed) in the prefix cache.
-  void publish_full_blocks(Sequence& seq) {
-    if (!config_.enable_prefix_caching) return;
-    const int64_t bs = kv_->block_size();
-    const int64_t full = seq.num_computed / bs;
-    for (int64_t b = seq.published_blocks; b < full; ++b) {
-      if (config_.capture_routes && seq.route_rows < (b + 1) * bs) break;
-      const std::vector<uint8_t> forced = forced_mask(seq, b);
-      kv_->publish(seq.blocks[b], block_hash(seq, b), b ? seq.blocks[b - 1] : -1, block_content(seq, b, forced));
-      seq.published_blocks = b + 1;
-    }
-  }
-
   Continuation deliver(Sequence& seq, FinishReason reason, std::optional<int32_t> stop_token) {
     Event event;
     event.request_id = seq.id;
@@ -818,8 +603,8 @@ class EngineImpl final : public Engine {
     return routes;
   }
 
+  // The final event of a sequence the scheduler no longer holds (its blocks are given back).
   void finish(Sequence& seq, FinishReason reason, const Status& error) {
-    free_blocks(seq);
     Event event;
     event.request_id = seq.id;
     event.new_token_ids.swap(seq.new_tokens);
@@ -830,27 +615,20 @@ class EngineImpl final : public Engine {
   }
 
   void fail_running(Sequence* seq, const Status& error) {
-    for (auto it = running_.begin(); it != running_.end(); ++it)
-      if (it->get() == seq) {
-        finish(*seq, FinishReason::kError, error);
-        running_.erase(it);
-        return;
-      }
+    if (std::unique_ptr<Sequence> owned = scheduler_->remove(seq)) finish(*owned, FinishReason::kError, error);
   }
 
-  void remove_running(Sequence* seq) {
-    for (auto it = running_.begin(); it != running_.end(); ++it)
-      if (it->get() == seq) {
-        free_blocks(*seq);
-        running_.erase(it);
-        return;
-      }
-  }
+  void remove_running(Sequence* seq) { scheduler_->remove(seq); }
 
   void publish_metrics() {
     std::lock_guard lock(metrics_mutex_);
-    metrics_.running_requests = static_cast<int64_t>(running_.size());
-    metrics_.waiting_requests = static_cast<int64_t>(waiting_.size());
+    metrics_.running_requests = scheduler_->running_count();
+    metrics_.waiting_requests = scheduler_->waiting_count();
+    waiting_count_ = scheduler_->waiting_count();
+    const SchedulerStats& stats = scheduler_->stats();
+    metrics_.preemptions_total = stats.preemptions_total;
+    metrics_.prefix_cache_queries_tokens = stats.prefix_cache_queries_tokens;
+    metrics_.prefix_cache_hits_tokens = stats.prefix_cache_hits_tokens;
     metrics_.kv_blocks_total = kv_->num_blocks();
     metrics_.kv_blocks_used = kv_->used();
     metrics_.kv_blocks_cached = kv_->cached();
@@ -875,8 +653,8 @@ class EngineImpl final : public Engine {
   std::vector<int32_t> eos_ids_;
 
   // Engine-thread state.
-  std::deque<std::unique_ptr<Sequence>> waiting_;
-  std::vector<std::unique_ptr<Sequence>> running_;
+  std::unique_ptr<Scheduler> scheduler_;
+  std::atomic<int64_t> waiting_count_{0};  // published for submit's queue limit
   std::deque<Task> pending_tasks_;
   Tensor gather_index_, gathered_;  // gathered logits rows (allocated at first use)
 

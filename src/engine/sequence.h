@@ -1,6 +1,7 @@
 // Sequence: one request's state inside the engine — its tokens, KV blocks and route log.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -43,5 +44,18 @@ struct Sequence {
 
   int64_t output_len() const { return static_cast<int64_t>(tokens.size()) - prompt_len; }
 };
+
+// Prompt positions 0 .. prompt_len-2 are scored for prompt_logprobs (each predicts the next
+// prompt token), once: a recompute after preemption does not score them again.
+inline bool scores_prompt(const Sequence& seq) {
+  return seq.request.sampling.prompt_logprobs >= 0 && seq.prompt_scored + 1 < seq.prompt_len;
+}
+inline bool scores_position(const Sequence& seq, int64_t p) {
+  return seq.request.sampling.prompt_logprobs >= 0 && p >= seq.prompt_scored && p + 1 < seq.prompt_len;
+}
+inline int64_t prompt_rows_to_score(const Sequence& seq, int64_t begin, int64_t count) {
+  if (seq.request.sampling.prompt_logprobs < 0) return 0;
+  return std::max<int64_t>(0, std::min(begin + count, seq.prompt_len - 1) - std::max(begin, seq.prompt_scored));
+}
 
 }  // namespace sy::engine
