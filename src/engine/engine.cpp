@@ -252,7 +252,8 @@ class EngineImpl final : public Engine {
     return Status::ok();
   }
 
-  // Runs `work` on the engine thread between steps; with drain, after running sequences finish.
+  // Runs `work` on the engine thread between steps; with drain, once no sequence is in flight
+  // (running, or preempted: those finish on the weights they started with).
   Status run_on_engine_thread(std::function<Status()> work, bool drain) {
     auto task = std::make_shared<std::packaged_task<Status()>>(std::move(work));
     auto result = task->get_future();
