@@ -17,6 +17,7 @@
 #include <unordered_map>
 
 #include "engine/kv_cache.h"
+#include "engine/scheduler.h"
 #include "engine/sequence.h"
 #include "model/decoder.h"
 #include "moe/router.h"
@@ -42,13 +43,20 @@ class EngineImpl final : public Engine {
     backend_->register_kernels(registry_);
     if (config.register_extra_kernels) config.register_extra_kernels(registry_);
     moe::KernelNeeds needs{backend_->device(), config.capture_routes, config.require_replay};
-    // A kernel that can replay is preferred so replay requests work; a named kernel is kept as is.
-    needs.replay = config.require_replay || config.moe_kernel == "auto";
+    // Capture needs replay too: a sequence recomputed after preemption replays its logged routes
+    // (DESIGN.md), else its KV would come from routes other than the ones it returns. Otherwise a
+    // kernel that can replay is preferred so replay requests work; a named kernel is kept as is.
+    const bool replay_required = config.require_replay || config.capture_routes;
+    needs.replay = replay_required || config.moe_kernel == "auto";
     auto kernel = registry_.select(config.moe_kernel, needs);
-    if (!kernel && needs.replay && !config.require_replay) {
+    if (!kernel && needs.replay && !replay_required) {
       needs.replay = false;
       kernel = registry_.select(config.moe_kernel, needs);
     }
+    if (!kernel && config.capture_routes && !config.require_replay)
+      return kernel.status().with_context(
+          "route capture needs a kernel that can also replay routes (a sequence recomputed after "
+          "preemption replays its logged routes): ");
     if (!kernel) return kernel.status();
     kernel_ = *kernel;
     model::KernelChoice kernels{kernel_, nullptr, 0};
@@ -93,7 +101,12 @@ class EngineImpl final : public Engine {
     decoder_ = std::make_unique<model::Decoder>(*backend_, kernels, config.block_size_tokens);
     decoder_->set_graphs_enabled(config.cuda_graphs);
     SY_TRY(decoder_->allocate(c, blocks, limits));
-    kv_ = std::make_unique<KvCache>(blocks, config.block_size_tokens, row_ints_);
+    kv_ = std::make_unique<KvCache>(blocks, config.block_size_tokens,
+                                    RoutePacking(c.num_hidden_layers, c.experts_per_token, c.num_experts, c.moe_layers()));
+    scheduler_ = std::make_unique<Scheduler>(
+        SchedulerConfig{config.max_num_seqs, config.max_num_batched_tokens, config.max_prompt_logprob_rows,
+                        config.enable_prefix_caching, config.capture_routes, row_ints_},
+        *kv_);
     eos_ids_ = c.eos_token_ids;
     thread_ = std::thread([this] { loop(); });
     return Status::ok();
@@ -114,7 +127,7 @@ class EngineImpl final : public Engine {
     }
     std::lock_guard lock(mutex_);
     if (stopping_) return Status::error(ErrorCode::kUnavailable, "engine is shutting down");
-    if (static_cast<int>(incoming_.size() + waiting_.size()) >= config_.max_waiting_requests)
+    if (static_cast<int64_t>(incoming_.size()) + waiting_count_.load() >= config_.max_waiting_requests)
       return Status::error(ErrorCode::kResourceExhausted,
                            fmt::format("request queue is full ({} waiting)", config_.max_waiting_requests));
     seq->id = next_id_++;
@@ -244,7 +257,8 @@ class EngineImpl final : public Engine {
     return Status::ok();
   }
 
-  // Runs `work` on the engine thread between steps; with drain, after running sequences finish.
+  // Runs `work` on the engine thread between steps; with drain, once no sequence is in flight
+  // (running, or preempted: those finish on the weights they started with).
   Status run_on_engine_thread(std::function<Status()> work, bool drain) {
     auto task = std::make_shared<std::packaged_task<Status()>>(std::move(work));
     auto result = task->get_future();
@@ -269,223 +283,104 @@ class EngineImpl final : public Engine {
         std::unique_lock lock(mutex_);
         wake_.wait(lock, [&] {
           return stopping_ || !incoming_.empty() || !cancelled_.empty() || !tasks_.empty() ||
-                 !running_.empty() || (!waiting_.empty() && !paused_for_drain()) ||
-                 (!pending_tasks_.empty() && running_.empty());
+                 scheduler_->has_work(paused_for_drain()) ||
+                 (!pending_tasks_.empty() && !scheduler_->in_flight());
         });
         incoming.swap(incoming_);
         cancelled.swap(cancelled_);
         tasks.swap(tasks_);
         stopping = stopping_;
       }
-      for (auto& seq : incoming) waiting_.push_back(std::move(seq));
-      for (RequestId id : cancelled) drop(id);
+      for (auto& seq : incoming) scheduler_->add(std::move(seq));
+      for (RequestId id : cancelled) scheduler_->remove(id);  // no further events
       for (auto& task : tasks) pending_tasks_.push_back(std::move(task));
       run_ready_tasks();
       if (stopping) {
-        if ((running_.empty() && waiting_.empty()) || Clock::now() >= drain_deadline_) break;
+        if ((!scheduler_->has_running() && !scheduler_->has_waiting()) || Clock::now() >= drain_deadline_) break;
       }
-      if (!running_.empty() || (!waiting_.empty() && !paused_for_drain())) step();
+      if (scheduler_->has_work(paused_for_drain())) step();
       publish_metrics();
     }
-    for (auto& seq : running_) finish(*seq, FinishReason::kAbort, Status::ok());
-    for (auto& seq : waiting_) finish(*seq, FinishReason::kAbort, Status::ok());
-    running_.clear();
-    waiting_.clear();
+    for (auto& seq : scheduler_->remove_all()) finish(*seq, FinishReason::kAbort, Status::ok());
     for (auto& task : pending_tasks_) task.run();
     std::lock_guard lock(mutex_);
     for (auto& task : tasks_) task.run();
     tasks_.clear();
   }
 
-  // Admission pauses while a weight update waits for running sequences to finish.
+  // Admission pauses while a weight update waits for in-flight sequences to finish.
   bool paused_for_drain() const {
     for (const auto& task : pending_tasks_)
       if (task.drain) return true;
     return false;
   }
-
   void run_ready_tasks() {
     while (!pending_tasks_.empty()) {
-      if (pending_tasks_.front().drain && !running_.empty()) return;
+      if (pending_tasks_.front().drain && scheduler_->in_flight()) return;
       Task task = std::move(pending_tasks_.front());
       pending_tasks_.pop_front();
       task.run();
     }
   }
 
-  void drop(RequestId id) {
-    auto erase_from = [&](auto& list) {
-      for (auto it = list.begin(); it != list.end(); ++it)
-        if ((*it)->id == id) {
-          free_blocks(**it);
-          list.erase(it);
-          return true;
-        }
-      return false;
-    };
-    if (!erase_from(running_)) erase_from(waiting_);
-  }
-
-  void free_blocks(Sequence& seq) {
-    for (int32_t block : seq.blocks) kv_->release(block);
-    seq.blocks.clear();
-    seq.published_blocks = 0;
-  }
-
-  // Ensures blocks for positions [0, end) exist; false when the cache has too few.
-  bool reserve(Sequence& seq, int64_t end) {
-    const int64_t needed = (end + kv_->block_size() - 1) / kv_->block_size();
-    while (static_cast<int64_t>(seq.blocks.size()) < needed) {
-      auto block = kv_->allocate();
-      if (!block) return false;
-      seq.blocks.push_back(*block);
-    }
-    return true;
-  }
-
-  // Chained hash of full block `index` of seq (its tokens and forced routes must be known).
-  uint64_t block_hash(Sequence& seq, int64_t index) {
-    while (static_cast<int64_t>(seq.block_hashes.size()) <= index) {
-      const int64_t b = static_cast<int64_t>(seq.block_hashes.size());
-      const int64_t begin = b * kv_->block_size();
-      const uint64_t previous = b ? seq.block_hashes[b - 1] : 0;
-      std::vector<uint8_t> forced(static_cast<size_t>(kv_->block_size()));
-      for (int i = 0; i < kv_->block_size(); ++i) forced[i] = begin + i < seq.user_forced_rows;
-      const int32_t* routes = seq.routes.empty() ? nullptr : seq.routes.data() + begin * row_ints_;
-      seq.block_hashes.push_back(KvCache::chain_hash(previous, seq.tokens.data() + begin, routes,
-                                                     forced.data(), kv_->block_size(), row_ints_));
-    }
-    return seq.block_hashes[index];
-  }
-
-  // Prefix-cache lookup for a sequence with nothing computed: reuse leading full blocks (always
-  // leaving the last token to compute) and restore their routes into the route log.
-  void lookup_prefix(Sequence& seq) {
-    seq.prefix_lookup_done = true;
-    if (!config_.enable_prefix_caching || seq.request.sampling.prompt_logprobs >= 0) return;
-    const int64_t bs = kv_->block_size();
-    const int64_t max_blocks = (static_cast<int64_t>(seq.tokens.size()) - 1) / bs;
-    int64_t hits = 0;
-    for (int64_t b = 0; b < max_blocks; ++b) {
-      auto block = kv_->lookup(block_hash(seq, b));
-      if (!block) break;
-      seq.blocks.push_back(*block);
-      const std::vector<int32_t>& stored = kv_->routes(*block);
-      if (config_.capture_routes && seq.route_rows < (b + 1) * bs) {
-        seq.routes.resize(static_cast<size_t>((b + 1) * bs * row_ints_));
-        std::copy(stored.begin(), stored.end(), seq.routes.begin() + b * bs * row_ints_);
-        seq.route_rows = (b + 1) * bs;
-      }
-      ++hits;
-    }
-    seq.published_blocks = hits;
-    seq.num_computed = hits * bs;
-    if (seq.first_event_sent) return;  // a recompute after preemption: counted already
-    seq.cached_prompt_tokens = std::min(seq.num_computed, seq.prompt_len);
-    std::lock_guard lock(metrics_mutex_);
-    metrics_.prefix_cache_queries_tokens += seq.prompt_len;
-    metrics_.prefix_cache_hits_tokens += seq.cached_prompt_tokens;
-  }
-
-  void preempt(std::unique_ptr<Sequence> seq) {
-    free_blocks(*seq);
-    seq->num_computed = 0;
-    seq->prefix_lookup_done = false;
-    {
-      std::lock_guard lock(metrics_mutex_);
-      ++metrics_.preemptions_total;
-    }
-    waiting_.push_front(std::move(seq));
-  }
-
-  struct Scheduled {
-    Sequence* seq;
-    int64_t begin, count;
+  // What one forward pass over a batch produced, before any sequence is updated.
+  struct LogitsUse {
+    size_t item;
+    int64_t position;
+    bool sample;
+    bool score;  // prompt_logprobs entry for this position
+  };
+  struct StepResult {
+    std::vector<LogitsUse> logits_uses;
+    std::vector<size_t> sample_items, score_uses;
+    std::vector<backend::SampledToken> scored, sampled;
+    std::vector<int32_t> routes;  // [step tokens, row_ints] when capturing
   };
 
-  // Prompt positions 0 .. prompt_len-2 are scored (each predicts the next prompt token), once.
-  static bool scores_prompt(const Sequence& seq) {
-    return seq.request.sampling.prompt_logprobs >= 0 && seq.prompt_scored + 1 < seq.prompt_len;
-  }
-  static bool scores_position(const Sequence& seq, int64_t p) {
-    return seq.request.sampling.prompt_logprobs >= 0 && p >= seq.prompt_scored && p + 1 < seq.prompt_len;
-  }
-  static int64_t prompt_rows_to_score(const Sequence& seq, int64_t begin, int64_t count) {
-    if (seq.request.sampling.prompt_logprobs < 0) return 0;
-    return std::max<int64_t>(0, std::min(begin + count, seq.prompt_len - 1) - std::max(begin, seq.prompt_scored));
-  }
-
-  std::vector<Scheduled> schedule() {
-    std::vector<Scheduled> batch;
-    int64_t budget = config_.max_num_batched_tokens;
-    // Logits rows for prompt_logprobs: a sequence that scores its prompt gets at most what is left
-    // of this step's rows (at least one token, so it always advances).
-    int64_t score_rows = std::max(config_.max_prompt_logprob_rows, 1);
-    auto tokens_to_run = [&](const Sequence& seq) {
-      const int64_t count = std::min<int64_t>(static_cast<int64_t>(seq.tokens.size()) - seq.num_computed, budget);
-      if (!scores_prompt(seq)) return count;
-      const int64_t unscored_from = std::max(seq.num_computed, seq.prompt_scored);
-      return std::min(count, unscored_from - seq.num_computed + std::max<int64_t>(score_rows, 1));
-    };
-    auto take = [&](Sequence& seq, int64_t count) {
-      batch.push_back({&seq, seq.num_computed, count});
-      budget -= count;
-      score_rows -= prompt_rows_to_score(seq, seq.num_computed, count);
-    };
-    // Running sequences first (decodes and unfinished prefills), oldest first; when blocks run
-    // out, preempt from the back.
-    for (size_t i = 0; i < running_.size() && budget > 0;) {
-      Sequence& seq = *running_[i];
-      const int64_t count = tokens_to_run(seq);
-      if (reserve(seq, seq.num_computed + count)) {
-        take(seq, count);
-        ++i;
-        continue;
-      }
-      // Out of blocks: the newest running sequence gives its blocks back (maybe this one).
-      std::unique_ptr<Sequence> victim = std::move(running_.back());
-      running_.pop_back();
-      for (auto it = batch.begin(); it != batch.end(); ++it)
-        if (it->seq == victim.get()) {
-          budget += it->count;
-          score_rows += prompt_rows_to_score(*victim, it->begin, it->count);
-          batch.erase(it);
-          break;
-        }
-      bool was_current = victim.get() == &seq;
-      preempt(std::move(victim));
-      if (was_current) break;
-    }
-    // Then admit waiting sequences while tokens, sequence slots and blocks allow.
-    while (budget > 0 && !waiting_.empty() && !paused_for_drain() &&
-           static_cast<int>(running_.size()) < config_.max_num_seqs) {
-      Sequence& seq = *waiting_.front();
-      if (!seq.prefix_lookup_done) lookup_prefix(seq);
-      const int64_t count = tokens_to_run(seq);
-      if (!reserve(seq, seq.num_computed + count)) {
-        if (running_.empty() && batch.empty()) {
-          // Not even one sequence fits: the request can never run in this cache.
-          auto failing = std::move(waiting_.front());
-          waiting_.pop_front();
-          finish(*failing, FinishReason::kError,
-                 Status::error(ErrorCode::kResourceExhausted, "KV cache too small for this request"));
-          continue;
-        }
-        break;
-      }
-      take(seq, count);
-      running_.push_back(std::move(waiting_.front()));
-      waiting_.pop_front();
-    }
-    return batch;
-  }
+  using Scheduled = ScheduledChunk;
 
   void step() {
-    std::vector<Scheduled> batch = schedule();
+    std::vector<std::unique_ptr<Sequence>> rejected;
+    std::vector<Scheduled> batch = scheduler_->schedule(paused_for_drain(), rejected);
+    for (auto& seq : rejected)
+      finish(*seq, FinishReason::kError,
+             Status::error(ErrorCode::kResourceExhausted, "KV cache too small for this request"));
     if (batch.empty()) return;
-    const model::ModelConfig& c = model_->config();
-    const int64_t bs = kv_->block_size();
+    StepResult result;
+    Status status = run_batch(batch, result);
+    if (status) {
+      apply_batch(batch, result);
+      return;
+    }
+    if (batch.size() == 1) {
+      fail_step(batch[0], status);
+      return;
+    }
+    // One request's failure (a poisoned route, a replay the kernel cannot honour) must not fail
+    // the others: run each alone to find which. Rerunning rewrites the same KV slots.
+    for (const Scheduled& s : batch) {
+      StepResult alone;
+      std::vector<Scheduled> one = {s};
+      Status solo = run_batch(one, alone);
+      if (solo) {
+        apply_batch(one, alone);
+      } else {
+        fail_step(s, solo);
+      }
+    }
+  }
 
+  void fail_step(const Scheduled& s, const Status& status) {
+    if (status.code() == ErrorCode::kInternal) {  // a route no kernel wrote
+      std::lock_guard lock(metrics_mutex_);
+      ++metrics_.route_capture_errors_total;
+    }
+    fail_running(s.seq, status);
+  }
+
+  // Builds the step's inputs, runs the model, scores and samples; touches no sequence state.
+  Status run_batch(const std::vector<Scheduled>& batch, StepResult& result) {
+    const int64_t bs = kv_->block_size();
     model::StepInputs in;
     in.capture_routes = config_.capture_routes;
     in.num_seqs = static_cast<int>(batch.size());
@@ -493,13 +388,7 @@ class EngineImpl final : public Engine {
     in.block_tables.assign(static_cast<size_t>(in.num_seqs * std::max(in.max_blocks_per_seq, 1)), 0);
     in.max_blocks_per_seq = std::max(in.max_blocks_per_seq, 1);
     bool any_forced = false;
-    struct LogitsUse {
-      size_t item;
-      int64_t position;
-      bool sample;
-      bool score;  // prompt_logprobs entry for this position
-    };
-    std::vector<LogitsUse> logits_uses;
+    std::vector<LogitsUse>& logits_uses = result.logits_uses;
     for (size_t i = 0; i < batch.size(); ++i) {
       const Scheduled& s = batch[i];
       Sequence& seq = *s.seq;
@@ -538,41 +427,35 @@ class EngineImpl final : public Engine {
     // Prompt logprobs (score the next prompt token) and sampling (the last position), enqueued
     // behind the forward pass; the step's one synchronisation comes with their results.
     std::vector<backend::SamplingRow> rows;
-    std::vector<size_t> sample_items, sample_logit_rows;
+    std::vector<size_t> sample_logit_rows;
     std::vector<int32_t> score_targets;
-    std::vector<size_t> score_uses;
     int max_prompt_top = 0;
     for (size_t r = 0; r < logits_uses.size(); ++r) {
       const LogitsUse& use = logits_uses[r];
       Sequence& seq = *batch[use.item].seq;
       if (use.sample) {
-        sample_items.push_back(use.item);
+        result.sample_items.push_back(use.item);
         sample_logit_rows.push_back(r);
         rows.push_back(sampling_row(seq));
       }
       if (use.score) {
         score_targets.push_back(seq.tokens[use.position + 1]);
-        score_uses.push_back(r);
+        result.score_uses.push_back(r);
         max_prompt_top = std::max(max_prompt_top, seq.request.sampling.prompt_logprobs);
       }
     }
-    std::vector<backend::SampledToken> scored, sampled;
     if (status) {
       if (!score_targets.empty())
-        backend_->score_tokens(gather_logits(out.logits, score_uses), score_targets, max_prompt_top, scored);
-      if (!rows.empty()) backend_->sample(gather_logits(out.logits, sample_logit_rows), rows, sampled);
+        backend_->score_tokens(gather_logits(out.logits, result.score_uses), score_targets, max_prompt_top, result.scored);
+      if (!rows.empty()) backend_->sample(gather_logits(out.logits, sample_logit_rows), rows, result.sampled);
       status = decoder_->finish_step(*model_, out);
     }
-    if (!status) {
-      // E.g. a route no kernel wrote: fail the step's requests, keep serving the rest.
-      if (status.code() == ErrorCode::kInternal) {
-        std::lock_guard lock(metrics_mutex_);
-        ++metrics_.route_capture_errors_total;
-      }
-      for (const auto& s : batch) fail_running(s.seq, status);
-      return;
-    }
+    result.routes = std::move(out.routes);
+    return status;
+  }
 
+  // Takes a successful step's results into its sequences and delivers their events.
+  void apply_batch(const std::vector<Scheduled>& batch, const StepResult& result) {
     // Route log: positions computed for the first time get the rows the kernels wrote.
     if (config_.capture_routes) {
       size_t t = 0;
@@ -580,15 +463,13 @@ class EngineImpl final : public Engine {
         Sequence& seq = *s.seq;
         for (int64_t p = s.begin; p < s.begin + s.count; ++p, ++t) {
           if (p < seq.route_rows) continue;
-          seq.routes.insert(seq.routes.end(), out.routes.begin() + t * row_ints_, out.routes.begin() + (t + 1) * row_ints_);
+          seq.routes.insert(seq.routes.end(), result.routes.begin() + t * row_ints_,
+                            result.routes.begin() + (t + 1) * row_ints_);
           seq.route_rows = p + 1;
         }
       }
     }
-    for (const auto& s : batch) {
-      s.seq->num_computed = s.begin + s.count;
-      publish_full_blocks(*s.seq);
-    }
+    for (const auto& s : batch) scheduler_->computed(*s.seq, s.begin + s.count);
     {
       std::lock_guard lock(metrics_mutex_);
       for (const auto& s : batch) {
@@ -596,19 +477,22 @@ class EngineImpl final : public Engine {
         metrics_.prompt_tokens_computed += prompt_part;
       }
     }
-    for (size_t j = 0; j < scored.size(); ++j) {
-      Sequence& seq = *batch[logits_uses[score_uses[j]].item].seq;
-      TokenLogprob entry{scored[j].token_id, scored[j].logprob, {}};
-      for (int k = 0; k < seq.request.sampling.prompt_logprobs && k < static_cast<int>(scored[j].top.size()); ++k)
-        entry.top.push_back({scored[j].top[k].first, scored[j].top[k].second});
+    const std::vector<LogitsUse>& logits_uses = result.logits_uses;
+    for (size_t j = 0; j < result.scored.size(); ++j) {
+      Sequence& seq = *batch[logits_uses[result.score_uses[j]].item].seq;
+      const backend::SampledToken& scored = result.scored[j];
+      TokenLogprob entry{scored.token_id, scored.logprob, {}};
+      for (int k = 0; k < seq.request.sampling.prompt_logprobs && k < static_cast<int>(scored.top.size()); ++k)
+        entry.top.push_back({scored.top[k].first, scored.top[k].second});
       seq.prompt_logprobs.push_back(std::move(entry));
-      seq.prompt_scored = logits_uses[score_uses[j]].position + 1;
+      seq.prompt_scored = logits_uses[result.score_uses[j]].position + 1;
     }
     std::vector<Sequence*> finished;
-    for (size_t j = 0; j < sampled.size(); ++j) {
-      Sequence& seq = *batch[sample_items[j]].seq;
-      const backend::SampledToken& token = sampled[j];
+    for (size_t j = 0; j < result.sampled.size(); ++j) {
+      Sequence& seq = *batch[result.sample_items[j]].seq;
+      const backend::SampledToken& token = result.sampled[j];
       seq.tokens.push_back(token.token_id);
+      seq.output_ids.push_back(token.token_id);
       seq.new_tokens.push_back(token.token_id);
       if (seq.request.sampling.logprobs >= 0) {
         TokenLogprob entry{token.token_id, token.logprob, {}};
@@ -629,7 +513,6 @@ class EngineImpl final : public Engine {
       }
       if (reason != FinishReason::kNone) finished.push_back(&seq);
     }
-    (void)c;
     for (Sequence* seq : finished) remove_running(seq);
   }
 
@@ -669,12 +552,8 @@ class EngineImpl final : public Engine {
     row.repetition_penalty = s.repetition_penalty;
     row.logit_bias = &s.logit_bias;
     row.prompt_tokens = &seq.request.prompt_ids;
-    output_scratch_.assign(seq.tokens.begin() + seq.prompt_len, seq.tokens.end());
-    row.output_tokens = nullptr;
-    if (!output_scratch_.empty()) {
-      outputs_kept_.push_back(output_scratch_);
-      row.output_tokens = &outputs_kept_.back();
-    }
+    // The sequence's own output list, appended to as tokens are sampled: no per-step copy.
+    row.output_tokens = seq.output_ids.empty() ? nullptr : &seq.output_ids;
     if (seq.output_len() < s.min_tokens) {
       if (!s.ignore_eos) row.banned_tokens = eos_ids_;
       row.banned_tokens.insert(row.banned_tokens.end(), s.stop_token_ids.begin(), s.stop_token_ids.end());
@@ -694,22 +573,6 @@ class EngineImpl final : public Engine {
     if (seq.output_len() >= s.max_tokens) return FinishReason::kLength;
     if (static_cast<int64_t>(seq.tokens.size()) >= max_model_len_) return FinishReason::kLength;
     return FinishReason::kNone;
-  }
-
-  // Registers newly completed full blocks (tokens known and computed) in the prefix cache.
-  void publish_full_blocks(Sequence& seq) {
-    if (!config_.enable_prefix_caching) return;
-    const int64_t bs = kv_->block_size();
-    const int64_t full = seq.num_computed / bs;
-    for (int64_t b = seq.published_blocks; b < full; ++b) {
-      std::vector<int32_t> routes;
-      if (config_.capture_routes) {
-        if (seq.route_rows < (b + 1) * bs) break;
-        routes.assign(seq.routes.begin() + b * bs * row_ints_, seq.routes.begin() + (b + 1) * bs * row_ints_);
-      }
-      kv_->publish(seq.blocks[b], block_hash(seq, b), std::move(routes));
-      seq.published_blocks = b + 1;
-    }
   }
 
   Continuation deliver(Sequence& seq, FinishReason reason, std::optional<int32_t> stop_token) {
@@ -746,8 +609,8 @@ class EngineImpl final : public Engine {
     return routes;
   }
 
+  // The final event of a sequence the scheduler no longer holds (its blocks are given back).
   void finish(Sequence& seq, FinishReason reason, const Status& error) {
-    free_blocks(seq);
     Event event;
     event.request_id = seq.id;
     event.new_token_ids.swap(seq.new_tokens);
@@ -758,28 +621,20 @@ class EngineImpl final : public Engine {
   }
 
   void fail_running(Sequence* seq, const Status& error) {
-    for (auto it = running_.begin(); it != running_.end(); ++it)
-      if (it->get() == seq) {
-        finish(*seq, FinishReason::kError, error);
-        running_.erase(it);
-        return;
-      }
+    if (std::unique_ptr<Sequence> owned = scheduler_->remove(seq)) finish(*owned, FinishReason::kError, error);
   }
 
-  void remove_running(Sequence* seq) {
-    for (auto it = running_.begin(); it != running_.end(); ++it)
-      if (it->get() == seq) {
-        free_blocks(*seq);
-        running_.erase(it);
-        return;
-      }
-  }
+  void remove_running(Sequence* seq) { scheduler_->remove(seq); }
 
   void publish_metrics() {
-    outputs_kept_.clear();
     std::lock_guard lock(metrics_mutex_);
-    metrics_.running_requests = static_cast<int64_t>(running_.size());
-    metrics_.waiting_requests = static_cast<int64_t>(waiting_.size());
+    metrics_.running_requests = scheduler_->running_count();
+    metrics_.waiting_requests = scheduler_->waiting_count();
+    waiting_count_ = scheduler_->waiting_count();
+    const SchedulerStats& stats = scheduler_->stats();
+    metrics_.preemptions_total = stats.preemptions_total;
+    metrics_.prefix_cache_queries_tokens = stats.prefix_cache_queries_tokens;
+    metrics_.prefix_cache_hits_tokens = stats.prefix_cache_hits_tokens;
     metrics_.kv_blocks_total = kv_->num_blocks();
     metrics_.kv_blocks_used = kv_->used();
     metrics_.kv_blocks_cached = kv_->cached();
@@ -804,12 +659,10 @@ class EngineImpl final : public Engine {
   std::vector<int32_t> eos_ids_;
 
   // Engine-thread state.
-  std::deque<std::unique_ptr<Sequence>> waiting_;
-  std::vector<std::unique_ptr<Sequence>> running_;
+  std::unique_ptr<Scheduler> scheduler_;
+  std::atomic<int64_t> waiting_count_{0};  // published for submit's queue limit
   std::deque<Task> pending_tasks_;
   Tensor gather_index_, gathered_;  // gathered logits rows (allocated at first use)
-  std::vector<int32_t> output_scratch_;
-  std::deque<std::vector<int32_t>> outputs_kept_;
 
   // Shared with submitters.
   mutable std::mutex mutex_;

@@ -141,8 +141,9 @@ class Engine {
   virtual void cancel(RequestId id) = 0;
   virtual EngineMetrics metrics() const = 0;
   virtual ModelInfo model_info() const = 0;
-  // Loads new weights between steps (same architecture and shapes), pausing admission and
-  // flushing the prefix cache including routes. On error the old weights stay in service.
+  // Loads new weights between steps (same architecture and shapes), pausing admission until the
+  // sequences in flight (running or preempted) finish on the old weights, and flushing the
+  // prefix cache including routes. On error the old weights stay in service.
   virtual Status update_weights_from_disk(const std::string& model_dir) = 0;
   virtual Status flush_cache() = 0;
   // Stops the engine thread after in-flight requests finish or `timeout_ms` passes.

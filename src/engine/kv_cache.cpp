@@ -1,13 +1,37 @@
 #include "engine/kv_cache.h"
 
+#include <algorithm>
 #include <cassert>
+#include <cstring>
 
 #include <xxhash.h>
 
 namespace sy::engine {
 
-KvCache::KvCache(int64_t num_blocks, int block_size, int64_t route_row_ints)
-    : block_size_(block_size), route_row_ints_(route_row_ints), blocks_(static_cast<size_t>(num_blocks)) {
+RoutePacking::RoutePacking(int64_t num_layers, int64_t top_k, int64_t num_experts, std::vector<int> moe_layers)
+    : num_layers_(num_layers), top_k_(top_k), id_bytes_(num_experts <= 256 ? 1 : 2), moe_layers_(std::move(moe_layers)) {}
+
+void RoutePacking::pack(const int32_t* row, uint8_t* out) const {
+  for (int layer : moe_layers_)
+    for (int64_t k = 0; k < top_k_; ++k) {
+      const uint32_t id = static_cast<uint32_t>(row[layer * top_k_ + k]);
+      *out++ = static_cast<uint8_t>(id);
+      if (id_bytes_ == 2) *out++ = static_cast<uint8_t>(id >> 8);
+    }
+}
+
+void RoutePacking::unpack(const uint8_t* in, int32_t* row) const {
+  std::fill_n(row, row_ints(), 0);
+  for (int layer : moe_layers_)
+    for (int64_t k = 0; k < top_k_; ++k) {
+      int32_t id = *in++;
+      if (id_bytes_ == 2) id |= static_cast<int32_t>(*in++) << 8;
+      row[layer * top_k_ + k] = id;
+    }
+}
+
+KvCache::KvCache(int64_t num_blocks, int block_size, RoutePacking packing)
+    : block_size_(block_size), packing_(std::move(packing)), blocks_(static_cast<size_t>(num_blocks)) {
   for (int64_t b = num_blocks - 1; b >= 0; --b) free_.push_back(static_cast<int32_t>(b));
 }
 
@@ -27,10 +51,28 @@ std::optional<int32_t> KvCache::allocate() {
   return block;
 }
 
-std::optional<int32_t> KvCache::lookup(uint64_t hash) {
+bool KvCache::matches(const Block& block, int32_t parent, const BlockContent& expected) const {
+  const uint64_t parent_generation = parent < 0 ? 0 : blocks_[parent].generation;
+  if (parent >= 0 && parent_generation == 0) return false;  // the parent is not registered (any more)
+  if (block.parent_generation != parent_generation) return false;
+  if (!std::equal(block.tokens.begin(), block.tokens.end(), expected.tokens)) return false;
+  for (int i = 0; i < block_size_; ++i)
+    if (block.forced[i] != (expected.forced ? expected.forced[i] : 0)) return false;
+  const int64_t known = std::min<int64_t>(expected.known_rows, block_size_);
+  if (known > block.known_rows) return false;
+  std::vector<uint8_t> packed(static_cast<size_t>(packing_.row_bytes()));
+  for (int64_t i = 0; i < known; ++i) {
+    packing_.pack(expected.routes + i * packing_.row_ints(), packed.data());
+    if (!std::equal(packed.begin(), packed.end(), block.routes.begin() + i * packing_.row_bytes())) return false;
+  }
+  return true;
+}
+
+std::optional<int32_t> KvCache::lookup(uint64_t hash, int32_t parent, const BlockContent& expected) {
   auto it = by_hash_.find(hash);
   if (it == by_hash_.end()) return std::nullopt;
   Block& block = blocks_[it->second];
+  if (!matches(block, parent, expected)) return std::nullopt;  // a collision, or other routes
   if (block.ref_count == 0) lru_.erase(block.lru_position);
   ++block.ref_count;
   return it->second;
@@ -48,12 +90,29 @@ void KvCache::release(int32_t index) {
   }
 }
 
-void KvCache::publish(int32_t index, uint64_t hash, std::vector<int32_t> routes) {
+bool KvCache::publish(int32_t index, uint64_t hash, int32_t parent, const BlockContent& content) {
   Block& block = blocks_[index];
-  if (block.hash || by_hash_.count(hash)) return;  // already known: keep the first copy
+  if (block.hash || by_hash_.count(hash)) return false;  // already known: keep the first copy
+  const uint64_t parent_generation = parent < 0 ? 0 : blocks_[parent].generation;
+  if (parent >= 0 && parent_generation == 0) return false;
   block.hash = hash;
-  block.routes = std::move(routes);
+  block.generation = next_generation_++;
+  block.parent_generation = parent_generation;
+  block.tokens.assign(content.tokens, content.tokens + block_size_);
+  block.forced.assign(static_cast<size_t>(block_size_), 0);
+  if (content.forced) block.forced.assign(content.forced, content.forced + block_size_);
+  block.known_rows = content.routes ? std::min<int64_t>(content.known_rows, block_size_) : 0;
+  block.routes.assign(static_cast<size_t>(block.known_rows * packing_.row_bytes()), 0);
+  for (int64_t i = 0; i < block.known_rows; ++i)
+    packing_.pack(content.routes + i * packing_.row_ints(), block.routes.data() + i * packing_.row_bytes());
   by_hash_[hash] = index;
+  return true;
+}
+
+void KvCache::routes(int32_t index, int32_t* out) const {
+  const Block& block = blocks_[index];
+  for (int64_t i = 0; i < block.known_rows; ++i)
+    packing_.unpack(block.routes.data() + i * packing_.row_bytes(), out + i * packing_.row_ints());
 }
 
 void KvCache::forget_hash(int32_t index) {
@@ -62,8 +121,14 @@ void KvCache::forget_hash(int32_t index) {
   auto it = by_hash_.find(*block.hash);
   if (it != by_hash_.end() && it->second == index) by_hash_.erase(it);
   block.hash.reset();
-  block.routes.clear();
-  block.routes.shrink_to_fit();
+  block.generation = block.parent_generation = 0;
+  block.known_rows = 0;
+  for (auto* v : {&block.routes, &block.forced}) {
+    v->clear();
+    v->shrink_to_fit();
+  }
+  block.tokens.clear();
+  block.tokens.shrink_to_fit();
 }
 
 void KvCache::flush() {

@@ -1,6 +1,7 @@
 // Sequence: one request's state inside the engine — its tokens, KV blocks and route log.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -15,6 +16,7 @@ struct Sequence {
   uint64_t seed = 0;
 
   std::vector<int32_t> tokens;  // prompt + generated
+  std::vector<int32_t> output_ids;  // generated (the sampler's penalties read it every step)
   int64_t prompt_len = 0;
   int64_t num_computed = 0;     // positions whose KV is in the cache
   std::vector<int32_t> blocks;  // block table
@@ -37,8 +39,23 @@ struct Sequence {
   int64_t cached_prompt_tokens = 0;
   bool first_event_sent = false;
   bool prefix_lookup_done = false;
+  bool prefix_counted = false;  // cached_prompt_tokens and the prefix-cache metrics, once
+  bool started = false;         // admitted once: a weight update waits for it to finish
 
   int64_t output_len() const { return static_cast<int64_t>(tokens.size()) - prompt_len; }
 };
+
+// Prompt positions 0 .. prompt_len-2 are scored for prompt_logprobs (each predicts the next
+// prompt token), once: a recompute after preemption does not score them again.
+inline bool scores_prompt(const Sequence& seq) {
+  return seq.request.sampling.prompt_logprobs >= 0 && seq.prompt_scored + 1 < seq.prompt_len;
+}
+inline bool scores_position(const Sequence& seq, int64_t p) {
+  return seq.request.sampling.prompt_logprobs >= 0 && p >= seq.prompt_scored && p + 1 < seq.prompt_len;
+}
+inline int64_t prompt_rows_to_score(const Sequence& seq, int64_t begin, int64_t count) {
+  if (seq.request.sampling.prompt_logprobs < 0) return 0;
+  return std::max<int64_t>(0, std::min(begin + count, seq.prompt_len - 1) - std::max(begin, seq.prompt_scored));
+}
 
 }  // namespace sy::engine

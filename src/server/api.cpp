@@ -602,18 +602,43 @@ ApiResult<ApiRequest> parse_chat_request(const json& body, const ParseContext& c
       fail("chat_template",
            "a per-request chat_template is not supported; the model's own is used");
     }
+    // continue_final_message as transformers does it: render the final message's text with a
+    // tag appended, then cut the prompt at the tag (which drops the message's end marker).
+    static constexpr std::string_view kContinueTag = "CONTINUE_FINAL_MESSAGE_TAG ";
+    std::string final_text;
+    if (continue_final) {
+      const json* content = field(raw_messages->back(), "content");
+      if (!content || content->is_null())
+        fail("continue_final_message",
+             "continue_final_message is set but the final message has no content to continue");
+      if (content->is_array() && content->empty())
+        fail("continue_final_message",
+             "continue_final_message is set but the final message has no text part to continue");
+      json& last = messages.back()["content"];  // normalized: the parts joined into one string
+      final_text = last.get<std::string>();
+      last = final_text + std::string(kContinueTag);
+    }
     Result<std::string> rendered =
         context.codec.render_chat(messages, tools, add_generation_prompt, kwargs);
     if (!rendered) fail("messages", fmt::format("chat template: {}", rendered.message()));
     std::string prompt_text = std::move(rendered).value();
     if (continue_final) {
-      // Cut the rendered prompt right after the final message's content (drops its end marker).
-      const json& last = messages.back();
-      std::string content = last.contains("content") && last["content"].is_string()
-                                ? last["content"].get<std::string>()
-                                : "";
-      size_t at = content.empty() ? std::string::npos : prompt_text.rfind(content);
-      if (at != std::string::npos) prompt_text.resize(at + content.size());
+      messages.back()["content"] = final_text;  // echo returns the message as sent
+      auto strip = [](std::string_view text) {
+        const char* space = " \t\n\r\v\f";
+        const size_t begin = text.find_first_not_of(space);
+        if (begin == std::string_view::npos) return std::string_view();
+        return text.substr(begin, text.find_last_not_of(space) - begin + 1);
+      };
+      const std::string_view tag = strip(kContinueTag);
+      if (prompt_text.find(strip(final_text)) == std::string::npos || prompt_text.find(tag) == std::string::npos)
+        fail("continue_final_message",
+             "continue_final_message is set but the final message does not appear in the prompt the "
+             "chat template rendered (the template changes or drops it), so it cannot be continued");
+      const size_t at = prompt_text.rfind(tag);
+      const bool spacing_kept = prompt_text.compare(at, kContinueTag.size(), kContinueTag) == 0;
+      prompt_text.resize(at);
+      if (!spacing_kept) prompt_text.resize(prompt_text.find_last_not_of(" \t\n\r\v\f") + 1);
     }
     bool add_special = read_bool(body, "add_special_tokens", false);
     request.prompts.push_back(prompt_from_text(prompt_text, add_special, context, "messages"));

@@ -11,6 +11,7 @@
 #include <set>
 
 #include "backend/backend.h"
+#include "../test_seed.h"
 
 namespace sy::backend {
 namespace {
@@ -108,7 +109,9 @@ std::vector<float> random_logits(std::mt19937& rng, int n, float scale) {
 }
 
 TEST(CpuSampler, FrequenciesMatchTheReferenceUnderEveryFilter) {
-  std::mt19937 rng(std::random_device{}());
+  const uint64_t seed = test::test_seed();
+  SY_SEED_TRACE(seed);
+  std::mt19937 rng(static_cast<uint32_t>(seed));
   const std::vector<Filters> cases = {{1.0f, -1, 1.0f, 0.0f},  {0.7f, 5, 1.0f, 0.0f},
                                       {1.0f, -1, 0.8f, 0.0f},  {1.3f, -1, 1.0f, 0.1f},
                                       {1.0f, -1, 0.7f, 0.05f}, {0.9f, 10, 0.9f, 0.02f},
@@ -143,7 +146,9 @@ TEST(CpuSampler, FrequenciesMatchTheReferenceUnderEveryFilter) {
 
 TEST(CpuSampler, TiedLogitsAtTheTopPBoundaryResolveByLowerIdAsTheReference) {
   // Logits on a coarse grid: many exact ties, some straddling the top_p cut.
-  std::mt19937 rng(std::random_device{}());
+  const uint64_t seed = test::test_seed();
+  SY_SEED_TRACE(seed);
+  std::mt19937 rng(static_cast<uint32_t>(seed));
   Sampler sampler;
   for (float top_p : {0.3f, 0.6f, 0.9f}) {
     std::vector<float> logits = random_logits(rng, 60, 1.5f);
@@ -180,7 +185,9 @@ TEST(CpuSampler, MinPComesBeforeTopPAsInVllm) {
 TEST(CpuSampler, WideNucleusOverALargeFlatVocabulary) {
   // Nearly flat logits: the top_p=0.5 nucleus holds about half of 20,000 ids, far beyond any small
   // prefix the sampler sorts first.
-  std::mt19937 rng(std::random_device{}());
+  const uint64_t seed = test::test_seed();
+  SY_SEED_TRACE(seed);
+  std::mt19937 rng(static_cast<uint32_t>(seed));
   std::uniform_real_distribution<float> flat(0.0f, 0.01f);
   std::vector<float> logits(20000);
   for (float& x : logits) x = flat(rng);

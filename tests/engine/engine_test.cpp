@@ -12,92 +12,20 @@
 
 #include "backend/backend.h"
 #include "engine/engine.h"
+#include "engine_harness.h"
+#include "../test_seed.h"
 #include "model/decoder.h"
 
 namespace sy {
 namespace {
 
-const std::string kModel = std::string(SY_SOURCE_DIR) + "/tests/golden/hf_qwen3_moe/qwen3moe_dense_nonorm";
-
-struct Outcome {
-  std::vector<int32_t> tokens;
-  std::vector<engine::TokenLogprob> prompt_logprobs;  // from every event (only the first has any)
-  engine::Event final_event;
-};
-
-// Submits and waits; returns tokens and the final event.
-bool on_cuda() {
-  const char* device = std::getenv("SY_TEST_DEVICE");
-  return device && std::string(device) == "cuda";
-}
-
-struct Runner {
-  std::unique_ptr<engine::Engine> engine;
-
-  explicit Runner(engine::EngineConfig config) {
-    config.model_dir = config.model_dir.empty() ? kModel : config.model_dir;
-    config.num_threads = 2;
-    // SY_TEST_DEVICE=cuda runs the engine's end-to-end checks on the GPU (scripts/gpu-check.sh).
-    if (on_cuda()) config.device = Device::kCuda;
-    auto created = engine::create_engine(config);
-    EXPECT_TRUE(created.is_ok()) << created.message();
-    engine = std::move(created).value();
-  }
-
-  std::future<Outcome> start(engine::GenerationRequest request) {
-    auto promise = std::make_shared<std::promise<Outcome>>();
-    auto outcome = std::make_shared<Outcome>();
-    auto id = engine->submit(std::move(request), [promise, outcome](const engine::Event& event) {
-      outcome->tokens.insert(outcome->tokens.end(), event.new_token_ids.begin(), event.new_token_ids.end());
-      outcome->prompt_logprobs.insert(outcome->prompt_logprobs.end(), event.prompt_logprobs.begin(),
-                                      event.prompt_logprobs.end());
-      if (event.finished) {
-        outcome->final_event = event;
-        promise->set_value(*outcome);
-      }
-      return engine::Continuation::kContinue;
-    });
-    EXPECT_TRUE(id.is_ok()) << id.message();
-    return promise->get_future();
-  }
-  Outcome run(engine::GenerationRequest request) { return start(std::move(request)).get(); }
-};
-
-engine::GenerationRequest greedy(std::vector<int32_t> prompt, int max_tokens) {
-  engine::GenerationRequest request;
-  request.prompt_ids = std::move(prompt);
-  request.sampling.temperature = 0.0f;
-  request.sampling.max_tokens = max_tokens;
-  request.sampling.ignore_eos = true;
-  request.return_routes = true;
-  return request;
-}
-
-std::vector<int32_t> random_prompt(std::mt19937& rng, int length) {
-  std::uniform_int_distribution<int32_t> token(1, 500);
-  std::vector<int32_t> prompt(static_cast<size_t>(length));
-  for (auto& id : prompt) id = token(rng);
-  return prompt;
-}
-
-engine::EngineConfig capture_config() {
-  engine::EngineConfig config;
-  config.capture_routes = true;
-  return config;
-}
-
-void expect_same(const Outcome& a, const Outcome& b, const std::string& what) {
-  EXPECT_EQ(a.tokens, b.tokens) << what;
-  ASSERT_TRUE(a.final_event.routes && b.final_event.routes) << what;
-  EXPECT_EQ(a.final_event.routes->rows, b.final_event.routes->rows) << what;
-  EXPECT_EQ(a.final_event.routes->ids, b.final_event.routes->ids) << what;
-}
-
 TEST(Engine, RoutesUnderConcurrencyChunkingPrefixHitsAndPreemptionEqualRoutesAlone) {
   // Bitwise alone-vs-batched equality is the CPU backend's batch invariance; CUDA steps are not
   // batch-invariant (GEMV vs GEMM by batch size) until the --batch-invariant mode exists.
   if (on_cuda()) GTEST_SKIP() << "CUDA is not batch-invariant (DESIGN.md)";
-  std::mt19937 rng(std::random_device{}());
+  const uint64_t seed = test::test_seed();
+  SY_SEED_TRACE(seed);
+  std::mt19937_64 rng(seed);
   std::vector<engine::GenerationRequest> requests;
   const std::vector<int32_t> shared = random_prompt(rng, 40);
   for (int i = 0; i < 12; ++i) {
@@ -151,7 +79,9 @@ TEST(Engine, PromptLogprobsOncePerPositionUnderChunkingAndPreemption) {
   // Bitwise alone-vs-batched equality is the CPU backend's batch invariance; CUDA steps are not
   // batch-invariant (GEMV vs GEMM by batch size) until the --batch-invariant mode exists.
   if (on_cuda()) GTEST_SKIP() << "CUDA is not batch-invariant (DESIGN.md)";
-  std::mt19937 rng(std::random_device{}());
+  const uint64_t seed = test::test_seed();
+  SY_SEED_TRACE(seed);
+  std::mt19937_64 rng(seed);
   std::vector<engine::GenerationRequest> requests;
   for (int i = 0; i < 10; ++i) {
     engine::GenerationRequest request = greedy(random_prompt(rng, 20 + 7 * i), 4 + i % 3);
@@ -277,7 +207,7 @@ TEST(Engine, SeededSamplingIsReproducibleAloneAndInABatch) {
   request.sampling.seed = 1234;
   Outcome alone = runner.run(request);
   std::vector<std::future<Outcome>> batch;
-  std::mt19937 rng(7);
+  std::mt19937_64 rng(7);
   for (int i = 0; i < 6; ++i) {
     engine::GenerationRequest noise = greedy(random_prompt(rng, 9 + i), 10);
     noise.return_routes = false;
@@ -345,7 +275,7 @@ class SkipsLayerKernel final : public moe::ExpertsKernel {
   Device device() const override { return Device::kCpu; }
   bool routes_inside() const override { return false; }
   bool captures_routes() const override { return true; }  // it claims to, and fails to
-  bool replays_routes() const override { return false; }
+  bool replays_routes() const override { return true; }   // cpu-modular's replay, passed through
   Status forward(const moe::MoeForwardArgs& args) override {
     moe::MoeForwardArgs copy = args;
     if (args.layer == skipped_) copy.routes.sink = Tensor();

@@ -12,6 +12,7 @@
 #include <random>
 
 #include <nlohmann/json.hpp>
+#include "../test_seed.h"
 
 namespace sy::model {
 namespace {
@@ -329,8 +330,8 @@ void expect_round_trip(const Checkpoint& checkpoint, const std::vector<TensorSpe
 }
 
 TEST(SafetensorsWriter, SingleFileRoundTrip) {
-  uint64_t seed = std::random_device{}();
-  SCOPED_TRACE(fmt::format("seed {}", seed));
+  const uint64_t seed = test::test_seed();
+  SY_SEED_TRACE(seed);
   std::mt19937_64 rng(seed);
   auto specs = random_specs(rng, 20);
   TempDir dir;
@@ -348,8 +349,8 @@ TEST(SafetensorsWriter, SingleFileRoundTrip) {
 }
 
 TEST(SafetensorsWriter, ShardedRoundTrip) {
-  uint64_t seed = std::random_device{}();
-  SCOPED_TRACE(fmt::format("seed {}", seed));
+  const uint64_t seed = test::test_seed();
+  SY_SEED_TRACE(seed);
   std::mt19937_64 rng(seed);
   auto specs = random_specs(rng, 30);
   specs.push_back({"big", DType::kF32, {40, 40}});  // larger than a shard: gets one of its own

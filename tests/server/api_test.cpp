@@ -209,5 +209,48 @@ TEST(Parse, GenerationConfigDefaultsApplyWhereTheRequestIsSilent) {
   EXPECT_EQ(explicit_values.value->sampling.top_k, -1);
 }
 
+// continue_final_message as transformers' render_jinja_template does it (tests/chat/chat_goldens.json
+// holds its source): the prompt ends where the final message's text ends, for string content,
+// empty content and text parts; content the template drops or no content at all is a 400.
+TEST(Parse, ContinueFinalMessageCutsAfterTheFinalTextOrSaysWhy) {
+  FakeCodec codec;
+  engine::ModelInfo info = fake_info();
+  ServerConfig config;
+  ParseContext context{config, info, codec};
+  auto prompt_of = [&](json final_message) -> std::string {
+    json body = {{"messages", {{{"role", "user"}, {"content", "hi"}}, final_message}},
+                 {"continue_final_message", true},
+                 {"add_generation_prompt", false}};
+    ApiResult<ApiRequest> r = parse_chat_request(body, context);
+    if (!r.is_ok()) return "error " + r.error.param + ": " + r.error.message;
+    return codec.decode(r.value->prompts[0].ids, false);
+  };
+  EXPECT_EQ(prompt_of({{"role", "assistant"}, {"content", "Hello wor"}}), "<|user|>hi\n<|assistant|>Hello wor");
+  EXPECT_EQ(prompt_of({{"role", "assistant"}, {"content", ""}}), "<|user|>hi\n<|assistant|>")
+      << "empty content: the prompt ends where the assistant's text would begin";
+  EXPECT_EQ(prompt_of({{"role", "assistant"},
+                       {"content", {{{"type", "text"}, {"text", "a"}}, {{"type", "text"}, {"text", "b"}}}}}),
+            "<|user|>hi\n<|assistant|>a\nb");
+  EXPECT_EQ(prompt_of({{"role", "assistant"}, {"content", "hi"}}), "<|user|>hi\n<|assistant|>hi")
+      << "the final message, not an earlier one with the same text";
+  EXPECT_EQ(prompt_of({{"role", "trimmed"}, {"content", "Hi "}}), "<|user|>hi\n<|trimmed|>Hi")
+      << "a template that trims trailing spaces: cut after the trimmed text";
+  const std::string dropped = prompt_of({{"role", "redacted"}, {"content", "secret"}});
+  EXPECT_EQ(dropped.rfind("error continue_final_message:", 0), 0u) << dropped;
+  EXPECT_NE(dropped.find("does not appear"), std::string::npos) << dropped;
+  const std::string missing = prompt_of({{"role", "assistant"}});
+  EXPECT_EQ(missing.rfind("error continue_final_message:", 0), 0u) << missing;
+  EXPECT_NE(missing.find("no content"), std::string::npos) << missing;
+  const std::string no_parts = prompt_of({{"role", "assistant"}, {"content", json::array()}});
+  EXPECT_EQ(no_parts.rfind("error continue_final_message:", 0), 0u) << no_parts;
+  // echo returns the final message as sent (no tag).
+  ApiResult<ApiRequest> echoed = parse_chat_request(
+      {{"messages", {{{"role", "assistant"}, {"content", "abc"}}}},
+       {"continue_final_message", true}, {"add_generation_prompt", false}, {"echo", true}},
+      context);
+  ASSERT_TRUE(echoed.is_ok()) << echoed.error.message;
+  EXPECT_EQ(echoed.value->echo_text, "abc");
+}
+
 }  // namespace
 }  // namespace sy::server

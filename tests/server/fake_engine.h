@@ -82,10 +82,10 @@ class FakeCodec : public server::TextCodec {
     for (const auto& m : messages) {
       std::string role = m.value("role", "");
       if (role == "invalid") return Status::error("role 'invalid' is not allowed by this template");
-      out += "<|" + role + "|>" +
-             (m.contains("content") && m["content"].is_string() ? m["content"].get<std::string>()
-                                                                : "") +
-             "\n";
+      std::string content = m.contains("content") && m["content"].is_string() ? m["content"].get<std::string>() : "";
+      if (role == "redacted") content = "[redacted]";  // a template that drops the content
+      if (role == "trimmed") content.erase(content.find_last_not_of(' ') + 1);  // one that trims it
+      out += "<|" + role + "|>" + content + "\n";
     }
     if (add_generation_prompt) out += "<|assistant|>";
     return out;

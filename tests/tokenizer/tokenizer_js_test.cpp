@@ -12,6 +12,7 @@
 
 #include "tokenizer/utf8.h"
 #include "tokenizer_test_util.h"
+#include "../test_seed.h"
 
 namespace sy::tokenizer {
 namespace {
@@ -79,9 +80,10 @@ TEST_P(JsOracleTest, FreshRandomStringsMatchTransformersJs) {
   const Tokenizer* tokenizer = test::load_tokenizer(name);
   ASSERT_NE(tokenizer, nullptr);
 
-  const auto seed = static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+  const uint64_t seed = sy::test::test_seed();
+  SY_SEED_TRACE(seed);
   std::mt19937_64 rng(seed);
-  std::printf("[%s] seed %llu\n", name.c_str(), static_cast<unsigned long long>(seed));
+  std::printf("[%s] %s\n", name.c_str(), sy::test::seed_note(seed).c_str());
   std::vector<std::string> texts;
   int excluded = 0;
   while (texts.size() < 400) {

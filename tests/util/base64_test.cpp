@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include "../test_seed.h"
 
 namespace sy {
 namespace {
@@ -30,8 +31,8 @@ TEST(Base64, Rfc4648Vectors) {
 }
 
 TEST(Base64, RoundTripsRandomBytes) {
-  uint64_t seed = std::random_device{}();
-  SCOPED_TRACE(testing::Message() << "seed " << seed);
+  const uint64_t seed = test::test_seed();
+  SY_SEED_TRACE(seed);
   std::mt19937_64 rng(seed);
   for (int trial = 0; trial < 500; ++trial) {
     std::string bytes(rng() % 300, '\0');
@@ -47,8 +48,8 @@ TEST(Base64, RoundTripsRandomBytes) {
 TEST(Base64, AgreesWithNodeBuffer) {
   if (std::system("node --version > /dev/null 2>&1") != 0)
     FAIL() << "node not found: install Node 20 (scripts/setup.sh)";
-  uint64_t seed = std::random_device{}();
-  SCOPED_TRACE(testing::Message() << "seed " << seed);
+  const uint64_t seed = test::test_seed();
+  SY_SEED_TRACE(seed);
   std::mt19937_64 rng(seed);
   std::string bytes(4099, '\0');
   for (auto& byte : bytes) byte = static_cast<char>(rng());

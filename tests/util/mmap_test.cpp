@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include "../test_seed.h"
 
 namespace sy {
 namespace {
@@ -21,7 +22,9 @@ fs::path temp_path(const std::string& stem) {
 TEST(MappedFile, MapsTheFileContents) {
   auto path = temp_path("sy_mmap_");
   std::string content(10000, '\0');
-  std::mt19937 rng(std::random_device{}());
+  const uint64_t seed = test::test_seed();
+  SY_SEED_TRACE(seed);
+  std::mt19937_64 rng(seed);
   for (auto& c : content) c = static_cast<char>(rng());
   std::ofstream(path, std::ios::binary) << content;
   auto file = MappedFile::open(path.string());

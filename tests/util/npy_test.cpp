@@ -14,6 +14,7 @@
 #include <random>
 
 #include <nlohmann/json.hpp>
+#include "../test_seed.h"
 
 namespace sy {
 namespace {
@@ -25,8 +26,8 @@ const DType kNpyDTypes[] = {DType::kU8,  DType::kI8,  DType::kU16, DType::kI16, 
                             DType::kU64, DType::kI64, DType::kF16, DType::kF32, DType::kF64, DType::kBool};
 
 TEST(Npy, RoundTripsRandomArrays) {
-  uint64_t seed = std::random_device{}();
-  SCOPED_TRACE(testing::Message() << "seed " << seed);
+  const uint64_t seed = test::test_seed();
+  SY_SEED_TRACE(seed);
   std::mt19937_64 rng(seed);
   for (int trial = 0; trial < 200; ++trial) {
     DType dtype = kNpyDTypes[rng() % std::size(kNpyDTypes)];

@@ -1,0 +1,153 @@
+// libFuzzer: the HTTP layer end to end — the real Server (Boost.Beast parser, routing, JSON and
+// request parsing, base64 .npy replay decoding) on a loopback port over the test FakeEngine.
+// Each input is sent on a fresh connection; the server must answer every
+// error with an OpenAI-shaped body, never crash, and still answer /health afterwards.
+//
+// Input: byte 0 picks how the rest is sent (so mutations reach past the framing):
+//   0  raw bytes: request line, headers, body, pipelined requests, whatever they are
+//   1  a JSON body, POSTed with Content-Length to the endpoint byte 1 picks
+//   2  the same body, sent chunked (Transfer-Encoding), chunk sizes from byte 1
+//   3  a .npy file, base64-encoded as routed_experts_replay of a completion request
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cctype>
+#include <cstdint>
+#include <cstdlib>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "../tests/server/fake_engine.h"
+#include "../tests/server/http_client.h"
+#include "server/server.h"
+#include "util/base64.h"
+
+namespace {
+
+using sy::testing::FakeCodec;
+using sy::testing::FakeEngine;
+
+struct Harness {
+  FakeEngine engine{sy::testing::FakeEngineOptions{0, 1000, 512}};
+  FakeCodec codec;
+  std::unique_ptr<sy::server::Server> server;
+  uint16_t port = 0;
+
+  Harness() {
+    sy::server::ServerConfig config;
+    config.port = 0;
+    config.served_model_name = "fake";
+    config.enable_return_routed_experts = true;
+    config.max_request_bytes = 1 << 20;
+    config.max_header_bytes = 8 << 10;
+    server = std::make_unique<sy::server::Server>(config);
+    if (!server->start()) std::abort();
+    server->attach(engine, codec);
+    port = server->port();
+  }
+};
+
+Harness& harness() {
+  static Harness* h = new Harness();  // never destroyed: libFuzzer exits without unwinding
+  return *h;
+}
+
+constexpr std::string_view kPaths[] = {"/v1/completions", "/v1/chat/completions", "/generate", "/tokenize",
+                                       "/detokenize", "/abort_request", "/v1/models", "/flush_cache"};
+
+std::string with_body(std::string_view path, const std::string& body, bool chunked, uint8_t chunk_seed) {
+  std::string request = "POST " + std::string(path) +
+                        " HTTP/1.1\r\nHost: fuzz\r\nConnection: close\r\nContent-Type: application/json\r\n";
+  if (!chunked) return request + "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+  request += "Transfer-Encoding: chunked\r\n\r\n";
+  size_t at = 0, size = 1 + chunk_seed % 17;
+  while (at < body.size()) {
+    const size_t n = std::min(size, body.size() - at);
+    char head[32];
+    std::snprintf(head, sizeof head, "%zx\r\n", n);
+    request += head + body.substr(at, n) + "\r\n";
+    at += n;
+    size = 1 + (size * 7 + chunk_seed) % 29;
+  }
+  return request + "0\r\n\r\n";
+}
+
+std::string request_from(const uint8_t* data, size_t size) {
+  if (size == 0) return "";
+  const uint8_t mode = data[0] % 4;
+  const uint8_t selector = size > 1 ? data[1] : 0;
+  const std::string rest(reinterpret_cast<const char*>(data) + (size > 1 ? 2 : 1), size - (size > 1 ? 2 : 1));
+  switch (mode) {
+    case 0: return std::string(reinterpret_cast<const char*>(data) + 1, size - 1);
+    case 1: return with_body(kPaths[selector % std::size(kPaths)], rest, false, 0);
+    case 2: return with_body(kPaths[selector % std::size(kPaths)], rest, true, selector);
+    default: {
+      const std::string body = "{\"prompt\":[1,2,3,4,5,6],\"max_tokens\":2,\"return_routed_experts\":true,"
+                               "\"routed_experts_replay\":\"" + sy::base64_encode(rest) + "\"}";
+      return with_body("/v1/completions", body, (selector & 1) != 0, selector);
+    }
+  }
+}
+
+// Every response in `raw` (keep-alive may pipeline several) is HTTP/1.1; an error with a JSON
+// body has OpenAI's shape: {"error": {"message": non-empty string, "type", "param", "code"}}.
+// A response cut short (a half-closed connection cancels its request) is not checked further.
+void check_responses(const std::string& raw) {
+  size_t at = 0;
+  while (at < raw.size()) {
+    if (raw.compare(at, 9, "HTTP/1.1 ") != 0 || raw.size() < at + 12) {
+      std::fprintf(stderr, "not an HTTP/1.1 response at byte %zu\n", at);
+      std::abort();
+    }
+    const int status = std::atoi(raw.substr(at + 9, 3).c_str());
+    const size_t head_end = raw.find("\r\n\r\n", at);
+    if (head_end == std::string::npos) return;
+    if (status >= 100 && status < 200) {  // interim (100 Continue)
+      at = head_end + 4;
+      continue;
+    }
+    std::string head = raw.substr(at, head_end - at);
+    for (char& c : head) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    const size_t length_at = head.find("\r\ncontent-length:");
+    if (length_at == std::string::npos) return;  // chunked (a stream): its events are not checked
+    const size_t length = std::strtoul(head.c_str() + length_at + 17, nullptr, 10);
+    if (head_end + 4 + length > raw.size()) return;
+    const std::string body = raw.substr(head_end + 4, length);
+    if (status >= 400 && head.find("\r\ncontent-type: application/json") != std::string::npos) {
+      const nlohmann::json error = nlohmann::json::parse(body, nullptr, false);
+      const bool shaped = error.is_object() && error.contains("error") && error["error"].is_object() &&
+                          error["error"].contains("message") && error["error"]["message"].is_string() &&
+                          !error["error"]["message"].get<std::string>().empty() && error["error"].contains("type") &&
+                          error["error"].contains("code");
+      if (!shaped) {
+        std::fprintf(stderr, "error %d without an OpenAI-shaped body: %s\n", status, body.c_str());
+        std::abort();
+      }
+    }
+    at = head_end + 4 + length;
+  }
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  Harness& h = harness();
+  const std::string request = request_from(data, size);
+  const int fd = sy::testing::connect_to(h.port, 10);
+  if (fd < 0) std::abort();
+  sy::testing::send_all(fd, request);
+  // Raw bytes may leave a request open: half-close so the server sees the end of them (it takes
+  // that as a disconnect and cancels what it started). The other modes end with Connection: close.
+  if (size > 0 && data[0] % 4 == 0) ::shutdown(fd, SHUT_WR);
+  const std::string reply = sy::testing::read_all(fd);
+  ::close(fd);
+  check_responses(reply);
+  // The server keeps serving.
+  if (sy::testing::http_call(h.port, "GET", "/health").status != 200) {
+    std::fprintf(stderr, "/health failed after the input\n");
+    std::abort();
+  }
+  return 0;
+}

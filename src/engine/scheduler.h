@@ -1,0 +1,85 @@
+// Scheduler: decides what runs each step — continuous batching under caps on sequences and tokens,
+// chunked prefill, prefix-cache lookup, preemption by recompute of the newest running sequence —
+// and owns the sequences' KV blocks (reserve, publish to the prefix cache, release). It knows
+// nothing of the model: the engine runs the chunks it returns and reports back what was computed.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <vector>
+
+#include "engine/kv_cache.h"
+#include "engine/sequence.h"
+
+namespace sy::engine {
+
+struct SchedulerConfig {
+  int max_num_seqs = 256;
+  int max_num_batched_tokens = 2048;
+  int max_prompt_logprob_rows = 256;
+  bool enable_prefix_caching = true;
+  bool capture_routes = false;  // cached blocks then carry routes; a hit restores them
+  int64_t route_row_ints = 0;   // num_hidden_layers * top_k
+};
+
+// Positions [begin, begin + count) of `seq` run this step.
+struct ScheduledChunk {
+  Sequence* seq;
+  int64_t begin, count;
+};
+
+struct SchedulerStats {
+  int64_t preemptions_total = 0;
+  int64_t prefix_cache_queries_tokens = 0;
+  int64_t prefix_cache_hits_tokens = 0;
+};
+
+class Scheduler {
+ public:
+  Scheduler(SchedulerConfig config, KvCache& kv) : config_(config), kv_(kv) {}
+
+  void add(std::unique_ptr<Sequence> seq) { waiting_.push_back(std::move(seq)); }
+  // This step's chunks: running sequences first (oldest first; when blocks run out the newest
+  // running one is preempted), then waiting ones in order while tokens, slots and blocks allow.
+  // With admission paused (a weight update drains) only preempted sequences are admitted.
+  // A sequence that cannot fit even in an empty cache is moved to `rejected`.
+  std::vector<ScheduledChunk> schedule(bool admission_paused, std::vector<std::unique_ptr<Sequence>>& rejected);
+  // After a successful step: positions up to `end` of seq are computed; full blocks are published.
+  void computed(Sequence& seq, int64_t end);
+  // Removes a running or waiting sequence (by pointer or id), giving its blocks back.
+  std::unique_ptr<Sequence> remove(const Sequence* seq);
+  std::unique_ptr<Sequence> remove(RequestId id);
+  // Everything, running then waiting, blocks given back (shutdown).
+  std::vector<std::unique_ptr<Sequence>> remove_all();
+
+  bool has_running() const { return !running_.empty(); }
+  bool has_waiting() const { return !waiting_.empty(); }
+  // Something runs or could be admitted now.
+  bool has_work(bool admission_paused) const { return has_running() || can_admit(admission_paused); }
+  // Running, or preempted (its KV, route log and tokens so far came from the current weights).
+  bool in_flight() const { return !running_.empty() || (!waiting_.empty() && waiting_.front()->started); }
+  int64_t running_count() const { return static_cast<int64_t>(running_.size()); }
+  int64_t waiting_count() const { return static_cast<int64_t>(waiting_.size()); }
+  const SchedulerStats& stats() const { return stats_; }
+
+ private:
+  bool can_admit(bool admission_paused) const {
+    return !waiting_.empty() && (!admission_paused || waiting_.front()->started);
+  }
+  bool reserve(Sequence& seq, int64_t end);
+  void free_blocks(Sequence& seq);
+  void lookup_prefix(Sequence& seq);
+  void preempt(std::unique_ptr<Sequence> seq);
+  std::vector<uint8_t> forced_mask(const Sequence& seq, int64_t index) const;
+  uint64_t block_hash(Sequence& seq, int64_t index);
+  BlockContent block_content(const Sequence& seq, int64_t index, const std::vector<uint8_t>& forced) const;
+
+  SchedulerConfig config_;
+  KvCache& kv_;
+  std::deque<std::unique_ptr<Sequence>> waiting_;  // preempted ones at the front
+  std::vector<std::unique_ptr<Sequence>> running_;
+  SchedulerStats stats_;
+};
+
+}  // namespace sy::engine
