@@ -457,7 +457,7 @@ Status write_one_file(const std::string& path, std::vector<PlannedTensor> tensor
   for (size_t i = 0; ok && i < tensors.size(); ++i) {
     buffer.assign(tensors[i].nbytes, 0);  // one tensor in memory at a time
     fill(*tensors[i].spec, buffer.data(), buffer.size());
-    ok = std::fwrite(buffer.data(), 1, buffer.size(), out) == buffer.size();
+    if (!buffer.empty()) ok = std::fwrite(buffer.data(), 1, buffer.size(), out) == buffer.size();  // empty: data() may be null
   }
   int write_errno = errno;
   if (std::fclose(out) != 0 && ok) {
