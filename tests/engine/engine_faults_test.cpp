@@ -204,6 +204,49 @@ TEST(EngineFaults, AWeightUpdateDrainsPreemptedSequences) {
   std::printf("weight update mid-flight: %d requests on the old weights, %d on the new\n", old_count, new_count);
 }
 
+// Forced routes are part of the prefix hash, over prompts longer than one block: the same prompt
+// with the same replay hits the cache (routes as given), with another replay or none it does not.
+TEST(EngineFaults, ForcedRoutesSeparatePrefixHitsAcrossSeveralBlocks) {
+  Runner runner(capture_config());
+  const std::vector<int32_t> prompt = seeded_prompt(41, 40);  // two full blocks and a part
+  auto replay_of = [](int salt) {
+    moe::RouteArray routes{40, 4, 4, std::vector<int32_t>(40 * 16)};
+    for (int64_t row = 0; row < 40; ++row)
+      for (int layer = 0; layer < 4; ++layer)
+        for (int k = 0; k < 4; ++k)
+          routes.ids[(row * 4 + layer) * 4 + k] = static_cast<int32_t>((row + layer + salt + 4 * k) % 16);
+    return routes;
+  };
+  auto forced = [&](int salt) {
+    engine::GenerationRequest request = greedy(prompt, 3);
+    request.replay = replay_of(salt);
+    return request;
+  };
+  auto given_rows_returned = [&](const Outcome& out, int salt) {
+    const moe::RouteArray expected = replay_of(salt);
+    for (int64_t row = 0; row < 40; ++row)
+      for (int layer : {0, 2, 3})
+        for (int k = 0; k < 4; ++k)
+          if (out.final_event.routes->at(row, layer, k) != expected.at(row, layer, k)) return false;
+    return true;
+  };
+  const Outcome first = runner.run(forced(1));
+  EXPECT_EQ(first.cached_prompt_tokens, 0);
+  ASSERT_TRUE(first.final_event.routes);
+  EXPECT_TRUE(given_rows_returned(first, 1));
+  const Outcome again = runner.run(forced(1));
+  EXPECT_EQ(again.cached_prompt_tokens, 32) << "same tokens, same forced routes: two blocks hit";
+  expect_same(first, again, "same replay");
+  const Outcome other = runner.run(forced(2));
+  EXPECT_EQ(other.cached_prompt_tokens, 0) << "other forced routes: no block may hit";
+  EXPECT_TRUE(given_rows_returned(other, 2));
+  const Outcome free_run = runner.run(greedy(prompt, 3));
+  EXPECT_EQ(free_run.cached_prompt_tokens, 0) << "free routing does not hit blocks computed under a replay";
+  const Outcome free_again = runner.run(greedy(prompt, 3));
+  EXPECT_EQ(free_again.cached_prompt_tokens, 32);
+  expect_same(free_run, free_again, "free");
+}
+
 // ---- Deliberately broken kernels (test-only) ----
 
 // Delegates to cpu-modular; claims replay but fails at it: `poison` leaves the forced rows'
