@@ -29,27 +29,31 @@ namespace {
 using namespace std::chrono_literals;
 
 // Holds the engine thread inside a request's callback, so that everything submitted meanwhile
-// arrives in the same step: release() lets it go.
+// arrives in the same step: release() lets it go. The callback shares the state (the engine
+// thread may still be leaving wait() when the gate goes out of scope).
 class EngineGate {
  public:
   explicit EngineGate(engine::Engine& engine) {
     engine::GenerationRequest request = greedy({1}, 1);
     request.return_routes = false;
-    auto id = engine.submit(request, [this](const engine::Event& event) {
+    std::promise<void> entered;
+    std::future<void> entered_future = entered.get_future();
+    auto shared_entered = std::make_shared<std::promise<void>>(std::move(entered));
+    std::shared_future<void> released = release_->get_future().share();
+    auto id = engine.submit(request, [shared_entered, released](const engine::Event& event) {
       if (event.finished) {
-        entered_.set_value();
-        release_future_.wait();
+        shared_entered->set_value();
+        released.wait();
       }
       return engine::Continuation::kContinue;
     });
     EXPECT_TRUE(id.is_ok()) << id.message();
-    entered_.get_future().wait();
+    entered_future.wait();
   }
-  void release() { release_.set_value(); }
+  void release() { release_->set_value(); }
 
  private:
-  std::promise<void> entered_, release_;
-  std::shared_future<void> release_future_ = release_.get_future().share();
+  std::shared_ptr<std::promise<void>> release_ = std::make_shared<std::promise<void>>();
 };
 
 engine::EngineMetrics settled_metrics(engine::Engine& engine) {
