@@ -13,8 +13,8 @@
 
 #include <cctype>
 #include <cstdint>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -54,13 +54,17 @@ Harness& harness() {
   return *h;
 }
 
-constexpr std::string_view kPaths[] = {"/v1/completions", "/v1/chat/completions", "/generate", "/tokenize",
-                                       "/detokenize", "/abort_request", "/v1/models", "/flush_cache"};
+constexpr std::string_view kPaths[] = {"/v1/completions", "/v1/chat/completions", "/generate",
+                                       "/tokenize",       "/detokenize",          "/abort_request",
+                                       "/v1/models",      "/flush_cache"};
 
-std::string with_body(std::string_view path, const std::string& body, bool chunked, uint8_t chunk_seed) {
-  std::string request = "POST " + std::string(path) +
-                        " HTTP/1.1\r\nHost: fuzz\r\nConnection: close\r\nContent-Type: application/json\r\n";
-  if (!chunked) return request + "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+std::string with_body(std::string_view path, const std::string& body, bool chunked,
+                      uint8_t chunk_seed) {
+  std::string request =
+      "POST " + std::string(path) +
+      " HTTP/1.1\r\nHost: fuzz\r\nConnection: close\r\nContent-Type: application/json\r\n";
+  if (!chunked)
+    return request + "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
   request += "Transfer-Encoding: chunked\r\n\r\n";
   size_t at = 0, size = 1 + chunk_seed % 17;
   while (at < body.size()) {
@@ -78,14 +82,20 @@ std::string request_from(const uint8_t* data, size_t size) {
   if (size == 0) return "";
   const uint8_t mode = data[0] % 4;
   const uint8_t selector = size > 1 ? data[1] : 0;
-  const std::string rest(reinterpret_cast<const char*>(data) + (size > 1 ? 2 : 1), size - (size > 1 ? 2 : 1));
+  const std::string rest(reinterpret_cast<const char*>(data) + (size > 1 ? 2 : 1),
+                         size - (size > 1 ? 2 : 1));
   switch (mode) {
-    case 0: return std::string(reinterpret_cast<const char*>(data) + 1, size - 1);
-    case 1: return with_body(kPaths[selector % std::size(kPaths)], rest, false, 0);
-    case 2: return with_body(kPaths[selector % std::size(kPaths)], rest, true, selector);
+    case 0:
+      return std::string(reinterpret_cast<const char*>(data) + 1, size - 1);
+    case 1:
+      return with_body(kPaths[selector % std::size(kPaths)], rest, false, 0);
+    case 2:
+      return with_body(kPaths[selector % std::size(kPaths)], rest, true, selector);
     default: {
-      const std::string body = "{\"prompt\":[1,2,3,4,5,6],\"max_tokens\":2,\"return_routed_experts\":true,"
-                               "\"routed_experts_replay\":\"" + sy::base64_encode(rest) + "\"}";
+      const std::string body =
+          "{\"prompt\":[1,2,3,4,5,6],\"max_tokens\":2,\"return_routed_experts\":true,"
+          "\"routed_experts_replay\":\"" +
+          sy::base64_encode(rest) + "\"}";
       return with_body("/v1/completions", body, (selector & 1) != 0, selector);
     }
   }
@@ -117,10 +127,11 @@ void check_responses(const std::string& raw) {
     const std::string body = raw.substr(head_end + 4, length);
     if (status >= 400 && head.find("\r\ncontent-type: application/json") != std::string::npos) {
       const nlohmann::json error = nlohmann::json::parse(body, nullptr, false);
-      const bool shaped = error.is_object() && error.contains("error") && error["error"].is_object() &&
-                          error["error"].contains("message") && error["error"]["message"].is_string() &&
-                          !error["error"]["message"].get<std::string>().empty() && error["error"].contains("type") &&
-                          error["error"].contains("code");
+      const bool shaped = error.is_object() && error.contains("error") &&
+                          error["error"].is_object() && error["error"].contains("message") &&
+                          error["error"]["message"].is_string() &&
+                          !error["error"]["message"].get<std::string>().empty() &&
+                          error["error"].contains("type") && error["error"].contains("code");
       if (!shaped) {
         std::fprintf(stderr, "error %d without an OpenAI-shaped body: %s\n", status, body.c_str());
         std::abort();

@@ -1,5 +1,6 @@
 // The seed of a randomised test: SY_TEST_SEED=N reruns a failure exactly; otherwise a fresh seed
-// every run. SY_SEED_TRACE(seed) names it in every failure of the enclosing scope, with the rerun line.
+// every run. SY_SEED_TRACE(seed) names it in every failure of the enclosing scope, with the rerun
+// line.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -12,7 +13,8 @@
 namespace sy::test {
 
 inline uint64_t test_seed() {
-  if (const char* env = std::getenv("SY_TEST_SEED"); env && *env) return std::strtoull(env, nullptr, 10);
+  if (const char* env = std::getenv("SY_TEST_SEED"); env && *env)
+    return std::strtoull(env, nullptr, 10);
   std::random_device device;
   return (static_cast<uint64_t>(device()) << 32) ^ device();
 }

@@ -12,7 +12,8 @@ std::vector<ScheduledChunk> Scheduler::schedule(bool admission_paused,
   // of this step's rows (at least one token, so it always advances).
   int64_t score_rows = std::max(config_.max_prompt_logprob_rows, 1);
   auto tokens_to_run = [&](const Sequence& seq) {
-    const int64_t count = std::min<int64_t>(static_cast<int64_t>(seq.tokens.size()) - seq.num_computed, budget);
+    const int64_t count =
+        std::min<int64_t>(static_cast<int64_t>(seq.tokens.size()) - seq.num_computed, budget);
     if (!scores_prompt(seq)) return count;
     const int64_t unscored_from = std::max(seq.num_computed, seq.prompt_scored);
     return std::min(count, unscored_from - seq.num_computed + std::max<int64_t>(score_rows, 1));
@@ -44,7 +45,8 @@ std::vector<ScheduledChunk> Scheduler::schedule(bool admission_paused,
     preempt(std::move(victim));
     if (was_current) break;
   }
-  while (budget > 0 && can_admit(admission_paused) && static_cast<int>(running_.size()) < config_.max_num_seqs) {
+  while (budget > 0 && can_admit(admission_paused) &&
+         static_cast<int>(running_.size()) < config_.max_num_seqs) {
     Sequence& seq = *waiting_.front();
     if (!seq.prefix_lookup_done) lookup_prefix(seq);
     const int64_t count = tokens_to_run(seq);
@@ -77,7 +79,8 @@ void Scheduler::computed(Sequence& seq, int64_t end) {
   for (int64_t b = seq.published_blocks; b < full; ++b) {
     if (config_.capture_routes && seq.route_rows < (b + 1) * bs) break;
     const std::vector<uint8_t> forced = forced_mask(seq, b);
-    kv_.publish(seq.blocks[b], block_hash(seq, b), b ? seq.blocks[b - 1] : -1, block_content(seq, b, forced));
+    kv_.publish(seq.blocks[b], block_hash(seq, b), b ? seq.blocks[b - 1] : -1,
+                block_content(seq, b, forced));
     seq.published_blocks = b + 1;
   }
 }
@@ -160,22 +163,26 @@ uint64_t Scheduler::block_hash(Sequence& seq, int64_t index) {
     const int64_t begin = b * kv_.block_size();
     const uint64_t previous = b ? seq.block_hashes[b - 1] : 0;
     const std::vector<uint8_t> forced = forced_mask(seq, b);
-    const int32_t* routes = seq.routes.empty() ? nullptr : seq.routes.data() + begin * config_.route_row_ints;
-    seq.block_hashes.push_back(KvCache::chain_hash(previous, seq.tokens.data() + begin, routes, forced.data(),
-                                                   kv_.block_size(), config_.route_row_ints));
+    const int32_t* routes =
+        seq.routes.empty() ? nullptr : seq.routes.data() + begin * config_.route_row_ints;
+    seq.block_hashes.push_back(KvCache::chain_hash(previous, seq.tokens.data() + begin, routes,
+                                                   forced.data(), kv_.block_size(),
+                                                   config_.route_row_ints));
   }
   return seq.block_hashes[index];
 }
 
 // Full block `index` of seq as the prefix cache compares it: tokens, forced rows, and the route
 // rows the sequence has for it (given, or logged by an earlier computation).
-BlockContent Scheduler::block_content(const Sequence& seq, int64_t index, const std::vector<uint8_t>& forced) const {
+BlockContent Scheduler::block_content(const Sequence& seq, int64_t index,
+                                      const std::vector<uint8_t>& forced) const {
   const int64_t begin = index * kv_.block_size();
   BlockContent content;
   content.tokens = seq.tokens.data() + begin;
   content.forced = forced.data();
   content.known_rows = std::clamp<int64_t>(seq.route_rows - begin, 0, kv_.block_size());
-  content.routes = content.known_rows > 0 ? seq.routes.data() + begin * config_.route_row_ints : nullptr;
+  content.routes =
+      content.known_rows > 0 ? seq.routes.data() + begin * config_.route_row_ints : nullptr;
   return content;
 }
 
@@ -189,7 +196,8 @@ void Scheduler::lookup_prefix(Sequence& seq) {
   int64_t hits = 0;
   for (int64_t b = 0; b < max_blocks; ++b) {
     const std::vector<uint8_t> forced = forced_mask(seq, b);
-    auto block = kv_.lookup(block_hash(seq, b), b ? seq.blocks[b - 1] : -1, block_content(seq, b, forced));
+    auto block =
+        kv_.lookup(block_hash(seq, b), b ? seq.blocks[b - 1] : -1, block_content(seq, b, forced));
     if (!block) break;
     seq.blocks.push_back(*block);
     if (config_.capture_routes && seq.route_rows < (b + 1) * bs) {

@@ -44,7 +44,8 @@ class Scheduler {
   // running one is preempted), then waiting ones in order while tokens, slots and blocks allow.
   // With admission paused (a weight update drains) only preempted sequences are admitted.
   // A sequence that cannot fit even in an empty cache is moved to `rejected`.
-  std::vector<ScheduledChunk> schedule(bool admission_paused, std::vector<std::unique_ptr<Sequence>>& rejected);
+  std::vector<ScheduledChunk> schedule(bool admission_paused,
+                                       std::vector<std::unique_ptr<Sequence>>& rejected);
   // After a successful step: positions up to `end` of seq are computed; full blocks are published.
   void computed(Sequence& seq, int64_t end);
   // Removes a running or waiting sequence (by pointer or id), giving its blocks back.
@@ -56,9 +57,13 @@ class Scheduler {
   bool has_running() const { return !running_.empty(); }
   bool has_waiting() const { return !waiting_.empty(); }
   // Something runs or could be admitted now.
-  bool has_work(bool admission_paused) const { return has_running() || can_admit(admission_paused); }
+  bool has_work(bool admission_paused) const {
+    return has_running() || can_admit(admission_paused);
+  }
   // Running, or preempted (its KV, route log and tokens so far came from the current weights).
-  bool in_flight() const { return !running_.empty() || (!waiting_.empty() && waiting_.front()->started); }
+  bool in_flight() const {
+    return !running_.empty() || (!waiting_.empty() && waiting_.front()->started);
+  }
   int64_t running_count() const { return static_cast<int64_t>(running_.size()); }
   int64_t waiting_count() const { return static_cast<int64_t>(waiting_.size()); }
   const SchedulerStats& stats() const { return stats_; }
@@ -73,7 +78,8 @@ class Scheduler {
   void preempt(std::unique_ptr<Sequence> seq);
   std::vector<uint8_t> forced_mask(const Sequence& seq, int64_t index) const;
   uint64_t block_hash(Sequence& seq, int64_t index);
-  BlockContent block_content(const Sequence& seq, int64_t index, const std::vector<uint8_t>& forced) const;
+  BlockContent block_content(const Sequence& seq, int64_t index,
+                             const std::vector<uint8_t>& forced) const;
 
   SchedulerConfig config_;
   KvCache& kv_;

@@ -29,27 +29,31 @@ namespace {
 using namespace std::chrono_literals;
 
 // Holds the engine thread inside a request's callback, so that everything submitted meanwhile
-// arrives in the same step: release() lets it go.
+// arrives in the same step: release() lets it go. The callback shares the state (the engine
+// thread may still be leaving wait() when the gate goes out of scope).
 class EngineGate {
  public:
   explicit EngineGate(engine::Engine& engine) {
     engine::GenerationRequest request = greedy({1}, 1);
     request.return_routes = false;
-    auto id = engine.submit(request, [this](const engine::Event& event) {
+    std::promise<void> entered;
+    std::future<void> entered_future = entered.get_future();
+    auto shared_entered = std::make_shared<std::promise<void>>(std::move(entered));
+    std::shared_future<void> released = release_->get_future().share();
+    auto id = engine.submit(request, [shared_entered, released](const engine::Event& event) {
       if (event.finished) {
-        entered_.set_value();
-        release_future_.wait();
+        shared_entered->set_value();
+        released.wait();
       }
       return engine::Continuation::kContinue;
     });
     EXPECT_TRUE(id.is_ok()) << id.message();
-    entered_.get_future().wait();
+    entered_future.wait();
   }
-  void release() { release_.set_value(); }
+  void release() { release_->set_value(); }
 
  private:
-  std::promise<void> entered_, release_;
-  std::shared_future<void> release_future_ = release_.get_future().share();
+  std::shared_ptr<std::promise<void>> release_ = std::make_shared<std::promise<void>>();
 };
 
 engine::EngineMetrics settled_metrics(engine::Engine& engine) {
@@ -76,16 +80,19 @@ TEST(EngineFaults, AFailedReservationGivesBackTheBlocksItTook) {
   // B: 80 prompt tokens need 5 blocks; while A holds 3 it can take only 3.
   engine::GenerationRequest b = greedy(seeded_prompt(2, 80), 1);
   const Outcome a_alone = runner.run(a);
-  ASSERT_EQ(a_alone.final_event.finish_reason, engine::FinishReason::kLength) << a_alone.final_event.error.message();
+  ASSERT_EQ(a_alone.final_event.finish_reason, engine::FinishReason::kLength)
+      << a_alone.final_event.error.message();
   const Outcome b_alone = runner.run(b);
-  ASSERT_EQ(b_alone.final_event.finish_reason, engine::FinishReason::kLength) << b_alone.final_event.error.message();
+  ASSERT_EQ(b_alone.final_event.finish_reason, engine::FinishReason::kLength)
+      << b_alone.final_event.error.message();
 
   std::promise<void> a_started;
   std::atomic<bool> signalled{false};
   auto a_done = std::make_shared<std::promise<Outcome>>();
   auto a_outcome = std::make_shared<Outcome>();
   auto a_id = runner.engine->submit(a, [&, a_done, a_outcome](const engine::Event& event) {
-    a_outcome->tokens.insert(a_outcome->tokens.end(), event.new_token_ids.begin(), event.new_token_ids.end());
+    a_outcome->tokens.insert(a_outcome->tokens.end(), event.new_token_ids.begin(),
+                             event.new_token_ids.end());
     if (!signalled.exchange(true)) a_started.set_value();
     if (event.finished) {
       a_outcome->final_event = event;
@@ -101,9 +108,12 @@ TEST(EngineFaults, AFailedReservationGivesBackTheBlocksItTook) {
   const Outcome b_together = b_future.get();
   EXPECT_EQ(a_together.final_event.finish_reason, engine::FinishReason::kLength)
       << "A fits the cache alone and must not fail: " << a_together.final_event.error.message();
-  EXPECT_EQ(b_together.final_event.finish_reason, engine::FinishReason::kLength) << b_together.final_event.error.message();
-  if (a_together.final_event.finish_reason == engine::FinishReason::kLength) expect_same(a_alone, a_together, "A");
-  if (b_together.final_event.finish_reason == engine::FinishReason::kLength) expect_same(b_alone, b_together, "B");
+  EXPECT_EQ(b_together.final_event.finish_reason, engine::FinishReason::kLength)
+      << b_together.final_event.error.message();
+  if (a_together.final_event.finish_reason == engine::FinishReason::kLength)
+    expect_same(a_alone, a_together, "A");
+  if (b_together.final_event.finish_reason == engine::FinishReason::kLength)
+    expect_same(b_alone, b_together, "B");
   // B could not fit beside A (the reservation that failed part-way): it ran after A.
   EXPECT_LT(a_together.finished_at, b_together.finished_at) << "the scenario needs B to wait for A";
   EXPECT_EQ(settled_metrics(*runner.engine).kv_blocks_used, 0);
@@ -132,10 +142,13 @@ TEST(EngineFaults, CachedTokensAreCountedOnceAfterPreemptionInAChunkedPrefill) {
     gate.release();
   }
   const Outcome a_out = a_future.get(), b_out = b_future.get();
-  ASSERT_EQ(a_out.final_event.finish_reason, engine::FinishReason::kLength) << a_out.final_event.error.message();
-  ASSERT_EQ(b_out.final_event.finish_reason, engine::FinishReason::kLength) << b_out.final_event.error.message();
+  ASSERT_EQ(a_out.final_event.finish_reason, engine::FinishReason::kLength)
+      << a_out.final_event.error.message();
+  ASSERT_EQ(b_out.final_event.finish_reason, engine::FinishReason::kLength)
+      << b_out.final_event.error.message();
   const engine::EngineMetrics after = settled_metrics(*runner.engine);
-  ASSERT_GT(after.preemptions_total, before.preemptions_total) << "the scenario needs B to be preempted";
+  ASSERT_GT(after.preemptions_total, before.preemptions_total)
+      << "the scenario needs B to be preempted";
   EXPECT_EQ(a_out.cached_prompt_tokens, 0);
   EXPECT_EQ(b_out.cached_prompt_tokens, 0) << "B's own blocks are not cached prompt tokens";
   EXPECT_EQ(after.prefix_cache_hits_tokens - before.prefix_cache_hits_tokens, 0)
@@ -147,11 +160,13 @@ TEST(EngineFaults, CachedTokensAreCountedOnceAfterPreemptionInAChunkedPrefill) {
 
 // A random-weight checkpoint with kModel's shapes (made once per seed, in the build folder).
 std::string random_model(uint64_t seed) {
-  const std::string dir = std::string(SY_BINARY_DIR) + "/engine_faults_model_" + std::to_string(seed);
+  const std::string dir =
+      std::string(SY_BINARY_DIR) + "/engine_faults_model_" + std::to_string(seed);
   if (std::filesystem::exists(dir + "/model.safetensors")) return dir;
   std::ifstream config_file(kModel + "/config.json");
   const nlohmann::json config = nlohmann::json::parse(config_file);
-  Status status = model::write_random_checkpoint(config, nlohmann::json::object(), dir, seed, false);
+  Status status =
+      model::write_random_checkpoint(config, nlohmann::json::object(), dir, seed, false);
   EXPECT_TRUE(status.is_ok()) << status.message();
   return dir;
 }
@@ -160,7 +175,8 @@ std::string random_model(uint64_t seed) {
 // KV and route log computed with the old weights) resumed on the new ones, so its tokens and
 // routes came from two models. Every result must equal the request run alone on one of them.
 TEST(EngineFaults, AWeightUpdateDrainsPreemptedSequences) {
-  if (on_cuda()) GTEST_SKIP() << "compares batched results with results alone (CPU batch invariance)";
+  if (on_cuda())
+    GTEST_SKIP() << "compares batched results with results alone (CPU batch invariance)";
   const std::string old_model = random_model(11), new_model = random_model(12);
   std::vector<engine::GenerationRequest> requests;
   for (int i = 0; i < 8; ++i) requests.push_back(greedy(seeded_prompt(100 + i, 20 + 3 * i), 40));
@@ -186,22 +202,73 @@ TEST(EngineFaults, AWeightUpdateDrainsPreemptedSequences) {
   std::vector<std::future<Outcome>> pending;
   for (const auto& request : requests) pending.push_back(runner.start(request));
   // Update once the cache is contended and sequences have been preempted.
-  for (int i = 0; i < 2000 && runner.engine->metrics().preemptions_total < 2; ++i) std::this_thread::sleep_for(1ms);
-  ASSERT_GE(runner.engine->metrics().preemptions_total, 2) << "the scenario needs preempted sequences";
+  for (int i = 0; i < 2000 && runner.engine->metrics().preemptions_total < 2; ++i)
+    std::this_thread::sleep_for(1ms);
+  ASSERT_GE(runner.engine->metrics().preemptions_total, 2)
+      << "the scenario needs preempted sequences";
   ASSERT_TRUE(runner.engine->update_weights_from_disk(new_model).is_ok());
   int old_count = 0, new_count = 0;
   for (size_t i = 0; i < requests.size(); ++i) {
     const Outcome together = pending[i].get();
-    ASSERT_EQ(together.final_event.finish_reason, engine::FinishReason::kLength) << together.final_event.error.message();
+    ASSERT_EQ(together.final_event.finish_reason, engine::FinishReason::kLength)
+        << together.final_event.error.message();
     ASSERT_TRUE(together.final_event.routes);
-    const bool is_old = together.tokens == on_old[i].tokens && together.final_event.routes->ids == on_old[i].final_event.routes->ids;
-    const bool is_new = together.tokens == on_new[i].tokens && together.final_event.routes->ids == on_new[i].final_event.routes->ids;
+    const bool is_old = together.tokens == on_old[i].tokens &&
+                        together.final_event.routes->ids == on_old[i].final_event.routes->ids;
+    const bool is_new = together.tokens == on_new[i].tokens &&
+                        together.final_event.routes->ids == on_new[i].final_event.routes->ids;
     EXPECT_TRUE(is_old || is_new) << "request " << i << " mixes the old and the new weights";
     old_count += is_old;
     new_count += is_new;
   }
   EXPECT_GT(old_count, 0) << "some requests were in flight at the update";
-  std::printf("weight update mid-flight: %d requests on the old weights, %d on the new\n", old_count, new_count);
+  std::printf("weight update mid-flight: %d requests on the old weights, %d on the new\n",
+              old_count, new_count);
+}
+
+// Forced routes are part of the prefix hash, over prompts longer than one block: the same prompt
+// with the same replay hits the cache (routes as given), with another replay or none it does not.
+TEST(EngineFaults, ForcedRoutesSeparatePrefixHitsAcrossSeveralBlocks) {
+  Runner runner(capture_config());
+  const std::vector<int32_t> prompt = seeded_prompt(41, 40);  // two full blocks and a part
+  auto replay_of = [](int salt) {
+    moe::RouteArray routes{40, 4, 4, std::vector<int32_t>(40 * 16)};
+    for (int64_t row = 0; row < 40; ++row)
+      for (int layer = 0; layer < 4; ++layer)
+        for (int k = 0; k < 4; ++k)
+          routes.ids[(row * 4 + layer) * 4 + k] =
+              static_cast<int32_t>((row + layer + salt + 4 * k) % 16);
+    return routes;
+  };
+  auto forced = [&](int salt) {
+    engine::GenerationRequest request = greedy(prompt, 3);
+    request.replay = replay_of(salt);
+    return request;
+  };
+  auto given_rows_returned = [&](const Outcome& out, int salt) {
+    const moe::RouteArray expected = replay_of(salt);
+    for (int64_t row = 0; row < 40; ++row)
+      for (int layer : {0, 2, 3})
+        for (int k = 0; k < 4; ++k)
+          if (out.final_event.routes->at(row, layer, k) != expected.at(row, layer, k)) return false;
+    return true;
+  };
+  const Outcome first = runner.run(forced(1));
+  EXPECT_EQ(first.cached_prompt_tokens, 0);
+  ASSERT_TRUE(first.final_event.routes);
+  EXPECT_TRUE(given_rows_returned(first, 1));
+  const Outcome again = runner.run(forced(1));
+  EXPECT_EQ(again.cached_prompt_tokens, 32) << "same tokens, same forced routes: two blocks hit";
+  expect_same(first, again, "same replay");
+  const Outcome other = runner.run(forced(2));
+  EXPECT_EQ(other.cached_prompt_tokens, 0) << "other forced routes: no block may hit";
+  EXPECT_TRUE(given_rows_returned(other, 2));
+  const Outcome free_run = runner.run(greedy(prompt, 3));
+  EXPECT_EQ(free_run.cached_prompt_tokens, 0)
+      << "free routing does not hit blocks computed under a replay";
+  const Outcome free_again = runner.run(greedy(prompt, 3));
+  EXPECT_EQ(free_again.cached_prompt_tokens, 32);
+  expect_same(free_run, free_again, "free");
 }
 
 // ---- Deliberately broken kernels (test-only) ----
@@ -211,7 +278,9 @@ TEST(EngineFaults, AWeightUpdateDrainsPreemptedSequences) {
 class FailsReplayKernel final : public moe::ExpertsKernel {
  public:
   FailsReplayKernel(moe::ExpertsKernel& inner, bool poison) : inner_(inner), poison_(poison) {}
-  std::string_view name() const override { return poison_ ? "test-poisons-replay" : "test-refuses-replay"; }
+  std::string_view name() const override {
+    return poison_ ? "test-poisons-replay" : "test-refuses-replay";
+  }
   Device device() const override { return Device::kCpu; }
   bool routes_inside() const override { return false; }
   bool captures_routes() const override { return true; }
@@ -221,13 +290,15 @@ class FailsReplayKernel final : public moe::ExpertsKernel {
     const auto* forced = static_cast<const uint8_t*>(args.routes.forced.data);
     bool any_forced = false;
     for (int64_t t = 0; forced && t < tokens; ++t) any_forced |= forced[t] != 0;
-    if (any_forced && !poison_) return Status::error(ErrorCode::kUnsupported, "test-refuses-replay cannot replay this row");
+    if (any_forced && !poison_)
+      return Status::error(ErrorCode::kUnsupported, "test-refuses-replay cannot replay this row");
     SY_TRY(inner_.forward(args));
     if (!any_forced || !args.routes.sink.data) return Status::ok();
     auto* sink = static_cast<int32_t*>(args.routes.sink.data);
     const int64_t layers = args.routes.sink.dim(1), top_k = args.routes.sink.dim(2);
     for (int64_t t = 0; t < tokens; ++t)
-      if (forced[t]) std::fill_n(sink + (t * layers + args.layer) * top_k, top_k, moe::kRoutePoison);
+      if (forced[t])
+        std::fill_n(sink + (t * layers + args.layer) * top_k, top_k, moe::kRoutePoison);
     return Status::ok();
   }
 
@@ -282,10 +353,12 @@ TEST_P(OneFailureInAStep, FailsThatRequestAloneAndKeepsTheOthers) {
   engine::EngineConfig config = capture_config();
   config.moe_kernel = poison ? "test-poisons-replay" : "test-refuses-replay";
   config.register_extra_kernels = [poison](moe::ExpertsKernelRegistry& registry) {
-    registry.add(std::make_unique<FailsReplayKernel>(**registry.select("cpu-modular", {Device::kCpu, true, true}), poison));
+    registry.add(std::make_unique<FailsReplayKernel>(
+        **registry.select("cpu-modular", {Device::kCpu, true, true}), poison));
   };
   Runner runner(config);
-  const engine::GenerationRequest a = greedy(seeded_prompt(21, 12), 8), c = greedy(seeded_prompt(23, 30), 5);
+  const engine::GenerationRequest a = greedy(seeded_prompt(21, 12), 8),
+                                  c = greedy(seeded_prompt(23, 30), 5);
   engine::GenerationRequest b = greedy(seeded_prompt(22, 9), 4);
   b.replay = moe::RouteArray{3, 4, 4, std::vector<int32_t>(3 * 16)};
   for (size_t i = 0; i < b.replay->ids.size(); ++i) b.replay->ids[i] = static_cast<int32_t>(i % 4);
@@ -303,12 +376,17 @@ TEST_P(OneFailureInAStep, FailsThatRequestAloneAndKeepsTheOthers) {
   const Outcome b_out = b_future.get();
   EXPECT_EQ(b_out.final_event.finish_reason, engine::FinishReason::kError);
   EXPECT_FALSE(b_out.final_event.routes.has_value());
-  if (poison) EXPECT_NE(b_out.final_event.error.message().find("MoE layer"), std::string::npos) << b_out.final_event.error.message();
-  else EXPECT_NE(b_out.final_event.error.message().find("cannot replay"), std::string::npos) << b_out.final_event.error.message();
+  if (poison)
+    EXPECT_NE(b_out.final_event.error.message().find("MoE layer"), std::string::npos)
+        << b_out.final_event.error.message();
+  else
+    EXPECT_NE(b_out.final_event.error.message().find("cannot replay"), std::string::npos)
+        << b_out.final_event.error.message();
   const Outcome a_out = a_future.get(), c_out = c_future.get();
   ASSERT_EQ(a_out.final_event.finish_reason, engine::FinishReason::kLength)
       << "A shared B's step and must not fail with it: " << a_out.final_event.error.message();
-  ASSERT_EQ(c_out.final_event.finish_reason, engine::FinishReason::kLength) << c_out.final_event.error.message();
+  ASSERT_EQ(c_out.final_event.finish_reason, engine::FinishReason::kLength)
+      << c_out.final_event.error.message();
   expect_same(a_alone, a_out, "A");
   expect_same(c_alone, c_out, "C");
   const engine::EngineMetrics after = settled_metrics(*runner.engine);
@@ -332,7 +410,8 @@ TEST(EngineFaults, PenaltiesSeeEveryOutputToken) {
   request.sampling.frequency_penalty = 0.0f;
   const Outcome free_run = runner.run(request);
   std::set<int32_t> free_distinct(free_run.tokens.begin(), free_run.tokens.end());
-  EXPECT_LT(free_distinct.size(), free_run.tokens.size()) << "without the penalty this model repeats itself";
+  EXPECT_LT(free_distinct.size(), free_run.tokens.size())
+      << "without the penalty this model repeats itself";
 }
 
 }  // namespace

@@ -15,12 +15,13 @@
 
 namespace sy {
 
-inline const std::string kModel = std::string(SY_SOURCE_DIR) + "/tests/golden/hf_qwen3_moe/qwen3moe_dense_nonorm";
+inline const std::string kModel =
+    std::string(SY_SOURCE_DIR) + "/tests/golden/hf_qwen3_moe/qwen3moe_dense_nonorm";
 
 struct Outcome {
   std::vector<int32_t> tokens;
   std::vector<engine::TokenLogprob> prompt_logprobs;  // from every event (only the first has any)
-  int64_t cached_prompt_tokens = -1;  // from the first event
+  int64_t cached_prompt_tokens = -1;                  // from the first event
   engine::Event final_event;
   std::chrono::steady_clock::time_point finished_at;
 };
@@ -48,8 +49,10 @@ struct Runner {
     auto promise = std::make_shared<std::promise<Outcome>>();
     auto outcome = std::make_shared<Outcome>();
     auto id = engine->submit(std::move(request), [promise, outcome](const engine::Event& event) {
-      if (outcome->cached_prompt_tokens < 0) outcome->cached_prompt_tokens = event.cached_prompt_tokens;
-      outcome->tokens.insert(outcome->tokens.end(), event.new_token_ids.begin(), event.new_token_ids.end());
+      if (outcome->cached_prompt_tokens < 0)
+        outcome->cached_prompt_tokens = event.cached_prompt_tokens;
+      outcome->tokens.insert(outcome->tokens.end(), event.new_token_ids.begin(),
+                             event.new_token_ids.end());
       outcome->prompt_logprobs.insert(outcome->prompt_logprobs.end(), event.prompt_logprobs.begin(),
                                       event.prompt_logprobs.end());
       if (event.finished) {

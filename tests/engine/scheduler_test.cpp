@@ -39,7 +39,8 @@ struct Harness {
     std::vector<ScheduledChunk> chunks = scheduler.schedule(paused, rejected);
     for (const ScheduledChunk& c : chunks) {
       scheduler.computed(*c.seq, c.begin + c.count);
-      if (c.begin + c.count == static_cast<int64_t>(c.seq->tokens.size())) c.seq->tokens.push_back(7);
+      if (c.begin + c.count == static_cast<int64_t>(c.seq->tokens.size()))
+        c.seq->tokens.push_back(7);
     }
     return chunks;
   }
@@ -48,8 +49,8 @@ struct Harness {
 std::string describe(const std::vector<ScheduledChunk>& chunks) {
   std::string text;
   for (const auto& c : chunks)
-    text += (text.empty() ? "" : " ") + std::to_string(c.seq->id) + ":" + std::to_string(c.begin) + "+" +
-            std::to_string(c.count);
+    text += (text.empty() ? "" : " ") + std::to_string(c.seq->id) + ":" + std::to_string(c.begin) +
+            "+" + std::to_string(c.count);
   return text;
 }
 
@@ -59,7 +60,8 @@ TEST(Scheduler, ChunksPrefillsUnderTheTokenBudgetThenDecodes) {
   h.scheduler.add(fake_sequence(2, 30, 100));
   EXPECT_EQ(describe(h.step()), "1:0+32") << "the first prompt takes the whole budget";
   EXPECT_EQ(describe(h.step()), "1:32+8 2:0+24") << "running first, then the next waiting one";
-  EXPECT_EQ(describe(h.step()), "1:40+1 2:24+6") << "1 decodes (its sampled token), 2 finishes prefill";
+  EXPECT_EQ(describe(h.step()), "1:40+1 2:24+6")
+      << "1 decodes (its sampled token), 2 finishes prefill";
   EXPECT_EQ(describe(h.step()), "1:41+1 2:30+1");
   EXPECT_EQ(h.scheduler.running_count(), 2);
   EXPECT_EQ(h.kv.used(), 3 + 2) << "blocks for 42 and 31 tokens";
@@ -67,7 +69,7 @@ TEST(Scheduler, ChunksPrefillsUnderTheTokenBudgetThenDecodes) {
 
 TEST(Scheduler, OutOfBlocksPreemptsTheNewestRunningSequence) {
   Harness h(5, 256);
-  h.scheduler.add(fake_sequence(1, 47));  // 3 blocks, the 4th at position 48
+  h.scheduler.add(fake_sequence(1, 47));       // 3 blocks, the 4th at position 48
   h.scheduler.add(fake_sequence(2, 31, 200));  // 2 blocks
   EXPECT_EQ(describe(h.step()), "1:0+47 2:0+31");
   EXPECT_EQ(h.kv.used(), 5);
@@ -86,7 +88,8 @@ TEST(Scheduler, OutOfBlocksPreemptsTheNewestRunningSequence) {
   // 2 comes back: its first block is a prefix hit (blocks are given back tail first, so the
   // eviction for 1 took its second); the rest is recomputed.
   EXPECT_EQ(describe(h.step()), "2:16+17");
-  EXPECT_EQ(h.scheduler.remove(RequestId{2})->cached_prompt_tokens, 0) << "its own blocks are not cached tokens";
+  EXPECT_EQ(h.scheduler.remove(RequestId{2})->cached_prompt_tokens, 0)
+      << "its own blocks are not cached tokens";
   EXPECT_EQ(h.kv.used(), 0);
 }
 
@@ -112,7 +115,8 @@ TEST(Scheduler, WhilePausedOnlyPreemptedSequencesAreAdmitted) {
   ASSERT_EQ(h.scheduler.stats().preemptions_total, 1);
   h.scheduler.add(fake_sequence(3, 5, 900));  // arrives during the drain
   h.scheduler.remove(RequestId{1});
-  EXPECT_EQ(describe(h.step(/*paused=*/true)), "2:16+17") << "the preempted sequence finishes first";
+  EXPECT_EQ(describe(h.step(/*paused=*/true)), "2:16+17")
+      << "the preempted sequence finishes first";
   EXPECT_TRUE(h.scheduler.in_flight());
   h.scheduler.remove(RequestId{2});
   EXPECT_FALSE(h.scheduler.in_flight()) << "3 never started: the drain may run";
