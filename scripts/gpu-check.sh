@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU machine's whole visit, run as it is from the repo root there, after scripts/gpu-pack.sh
 # here (carry gpu-carry/). Stages (default: all but profile): ceilings ops golden engine bench8
-# bench48 crossover serve-e2e serve; profile (ncu per-kernel times of one decode and one prefill step;
+# bench48 crossover serve-e2e serve; stamps (cuda-fused phase timer, STAMP_VARIANTS); ab (knob A/B, AB_VARIANTS); family-goldens; profile (ncu per-kernel times of one decode and one prefill step;
 # PROFILE_STEPS=decode for one), moe-detail (ncu's full sections on one cuda-fused launch).
 # Everything it prints also goes to $OUT/gpu-check.log; JSON results land in $OUT.
 #   scripts/gpu-check.sh [stage ...]
@@ -94,6 +94,30 @@ if want moe-detail; then
     "$carry/step_bench" --device cuda --random-weights "$carry/qwen3-30b-a3b-8l/config.json" --no-graphs \
     --batches 1 --context 1024 --steps 8 --ab-pairs 0 --prefill 0 > "$OUT/ncu_fused_moe.txt" 2>&1
   grep -E "Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Stall|Warp Cycles Per Issued|Block Limit|Waves|L2 Hit|Theoretical Occ" "$OUT/ncu_fused_moe.txt" | head -40
+fi
+if want ab; then
+  # Batch-1 decode (48 layers) under each experiment knob of AB_VARIANTS (space-separated
+  # VAR=value, "-" for none), the same process order every time: the knobs' effect in one run.
+  section "batch-1 decode A/B over experiment knobs"
+  for variant in ${AB_VARIANTS:--}; do
+    echo "--- variant: $variant"
+    env ${variant#-} "$carry/step_bench" --device cuda --random-weights "$carry/qwen3-30b-a3b/config.json" \
+      --batches 1 --context 1024 --steps 64 --ab-pairs 0 --prefill 0 --bandwidth-gbs "$bandwidth" 2>&1 | grep "decode batch"
+  done
+fi
+if want family-goldens; then
+  # Mixtral, OLMoE and Qwen2-MoE goldens from transformers (tools/gpu/family_goldens.py).
+  section "family goldens (transformers, float64)"
+  run family-goldens timeout 400 python3 tools/gpu/family_goldens.py "$OUT/goldens"
+fi
+if want stamps; then
+  # cuda-fused phase timer (SY_FUSED_STAMPS=1): per-phase times of the batch-1 launches, 8-layer cut.
+  section "cuda-fused phase stamps, batch 1, 8-layer cut"
+  for variant in ${STAMP_VARIANTS:--}; do
+    echo "--- variant: $variant"
+    env SY_FUSED_STAMPS=1 ${variant#-} "$carry/step_bench" --device cuda --random-weights "$carry/qwen3-30b-a3b-8l/config.json" \
+      --no-graphs --kernel cuda-fused --batches 1 --context 1024 --steps 32 --ab-pairs 0 --prefill 0 || failed+=(stamps)
+  done
 fi
 if want serve-e2e; then
   # The server's end-to-end tests with every server on CUDA. Left out: the load test (its own

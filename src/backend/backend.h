@@ -159,6 +159,16 @@ class Backend {
   virtual void matmul_parts(const Tensor& x, const std::vector<MatmulPart>& parts) {
     for (const MatmulPart& part : parts) matmul(x, *part.weight, part.bias, *part.out);
   }
+  // The residual add and input norm fused into the projections that consume them: out_i =
+  // matmul(rms_norm(x + delta) * weight, weight_i), delta optional, x and the normed rows left
+  // unwritten (the caller adds delta into x later). Results equal add_rms_norm then
+  // matmul_parts bitwise. Returns false, having done nothing, where the backend does not fuse
+  // this shape; the caller then runs the two ops.
+  virtual bool norm_matmul_parts(const Tensor& x, const Tensor* delta, const Tensor& weight, float eps,
+                                 const std::vector<MatmulPart>& parts) {
+    (void)x, (void)delta, (void)weight, (void)eps, (void)parts;
+    return false;
+  }
   virtual void add_inplace(Tensor& x, const Tensor& y) = 0;
   // The residual step: x += delta, then out = rms_norm(x) (fused on devices).
   virtual void add_rms_norm(Tensor& x, const Tensor& delta, const Tensor& weight, float eps, Tensor& out) {
@@ -189,6 +199,16 @@ class Backend {
   // sequence; out [T, heads * head_dim]. GQA by heads / kv_heads.
   virtual void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                          const AttentionBatch& batch, float scale, Tensor& out) = 0;
+  // qk_norm_rope_write_kv then attention as one op, where the device fuses them (decode
+  // steps): bitwise the same out and caches, q and k not updated in place. Returns false,
+  // having done nothing, where it does not; the caller then runs the two ops.
+  virtual bool qk_prep_attention(Tensor& q, Tensor& k, const Tensor& v, const Tensor* q_norm, const Tensor* k_norm,
+                                 float eps, const AttentionBatch& batch, const RopeSpec& rope, Tensor& k_cache,
+                                 Tensor& v_cache, float scale, Tensor& out) {
+    (void)q, (void)k, (void)v, (void)q_norm, (void)k_norm, (void)eps, (void)batch, (void)rope, (void)k_cache,
+        (void)v_cache, (void)scale, (void)out;
+    return false;
+  }
   // out[r] = x[rows[r]].
   virtual void gather_rows(const Tensor& x, const Tensor& rows, Tensor& out) = 0;
   // Samples one token per logits row and its logprobs.

@@ -17,9 +17,9 @@ struct Decoder::Workspace {
   int32_t* routes_host = nullptr;
   Tensor pack;  // [pack_ints] int32
   Tensor forced, forced_routes, sink;
-  Tensor x, normed, block_out, q, k, v, attn, gate, up, picked, picked_normed, logits;
+  Tensor x, normed, block_out, ffn_out, q, k, v, attn, gate, up, picked, picked_normed, logits;
   std::vector<Tensor*> owned() {
-    return {&pack, &forced, &forced_routes, &sink, &x, &normed, &block_out, &q, &k, &v, &attn,
+    return {&pack, &forced, &forced_routes, &sink, &x, &normed, &block_out, &ffn_out, &q, &k, &v, &attn,
             &gate, &up, &picked, &picked_normed, &logits};
   }
   ~Workspace() {
@@ -127,6 +127,7 @@ Status Decoder::allocate(const ModelConfig& c, int64_t num_blocks, const backend
   ws->x = backend_.alloc(DType::kF32, {T, hidden});
   ws->normed = backend_.alloc(DType::kF32, {T, hidden});
   ws->block_out = backend_.alloc(DType::kF32, {T, hidden});
+  ws->ffn_out = backend_.alloc(DType::kF32, {T, hidden});
   ws->q = backend_.alloc(DType::kF32, {T, heads, c.head_dim});
   ws->k = backend_.alloc(DType::kF32, {T, kv_heads, c.head_dim});
   ws->v = backend_.alloc(DType::kF32, {T, kv_heads, c.head_dim});
@@ -243,7 +244,7 @@ Status Decoder::forward(const Model& model, const StepInputs& in, StepOutputs& o
       routes.source = ws.forced_routes.slice_rows(0, T);
     }
     Tensor x = ws.x.slice_rows(0, T), normed = ws.normed.slice_rows(0, T);
-    Tensor block_out = ws.block_out.slice_rows(0, T);
+    Tensor block_out = ws.block_out.slice_rows(0, T), ffn_out = ws.ffn_out.slice_rows(0, T);
     Tensor q = ws.q.slice_rows(0, T), k = ws.k.slice_rows(0, T), vv = ws.v.slice_rows(0, T);
     Tensor attn = ws.attn.slice_rows(0, T);
     const backend::RopeSpec rope{c.rope_theta, head_dim};
@@ -251,26 +252,51 @@ Status Decoder::forward(const Model& model, const StepInputs& in, StepOutputs& o
     (void)hidden, (void)heads, (void)kv_heads;
 
     backend_.embedding(wt.embed_tokens, v.ids, x);
-    backend_.rms_norm(x, wt.layers[0].input_norm, c.rms_norm_eps, normed);
+    // The residual stream x lags by `pending` (the last feed-forward output, not yet added)
+    // where a backend or kernel fuses the residual add and norm into the op that consumes
+    // them; the sums are the same f32 adds in the same order as add_rms_norm's.
+    const bool fuse_moe_norm = kernel.fuses_input_norm(T);
+    const Tensor* pending = nullptr;
     for (int64_t layer = 0; layer < layers; ++layer) {
       const LayerWeights& lw = wt.layers[static_cast<size_t>(layer)];
       const AttentionWeights& a = lw.attention;
-      // Attention block (normed holds input_norm(x)).
-      backend_.matmul_parts(normed, {{&a.q_proj, a.q_bias.data ? &a.q_bias : nullptr, &q},
-                                     {&a.k_proj, a.k_bias.data ? &a.k_bias : nullptr, &k},
-                                     {&a.v_proj, a.v_bias.data ? &a.v_bias : nullptr, &vv}});
-      backend_.qk_norm_rope_write_kv(q, k, vv, a.q_norm.data ? &a.q_norm : nullptr,
-                                     a.k_norm.data ? &a.k_norm : nullptr, c.rms_norm_eps, batch, rope,
-                                     k_cache_[layer], v_cache_[layer]);
-      backend_.attention(q, k_cache_[layer], v_cache_[layer], batch, scale, attn);
+      // Attention block: q, k, v of input_norm(x + pending).
+      const std::vector<backend::Backend::MatmulPart> qkv = {{&a.q_proj, a.q_bias.data ? &a.q_bias : nullptr, &q},
+                                                    {&a.k_proj, a.k_bias.data ? &a.k_bias : nullptr, &k},
+                                                    {&a.v_proj, a.v_bias.data ? &a.v_bias : nullptr, &vv}};
+      if (!backend_.norm_matmul_parts(x, pending, lw.input_norm, c.rms_norm_eps, qkv)) {
+        if (pending) backend_.add_rms_norm(x, *pending, lw.input_norm, c.rms_norm_eps, normed);
+        else backend_.rms_norm(x, lw.input_norm, c.rms_norm_eps, normed);
+        pending = nullptr;
+        backend_.matmul_parts(normed, qkv);
+      }
+      const Tensor* q_norm = a.q_norm.data ? &a.q_norm : nullptr;
+      const Tensor* k_norm = a.k_norm.data ? &a.k_norm : nullptr;
+      if (!backend_.qk_prep_attention(q, k, vv, q_norm, k_norm, c.rms_norm_eps, batch, rope, k_cache_[layer],
+                                      v_cache_[layer], scale, attn)) {
+        backend_.qk_norm_rope_write_kv(q, k, vv, q_norm, k_norm, c.rms_norm_eps, batch, rope, k_cache_[layer],
+                                       v_cache_[layer]);
+        backend_.attention(q, k_cache_[layer], v_cache_[layer], batch, scale, attn);
+      }
       backend_.matmul(attn, a.o_proj, a.o_bias.data ? &a.o_bias : nullptr, block_out);
-      backend_.add_rms_norm(x, block_out, lw.post_attention_norm, c.rms_norm_eps, normed);
-      // Feed-forward block: dense MLP or MoE.
+      // Feed-forward block on post_attention_norm(x + pending + block_out): dense MLP or MoE.
+      moe::MoeForwardArgs args;
+      const bool fused_norm = lw.is_moe && fuse_moe_norm;
+      if (fused_norm) {
+        args.input_norm.residual = &x;
+        args.input_norm.earlier_delta = pending;
+        args.input_norm.delta = &block_out;
+        args.input_norm.weight = &lw.post_attention_norm;
+        args.input_norm.eps = c.rms_norm_eps;
+      } else {
+        if (pending) backend_.add_inplace(x, *pending);
+        backend_.add_rms_norm(x, block_out, lw.post_attention_norm, c.rms_norm_eps, normed);
+      }
+      pending = nullptr;
       if (lw.is_moe) {
-        moe::MoeForwardArgs args;
         args.layer = static_cast<int>(layer);
         args.hidden = normed;
-        args.out = block_out;
+        args.out = ffn_out;
         args.weights = &lw.moe;
         args.spec = c.router_spec();
         args.routes = routes;
@@ -282,16 +308,11 @@ Status Decoder::forward(const Model& model, const StepInputs& in, StepOutputs& o
         backend_.matmul(normed, lw.mlp.gate_proj, nullptr, g);
         backend_.matmul(normed, lw.mlp.up_proj, nullptr, u);
         backend_.silu_mul(g, u, g);
-        backend_.matmul(g, lw.mlp.down_proj, nullptr, block_out);
+        backend_.matmul(g, lw.mlp.down_proj, nullptr, ffn_out);
       }
-      // The residual add, fused with the next layer's input norm.
-      const bool last = layer + 1 == layers;
-      if (!last) {
-        backend_.add_rms_norm(x, block_out, wt.layers[static_cast<size_t>(layer + 1)].input_norm, c.rms_norm_eps, normed);
-      } else {
-        backend_.add_inplace(x, block_out);
-      }
+      pending = fused_norm ? nullptr : &ffn_out;  // a fused-norm kernel adds its output into x itself
     }
+    if (pending) backend_.add_inplace(x, *pending);
     // Logits for the requested rows only.
     if (R > 0) {
       Tensor picked = ws.picked.slice_rows(0, R), picked_normed = ws.picked_normed.slice_rows(0, R);

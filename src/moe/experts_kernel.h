@@ -46,9 +46,21 @@ struct RouteBuffers {
   Tensor forced;  // [step_tokens] uint8
 };
 
+// The residual adds around the block, for a kernel that fuses them (fuses_input_norm): its
+// input is rms_norm(x) * weight with x = residual + earlier_delta (if given) + delta, added in
+// that order, and it writes x + out back into residual (out is written too).
+struct MoeInputNorm {
+  Tensor* residual = nullptr;  // [T, hidden] f32; nullptr: MoeForwardArgs::hidden is the input
+  const Tensor* earlier_delta = nullptr;
+  const Tensor* delta = nullptr;
+  const Tensor* weight = nullptr;  // [hidden] f32
+  float eps = 1e-6f;
+};
+
 struct MoeForwardArgs {
   int layer = 0;
-  Tensor hidden;  // [T, hidden] f32, already normed
+  Tensor hidden;  // [T, hidden] f32, already normed (unless input_norm.residual is set)
+  MoeInputNorm input_norm;
   Tensor out;     // [T, hidden] f32, overwritten
   const MoeLayerWeights* weights = nullptr;
   RouterSpec spec;
@@ -71,6 +83,11 @@ class ExpertsKernel {
   // Enqueues the layer's work (a device kernel need not finish before returning). Must not
   // synchronise with the host or allocate: steps may be recorded as graphs.
   virtual Status forward(const MoeForwardArgs& args) = 0;
+  // Whether forward() takes MoeForwardArgs::input_norm for steps of `tokens` tokens.
+  virtual bool fuses_input_norm(int64_t tokens) const {
+    (void)tokens;
+    return false;
+  }
 };
 
 struct KernelNeeds {
