@@ -10,14 +10,6 @@
 
 namespace sy::backend {
 
-const char* backend_feature_name(BackendFeature feature) {
-  switch (feature) {
-    case BackendFeature::kSlidingWindow: return "sliding-window attention";
-    case BackendFeature::kSigmoidGatedAdd: return "sigmoid-gated shared expert";
-  }
-  return "unknown feature";
-}
-
 Result<Device> parse_device(const std::string& text) {
   if (text == "cpu") return Device::kCpu;
   if (text == "cuda") return Device::kCuda;

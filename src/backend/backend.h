@@ -40,10 +40,16 @@ struct AttentionBatch {
 // Operations added for architectures beyond Qwen3-MoE. A backend lists those it implements; the
 // decoder refuses at start-up (kUnsupported, naming the feature) a model that needs one it lacks.
 enum class BackendFeature {
-  kSlidingWindow,     // attention() honours AttentionBatch::sliding_window
-  kSigmoidGatedAdd,   // add_sigmoid_gated (Qwen2-MoE's shared expert gate)
+  kSlidingWindow,    // attention() honours AttentionBatch::sliding_window
+  kSigmoidGatedAdd,  // add_sigmoid_gated (Qwen2-MoE's shared expert gate)
 };
-const char* backend_feature_name(BackendFeature feature);
+inline const char* backend_feature_name(BackendFeature feature) {
+  switch (feature) {
+    case BackendFeature::kSlidingWindow: return "sliding-window attention";
+    case BackendFeature::kSigmoidGatedAdd: return "sigmoid-gated shared expert";
+  }
+  return "unknown feature";
+}
 
 struct RopeSpec {
   double theta = 10000.0;

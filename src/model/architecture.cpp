@@ -21,11 +21,14 @@ std::string supported_architectures_text() {
   return text;
 }
 
-Result<const Architecture*> find_architecture(const std::string& model_type, const std::string& class_name) {
+Result<const Architecture*> find_architecture(const std::string& model_type,
+                                              const std::string& class_name) {
   for (const Architecture& arch : architectures())
-    if (model_type.empty() ? class_name == arch.class_name : model_type == arch.model_type) return &arch;
-  return Status::errorf("config.json: unsupported architecture (model_type '{}', architectures '{}'); supported: {}",
-                        model_type, class_name, supported_architectures_text());
+    if (model_type.empty() ? class_name == arch.class_name : model_type == arch.model_type)
+      return &arch;
+  return Status::errorf(
+      "config.json: unsupported architecture (model_type '{}', architectures '{}'); supported: {}",
+      model_type, class_name, supported_architectures_text());
 }
 
 namespace blocks {
@@ -41,14 +44,16 @@ Status embeddings_and_head(const ModelConfig& c, WeightSource& source, DecoderWe
   return Status::ok();
 }
 
-Status layer_norms(const ModelConfig& c, const std::string& p, WeightSource& source, LayerWeights& lw) {
+Status layer_norms(const ModelConfig& c, const std::string& p, WeightSource& source,
+                   LayerWeights& lw) {
   SY_ASSIGN(lw.input_norm, source.get(p + "input_layernorm.weight", {c.hidden_size}));
-  SY_ASSIGN(lw.post_attention_norm, source.get(p + "post_attention_layernorm.weight", {c.hidden_size}));
+  SY_ASSIGN(lw.post_attention_norm,
+            source.get(p + "post_attention_layernorm.weight", {c.hidden_size}));
   return Status::ok();
 }
 
-Status attention(const ModelConfig& c, const LayerSpec& layer, const std::string& p, WeightSource& source,
-                 AttentionWeights& a) {
+Status attention(const ModelConfig& c, const LayerSpec& layer, const std::string& p,
+                 WeightSource& source, AttentionWeights& a) {
   const int64_t hidden = c.hidden_size, q_out = c.num_attention_heads * c.head_dim,
                 kv_out = c.num_key_value_heads * c.head_dim;
   SY_ASSIGN(a.q_proj, source.get(p + "self_attn.q_proj.weight", {q_out, hidden}));
@@ -79,13 +84,15 @@ Status dense_mlp(const ModelConfig& c, const std::string& p, int64_t inter, Weig
   return Status::ok();
 }
 
-Status routed_experts(const ModelConfig& c, const std::string& p, const std::vector<ExpertNames>& names,
-                      WeightSource& source, moe::MoeLayerWeights& moe) {
+Status routed_experts(const ModelConfig& c, const std::string& p,
+                      const std::vector<ExpertNames>& names, WeightSource& source,
+                      moe::MoeLayerWeights& moe) {
   const int64_t hidden = c.hidden_size, inter = c.moe_intermediate_size, experts = c.num_experts;
   // transformers 5 in memory (and checkpoints saved without its reverse conversion): fused.
   if (source.has(p + "mlp.experts.gate_up_proj")) {
     SY_ASSIGN(moe.router, source.get(p + "mlp.gate.weight", {experts, hidden}));
-    SY_ASSIGN(moe.gate_up, source.get(p + "mlp.experts.gate_up_proj", {experts, 2 * inter, hidden}));
+    SY_ASSIGN(moe.gate_up,
+              source.get(p + "mlp.experts.gate_up_proj", {experts, 2 * inter, hidden}));
     SY_ASSIGN(moe.down, source.get(p + "mlp.experts.down_proj", {experts, hidden, inter}));
     return Status::ok();
   }

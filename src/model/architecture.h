@@ -29,7 +29,8 @@ struct Architecture {
 // Every supported architecture, in a fixed order.
 const std::vector<Architecture>& architectures();
 // By model_type, or by class name when model_type is absent; the error lists what is supported.
-Result<const Architecture*> find_architecture(const std::string& model_type, const std::string& class_name);
+Result<const Architecture*> find_architecture(const std::string& model_type,
+                                              const std::string& class_name);
 std::string supported_architectures_text();  // "qwen3_moe (Qwen3MoeForCausalLM), ..."
 
 // The adapters (one file each: model/<model_type>.cpp).
@@ -47,22 +48,25 @@ namespace blocks {
 // embed_tokens, final norm, lm_head (tied when the config says so and no lm_head is stored).
 Status embeddings_and_head(const ModelConfig& c, WeightSource& source, DecoderWeights& w);
 // `prefix` + {q,k,v,o}_proj (+ biases, + q/k norms as layer.attention says).
-Status attention(const ModelConfig& c, const LayerSpec& layer, const std::string& prefix, WeightSource& source,
-                 AttentionWeights& a);
+Status attention(const ModelConfig& c, const LayerSpec& layer, const std::string& prefix,
+                 WeightSource& source, AttentionWeights& a);
 // `prefix` + {gate,up,down}_proj.weight of width `intermediate`.
-Status dense_mlp(const ModelConfig& c, const std::string& prefix, int64_t intermediate, WeightSource& source,
-                 DenseMlpWeights& mlp);
+Status dense_mlp(const ModelConfig& c, const std::string& prefix, int64_t intermediate,
+                 WeightSource& source, DenseMlpWeights& mlp);
 // How a family names its routed experts under the layer's prefix.
 struct ExpertNames {
-  std::string block;                  // "mlp." (or "block_sparse_moe." for Mixtral's published names)
-  std::string gate, up, down;         // per-expert matrices: "gate_proj", "up_proj", "down_proj" (w1, w3, w2)
+  std::string block;  // "mlp." (or "block_sparse_moe." for Mixtral's published names)
+  std::string gate, up,
+      down;  // per-expert matrices: "gate_proj", "up_proj", "down_proj" (w1, w3, w2)
 };
 // The router `prefix` + block + "gate.weight" and the experts, stacked into [E, 2I, H] / [E, H, I]:
 // per-expert tensors under any of `names`, or transformers 5's fused experts.gate_up_proj.
-Status routed_experts(const ModelConfig& c, const std::string& prefix, const std::vector<ExpertNames>& names,
-                      WeightSource& source, moe::MoeLayerWeights& moe);
+Status routed_experts(const ModelConfig& c, const std::string& prefix,
+                      const std::vector<ExpertNames>& names, WeightSource& source,
+                      moe::MoeLayerWeights& moe);
 // The layer's two pre-norms.
-Status layer_norms(const ModelConfig& c, const std::string& prefix, WeightSource& source, LayerWeights& lw);
+Status layer_norms(const ModelConfig& c, const std::string& prefix, WeightSource& source,
+                   LayerWeights& lw);
 }  // namespace blocks
 
 }  // namespace sy::model

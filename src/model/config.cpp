@@ -37,12 +37,14 @@ Result<double> get_number(const json& config, const char* key, double fallback) 
 Result<bool> get_bool(const json& config, const char* key, bool fallback) {
   auto it = config.find(key);
   if (it == config.end() || it->is_null()) return fallback;
-  if (!it->is_boolean()) return Status::errorf("config.json: field '{}' must be true or false", key);
+  if (!it->is_boolean())
+    return Status::errorf("config.json: field '{}' must be true or false", key);
   return it->get<bool>();
 }
 
 Status require_positive(const char* field, int64_t value) {
-  if (value <= 0) return Status::errorf("config.json: field '{}' must be > 0, got {}", field, value);
+  if (value <= 0)
+    return Status::errorf("config.json: field '{}' must be > 0, got {}", field, value);
   return Status::ok();
 }
 
@@ -50,10 +52,12 @@ Result<std::vector<int>> get_layer_list(const json& config, const char* key, int
   std::vector<int> list;
   auto it = config.find(key);
   if (it == config.end() || it->is_null()) return list;
-  if (!it->is_array()) return Status::errorf("config.json: '{}' must be a list of layer indices", key);
+  if (!it->is_array())
+    return Status::errorf("config.json: '{}' must be a list of layer indices", key);
   for (const auto& layer : *it) {
     if (!layer.is_number_integer() || layer.get<int64_t>() < 0 || layer.get<int64_t>() >= layers)
-      return Status::errorf("config.json: '{}' entry {} is not a layer index in [0, {})", key, layer.dump(), layers);
+      return Status::errorf("config.json: '{}' entry {} is not a layer index in [0, {})", key,
+                            layer.dump(), layers);
     list.push_back(layer.get<int>());
   }
   return list;
@@ -66,7 +70,9 @@ using nlohmann::json;
 
 bool sparse_step_layer(const ModelConfig& c, int layer) {
   if (c.num_experts <= 0) return false;
-  if (std::find(c.mlp_only_layers.begin(), c.mlp_only_layers.end(), layer) != c.mlp_only_layers.end()) return false;
+  if (std::find(c.mlp_only_layers.begin(), c.mlp_only_layers.end(), layer) !=
+      c.mlp_only_layers.end())
+    return false;
   return (layer + 1) % c.decoder_sparse_step == 0;
 }
 
@@ -86,7 +92,8 @@ int64_t ModelConfig::widest_dense_mlp() const {
   int64_t widest = 0;
   for (const LayerSpec& layer : layers) {
     if (layer.mlp == MlpKind::kDense) widest = std::max(widest, intermediate_size);
-    if (layer.mlp == MlpKind::kMoe && layer.shared_expert) widest = std::max(widest, shared_expert_intermediate_size);
+    if (layer.mlp == MlpKind::kMoe && layer.shared_expert)
+      widest = std::max(widest, shared_expert_intermediate_size);
   }
   return widest;
 }
@@ -99,13 +106,16 @@ Status parse_shared_fields(const json& config, ModelConfig& c) {
   SY_ASSIGN(c.hidden_size, get_int(config, {"hidden_size"}, true));
   SY_ASSIGN(c.num_hidden_layers, get_int(config, {"num_hidden_layers"}, true));
   SY_ASSIGN(c.num_attention_heads, get_int(config, {"num_attention_heads"}, true));
-  SY_ASSIGN(c.num_key_value_heads, get_int(config, {"num_key_value_heads"}, false, c.num_attention_heads));
+  SY_ASSIGN(c.num_key_value_heads,
+            get_int(config, {"num_key_value_heads"}, false, c.num_attention_heads));
   SY_TRY(require_positive("hidden_size", c.hidden_size));
   SY_TRY(require_positive("num_attention_heads", c.num_attention_heads));
   SY_TRY(require_positive("num_hidden_layers", c.num_hidden_layers));
   if (c.num_hidden_layers > 100000)
-    return Status::errorf("config.json: num_hidden_layers ({}) is implausibly large", c.num_hidden_layers);
-  SY_ASSIGN(c.head_dim, get_int(config, {"head_dim"}, false, c.hidden_size / c.num_attention_heads));
+    return Status::errorf("config.json: num_hidden_layers ({}) is implausibly large",
+                          c.num_hidden_layers);
+  SY_ASSIGN(c.head_dim,
+            get_int(config, {"head_dim"}, false, c.hidden_size / c.num_attention_heads));
   SY_ASSIGN(c.max_position_embeddings, get_int(config, {"max_position_embeddings"}, false, 32768));
   SY_ASSIGN(c.tie_word_embeddings, get_bool(config, "tie_word_embeddings", false));
   SY_ASSIGN(double eps, get_number(config, "rms_norm_eps", 1e-6));
@@ -122,9 +132,11 @@ Status parse_shared_fields(const json& config, ModelConfig& c) {
     if (!it->is_object()) return Status::errorf("config.json: '{}' must be an object", key);
     std::string type = "default";
     for (const char* type_key : {"rope_type", "type"})
-      if (auto t = it->find(type_key); t != it->end() && t->is_string()) type = t->get<std::string>();
+      if (auto t = it->find(type_key); t != it->end() && t->is_string())
+        type = t->get<std::string>();
     if (type != "default")
-      return Status::errorf("config.json: {}.rope_type '{}' is not supported yet (supported: default)", key, type);
+      return Status::errorf(
+          "config.json: {}.rope_type '{}' is not supported yet (supported: default)", key, type);
   }
 
   for (const char* key : {"torch_dtype", "dtype"})
@@ -133,7 +145,8 @@ Status parse_shared_fields(const json& config, ModelConfig& c) {
       break;
     }
   if (auto it = config.find("eos_token_id"); it != config.end()) {
-    if (it->is_number_integer()) c.eos_token_ids.push_back(it->get<int32_t>());
+    if (it->is_number_integer())
+      c.eos_token_ids.push_back(it->get<int32_t>());
     else if (it->is_array())
       for (const auto& id : *it)
         if (id.is_number_integer()) c.eos_token_ids.push_back(id.get<int32_t>());
@@ -149,32 +162,40 @@ Status check_description(const ModelConfig& c) {
   SY_TRY(require_positive("vocab_size", c.vocab_size));
   SY_TRY(require_positive("num_key_value_heads", c.num_key_value_heads));
   SY_TRY(require_positive("head_dim", c.head_dim));
-  if (c.head_dim % 2) return Status::errorf("config.json: head_dim must be even for RoPE, got {}", c.head_dim);
+  if (c.head_dim % 2)
+    return Status::errorf("config.json: head_dim must be even for RoPE, got {}", c.head_dim);
   if (c.num_attention_heads % c.num_key_value_heads)
-    return Status::errorf("config.json: num_attention_heads ({}) must be a multiple of num_key_value_heads ({})",
-                          c.num_attention_heads, c.num_key_value_heads);
+    return Status::errorf(
+        "config.json: num_attention_heads ({}) must be a multiple of num_key_value_heads ({})",
+        c.num_attention_heads, c.num_key_value_heads);
   if (static_cast<int64_t>(c.layers.size()) != c.num_hidden_layers)
-    return Status::errorf("internal: the {} adapter described {} layers of {}", c.model_type, c.layers.size(),
-                          c.num_hidden_layers);
-  if (c.num_experts < 0) return Status::errorf("config.json: num_experts must be >= 0, got {}", c.num_experts);
+    return Status::errorf("internal: the {} adapter described {} layers of {}", c.model_type,
+                          c.layers.size(), c.num_hidden_layers);
+  if (c.num_experts < 0)
+    return Status::errorf("config.json: num_experts must be >= 0, got {}", c.num_experts);
   bool any_moe = false, any_dense = false;
   for (const LayerSpec& layer : c.layers) {
     any_moe |= layer.mlp == MlpKind::kMoe;
     any_dense |= layer.mlp == MlpKind::kDense;
     if (layer.attention.sliding_window < 0)
-      return Status::errorf("config.json: sliding_window must be >= 0, got {}", layer.attention.sliding_window);
-    if (layer.shared_expert) SY_TRY(require_positive("shared_expert_intermediate_size", c.shared_expert_intermediate_size));
+      return Status::errorf("config.json: sliding_window must be >= 0, got {}",
+                            layer.attention.sliding_window);
+    if (layer.shared_expert)
+      SY_TRY(
+          require_positive("shared_expert_intermediate_size", c.shared_expert_intermediate_size));
   }
   if (any_moe) {
     SY_TRY(require_positive("num_experts", c.num_experts));
     SY_TRY(require_positive("num_experts_per_tok", c.experts_per_token));
     SY_TRY(require_positive("moe_intermediate_size", c.moe_intermediate_size));
     if (c.experts_per_token > c.num_experts)
-      return Status::errorf("config.json: num_experts_per_tok ({}) must be <= num_experts ({})", c.experts_per_token,
-                            c.num_experts);
-    if (c.num_experts > 65536) return Status::errorf("config.json: num_experts ({}) must be <= 65536", c.num_experts);
+      return Status::errorf("config.json: num_experts_per_tok ({}) must be <= num_experts ({})",
+                            c.experts_per_token, c.num_experts);
+    if (c.num_experts > 65536)
+      return Status::errorf("config.json: num_experts ({}) must be <= 65536", c.num_experts);
     if (c.router.num_experts != c.num_experts || c.router.top_k != c.experts_per_token)
-      return Status::errorf("internal: the {} adapter's router does not match num_experts / top_k", c.model_type);
+      return Status::errorf("internal: the {} adapter's router does not match num_experts / top_k",
+                            c.model_type);
     auto router = moe::validate_router_spec(c.router);
     if (!router) return Status::errorf("config.json: {}", router.message());
   }

@@ -20,8 +20,9 @@ struct Decoder::Workspace {
   Tensor x, normed, block_out, q, k, v, attn, gate, up, picked, picked_normed, logits;
   Tensor shared_out, shared_gate;  // MoE layers with a shared expert
   std::vector<Tensor*> owned() {
-    return {&pack, &forced, &forced_routes, &sink, &x, &normed, &block_out, &q, &k, &v, &attn,
-            &gate, &up, &picked, &picked_normed, &logits, &shared_out, &shared_gate};
+    return {&pack,       &forced,     &forced_routes, &sink, &x,  &normed, &block_out,     &q,
+            &k,          &v,          &attn,          &gate, &up, &picked, &picked_normed, &logits,
+            &shared_out, &shared_gate};
   }
   ~Workspace() {
     for (Tensor* t : owned())
@@ -87,8 +88,9 @@ Status Decoder::allocate(const ModelConfig& c, int64_t num_blocks, const backend
   full.vocab_size = c.vocab_size;
   full.num_heads = c.num_attention_heads;
   full.head_dim = c.head_dim;
-  full.max_feature_dim = std::max({c.hidden_size, c.num_attention_heads * c.head_dim, c.intermediate_size,
-                                   c.moe_intermediate_size, c.widest_dense_mlp()});
+  full.max_feature_dim =
+      std::max({c.hidden_size, c.num_attention_heads * c.head_dim, c.intermediate_size,
+                c.moe_intermediate_size, c.widest_dense_mlp()});
   // What the description needs of the backend and the MoE kernels, refused before anything is
   // allocated with a message naming the missing piece.
   bool windowed = false, gated_shared = false;
@@ -96,12 +98,14 @@ Status Decoder::allocate(const ModelConfig& c, int64_t num_blocks, const backend
     windowed |= layer.attention.sliding_window > 0;
     gated_shared |= layer.shared_expert_gate;
   }
-  for (auto [needed, feature] : {std::pair{windowed, backend::BackendFeature::kSlidingWindow},
-                                 std::pair{gated_shared, backend::BackendFeature::kSigmoidGatedAdd}})
+  for (auto [needed, feature] :
+       {std::pair{windowed, backend::BackendFeature::kSlidingWindow},
+        std::pair{gated_shared, backend::BackendFeature::kSigmoidGatedAdd}})
     if (needed && !backend_.supports(feature))
-      return Status::error(ErrorCode::kUnsupported,
-                           fmt::format("the {} backend does not implement {} yet, which this {} model needs",
-                                       backend_.name(), backend::backend_feature_name(feature), c.model_type));
+      return Status::error(
+          ErrorCode::kUnsupported,
+          fmt::format("the {} backend does not implement {} yet, which this {} model needs",
+                      backend_.name(), backend::backend_feature_name(feature), c.model_type));
   SY_TRY(backend_.reserve(full));
   const moe::RouterSpec spec = c.router_spec();
   for (moe::ExpertsKernel* kernel : {kernels_.large, kernels_.small})
@@ -281,12 +285,14 @@ Status Decoder::forward(const Model& model, const StepInputs& in, StepOutputs& o
       const bool per_head = attention.qk_norm == QkNorm::kPerHead;
       if (attention.qk_norm == QkNorm::kWholeProjection) {
         // One RMSNorm over each token's whole q (and k) row, before the heads are split.
-        Tensor q_rows = q.reshaped({T, heads * head_dim}), k_rows = k.reshaped({T, kv_heads * head_dim});
+        Tensor q_rows = q.reshaped({T, heads * head_dim}),
+               k_rows = k.reshaped({T, kv_heads * head_dim});
         backend_.rms_norm(q_rows, a.q_norm, c.rms_norm_eps, q_rows);
         backend_.rms_norm(k_rows, a.k_norm, c.rms_norm_eps, k_rows);
       }
-      backend_.qk_norm_rope_write_kv(q, k, vv, per_head ? &a.q_norm : nullptr, per_head ? &a.k_norm : nullptr,
-                                     c.rms_norm_eps, batch, rope, k_cache_[layer], v_cache_[layer]);
+      backend_.qk_norm_rope_write_kv(q, k, vv, per_head ? &a.q_norm : nullptr,
+                                     per_head ? &a.k_norm : nullptr, c.rms_norm_eps, batch, rope,
+                                     k_cache_[layer], v_cache_[layer]);
       batch.sliding_window = attention.sliding_window;
       backend_.attention(q, k_cache_[layer], v_cache_[layer], batch, scale, attn);
       backend_.matmul(attn, a.o_proj, a.o_bias.data ? &a.o_bias : nullptr, block_out);
@@ -304,7 +310,8 @@ Status Decoder::forward(const Model& model, const StepInputs& in, StepOutputs& o
         if (!status && layer_status)
           layer_status = status.with_context(fmt::format("MoE layer {} (kernel {}): ", layer, kernel.name()));
         if (c.layers[static_cast<size_t>(layer)].shared_expert) {
-          // The shared expert every token goes through, (sigmoid-gated and) added to the routed sum.
+          // The shared expert every token goes through, (sigmoid-gated and) added to the routed
+          // sum.
           const DenseMlpWeights& shared = lw.shared_expert;
           const int64_t width = shared.gate_proj.dim(0);
           Tensor g = ws.gate.slice_rows(0, T), u = ws.up.slice_rows(0, T);

@@ -34,7 +34,8 @@ Result<std::unique_ptr<Model>> Model::load(const std::string& model_dir, backend
     if (progress) progress(i + 1, tensors.size(), done_bytes, total_bytes);
   }
 
-  SY_ASSIGN(const Architecture* arch, find_architecture(model->config_.model_type, model->config_.architecture));
+  SY_ASSIGN(const Architecture* arch,
+            find_architecture(model->config_.model_type, model->config_.architecture));
   CheckpointSource source(*model->checkpoint_, backend, model->owned_,
                           WeightPlacement{&model->load_order_, nullptr, false});
   auto weights = arch->build(model->config_, source);
@@ -87,11 +88,14 @@ Status Model::reload_in_place(const std::string& model_dir) {
   incoming->checkpoint_ = std::make_unique<Checkpoint>(std::move(checkpoint).value());
   SY_TRY(check_same_shapes(*incoming));
   std::vector<Tensor> unused;
-  SY_ASSIGN(const Architecture* arch, find_architecture(incoming->config_.model_type, incoming->config_.architecture));
-  CheckpointSource check(*incoming->checkpoint_, *backend_, unused, WeightPlacement{nullptr, &load_order_, true});
+  SY_ASSIGN(const Architecture* arch,
+            find_architecture(incoming->config_.model_type, incoming->config_.architecture));
+  CheckpointSource check(*incoming->checkpoint_, *backend_, unused,
+                         WeightPlacement{nullptr, &load_order_, true});
   auto checked = arch->build(incoming->config_, check);
   if (!checked) return checked.status().with_context(model_dir + ": ");
-  CheckpointSource copy(*incoming->checkpoint_, *backend_, unused, WeightPlacement{nullptr, &load_order_, false});
+  CheckpointSource copy(*incoming->checkpoint_, *backend_, unused,
+                        WeightPlacement{nullptr, &load_order_, false});
   auto copied = arch->build(incoming->config_, copy);
   if (!copied)
     return copied.status().with_context(model_dir + ": the weights are now partly updated (load them again): ");

@@ -17,11 +17,13 @@ Status parse_olmoe(const nlohmann::json& json, ModelConfig& c) {
   SY_ASSIGN(c.norm_topk_prob, get_bool(json, "norm_topk_prob", false));
   SY_ASSIGN(c.attention_bias, get_bool(json, "attention_bias", false));
   if (auto it = json.find("clip_qkv"); it != json.end() && !it->is_null())
-    return Status::errorf("config.json: clip_qkv {} is not supported yet (supported: null)", it->dump());
+    return Status::errorf("config.json: clip_qkv {} is not supported yet (supported: null)",
+                          it->dump());
   // transformers sizes q_norm by hidden_size: head_dim must be hidden / heads.
   if (c.head_dim * c.num_attention_heads != c.hidden_size)
-    return Status::errorf("config.json: olmoe needs head_dim ({}) x num_attention_heads ({}) == hidden_size ({})",
-                          c.head_dim, c.num_attention_heads, c.hidden_size);
+    return Status::errorf(
+        "config.json: olmoe needs head_dim ({}) x num_attention_heads ({}) == hidden_size ({})",
+        c.head_dim, c.num_attention_heads, c.hidden_size);
   for (int layer = 0; layer < c.num_hidden_layers; ++layer) {
     LayerSpec spec;
     spec.attention.qkv_bias = c.attention_bias;
@@ -45,7 +47,8 @@ Result<DecoderWeights> build_olmoe(const ModelConfig& c, WeightSource& source) {
     SY_TRY(blocks::layer_norms(c, p, source, lw));
     SY_TRY(blocks::attention(c, c.layers[static_cast<size_t>(layer)], p, source, lw.attention));
     lw.is_moe = true;
-    SY_TRY(blocks::routed_experts(c, p, {{"mlp.", "gate_proj", "up_proj", "down_proj"}}, source, lw.moe));
+    SY_TRY(blocks::routed_experts(c, p, {{"mlp.", "gate_proj", "up_proj", "down_proj"}}, source,
+                                  lw.moe));
     w.layers.push_back(std::move(lw));
   }
   SY_TRY(source.finish());

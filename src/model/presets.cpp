@@ -79,44 +79,102 @@ json tiny() {
 json tiny_mixtral() {
   // Published Mixtral-8x7B config.json spellings (transformers 4), shrunk; a sliding window of
   // 20 so prompts longer than that exercise it.
-  return json{{"architectures", {"MixtralForCausalLM"}}, {"attention_dropout", 0.0}, {"bos_token_id", 151643},
-              {"eos_token_id", 151645}, {"hidden_act", "silu"}, {"hidden_size", 72}, {"initializer_range", 0.02},
-              {"intermediate_size", 40}, {"max_position_embeddings", 4096}, {"model_type", "mixtral"},
-              {"num_attention_heads", 4}, {"num_experts_per_tok", 2}, {"num_hidden_layers", 3},
-              {"num_key_value_heads", 2}, {"num_local_experts", 8}, {"output_router_logits", false},
-              {"rms_norm_eps", 1e-05}, {"rope_theta", 1000000.0}, {"router_aux_loss_coef", 0.02},
-              {"sliding_window", 20}, {"tie_word_embeddings", false}, {"torch_dtype", "bfloat16"},
-              {"transformers_version", "4.36.0"}, {"use_cache", true}, {"vocab_size", 151936}};
+  return json{{"architectures", {"MixtralForCausalLM"}},
+              {"attention_dropout", 0.0},
+              {"bos_token_id", 151643},
+              {"eos_token_id", 151645},
+              {"hidden_act", "silu"},
+              {"hidden_size", 72},
+              {"initializer_range", 0.02},
+              {"intermediate_size", 40},
+              {"max_position_embeddings", 4096},
+              {"model_type", "mixtral"},
+              {"num_attention_heads", 4},
+              {"num_experts_per_tok", 2},
+              {"num_hidden_layers", 3},
+              {"num_key_value_heads", 2},
+              {"num_local_experts", 8},
+              {"output_router_logits", false},
+              {"rms_norm_eps", 1e-05},
+              {"rope_theta", 1000000.0},
+              {"router_aux_loss_coef", 0.02},
+              {"sliding_window", 20},
+              {"tie_word_embeddings", false},
+              {"torch_dtype", "bfloat16"},
+              {"transformers_version", "4.36.0"},
+              {"use_cache", true},
+              {"vocab_size", 151936}};
 }
 
 json tiny_olmoe() {
   // Published OLMoE-1B-7B-0924 spellings, shrunk.
-  return json{{"architectures", {"OlmoeForCausalLM"}}, {"attention_bias", false}, {"attention_dropout", 0.0},
-              {"bos_token_id", 151643}, {"clip_qkv", nullptr}, {"eos_token_id", 151645}, {"hidden_act", "silu"},
-              {"hidden_size", 72}, {"initializer_range", 0.02}, {"intermediate_size", 24},
-              {"max_position_embeddings", 4096}, {"model_type", "olmoe"}, {"norm_topk_prob", false},
-              {"num_attention_heads", 6}, {"num_experts", 16}, {"num_experts_per_tok", 4},
-              {"num_hidden_layers", 3}, {"num_key_value_heads", 6}, {"output_router_logits", false},
-              {"rms_norm_eps", 1e-05}, {"rope_scaling", nullptr}, {"rope_theta", 10000.0},
-              {"router_aux_loss_coef", 0.01}, {"tie_word_embeddings", false}, {"torch_dtype", "bfloat16"},
-              {"transformers_version", "4.43.0"}, {"use_cache", true}, {"vocab_size", 151936}};
+  return json{{"architectures", {"OlmoeForCausalLM"}},
+              {"attention_bias", false},
+              {"attention_dropout", 0.0},
+              {"bos_token_id", 151643},
+              {"clip_qkv", nullptr},
+              {"eos_token_id", 151645},
+              {"hidden_act", "silu"},
+              {"hidden_size", 72},
+              {"initializer_range", 0.02},
+              {"intermediate_size", 24},
+              {"max_position_embeddings", 4096},
+              {"model_type", "olmoe"},
+              {"norm_topk_prob", false},
+              {"num_attention_heads", 6},
+              {"num_experts", 16},
+              {"num_experts_per_tok", 4},
+              {"num_hidden_layers", 3},
+              {"num_key_value_heads", 6},
+              {"output_router_logits", false},
+              {"rms_norm_eps", 1e-05},
+              {"rope_scaling", nullptr},
+              {"rope_theta", 10000.0},
+              {"router_aux_loss_coef", 0.01},
+              {"tie_word_embeddings", false},
+              {"torch_dtype", "bfloat16"},
+              {"transformers_version", "4.43.0"},
+              {"use_cache", true},
+              {"vocab_size", 151936}};
 }
 
 json tiny_qwen2_moe() {
   // Published Qwen1.5-MoE-A2.7B spellings, shrunk; layer 1 dense (mlp_only_layers), sliding
   // window on layer 0 (layer_types, as transformers 5 writes them).
-  return json{{"architectures", {"Qwen2MoeForCausalLM"}}, {"attention_dropout", 0.0}, {"bos_token_id", 151643},
-              {"decoder_sparse_step", 1}, {"eos_token_id", 151645}, {"hidden_act", "silu"}, {"hidden_size", 72},
-              {"initializer_range", 0.02}, {"intermediate_size", 88}, {"max_position_embeddings", 4096},
-              {"max_window_layers", 3}, {"mlp_only_layers", {1}}, {"model_type", "qwen2_moe"},
-              {"moe_intermediate_size", 24}, {"norm_topk_prob", false}, {"num_attention_heads", 4},
-              {"num_experts", 12}, {"num_experts_per_tok", 3}, {"num_hidden_layers", 3},
-              {"num_key_value_heads", 2}, {"output_router_logits", false}, {"qkv_bias", true},
-              {"rms_norm_eps", 1e-06}, {"rope_theta", 1000000.0}, {"router_aux_loss_coef", 0.001},
-              {"shared_expert_intermediate_size", 56}, {"sliding_window", 20},
+  return json{{"architectures", {"Qwen2MoeForCausalLM"}},
+              {"attention_dropout", 0.0},
+              {"bos_token_id", 151643},
+              {"decoder_sparse_step", 1},
+              {"eos_token_id", 151645},
+              {"hidden_act", "silu"},
+              {"hidden_size", 72},
+              {"initializer_range", 0.02},
+              {"intermediate_size", 88},
+              {"max_position_embeddings", 4096},
+              {"max_window_layers", 3},
+              {"mlp_only_layers", {1}},
+              {"model_type", "qwen2_moe"},
+              {"moe_intermediate_size", 24},
+              {"norm_topk_prob", false},
+              {"num_attention_heads", 4},
+              {"num_experts", 12},
+              {"num_experts_per_tok", 3},
+              {"num_hidden_layers", 3},
+              {"num_key_value_heads", 2},
+              {"output_router_logits", false},
+              {"qkv_bias", true},
+              {"rms_norm_eps", 1e-06},
+              {"rope_theta", 1000000.0},
+              {"router_aux_loss_coef", 0.001},
+              {"shared_expert_intermediate_size", 56},
+              {"sliding_window", 20},
               {"layer_types", {"sliding_attention", "full_attention", "full_attention"}},
-              {"tie_word_embeddings", false}, {"torch_dtype", "bfloat16"}, {"transformers_version", "4.40.0"},
-              {"use_cache", true}, {"use_sliding_window", true}, {"vocab_size", 151936}};
+              {"tie_word_embeddings", false},
+              {"torch_dtype", "bfloat16"},
+              {"transformers_version", "4.40.0"},
+              {"use_cache", true},
+              {"use_sliding_window", true},
+              {"vocab_size", 151936}};
 }
 
 // Deterministic per-tensor random numbers: xoshiro-style generator seeded from (seed, name).
@@ -147,14 +205,20 @@ float init_std(const std::string& name, const ModelConfig& config) {
 Result<json> preset_config(const std::string& arch, const std::string& preset, int layers) {
   json config;
   if (arch == "qwen3_moe") {
-    if (preset == "tiny") config = tiny();
-    else if (preset == "qwen3-30b-a3b") config = qwen3_30b_a3b();
-    else return Status::errorf("--preset '{}' is unknown for qwen3_moe (supported: tiny, qwen3-30b-a3b)", preset);
+    if (preset == "tiny")
+      config = tiny();
+    else if (preset == "qwen3-30b-a3b")
+      config = qwen3_30b_a3b();
+    else
+      return Status::errorf(
+          "--preset '{}' is unknown for qwen3_moe (supported: tiny, qwen3-30b-a3b)", preset);
   } else if (arch == "mixtral" || arch == "olmoe" || arch == "qwen2_moe") {
-    if (preset != "tiny") return Status::errorf("--preset '{}' is unknown for {} (supported: tiny)", preset, arch);
+    if (preset != "tiny")
+      return Status::errorf("--preset '{}' is unknown for {} (supported: tiny)", preset, arch);
     config = arch == "mixtral" ? tiny_mixtral() : arch == "olmoe" ? tiny_olmoe() : tiny_qwen2_moe();
   } else {
-    return Status::errorf("--arch '{}' is not supported (supported: qwen3_moe, mixtral, olmoe, qwen2_moe)", arch);
+    return Status::errorf(
+        "--arch '{}' is not supported (supported: qwen3_moe, mixtral, olmoe, qwen2_moe)", arch);
   }
   if (layers > 0) {
     if (layers > config["num_hidden_layers"].get<int>())

@@ -13,7 +13,8 @@ using namespace config_json;
 Status parse_qwen2_moe(const nlohmann::json& json, ModelConfig& c) {
   SY_ASSIGN(c.intermediate_size, get_int(json, {"intermediate_size"}, true));
   SY_ASSIGN(c.moe_intermediate_size, get_int(json, {"moe_intermediate_size"}, true));
-  SY_ASSIGN(c.shared_expert_intermediate_size, get_int(json, {"shared_expert_intermediate_size"}, true));
+  SY_ASSIGN(c.shared_expert_intermediate_size,
+            get_int(json, {"shared_expert_intermediate_size"}, true));
   SY_ASSIGN(c.num_experts, get_int(json, {"num_experts", "num_local_experts"}, true));
   SY_ASSIGN(c.experts_per_token, get_int(json, {"num_experts_per_tok"}, true));
   SY_ASSIGN(c.norm_topk_prob, get_bool(json, "norm_topk_prob", false));
@@ -31,24 +32,30 @@ Status parse_qwen2_moe(const nlohmann::json& json, ModelConfig& c) {
   std::vector<bool> sliding(static_cast<size_t>(c.num_hidden_layers), false);
   if (auto it = json.find("layer_types"); it != json.end() && !it->is_null()) {
     if (!it->is_array() || static_cast<int64_t>(it->size()) != c.num_hidden_layers)
-      return Status::errorf("config.json: layer_types must list {} layer types", c.num_hidden_layers);
+      return Status::errorf("config.json: layer_types must list {} layer types",
+                            c.num_hidden_layers);
     for (size_t i = 0; i < it->size(); ++i) {
       const auto& type = (*it)[i];
-      if (type == "sliding_attention") sliding[i] = true;
+      if (type == "sliding_attention")
+        sliding[i] = true;
       else if (type != "full_attention")
-        return Status::errorf("config.json: layer_types[{}] is {}; supported: full_attention, sliding_attention", i,
-                              type.dump());
+        return Status::errorf(
+            "config.json: layer_types[{}] is {}; supported: full_attention, sliding_attention", i,
+            type.dump());
     }
   } else if (use_sliding) {
     return Status::error(
-        "config.json: use_sliding_window true without layer_types is ambiguous (transformers versions differ on "
+        "config.json: use_sliding_window true without layer_types is ambiguous (transformers "
+        "versions differ on "
         "which layers slide); add layer_types");
   }
   for (int layer = 0; layer < c.num_hidden_layers; ++layer) {
     LayerSpec spec;
     spec.attention.qkv_bias = qkv_bias;
     if (sliding[static_cast<size_t>(layer)] && use_sliding) {
-      if (window <= 0) return Status::errorf("config.json: layer {} slides but sliding_window is {}", layer, window);
+      if (window <= 0)
+        return Status::errorf("config.json: layer {} slides but sliding_window is {}", layer,
+                              window);
       spec.attention.sliding_window = window;
     }
     spec.mlp = sparse_step_layer(c, layer) ? MlpKind::kMoe : MlpKind::kDense;
@@ -73,10 +80,12 @@ Result<DecoderWeights> build_qwen2_moe(const ModelConfig& c, WeightSource& sourc
     SY_TRY(blocks::attention(c, spec, p, source, lw.attention));
     lw.is_moe = spec.mlp == MlpKind::kMoe;
     if (lw.is_moe) {
-      SY_TRY(blocks::routed_experts(c, p, {{"mlp.", "gate_proj", "up_proj", "down_proj"}}, source, lw.moe));
-      SY_TRY(blocks::dense_mlp(c, p + "mlp.shared_expert.", c.shared_expert_intermediate_size, source,
-                               lw.shared_expert));
-      SY_ASSIGN(lw.shared_expert_gate, source.get(p + "mlp.shared_expert_gate.weight", {1, c.hidden_size}));
+      SY_TRY(blocks::routed_experts(c, p, {{"mlp.", "gate_proj", "up_proj", "down_proj"}}, source,
+                                    lw.moe));
+      SY_TRY(blocks::dense_mlp(c, p + "mlp.shared_expert.", c.shared_expert_intermediate_size,
+                               source, lw.shared_expert));
+      SY_ASSIGN(lw.shared_expert_gate,
+                source.get(p + "mlp.shared_expert_gate.weight", {1, c.hidden_size}));
     } else {
       SY_TRY(blocks::dense_mlp(c, p + "mlp.", c.intermediate_size, source, lw.mlp));
     }

@@ -20,7 +20,8 @@ Status parse_qwen3_moe(const nlohmann::json& json, ModelConfig& c) {
   SY_ASSIGN(c.mlp_only_layers, get_layer_list(json, "mlp_only_layers", c.num_hidden_layers));
   SY_ASSIGN(c.attention_bias, get_bool(json, "attention_bias", false));
   SY_ASSIGN(bool sliding, get_bool(json, "use_sliding_window", false));
-  if (sliding) return Status::error("config.json: use_sliding_window true is not supported for qwen3_moe yet");
+  if (sliding)
+    return Status::error("config.json: use_sliding_window true is not supported for qwen3_moe yet");
 
   for (int layer = 0; layer < c.num_hidden_layers; ++layer) {
     LayerSpec spec;
@@ -47,7 +48,8 @@ Result<DecoderWeights> build_qwen3_moe(const ModelConfig& c, WeightSource& sourc
     SY_TRY(blocks::attention(c, spec, p, source, lw.attention));
     lw.is_moe = spec.mlp == MlpKind::kMoe;
     if (lw.is_moe) {
-      SY_TRY(blocks::routed_experts(c, p, {{"mlp.", "gate_proj", "up_proj", "down_proj"}}, source, lw.moe));
+      SY_TRY(blocks::routed_experts(c, p, {{"mlp.", "gate_proj", "up_proj", "down_proj"}}, source,
+                                    lw.moe));
     } else {
       SY_TRY(blocks::dense_mlp(c, p + "mlp.", c.intermediate_size, source, lw.mlp));
     }

@@ -40,7 +40,8 @@ std::vector<int64_t> with_count(size_t count, const std::vector<int64_t>& shape)
 
 Status check_rank(const std::string& name, const std::vector<int64_t>& shape) {
   if (shape.size() > static_cast<size_t>(Tensor::kMaxRank))
-    return Status::errorf("tensor '{}': rank {} is more than {}", name, shape.size(), Tensor::kMaxRank);
+    return Status::errorf("tensor '{}': rank {} is more than {}", name, shape.size(),
+                          Tensor::kMaxRank);
   return Status::ok();
 }
 
@@ -48,24 +49,27 @@ Status check_rank(const std::string& name, const std::vector<int64_t>& shape) {
 
 bool is_router_weight(const std::string& name) {
   auto ends_with = [&](std::string_view tail) {
-    return name.size() >= tail.size() && name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
+    return name.size() >= tail.size() &&
+           name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
   };
   return ends_with("mlp.gate.weight") || ends_with("block_sparse_moe.gate.weight");
 }
 
 Result<Tensor> CheckpointSource::get(const std::string& name, const std::vector<int64_t>& shape) {
   const TensorInfo* info = checkpoint_.find(name);
-  if (!info) return Status::errorf("missing tensor '{}' (expected shape {})", name, shape_text(shape));
+  if (!info)
+    return Status::errorf("missing tensor '{}' (expected shape {})", name, shape_text(shape));
   if (info->shape != shape)
-    return Status::errorf("tensor '{}' in {} has shape {}, expected {}", name, info->file, shape_text(info->shape),
-                          shape_text(shape));
+    return Status::errorf("tensor '{}' in {} has shape {}, expected {}", name, info->file,
+                          shape_text(info->shape), shape_text(shape));
   if (place_.into) {
     SY_ASSIGN(Tensor * target, next_target(name));
     if (target->numel() != view_of(*info).numel())
-      return Status::errorf("tensor '{}' has {} elements, the loaded model {}", name, view_of(*info).numel(),
-                            target->numel());
+      return Status::errorf("tensor '{}' has {} elements, the loaded model {}", name,
+                            view_of(*info).numel(), target->numel());
     if (!place_.check_only)
-      SY_TRY(backend_.load_weight_into(view_of(*info), *target).with_context(fmt::format("tensor '{}': ", name)));
+      SY_TRY(backend_.load_weight_into(view_of(*info), *target)
+                 .with_context(fmt::format("tensor '{}': ", name)));
     return *target;
   }
   auto loaded = backend_.load_weight(view_of(*info));
@@ -75,26 +79,30 @@ Result<Tensor> CheckpointSource::get(const std::string& name, const std::vector<
   return *loaded;
 }
 
-Result<Tensor> CheckpointSource::stacked(const std::vector<std::string>& names, const std::vector<int64_t>& shape) {
+Result<Tensor> CheckpointSource::stacked(const std::vector<std::string>& names,
+                                         const std::vector<int64_t>& shape) {
   std::vector<Tensor> parts;
   for (const std::string& name : names) {
     const TensorInfo* info = checkpoint_.find(name);
-    if (!info) return Status::errorf("missing tensor '{}' (expected shape {})", name, shape_text(shape));
+    if (!info)
+      return Status::errorf("missing tensor '{}' (expected shape {})", name, shape_text(shape));
     if (info->shape != shape)
-      return Status::errorf("tensor '{}' in {} has shape {}, expected {}", name, info->file, shape_text(info->shape),
-                            shape_text(shape));
+      return Status::errorf("tensor '{}' in {} has shape {}, expected {}", name, info->file,
+                            shape_text(info->shape), shape_text(shape));
     if (!parts.empty() && info->dtype != parts.front().dtype)
       return Status::errorf("tensor '{}' in {} has dtype {}, but '{}' has {}", name, info->file,
-                            dtype_name(info->dtype), names.front(), dtype_name(parts.front().dtype));
+                            dtype_name(info->dtype), names.front(),
+                            dtype_name(parts.front().dtype));
     parts.push_back(view_of(*info));
   }
   if (place_.into) {
     SY_ASSIGN(Tensor * target, next_target(names.front()));
     if (target->numel() != parts.front().numel() * static_cast<int64_t>(parts.size()))
-      return Status::errorf("tensors '{}'...: {} x {} elements, the loaded model {}", names.front(), parts.size(),
-                            parts.front().numel(), target->numel());
+      return Status::errorf("tensors '{}'...: {} x {} elements, the loaded model {}", names.front(),
+                            parts.size(), parts.front().numel(), target->numel());
     if (!place_.check_only)
-      SY_TRY(backend_.load_stacked_into(parts, *target).with_context(fmt::format("tensor '{}': ", names.front())));
+      SY_TRY(backend_.load_stacked_into(parts, *target)
+                 .with_context(fmt::format("tensor '{}': ", names.front())));
     return *target;
   }
   auto loaded = backend_.load_stacked(parts);
@@ -106,13 +114,15 @@ Result<Tensor> CheckpointSource::stacked(const std::vector<std::string>& names, 
 
 Status CheckpointSource::finish() {
   if (place_.into && next_ != place_.into->size())
-    return Status::errorf("the checkpoint maps onto {} tensors, the loaded model has {}", next_, place_.into->size());
+    return Status::errorf("the checkpoint maps onto {} tensors, the loaded model has {}", next_,
+                          place_.into->size());
   return Status::ok();
 }
 
 Result<Tensor*> CheckpointSource::next_target(const std::string& name) {
   if (next_ >= place_.into->size())
-    return Status::errorf("tensor '{}': more tensors than the loaded model has ({})", name, place_.into->size());
+    return Status::errorf("tensor '{}': more tensors than the loaded model has ({})", name,
+                          place_.into->size());
   return &(*place_.into)[next_++];
 }
 
@@ -123,7 +133,8 @@ Result<Tensor> RandomSource::get(const std::string& name, const std::vector<int6
   for (int64_t d : shape) numel *= d;
   Tensor tensor = backend_.alloc(dtype, {numel});
   if (!tensor.data && numel > 0)
-    return Status::error(ErrorCode::kResourceExhausted, fmt::format("out of memory for random weight '{}'", name));
+    return Status::error(ErrorCode::kResourceExhausted,
+                         fmt::format("out of memory for random weight '{}'", name));
   owned_.push_back(tensor);
   Tensor shaped = no_data(dtype, shape);
   shaped.data = tensor.data;
@@ -141,7 +152,8 @@ Result<Tensor> RandomSource::get(const std::string& name, const std::vector<int6
   return shaped;
 }
 
-Result<Tensor> RandomSource::stacked(const std::vector<std::string>& names, const std::vector<int64_t>& shape) {
+Result<Tensor> RandomSource::stacked(const std::vector<std::string>& names,
+                                     const std::vector<int64_t>& shape) {
   return get(names.front(), with_count(names.size(), shape));
 }
 
@@ -151,7 +163,8 @@ Result<Tensor> TensorListSource::get(const std::string& name, const std::vector<
   return no_data(DType::kBF16, shape);
 }
 
-Result<Tensor> TensorListSource::stacked(const std::vector<std::string>& names, const std::vector<int64_t>& shape) {
+Result<Tensor> TensorListSource::stacked(const std::vector<std::string>& names,
+                                         const std::vector<int64_t>& shape) {
   SY_TRY(check_rank(names.front(), with_count(names.size(), shape)));
   for (const std::string& name : names) tensors_.push_back({name, DType::kBF16, shape});
   return no_data(DType::kBF16, with_count(names.size(), shape));

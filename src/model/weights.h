@@ -17,7 +17,7 @@ namespace sy::model {
 struct AttentionWeights {
   Tensor q_proj, k_proj, v_proj, o_proj;  // [out, in]
   Tensor q_bias, k_bias, v_bias, o_bias;  // undefined unless the layer has them
-  Tensor q_norm, k_norm;                  // [head_dim] or [heads * head_dim]; undefined unless qk_norm
+  Tensor q_norm, k_norm;  // [head_dim] or [heads * head_dim]; undefined unless qk_norm
 };
 
 struct DenseMlpWeights {
@@ -28,8 +28,8 @@ struct LayerWeights {
   Tensor input_norm, post_attention_norm;
   AttentionWeights attention;
   bool is_moe = false;
-  DenseMlpWeights mlp;       // dense layers
-  moe::MoeLayerWeights moe;  // MoE layers
+  DenseMlpWeights mlp;            // dense layers
+  moe::MoeLayerWeights moe;       // MoE layers
   DenseMlpWeights shared_expert;  // MoE layers with a shared expert
   Tensor shared_expert_gate;      // [1, hidden], when the shared expert is gated
 };
@@ -48,7 +48,8 @@ class WeightSource {
   virtual Result<Tensor> get(const std::string& name, const std::vector<int64_t>& shape) = 0;
   // Equally shaped tensors stacked into one [names.size(), shape...] tensor (per-expert
   // checkpoint tensors -> the stacked expert layout).
-  virtual Result<Tensor> stacked(const std::vector<std::string>& names, const std::vector<int64_t>& shape) = 0;
+  virtual Result<Tensor> stacked(const std::vector<std::string>& names,
+                                 const std::vector<int64_t>& shape) = 0;
   // Called after the last tensor.
   virtual Status finish() { return Status::ok(); }
 };
@@ -66,12 +67,13 @@ struct WeightPlacement {
 // (and its file). Tensors the backend converted are appended to `owned`.
 class CheckpointSource final : public WeightSource {
  public:
-  CheckpointSource(const Checkpoint& checkpoint, backend::Backend& backend, std::vector<Tensor>& owned,
-                   const WeightPlacement& place = {})
+  CheckpointSource(const Checkpoint& checkpoint, backend::Backend& backend,
+                   std::vector<Tensor>& owned, const WeightPlacement& place = {})
       : checkpoint_(checkpoint), backend_(backend), owned_(owned), place_(place) {}
   bool has(const std::string& name) const override { return checkpoint_.find(name) != nullptr; }
   Result<Tensor> get(const std::string& name, const std::vector<int64_t>& shape) override;
-  Result<Tensor> stacked(const std::vector<std::string>& names, const std::vector<int64_t>& shape) override;
+  Result<Tensor> stacked(const std::vector<std::string>& names,
+                         const std::vector<int64_t>& shape) override;
   Status finish() override;
 
  private:
@@ -92,7 +94,8 @@ class RandomSource final : public WeightSource {
       : backend_(backend), seed_(seed), hidden_(hidden), owned_(owned) {}
   bool has(const std::string&) const override { return false; }
   Result<Tensor> get(const std::string& name, const std::vector<int64_t>& shape) override;
-  Result<Tensor> stacked(const std::vector<std::string>& names, const std::vector<int64_t>& shape) override;
+  Result<Tensor> stacked(const std::vector<std::string>& names,
+                         const std::vector<int64_t>& shape) override;
 
  private:
   backend::Backend& backend_;
@@ -108,7 +111,8 @@ class TensorListSource final : public WeightSource {
  public:
   bool has(const std::string&) const override { return false; }
   Result<Tensor> get(const std::string& name, const std::vector<int64_t>& shape) override;
-  Result<Tensor> stacked(const std::vector<std::string>& names, const std::vector<int64_t>& shape) override;
+  Result<Tensor> stacked(const std::vector<std::string>& names,
+                         const std::vector<int64_t>& shape) override;
   const std::vector<TensorSpec>& tensors() const { return tensors_; }
 
  private:

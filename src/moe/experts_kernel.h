@@ -70,10 +70,11 @@ class ExpertsKernel {
   // Qwen3-MoE's router keep this default and refuse the options they predate.
   virtual Status supports(const RouterSpec& spec) const {
     if (spec.uses_extended_options())
-      return Status::error(ErrorCode::kUnsupported,
-                           fmt::format("MoE kernel {} does not implement router biases or group-limited top-k "
-                                       "(the model's router needs them; cpu-modular does)",
-                                       name()));
+      return Status::error(
+          ErrorCode::kUnsupported,
+          fmt::format("MoE kernel {} does not implement router biases or group-limited top-k "
+                      "(the model's router needs them; cpu-modular does)",
+                      name()));
     return Status::ok();
   }
   // Called once at start-up with the largest step: a device kernel sizes its scratch here.

@@ -43,7 +43,8 @@ void softmax_chosen(const float* logits, const int32_t* ids, int64_t top_k, floa
 }
 
 // The logits with the router bias added (into `out`), or the logits themselves.
-const float* biased_logits(const float* logits, const RouterSpec& spec, const RouterBiases& biases, float* out) {
+const float* biased_logits(const float* logits, const RouterSpec& spec, const RouterBiases& biases,
+                           float* out) {
   if (!spec.has_logit_bias) return logits;
   for (int64_t e = 0; e < spec.num_experts; ++e) out[e] = logits[e] + biases.logit[e];
   return out;
@@ -94,23 +95,28 @@ void keep_groups(const float* choice, const RouterSpec& spec, float* group_score
 }  // namespace
 
 int64_t router_scratch_floats(const RouterSpec& spec) {
-  return spec.uses_extended_options() ? 3 * spec.num_experts + 2 * spec.num_groups : spec.num_experts;
+  return spec.uses_extended_options() ? 3 * spec.num_experts + 2 * spec.num_groups
+                                      : spec.num_experts;
 }
 
 Status validate_router_spec(const RouterSpec& spec) {
-  if (spec.num_experts < 1) return Status::errorf("router: num_experts must be >= 1, got {}", spec.num_experts);
+  if (spec.num_experts < 1)
+    return Status::errorf("router: num_experts must be >= 1, got {}", spec.num_experts);
   if (spec.top_k < 1 || spec.top_k > spec.num_experts)
-    return Status::errorf("router: top_k must be in [1, num_experts = {}], got {}", spec.num_experts, spec.top_k);
+    return Status::errorf("router: top_k must be in [1, num_experts = {}], got {}",
+                          spec.num_experts, spec.top_k);
   if (spec.num_groups < 1 || spec.num_experts % spec.num_groups != 0)
-    return Status::errorf("router: n_group ({}) must divide num_experts ({})", spec.num_groups, spec.num_experts);
+    return Status::errorf("router: n_group ({}) must divide num_experts ({})", spec.num_groups,
+                          spec.num_experts);
   if (spec.num_groups > 1) {
     const int64_t size = spec.num_experts / spec.num_groups;
     if (spec.topk_groups < 1 || spec.topk_groups > spec.num_groups)
-      return Status::errorf("router: topk_group must be in [1, n_group = {}], got {}", spec.num_groups,
-                            spec.topk_groups);
+      return Status::errorf("router: topk_group must be in [1, n_group = {}], got {}",
+                            spec.num_groups, spec.topk_groups);
     if (spec.top_k > spec.topk_groups * size)
-      return Status::errorf("router: top_k ({}) is more than the {} experts of the topk_group ({}) kept groups",
-                            spec.top_k, spec.topk_groups * size, spec.topk_groups);
+      return Status::errorf(
+          "router: top_k ({}) is more than the {} experts of the topk_group ({}) kept groups",
+          spec.top_k, spec.topk_groups * size, spec.topk_groups);
     if (spec.group_scoring == GroupScoring::kTopTwoSum && size < 2)
       return Status::errorf("router: groups of {} expert cannot be scored by their two best", size);
   }
@@ -119,8 +125,8 @@ Status validate_router_spec(const RouterSpec& spec) {
   return Status::ok();
 }
 
-void route_token(const float* raw_logits, const RouterSpec& spec, const RouterBiases& biases, int32_t* ids,
-                 float* weights, float* scratch) {
+void route_token(const float* raw_logits, const RouterSpec& spec, const RouterBiases& biases,
+                 int32_t* ids, float* weights, float* scratch) {
   const int64_t n = spec.num_experts;
   if (!spec.uses_extended_options()) {
     // Qwen3-MoE's router (and gpt-oss's order without its bias): kept exactly as it always was.

@@ -29,8 +29,8 @@ Status validate_router_spec(const RouterSpec& spec);
 
 // logits: [num_experts], the raw x . router^T. Writes top_k ids (descending choice score, ties
 // lower id) and their gating weights. `scratch` holds router_scratch_floats(spec) floats.
-void route_token(const float* logits, const RouterSpec& spec, const RouterBiases& biases, int32_t* ids,
-                 float* weights, float* scratch);
+void route_token(const float* logits, const RouterSpec& spec, const RouterBiases& biases,
+                 int32_t* ids, float* weights, float* scratch);
 inline void route_token(const float* logits, const RouterSpec& spec, int32_t* ids, float* weights,
                         float* scratch) {
   route_token(logits, spec, RouterBiases{}, ids, weights, scratch);

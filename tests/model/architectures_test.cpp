@@ -4,11 +4,11 @@
 // refused naming the field or tensor.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <set>
-#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
@@ -36,7 +36,8 @@ ModelConfig parsed(const json& config) {
 }
 
 TEST(Architectures, UnknownModelTypeListsEverySupportedOne) {
-  auto c = parse_model_config(json{{"model_type", "llama"}, {"architectures", {"LlamaForCausalLM"}}});
+  auto c =
+      parse_model_config(json{{"model_type", "llama"}, {"architectures", {"LlamaForCausalLM"}}});
   ASSERT_FALSE(c.is_ok());
   for (const Architecture& arch : architectures()) {
     EXPECT_NE(c.message().find(std::string(arch.model_type)), std::string::npos) << c.message();
@@ -95,7 +96,8 @@ TEST(Architectures, Qwen2MoeDescription) {
   EXPECT_EQ(c.widest_dense_mlp(), 88);
   json off = tiny("qwen2_moe");
   off["use_sliding_window"] = false;
-  EXPECT_EQ(parsed(off).layers[0].attention.sliding_window, 0) << "layer_types only count with the window on";
+  EXPECT_EQ(parsed(off).layers[0].attention.sliding_window, 0)
+      << "layer_types only count with the window on";
   json ambiguous = tiny("qwen2_moe");
   ambiguous.erase("layer_types");
   auto refused = parse_model_config(ambiguous);
@@ -121,7 +123,8 @@ class FamilyModel : public ::testing::TestWithParam<const char*> {
   void SetUp() override {
     dir_ = std::filesystem::temp_directory_path() /
            ("sy_arch_" + std::string(GetParam()) + "_" + std::to_string(::getpid()));
-    Status written = write_random_checkpoint(tiny(GetParam()), json::object(), dir_.string(), 7, false);
+    Status written =
+        write_random_checkpoint(tiny(GetParam()), json::object(), dir_.string(), 7, false);
     ASSERT_TRUE(written.is_ok()) << written.message();
   }
   void TearDown() override { std::filesystem::remove_all(dir_); }
@@ -148,8 +151,8 @@ class FamilyModel : public ::testing::TestWithParam<const char*> {
   }
   // Tokens [from, to) of one sequence in one step (earlier ones already in the cache); the
   // logits of every token of the step and their routes.
-  static void step(Run& run, const std::vector<int32_t>& tokens, int32_t from, int32_t to, std::vector<float>& logits,
-                   std::vector<int32_t>& routes) {
+  static void step(Run& run, const std::vector<int32_t>& tokens, int32_t from, int32_t to,
+                   std::vector<float>& logits, std::vector<int32_t>& routes) {
     StepInputs in;
     for (int32_t p = from; p < to; ++p) {
       in.token_ids.push_back(tokens[static_cast<size_t>(p)]);
@@ -209,7 +212,8 @@ TEST_P(FamilyModel, RunsAndPrefillEqualsDecodeBitForBit) {
   for (int32_t p = 30; p < 40; ++p) {
     step(*again, tokens, p, p + 1, last, step_routes);
     const int64_t vocab = c.vocab_size;
-    ASSERT_EQ(std::memcmp(last.data(), whole.data() + p * vocab, static_cast<size_t>(vocab) * 4), 0) << "position " << p;
+    ASSERT_EQ(std::memcmp(last.data(), whole.data() + p * vocab, static_cast<size_t>(vocab) * 4), 0)
+        << "position " << p;
     ASSERT_TRUE(std::equal(step_routes.begin(), step_routes.end(), routes.begin() + p * L * K));
   }
 }
@@ -239,18 +243,21 @@ TEST_P(FamilyModel, SlidingWindowHidesTokensOutsideIt) {
   step(*run_a, first, 0, n, a, routes);
   step(*run_b, changed, 0, n, b, routes);
   const int64_t vocab = c.vocab_size;
-  const bool same_last = std::memcmp(a.data() + (n - 1) * vocab, b.data() + (n - 1) * vocab, vocab * 4) == 0;
+  const bool same_last =
+      std::memcmp(a.data() + (n - 1) * vocab, b.data() + (n - 1) * vocab, vocab * 4) == 0;
   if (c.model_type == "mixtral") {
     EXPECT_TRUE(same_last) << "every layer slides: the last token never sees token 0";
   } else {
     EXPECT_FALSE(same_last) << "a full-attention layer sees token 0";
   }
-  EXPECT_NE(std::memcmp(a.data() + 1 * vocab, b.data() + 1 * vocab, vocab * 4), 0) << "token 1 sees token 0";
+  EXPECT_NE(std::memcmp(a.data() + 1 * vocab, b.data() + 1 * vocab, vocab * 4), 0)
+      << "token 1 sees token 0";
 }
 
 TEST_P(FamilyModel, MissingAndMisshapenTensorsAreNamed) {
   json config = tiny(GetParam());
-  const std::string experts_key = config.contains("num_local_experts") ? "num_local_experts" : "num_experts";
+  const std::string experts_key =
+      config.contains("num_local_experts") ? "num_local_experts" : "num_experts";
   config[experts_key] = config[experts_key].get<int>() + 1;
   std::ofstream(dir_ / "config.json") << config.dump();
   auto backend = backend::make_cpu_backend({1});
@@ -259,7 +266,8 @@ TEST_P(FamilyModel, MissingAndMisshapenTensorsAreNamed) {
   EXPECT_NE(missing.message().find("gate.weight"), std::string::npos) << missing.message();
   EXPECT_NE(missing.message().find("shape"), std::string::npos) << missing.message();
   config = tiny(GetParam());
-  config["intermediate_size"] = config["intermediate_size"].get<int>() + 2;  // dense or expert width
+  config["intermediate_size"] =
+      config["intermediate_size"].get<int>() + 2;  // dense or expert width
   std::ofstream(dir_ / "config.json") << config.dump();
   auto misshapen = Model::load(dir_.string(), *backend);
   ASSERT_FALSE(misshapen.is_ok());
@@ -274,7 +282,7 @@ TEST_P(FamilyModel, RandomWeightsBuildTheSameTensors) {
   ASSERT_TRUE(model.is_ok()) << model.message();
   auto loaded = Model::load(dir_.string(), *backend);
   ASSERT_TRUE(loaded.is_ok());
-  const auto& a = (*model)->weights().layers, &b = (*loaded)->weights().layers;
+  const auto &a = (*model)->weights().layers, &b = (*loaded)->weights().layers;
   ASSERT_EQ(a.size(), b.size());
   for (size_t l = 0; l < a.size(); ++l) {
     EXPECT_EQ(a[l].is_moe, b[l].is_moe);
@@ -285,7 +293,8 @@ TEST_P(FamilyModel, RandomWeightsBuildTheSameTensors) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Families, FamilyModel, ::testing::Values("qwen3_moe", "mixtral", "olmoe", "qwen2_moe"));
+INSTANTIATE_TEST_SUITE_P(Families, FamilyModel,
+                         ::testing::Values("qwen3_moe", "mixtral", "olmoe", "qwen2_moe"));
 
 // A kernel that predates the extended router options refuses a spec that uses them.
 class LegacyKernel final : public moe::ExpertsKernel {

@@ -24,9 +24,12 @@ namespace {
 
 const std::string kGoldenRoot = std::string(SY_SOURCE_DIR) + "/tests/golden";
 // Folder under tests/golden/ of each checkpoint (the family's goldens folder / checkpoint).
-const char* kCheckpoints[] = {"hf_qwen3_moe/qwen3moe_sharded", "hf_qwen3_moe/qwen3moe_dense_nonorm",
-                              "hf_qwen3_moe/qwen3moe_sparse_step", "hf_mixtral/mixtral_window",
-                              "hf_olmoe/olmoe_nonorm", "hf_qwen2_moe/qwen2moe_shared_window"};
+const char* kCheckpoints[] = {"hf_qwen3_moe/qwen3moe_sharded",
+                              "hf_qwen3_moe/qwen3moe_dense_nonorm",
+                              "hf_qwen3_moe/qwen3moe_sparse_step",
+                              "hf_mixtral/mixtral_window",
+                              "hf_olmoe/olmoe_nonorm",
+                              "hf_qwen2_moe/qwen2moe_shared_window"};
 
 nlohmann::json read_json(const std::string& path) {
   std::ifstream in(path);
@@ -146,9 +149,11 @@ class HfGolden : public ::testing::TestWithParam<const char*> {
   void SetUp() override {
     if (!std::filesystem::exists(dir() + "/fixture.json"))
       GTEST_SKIP() << "golden folder " << dir()
-                   << " is missing: make it on the GPU machine with tools/gpu/family_goldens.py and commit it";
+                   << " is missing: make it on the GPU machine with tools/gpu/family_goldens.py "
+                      "and commit it";
     if (on_cuda() && std::string(GetParam()).rfind("hf_qwen3_moe/", 0) != 0)
-      GTEST_SKIP() << GetParam() << ": the CUDA backend runs qwen3_moe only so far (it refuses the other "
+      GTEST_SKIP() << GetParam()
+                   << ": the CUDA backend runs qwen3_moe only so far (it refuses the other "
                    << "families' sliding window, shared-expert gate and dimensions at start-up)";
   }
   std::string dir() const { return kGoldenRoot + "/" + GetParam(); }

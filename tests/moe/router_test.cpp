@@ -95,7 +95,8 @@ struct Routed {
   std::vector<float> weights;
 };
 
-Routed route(const std::vector<float>& logits, const RouterSpec& spec, const RouterBiases& biases = {}) {
+Routed route(const std::vector<float>& logits, const RouterSpec& spec,
+             const RouterBiases& biases = {}) {
   Routed out{std::vector<int32_t>(static_cast<size_t>(spec.top_k), -7),
              std::vector<float>(static_cast<size_t>(spec.top_k), NAN)};
   std::vector<float> scratch(static_cast<size_t>(router_scratch_floats(spec)), NAN);
@@ -104,7 +105,9 @@ Routed route(const std::vector<float>& logits, const RouterSpec& spec, const Rou
   return out;
 }
 
-float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+float sigmoid(float x) {
+  return 1.0f / (1.0f + std::exp(-x));
+}
 
 TEST(RouterOptions, LogitBiasIsAddedBeforeScoringAndSelection) {
   const std::vector<float> logits = {1.0f, 0.9f, 0.0f, -1.0f}, bias = {0.0f, 0.5f, 0.0f, 0.0f};
@@ -130,7 +133,8 @@ TEST(RouterOptions, SoftmaxAfterTopKWeighsOnlyTheChosen) {
   EXPECT_EQ(before.ids, after.ids);
   EXPECT_NEAR(after.weights[0], 1.0 / (1.0 + std::exp(-1.0)), 1e-6);
   EXPECT_NEAR(after.weights[0] + after.weights[1], 1.0, 1e-6);
-  EXPECT_LT(before.weights[0] + before.weights[1], 0.95f) << "without it the weights are the full softmax's";
+  EXPECT_LT(before.weights[0] + before.weights[1], 0.95f)
+      << "without it the weights are the full softmax's";
 }
 
 TEST(RouterOptions, RenormaliseAndScalingFactor) {
@@ -148,7 +152,8 @@ TEST(RouterOptions, RenormaliseAndScalingFactor) {
 }
 
 TEST(RouterOptions, SelectionBiasSteersSelectionButNotWeights) {
-  const std::vector<float> logits = {1.0f, 0.8f, -0.5f, -2.0f}, correction = {0.0f, 0.3f, 0.0f, 0.0f};
+  const std::vector<float> logits = {1.0f, 0.8f, -0.5f, -2.0f},
+                           correction = {0.0f, 0.3f, 0.0f, 0.0f};
   RouterSpec spec{4, 1, RouterScoring::kSigmoid, false};
   EXPECT_EQ(route(logits, spec).ids, (std::vector<int32_t>{0}));
   spec.has_selection_bias = true;
@@ -157,7 +162,8 @@ TEST(RouterOptions, SelectionBiasSteersSelectionButNotWeights) {
   EXPECT_NEAR(biased.weights[0], sigmoid(0.8f), 1e-6) << "the weight is the unbiased score";
   std::vector<float> forced(1), scratch(static_cast<size_t>(router_scratch_floats(spec)));
   const int32_t id = 0;
-  gate_forced(logits.data(), spec, {nullptr, correction.data()}, &id, forced.data(), scratch.data());
+  gate_forced(logits.data(), spec, {nullptr, correction.data()}, &id, forced.data(),
+              scratch.data());
   EXPECT_NEAR(forced[0], sigmoid(1.0f), 1e-6);
 }
 
@@ -169,7 +175,8 @@ TEST(RouterOptions, GroupLimitedTopKKeepsTheBestGroups) {
   spec.num_groups = 4;
   spec.topk_groups = 1;
   spec.group_scoring = GroupScoring::kMax;
-  EXPECT_EQ(route(logits, spec).ids, (std::vector<int32_t>{0, 1})) << "best group by its best expert";
+  EXPECT_EQ(route(logits, spec).ids, (std::vector<int32_t>{0, 1}))
+      << "best group by its best expert";
   spec.group_scoring = GroupScoring::kTopTwoSum;
   const Routed two = route(logits, spec);
   EXPECT_EQ(two.ids, (std::vector<int32_t>{2, 3})) << "best group by its two best";
@@ -191,7 +198,8 @@ TEST(RouterOptions, SpecValidationNamesTheField) {
   EXPECT_NE(validate_router_spec(spec).message().find("topk_group"), std::string::npos);
   spec.topk_groups = 1;
   spec.top_k = 3;
-  EXPECT_NE(validate_router_spec(spec).message().find("top_k"), std::string::npos) << "3 > the 2 experts kept";
+  EXPECT_NE(validate_router_spec(spec).message().find("top_k"), std::string::npos)
+      << "3 > the 2 experts kept";
   spec = RouterSpec{8, 9, RouterScoring::kSoftmax, false};
   EXPECT_FALSE(validate_router_spec(spec).is_ok());
 }

@@ -19,10 +19,12 @@ class FusedKernel final : public moe::ExpertsKernel {
   bool captures_routes() const override { return true; }
   bool replays_routes() const override { return true; }
   Status supports(const moe::RouterSpec& spec) const override {
-    if (spec.scoring != moe::RouterScoring::kSoftmax || spec.softmax_after_topk || spec.uses_extended_options())
-      return Status::error(ErrorCode::kUnsupported,
-                           "cpu-fused supports softmax-then-top-k routing without router biases or groups only "
-                           "(cpu-modular runs every router)");
+    if (spec.scoring != moe::RouterScoring::kSoftmax || spec.softmax_after_topk ||
+        spec.uses_extended_options())
+      return Status::error(
+          ErrorCode::kUnsupported,
+          "cpu-fused supports softmax-then-top-k routing without router biases or groups only "
+          "(cpu-modular runs every router)");
     return Status::ok();
   }
 

@@ -17,7 +17,9 @@ class ModularKernel final : public moe::ExpertsKernel {
   bool routes_inside() const override { return false; }
   bool captures_routes() const override { return true; }
   bool replays_routes() const override { return true; }
-  Status supports(const moe::RouterSpec&) const override { return Status::ok(); }  // the reference router
+  Status supports(const moe::RouterSpec&) const override {
+    return Status::ok();
+  }  // the reference router
 
   Status forward(const moe::MoeForwardArgs& args) override {
     const moe::MoeLayerWeights& w = *args.weights;
@@ -26,7 +28,8 @@ class ModularKernel final : public moe::ExpertsKernel {
 
     for (const Tensor* bias : {&w.router_bias, &w.selection_bias})
       if (bias->data && (bias->dtype != DType::kF32 || bias->numel() != experts))
-        return Status::error(ErrorCode::kInternal, "cpu-modular: router bias vectors must be f32 [num_experts]");
+        return Status::error(ErrorCode::kInternal,
+                             "cpu-modular: router bias vectors must be f32 [num_experts]");
     // Gate.
     std::vector<float> logits(static_cast<size_t>(tokens * experts));
     matmul_rows(args.hidden.ptr<float>(), hidden, tokens, w.router, nullptr, logits.data(), experts, &pool_);
