@@ -20,6 +20,9 @@ struct MoeLayerWeights {
   Tensor router;   // [num_experts, hidden]
   Tensor gate_up;  // [num_experts, 2 * moe_intermediate, hidden]: rows [0, I) gate, [I, 2I) up
   Tensor down;     // [num_experts, hidden, moe_intermediate]
+  // [num_experts] f32, present when the RouterSpec says so (has_logit_bias / has_selection_bias).
+  Tensor router_bias;
+  Tensor selection_bias;
 
   int64_t intermediate() const { return gate_up.dim(1) / 2; }
   // Expert e's matrices as 2-D [out, in] views.
@@ -75,6 +78,17 @@ class ExpertsKernel {
   virtual bool routes_inside() const = 0;    // monolithic: routing happens inside the kernel
   virtual bool captures_routes() const = 0;  // writes RouteBuffers::sink
   virtual bool replays_routes() const = 0;   // honours RouteBuffers::source
+  // Whether this kernel runs `spec`; checked at start-up before reserve. Kernels written for
+  // Qwen3-MoE's router keep this default and refuse the options they predate.
+  virtual Status supports(const RouterSpec& spec) const {
+    if (spec.uses_extended_options())
+      return Status::error(
+          ErrorCode::kUnsupported,
+          fmt::format("MoE kernel {} does not implement router biases or group-limited top-k "
+                      "(the model's router needs them; cpu-modular does)",
+                      name()));
+    return Status::ok();
+  }
   // Called once at start-up with the largest step: a device kernel sizes its scratch here.
   virtual Status reserve(int64_t max_tokens, const RouterSpec& spec, int64_t hidden, int64_t intermediate) {
     (void)max_tokens, (void)spec, (void)hidden, (void)intermediate;

@@ -133,17 +133,21 @@ __device__ __forceinline__ void rope_inv_freq(double theta, int D, float* inv_fr
   for (int i = threadIdx.x; i < D / 2; i += blockDim.x)
     inv_freq[i] = static_cast<float>(1.0 / pow(theta, static_cast<double>(2 * i) / static_cast<double>(D)));
 }
-__device__ __forceinline__ void prep_head(const float* x, const float* norm, int D, float eps, float position,
-                                          const float* inv_freq, float (&lo)[kPrepPairs], float (&hi)[kPrepPairs]) {
+__device__ __forceinline__ void prep_load(const float* x, int D, float (&lo)[kPrepPairs], float (&hi)[kPrepPairs]) {
   const int lane = threadIdx.x & 31, half = D / 2;
-  float sum_squares = 0.0f;
 #pragma unroll
   for (int j = 0; j < kPrepPairs; ++j) {
     const int i = lane + 32 * j;
     lo[j] = i < half ? x[i] : 0.0f;
     hi[j] = i < half ? x[i + half] : 0.0f;
-    sum_squares += lo[j] * lo[j] + hi[j] * hi[j];
   }
+}
+__device__ __forceinline__ void prep_finish(const float* norm, int D, float eps, float position, const float* inv_freq,
+                                            float (&lo)[kPrepPairs], float (&hi)[kPrepPairs]) {
+  const int lane = threadIdx.x & 31, half = D / 2;
+  float sum_squares = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kPrepPairs; ++j) sum_squares += lo[j] * lo[j] + hi[j] * hi[j];
   if (norm) {
     for (int o = 16; o > 0; o >>= 1) sum_squares += __shfl_xor_sync(0xffffffffu, sum_squares, o);
     const float scale = rsqrtf(sum_squares / static_cast<float>(D) + eps);
@@ -166,6 +170,12 @@ __device__ __forceinline__ void prep_head(const float* x, const float* norm, int
     lo[j] = a;
     hi[j] = b;
   }
+}
+// prep_load then prep_finish (the loads of several heads can be issued before any finish).
+__device__ __forceinline__ void prep_head(const float* x, const float* norm, int D, float eps, float position,
+                                          const float* inv_freq, float (&lo)[kPrepPairs], float (&hi)[kPrepPairs]) {
+  prep_load(x, D, lo, hi);
+  prep_finish(norm, D, eps, position, inv_freq, lo, hi);
 }
 
 // Eight consecutive floats, times `scale`, as eight bf16 in one 16-byte word.
@@ -246,23 +256,35 @@ __device__ void combine_split_row(const KernelArgs& a, int64_t pair, int written
   const int lane = threadIdx.x & 31, head_dim = p.head_dim;
   const float2* ml = a.partial_ml + pair * a.splits;
   const float* partial = a.partial_o + pair * a.splits * head_dim;
+  // One read of the (max, sum) pairs, kept in registers (up to kMaxSplits / 32 per lane).
+  constexpr int kPerLane = kMaxSplits / 32;
+  float2 m[kPerLane];
   float row_max = -INFINITY;
-  for (int s = lane; s < written; s += 32) row_max = fmaxf(row_max, __ldcg(&ml[s].x));
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    const int s = lane + 32 * i;
+    m[i] = s < written ? __ldcg(&ml[s]) : make_float2(-INFINITY, 0.0f);
+    if (s < written) row_max = fmaxf(row_max, m[i].x);
+  }
   for (int o = 16; o > 0; o >>= 1) row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, o));
   const float base = row_max == -INFINITY ? 0.0f : row_max;
   float row_sum = 0.0f;
-  for (int s = lane; s < written; s += 32) {
-    const float2 m = __ldcg(&ml[s]);
-    const float w = exp2f(m.x - base);
-    weight[s] = w;
-    row_sum += m.y * w;
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    const int s = lane + 32 * i;
+    if (s < written) {
+      const float w = exp2f(m[i].x - base);
+      weight[s] = w;
+      row_sum += m[i].y * w;
+    }
   }
   for (int o = 16; o > 0; o >>= 1) row_sum += __shfl_xor_sync(0xffffffffu, row_sum, o);
   const float inv = row_sum > 0.0f ? 1.0f / row_sum : 0.0f;
   __syncwarp();
   for (int d = lane * 4; d < head_dim; d += 128) {
     float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll 4
+    // 16 splits' loads in flight at once (a short context writes about that many).
+#pragma unroll 16
     for (int s = 0; s < written; ++s) {
       const float w = weight[s] * inv;
       const float4 part = __ldcg(reinterpret_cast<const float4*>(partial + s * head_dim + d));
@@ -417,17 +439,27 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const __grid_consta
     }
     const int half = head_dim / 2;
     const float position = static_cast<float>(p.positions[t0]);
-    for (int r = warp; r < rows; r += kWarps) {
-      const int head = kv_head * group + row0 + r;
-      float lo[kPrepPairs], hi[kPrepPairs];
-      prep_head(a.prep.q + (static_cast<int64_t>(t0) * p.heads + head) * head_dim, a.prep.q_norm, head_dim,
-                a.prep.eps, position, s_inv_freq, lo, hi);
+    // A warp's rows (at most kRows / kWarps): every row's loads first, then the arithmetic.
+    constexpr int kRowsPerWarp = L::kRows / kWarps;
+    float lo[kRowsPerWarp][kPrepPairs], hi[kRowsPerWarp][kPrepPairs];
+#pragma unroll
+    for (int n = 0; n < kRowsPerWarp; ++n) {
+      const int r = warp + n * kWarps;
+      if (r < rows)
+        prep_load(a.prep.q + (static_cast<int64_t>(t0) * p.heads + kv_head * group + row0 + r) * head_dim, head_dim,
+                  lo[n], hi[n]);
+    }
+#pragma unroll
+    for (int n = 0; n < kRowsPerWarp; ++n) {
+      const int r = warp + n * kWarps;
+      if (r >= rows) continue;
+      prep_finish(a.prep.q_norm, head_dim, a.prep.eps, position, s_inv_freq, lo[n], hi[n]);
 #pragma unroll
       for (int j = 0; j < kPrepPairs; ++j) {
         const int i = lane + 32 * j;
         if (i >= half) continue;
-        s_q[r * kStride + i] = __float2bfloat16_rn(lo[j] * q_scale);
-        s_q[r * kStride + i + half] = __float2bfloat16_rn(hi[j] * q_scale);
+        s_q[r * kStride + i] = __float2bfloat16_rn(lo[n][j] * q_scale);
+        s_q[r * kStride + i + half] = __float2bfloat16_rn(hi[n][j] * q_scale);
       }
     }
   };

@@ -383,7 +383,7 @@ class CudaBackend final : public Backend {
   bool qk_prep_attention(Tensor& q, Tensor& k, const Tensor& v, const Tensor* q_norm, const Tensor* k_norm, float eps,
                          const AttentionBatch& batch, const RopeSpec& rope, Tensor& k_cache, Tensor& v_cache,
                          float scale, Tensor& out) override {
-    if (std::max<int64_t>(batch.max_query_len, 1) != 1 || q.dim(0) == 0) return false;
+    if (std::max<int64_t>(batch.max_query_len, 1) != 1 || q.dim(0) == 0 || batch.sliding_window > 0) return false;
     if (no_prep_fusion_) return false;  // SY_NO_PREP_FUSION=1 (experiments): the two-kernel path
     return launch_prep_attention(prep_params(q, k, v, q_norm, k_norm, eps, batch, rope, k_cache, v_cache),
                                  attention_params(q, k_cache, v_cache, batch, scale, out), attention_scratch_,

@@ -159,7 +159,9 @@ __device__ __forceinline__ void gemv_slab(const float* __restrict__ x, int64_t i
   }
 }
 
-template <int ROWS>
+// UNROLL: slabs of 256 columns in flight per lane (0: 8 for one or two rows, else 4); 16 for one
+// row of 2048 < in <= 4096 (the output projection: the whole row in one round).
+template <int ROWS, int UNROLL = 0>
 __global__ void __launch_bounds__(256) gemv_kernel(const float* __restrict__ x, int64_t in,
                                                    const __grid_constant__ GemvParts parts) {
   int part = 0;
@@ -174,7 +176,7 @@ __global__ void __launch_bounds__(256) gemv_kernel(const float* __restrict__ x, 
   for (int r = 0; r < ROWS; ++r) acc[r] = 0.0f;
   // Eight slabs in flight for one or two rows (a 2048-wide row is one round), four for more
   // rows (their x values need the registers); out-of-range slabs load nothing.
-  constexpr int kUnroll = ROWS <= 2 ? 8 : 4;
+  constexpr int kUnroll = UNROLL > 0 ? UNROLL : ROWS <= 2 ? 8 : 4;
   // The weights are not written by any kernel of the step, so the first round is requested
   // before waiting for the previous kernel (which writes x): under a programmatic launch the
   // DRAM latency of that round hides behind the previous kernel's tail.
@@ -383,6 +385,11 @@ void launch_gemv_parts(const float* x, int64_t rows, int64_t in, const GemvPart*
   const int blocks = gemv_table(parts, count, table);
   if (blocks == 0) return;
   const unsigned grid = static_cast<unsigned>(blocks);
+  if (rows == 1 && in > 2048 && in <= 4096) {
+    launch_overlapped(gemv_kernel<1, 16>, dim3(grid), dim3(256), 0, stream, x, in, table);
+    SY_CUDA_LAUNCH_CHECK("gemv");
+    return;
+  }
   switch (rows) {
 #define SY_GEMV_CASE(R) \
   case R: launch_overlapped(gemv_kernel<R>, dim3(grid), dim3(256), 0, stream, x, in, table); break;
