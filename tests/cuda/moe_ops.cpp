@@ -342,8 +342,10 @@ void device_case(Harness& h, Case& c, const Group& g, Weights& w, StepData& d, m
 // asks for at batch 1): bitwise the same out, routes and new residual as the device's unfused
 // sequence (add, add_rms_norm, forward on the normed row, add of the output); the unused
 // `hidden` is poisoned to prove it unread.
+// earlier_in_out: the earlier delta lives in the output buffer itself, as the decoder passes it
+// after a dense layer (the previous feed-forward output, which this call overwrites).
 void fused_input_norm_case(Harness& h, Case& c, const Group& g, Weights& w, const StepData& d,
-                           moe::ExpertsKernel& kernel, bool earlier) {
+                           moe::ExpertsKernel& kernel, bool earlier, bool earlier_in_out) {
   const MoeShape& s = g.shape;
   if (!kernel.fuses_input_norm(1)) return c.skip(std::string(kernel.name()) + " does not fuse the input norm");
   const moe::RouterSpec spec = make_spec(g.spec, s);
@@ -358,7 +360,8 @@ void fused_input_norm_case(Harness& h, Case& c, const Group& g, Weights& w, cons
     Tensor r = buffers.f32(residual, {1, s.hidden}), e = buffers.f32(d1, {1, s.hidden}), dl = buffers.f32(d2, {1, s.hidden});
     Tensor hidden = buffers.alloc(DType::kF32, {1, s.hidden}), o = buffers.alloc(DType::kF32, {1, s.hidden});
     buffers.poison(hidden);
-    buffers.poison(o);
+    if (fused && earlier_in_out) o = buffers.f32(d1, {1, s.hidden});
+    else buffers.poison(o);
     Tensor sk = buffers.alloc(DType::kI32, {1, kLayers, s.top_k});
     dev.fill_i32(sk, moe::kRoutePoison);
     moe::MoeForwardArgs args;
@@ -369,7 +372,7 @@ void fused_input_norm_case(Harness& h, Case& c, const Group& g, Weights& w, cons
     args.spec = spec;
     args.routes.sink = sk;
     if (fused) {
-      args.input_norm = {&r, earlier ? &e : nullptr, &dl, &norm, 1e-6f};
+      args.input_norm = {&r, earlier ? (earlier_in_out ? &o : &e) : nullptr, &dl, &norm, 1e-6f};
     } else {
       if (earlier) dev.add_inplace(r, e);
       dev.add_rms_norm(r, dl, norm, 1e-6f, hidden);
@@ -505,12 +508,14 @@ void run_moe_ops(Harness& h) {
         });
       }
       if (T == 1 && !h.options.reference_as_device)
-        for (bool earlier : {false, true})
-          h.run("moe.cuda-fused.input-norm", fmt::format("{}{}", desc_of(T), earlier ? " +earlier delta" : ""),
+        for (int variant = 0; variant < 3; ++variant)
+          h.run("moe.cuda-fused.input-norm",
+                fmt::format("{}{}", desc_of(T),
+                            variant == 0 ? "" : variant == 1 ? " +earlier delta" : " +earlier delta in out"),
                 [&](Case& c) {
                   if (!dev_fused) return c.fail(dev_fused.message());
                   ensure_step();
-                  fused_input_norm_case(h, c, g, w, d, **dev_fused, earlier);
+                  fused_input_norm_case(h, c, g, w, d, **dev_fused, variant > 0, variant == 2);
                 });
     }
   }

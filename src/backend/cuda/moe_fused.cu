@@ -390,7 +390,11 @@ __global__ void __launch_bounds__(kThreads, 2)
   cg::grid_group grid = cg::this_grid();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int E = a.route.num_experts, K = a.route.top_k, H = a.route.hidden;
-  const int I = a.intermediate, T = a.tokens, pairs = T * K;
+  // The one-token kernel knows T at compile time: its dead multi-token paths are not compiled,
+  // which keeps the code it runs small (its misses in the instruction cache were the largest
+  // stall reason of this kernel, per ncu, at ~120 KB of SASS).
+  constexpr bool kOneToken = NORM_VEC > 0;
+  const int I = a.intermediate, T = kOneToken ? 1 : a.tokens, pairs = T * K;
   const int total_warps = static_cast<int>(gridDim.x) * kWarps;
 
   stamp(a, 0);
@@ -486,7 +490,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         const DownItem d = down_item(it, pass, rows_here);
         const int first = slot_begin[d.slot];
         const int row_in_pass = d.h - pass, rows = d.rows;
-        warp_rows_dot<kDownRows, kDownSlabs, kDownPairs>(
+        warp_rows_dot<kDownRows, kDownSlabs, kOneToken ? 1 : kDownPairs>(
             a.down + (static_cast<int64_t>(slot_expert[d.slot]) * H + d.h) * I, I, rows, I, a.act,
             I, 1, sorted + first, slot_begin[d.slot + 1] - first,
             [&](int pair, const float(&v)[kDownRows]) {
@@ -505,13 +509,18 @@ __global__ void __launch_bounds__(kThreads, 2)
             sum = fmaf(weights[pair], combo[pair * rows_here + row], sum);
         }
         const int64_t at = static_cast<int64_t>(t) * H + pass + row;
-        a.out[at] = sum;
         if constexpr (NORM_VEC > 0) {
           // The residual adds in the unfused order: ((x + earlier_delta) + delta) + out. Every
-          // block read residual before barrier 1; this block alone writes these rows.
+          // block read these inputs before barrier 1; this block alone writes these rows, and
+          // reads them before writing out (earlier_delta may be out's own buffer: the decoder
+          // passes the previous feed-forward output, which this call overwrites).
           float x = a.residual[at];
           if (a.earlier_delta) x += a.earlier_delta[at];
-          a.residual[at] = (x + a.delta[at]) + sum;
+          const float updated = (x + a.delta[at]) + sum;
+          a.out[at] = sum;
+          a.residual[at] = updated;
+        } else {
+          a.out[at] = sum;
         }
       }
       __syncthreads();
