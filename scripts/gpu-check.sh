@@ -149,6 +149,10 @@ if want serve; then
   run throughput timeout 400 "$carry/switchyard" bench --base-url http://localhost:8391 --endpoint completions \
     --tokenizer "$carry/qwen3-30b-a3b" --input-len 1024 --output-len 128 --num-prompts 1000 --ignore-eos \
     --routed-experts --no-progress --result-file "$OUT/throughput_1024_128.json"
+  section "switchyard bench (1024 in / 512 out x 500, rate inf), same server"
+  run throughput-512 timeout 400 "$carry/switchyard" bench --base-url http://localhost:8391 --endpoint completions \
+    --tokenizer "$carry/qwen3-30b-a3b" --input-len 1024 --output-len 512 --num-prompts 500 --ignore-eos \
+    --routed-experts --no-progress --result-file "$OUT/throughput_1024_512.json"
   kill -TERM $server; wait $server
   tail -5 "$OUT/serve.log"
 fi

@@ -133,6 +133,11 @@ __device__ __forceinline__ void rope_inv_freq(double theta, int D, float* inv_fr
   for (int i = threadIdx.x; i < D / 2; i += blockDim.x)
     inv_freq[i] = static_cast<float>(1.0 / pow(theta, static_cast<double>(2 * i) / static_cast<double>(D)));
 }
+// cosf and sinf out of line: inlined, each brings its large-argument reduction along, and the
+// unrolled prep would carry dozens of copies (instruction-cache misses in a latency-bound kernel).
+__device__ __noinline__ float2 rope_cos_sin(float angle) {
+  return make_float2(cosf(angle), sinf(angle));
+}
 __device__ __forceinline__ void prep_load(const float* x, int D, float (&lo)[kPrepPairs], float (&hi)[kPrepPairs]) {
   const int lane = threadIdx.x & 31, half = D / 2;
 #pragma unroll
@@ -164,8 +169,8 @@ __device__ __forceinline__ void prep_finish(const float* norm, int D, float eps,
   for (int j = 0; j < kPrepPairs; ++j) {
     const int i = lane + 32 * j;
     if (i >= half) continue;
-    const float angle = position * inv_freq[i];
-    const float c = cosf(angle), sn = sinf(angle);
+    const float2 cs = rope_cos_sin(position * inv_freq[i]);
+    const float c = cs.x, sn = cs.y;
     const float a = lo[j] * c - hi[j] * sn, b = hi[j] * c + lo[j] * sn;
     lo[j] = a;
     hi[j] = b;
@@ -309,7 +314,10 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const __grid_consta
   // Decode waits for the previous kernel (which writes q and this step's K/V row) only after it
   // has looked up its keys and requested every earlier step's K/V row of its first tile; prefill
   // (whose chunk's keys were all written just before) waits first.
-  if (!a.decode) overlap_prologue();
+  // MT = 1 runs decode only (prefill launches MT = 4): decode as a compile-time fact there keeps
+  // the prefill code out of the small decode kernel (its instruction-cache misses cost latency).
+  const bool decode = MT == 1 || a.decode;
+  if (!decode) overlap_prologue();
   __shared__ int s_pos[L::kRows], s_token[L::kRows], s_head[L::kRows];
   __shared__ int64_t s_key_offset[2][kKeys];  // element offset of each tile key's row, -1 = none
   __shared__ float s_max[kWarps][16], s_sum[kWarps][16];
@@ -324,7 +332,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const __grid_consta
   const int row0 = static_cast<int>(blockIdx.y % a.row_chunks) * L::kRows;
 
   if (tid == 0) s_context = 0;
-  if (a.decode) {
+  if (decode) {
     if (tid == 0) {
       s_first_token = blockIdx.x;
       s_tile_tokens = 1;
@@ -368,7 +376,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const __grid_consta
       *reinterpret_cast<uint4*>(s_q + r * kStride + col * 8) = packed;
     }
   };
-  if (!a.decode) load_q();
+  if (!decode) load_q();
   // Padding columns of the K/V tiles are never copied into; zero them once (NaN garbage there
   // would poison q.k and p.v even against zero weights).
   if (chunks < L::kChunks) {
@@ -383,7 +391,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const __grid_consta
 
   const int context = s_context;
   KeyRange range{0, context};
-  if (a.decode) {
+  if (decode) {
     range = split_range(context, a.splits, blockIdx.z, kKeys);
     if (a.splits > 1 && range.begin >= range.end) {
       // No keys at all (no split writes): split 0 writes the zeros a single pass would.
@@ -525,7 +533,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const __grid_consta
 
   plan_tile(0, 0);
   __syncthreads();
-  if (a.decode) {
+  if (decode) {
     // This step's key (the token's own position, context - 1) was written by the previous
     // kernel; every other key by an earlier step. Request those now, then wait, then the rest.
     const int fresh = context - 1 - range.begin;
