@@ -11,6 +11,8 @@ namespace sy::moe {
 
 // Route value the step's buffer is poisoned with; any value a kernel leaves there is an error.
 inline constexpr int32_t kRoutePoison = -1;
+// Bit pattern the gating-weight sink is poisoned with (a NaN no arithmetic produces).
+inline constexpr int32_t kRouteWeightPoisonBits = 0x7fbadbad;
 
 // logits: [num_experts]. Writes top_k ids (descending score, ties lower id) and gating weights.
 // `scratch` must hold num_experts floats.

@@ -18,6 +18,7 @@ class FusedKernel final : public moe::ExpertsKernel {
   bool routes_inside() const override { return true; }
   bool captures_routes() const override { return true; }
   bool replays_routes() const override { return true; }
+  bool captures_weights() const override { return true; }
 
   Status forward(const moe::MoeForwardArgs& args) override {
     const moe::MoeLayerWeights& w = *args.weights;
@@ -70,6 +71,10 @@ class FusedKernel final : public moe::ExpertsKernel {
         if (args.routes.sink.data) {
           int32_t* sink = args.routes.sink.ptr<int32_t>() + (t * layers + args.layer) * top_k;
           for (int64_t k = 0; k < top_k; ++k) sink[k] = chosen[k];
+        }
+        if (args.routes.weights.data) {
+          float* sink = args.routes.weights.ptr<float>() + (t * layers + args.layer) * top_k;
+          for (int64_t k = 0; k < top_k; ++k) sink[k] = gates[k];
         }
         float* dst = args.out.ptr<float>() + t * hidden;
         std::fill_n(dst, hidden, 0.0f);

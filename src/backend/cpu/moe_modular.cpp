@@ -17,6 +17,7 @@ class ModularKernel final : public moe::ExpertsKernel {
   bool routes_inside() const override { return false; }
   bool captures_routes() const override { return true; }
   bool replays_routes() const override { return true; }
+  bool captures_weights() const override { return true; }
 
   Status forward(const moe::MoeForwardArgs& args) override {
     const moe::MoeLayerWeights& w = *args.weights;
@@ -48,6 +49,9 @@ class ModularKernel final : public moe::ExpertsKernel {
       if (args.routes.sink.data)
         std::copy(token_ids, token_ids + top_k,
                   args.routes.sink.ptr<int32_t>() + (t * layers + args.layer) * top_k);
+      if (args.routes.weights.data)  // the very numbers Combine multiplies by, below
+        std::copy(token_weights, token_weights + top_k,
+                  args.routes.weights.ptr<float>() + (t * layers + args.layer) * top_k);
     }
 
     // Forward: group (token, slot) pairs by expert, run each expert once over its rows.
