@@ -24,8 +24,10 @@ class FusedKernel final : public moe::ExpertsKernel {
     const moe::MoeLayerWeights& w = *args.weights;
     const int64_t tokens = args.hidden.dim(0), hidden = args.hidden.dim(1);
     const int64_t experts = args.spec.num_experts, top_k = args.spec.top_k;
-    const int64_t layers = args.routes.sink.data ? args.routes.sink.dim(1)
-                           : args.routes.source.data ? args.routes.source.dim(1) : 0;
+    const int64_t layers = args.routes.sink.data      ? args.routes.sink.dim(1)
+                           : args.routes.weights.data ? args.routes.weights.dim(1)
+                           : args.routes.source.data  ? args.routes.source.dim(1)
+                                                      : 0;
     if (args.spec.scoring != moe::RouterScoring::kSoftmax || args.spec.softmax_after_topk)
       return Status::error(ErrorCode::kUnsupported, "cpu-fused supports softmax-then-top-k routing only");
 

@@ -32,8 +32,10 @@ class ModularKernel final : public moe::ExpertsKernel {
     std::vector<int32_t> ids(static_cast<size_t>(tokens * top_k));
     std::vector<float> weights(static_cast<size_t>(tokens * top_k));
     std::vector<float> scratch(static_cast<size_t>(experts));
-    const int64_t layers = args.routes.sink.data ? args.routes.sink.dim(1)
-                           : args.routes.source.data ? args.routes.source.dim(1) : 0;
+    const int64_t layers = args.routes.sink.data      ? args.routes.sink.dim(1)
+                           : args.routes.weights.data ? args.routes.weights.dim(1)
+                           : args.routes.source.data  ? args.routes.source.dim(1)
+                                                      : 0;
     for (int64_t t = 0; t < tokens; ++t) {
       const float* row = logits.data() + t * experts;
       int32_t* token_ids = ids.data() + t * top_k;
