@@ -1276,6 +1276,8 @@ json models_response(const ServerConfig& config, const engine::ModelInfo& model,
                {"moe_layers", model.moe_layers},
                {"num_experts", model.num_experts},
                {"top_k", model.top_k},
+               {"routed_experts", config.enable_return_routed_experts},
+               {"routed_experts_weights", config.enable_return_routed_experts && model.route_weights},
                {"permission", json::array()}};
   return json{{"object", "list"}, {"data", json::array({std::move(card)})}};
 }

@@ -652,15 +652,17 @@ void Session::stream_update(Job& job, ChoiceSlot& slot, size_t index, const Choi
   const ApiRequest& request = job.request;
   if (update.finished && update.finish_reason == engine::FinishReason::kError)
     return;  // finish_job reports it
-  const moe::RouteArray* chunk_routes = update.new_routes ? &*update.new_routes : nullptr;
-  const bool has_rows = chunk_routes && chunk_routes->rows > 0;
+  // A chunk carries route fields when it has rows, and the final chunk always does.
+  const bool has_rows = update.new_routes && update.new_routes->rows > 0;
+  const moe::RouteArray* chunk_routes =
+      update.new_routes && (has_rows || update.finished) ? &*update.new_routes : nullptr;
   if (!update.finished && update.text.empty() && update.token_ids.empty() && !has_rows) return;
   const ChoiceResult* final = update.finished ? &slot.result : nullptr;
   json chunk;
   if (request.endpoint == Endpoint::kGenerate) {
     // SGLang streams cumulative text and ids, and meta_info with every chunk.
     std::vector<ChoiceResult> one = {slot.result};
-    one[0].chunk_routes = update.new_routes;
+    if (chunk_routes) one[0].chunk_routes = *chunk_routes;
     ApiRequest single;  // only what generate_response reads; the replay array is not copied
     single.endpoint = Endpoint::kGenerate;
     single.return_logprob = request.return_logprob;

@@ -72,7 +72,7 @@ class ServeE2E : public ::testing::Test {
     serve_ = new ServeProcess();
     std::string error =
         serve_->start({"--model", model_, "--served-model-name", "tiny",
-                       "--enable-return-routed-experts", "--max-num-batched-tokens", "64"});
+                       "--enable-return-routed-experts", "--return-routed-experts-default", "--max-num-batched-tokens", "64"});
     if (!error.empty()) {
       start_error_ = error;
       return;
@@ -361,7 +361,7 @@ TEST_F(ServeE2E, PreemptionKeepsRoutesExact) {
   }
   ServeProcess small;
   std::string error = small.start({"--model", model_, "--served-model-name", "tiny",
-                                   "--enable-return-routed-experts", "--kv-cache-tokens", "160",
+                                   "--enable-return-routed-experts", "--return-routed-experts-default", "--kv-cache-tokens", "160",
                                    "--max-num-batched-tokens", "64"});
   ASSERT_TRUE(error.empty()) << error;
   std::vector<Outcome> squeezed(6);
@@ -584,7 +584,7 @@ TEST_F(ServeE2E, ChatToolsKeepTheClientsKeyOrder) {
 TEST_F(ServeE2E, PartialEvictionKeepsRoutesExact) {
   ServeProcess small;
   std::string error = small.start({"--model", model_, "--served-model-name", "tiny",
-                                   "--enable-return-routed-experts", "--kv-cache-tokens", "256",
+                                   "--enable-return-routed-experts", "--return-routed-experts-default", "--kv-cache-tokens", "256",
                                    "--max-num-batched-tokens", "64"});
   ASSERT_TRUE(error.empty()) << error;
   auto run = [&](const std::vector<int>& prompt) {
