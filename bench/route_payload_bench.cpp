@@ -23,7 +23,8 @@ struct Shape {
   int64_t layers = 48, top_k = 8, experts = 128;
 };
 
-sy::moe::RouteArray random_rows(std::mt19937_64& rng, const Shape& s, int64_t first, int64_t rows, bool weights) {
+sy::moe::RouteArray random_rows(std::mt19937_64& rng, const Shape& s, int64_t first, int64_t rows,
+                                bool weights) {
   sy::moe::RouteArray r;
   r.first_row = first;
   r.rows = rows;
@@ -39,8 +40,8 @@ sy::moe::RouteArray random_rows(std::mt19937_64& rng, const Shape& s, int64_t fi
 }
 
 // Bytes the route fields add to a JSON object (keys, quotes, separators included).
-int64_t field_bytes(const sy::moe::RouteArray& r, const sy::server::RouteOptions& options, const Shape& s,
-                    bool int32_ids, bool piece) {
+int64_t field_bytes(const sy::moe::RouteArray& r, const sy::server::RouteOptions& options,
+                    const Shape& s, bool int32_ids, bool piece) {
   json with = json::object();
   sy::server::add_route_fields(r, options, s.experts, int32_ids, piece, with);
   return static_cast<int64_t>(with.dump().size()) - 2;  // less the braces
@@ -52,9 +53,12 @@ int main(int argc, char** argv) {
   int64_t prompt = 1024, completion = 512;
   std::string out_path;
   for (int i = 1; i + 1 < argc; i += 2) {
-    if (!std::strcmp(argv[i], "--prompt")) prompt = std::atoll(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--completion")) completion = std::atoll(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--out")) out_path = argv[i + 1];
+    if (!std::strcmp(argv[i], "--prompt"))
+      prompt = std::atoll(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--completion"))
+      completion = std::atoll(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--out"))
+      out_path = argv[i + 1];
   }
   const Shape shape;
   std::mt19937_64 rng(7);
@@ -76,10 +80,12 @@ int main(int argc, char** argv) {
   const int64_t completion_only = field_bytes(tail, ids_only, shape, false, false);
 
   // Streamed: the first chunk carries the prompt's rows, each later chunk one row.
-  int64_t stream_ids = field_bytes(random_rows(rng, shape, 0, prompt, true), streamed, shape, false, true);
+  int64_t stream_ids =
+      field_bytes(random_rows(rng, shape, 0, prompt, true), streamed, shape, false, true);
   int64_t stream_weights =
       field_bytes(random_rows(rng, shape, 0, prompt, true), streamed_weights, shape, false, true);
-  const int64_t one_row_ids = field_bytes(random_rows(rng, shape, prompt, 1, true), streamed, shape, false, true);
+  const int64_t one_row_ids =
+      field_bytes(random_rows(rng, shape, prompt, 1, true), streamed, shape, false, true);
   const int64_t one_row_weights =
       field_bytes(random_rows(rng, shape, prompt, 1, true), streamed_weights, shape, false, true);
   stream_ids += (completion - 1) * one_row_ids;
@@ -88,13 +94,16 @@ int main(int argc, char** argv) {
   const double raw_ids = double(shape.layers * shape.top_k);  // one uint8 per id
   const double encode_ids_ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
   const double encode_both_ms = std::chrono::duration<double, std::milli>(t2 - t1).count();
-  std::printf("Qwen3-30B-A3B shapes: %lld layers (all MoE) x top-%lld of %lld experts; %lld prompt + %lld completion "
-              "tokens = %lld route rows\n",
-              (long long)shape.layers, (long long)shape.top_k, (long long)shape.experts, (long long)prompt,
-              (long long)completion, (long long)rows);
+  std::printf(
+      "Qwen3-30B-A3B shapes: %lld layers (all MoE) x top-%lld of %lld experts; %lld prompt + %lld "
+      "completion "
+      "tokens = %lld route rows\n",
+      (long long)shape.layers, (long long)shape.top_k, (long long)shape.experts, (long long)prompt,
+      (long long)completion, (long long)rows);
   std::printf("raw ids: %.0f B/token (uint8)\n", raw_ids);
   auto line = [&](const char* what, int64_t bytes) {
-    std::printf("%-58s %10lld B  %8.1f B/token\n", what, (long long)bytes, double(bytes) / double(tokens));
+    std::printf("%-58s %10lld B  %8.1f B/token\n", what, (long long)bytes,
+                double(bytes) / double(tokens));
   };
   line("routed_experts (base64 .npy uint8), whole response", npy_ids);
   line("  + routed_experts_weights (base64 .npy float16)", npy_ids_weights);
@@ -102,10 +111,10 @@ int main(int argc, char** argv) {
   line("routed_experts_start = prompt (completion rows only)", completion_only);
   line("stream_routed_experts, all chunks' route fields", stream_ids);
   line("stream_routed_experts + weights, all chunks' fields", stream_weights);
-  std::printf("one decode chunk's route fields: %lld B (ids), %lld B (ids + weights)\n", (long long)one_row_ids,
-              (long long)one_row_weights);
-  std::printf("encode (select-free, one response): ids %.2f ms, ids + weights %.2f ms\n", encode_ids_ms,
-              encode_both_ms);
+  std::printf("one decode chunk's route fields: %lld B (ids), %lld B (ids + weights)\n",
+              (long long)one_row_ids, (long long)one_row_weights);
+  std::printf("encode (select-free, one response): ids %.2f ms, ids + weights %.2f ms\n",
+              encode_ids_ms, encode_both_ms);
   if (!out_path.empty()) {
     nlohmann::ordered_json record = {
         {"bench", "route_payload"},

@@ -17,7 +17,9 @@ struct RoutesDiffArgs {
   bool json = false;
 };
 
-double fraction(int64_t part, int64_t whole) { return whole > 0 ? double(part) / double(whole) : 0.0; }
+double fraction(int64_t part, int64_t whole) {
+  return whole > 0 ? double(part) / double(whole) : 0.0;
+}
 
 int run_routes_diff(const RoutesDiffArgs& args) {
   std::optional<moe::RouteShape> shape;
@@ -30,7 +32,8 @@ int run_routes_diff(const RoutesDiffArgs& args) {
     shape = *parsed;
   }
   Result<moe::RouteArray> a = moe::read_route_file(args.a, shape);
-  Result<moe::RouteArray> b = a ? moe::read_route_file(args.b, shape) : Result<moe::RouteArray>(a.status());
+  Result<moe::RouteArray> b =
+      a ? moe::read_route_file(args.b, shape) : Result<moe::RouteArray>(a.status());
   Result<moe::RouteDiff> diff = b ? moe::diff_routes(*a, *b) : Result<moe::RouteDiff>(b.status());
   if (!diff) {
     std::fprintf(stderr, "switchyard routes diff: %s\n", diff.message().c_str());
@@ -77,7 +80,8 @@ int run_routes_diff(const RoutesDiffArgs& args) {
                 100 * fraction(l.order_differs, l.rows));
   }
   std::printf("%-6s %8lld %11.4f%% %13.4f%%\n", "all", static_cast<long long>(d.compared),
-              100 * fraction(d.set_differs, d.compared), 100 * fraction(d.order_differs, d.compared));
+              100 * fraction(d.set_differs, d.compared),
+              100 * fraction(d.order_differs, d.compared));
   std::printf("token rows with any layer's set differing: %lld of %lld (%.4f%%)\n",
               static_cast<long long>(d.rows_with_set_difference), static_cast<long long>(d.rows),
               100 * fraction(d.rows_with_set_difference, d.rows));

@@ -125,7 +125,8 @@ class EngineImpl final : public Engine {
     metrics_.moe_layers = c.moe_layers();
     metrics_.num_experts = c.num_experts;
     if (config.capture_routes)
-      metrics_.expert_load_tokens.assign(metrics_.moe_layers.size() * static_cast<size_t>(c.num_experts), 0);
+      metrics_.expert_load_tokens.assign(
+          metrics_.moe_layers.size() * static_cast<size_t>(c.num_experts), 0);
     thread_ = std::thread([this] { loop(); });
     return Status::ok();
   }
@@ -417,7 +418,8 @@ class EngineImpl final : public Engine {
     const int64_t bs = kv_->block_size();
     model::StepInputs in;
     in.capture_routes = config_.capture_routes;
-    for (const auto& s : batch) in.capture_weights |= capture_weights_ && s.seq->request.return_route_weights;
+    for (const auto& s : batch)
+      in.capture_weights |= capture_weights_ && s.seq->request.return_route_weights;
     in.num_seqs = static_cast<int>(batch.size());
     for (const auto& s : batch) in.max_blocks_per_seq = std::max<int>(in.max_blocks_per_seq, static_cast<int>(s.seq->blocks.size()));
     in.block_tables.assign(static_cast<size_t>(in.num_seqs * std::max(in.max_blocks_per_seq, 1)), 0);
@@ -507,9 +509,11 @@ class EngineImpl final : public Engine {
           const int32_t* row = result.routes.data() + t * row_ints_;
           for (size_t m = 0; m < moe_layers.size(); ++m)
             for (int64_t k = 0; k < top_k; ++k)
-              ++load[m * static_cast<size_t>(metrics_.num_experts) + row[moe_layers[m] * top_k + k]];
+              ++load[m * static_cast<size_t>(metrics_.num_experts) +
+                     row[moe_layers[m] * top_k + k]];
           if (wants_weights && p == seq.weight_rows) {
-            seq.route_weights.insert(seq.route_weights.end(), result.weights.begin() + t * row_ints_,
+            seq.route_weights.insert(seq.route_weights.end(),
+                                     result.weights.begin() + t * row_ints_,
                                      result.weights.begin() + (t + 1) * row_ints_);
             seq.weight_rows = p + 1;
           }
@@ -672,8 +676,8 @@ class EngineImpl final : public Engine {
       routes.weights.assign(static_cast<size_t>(routes.rows * row_ints_), std::nanf(""));
       const int64_t known = std::min(end, seq.weight_rows);
       if (known > begin)
-        std::copy(seq.route_weights.begin() + begin * row_ints_, seq.route_weights.begin() + known * row_ints_,
-                  routes.weights.begin());
+        std::copy(seq.route_weights.begin() + begin * row_ints_,
+                  seq.route_weights.begin() + known * row_ints_, routes.weights.begin());
     }
     // Replayed rows are returned as given; dense layers' entries are 0 on the wire.
     const auto moe_layers = model_->config().moe_layers();

@@ -24,8 +24,8 @@ struct Decoder::Workspace {
   Tensor forced, forced_routes, route_out;
   Tensor x, normed, block_out, q, k, v, attn, gate, up, picked, picked_normed, logits;
   std::vector<Tensor*> owned() {
-    return {&pack, &forced, &forced_routes, &route_out, &x, &normed, &block_out, &q, &k, &v, &attn,
-            &gate, &up, &picked, &picked_normed, &logits};
+    return {&pack, &forced, &forced_routes, &route_out, &x,  &normed, &block_out,     &q,
+            &k,    &v,      &attn,          &gate,      &up, &picked, &picked_normed, &logits};
   }
   ~Workspace() {
     for (Tensor* t : owned())
@@ -125,7 +125,8 @@ Status Decoder::allocate(const ModelConfig& c, int64_t num_blocks, const backend
   ws->pack_ints = 4 * T + R + limits.max_seqs * limits.max_blocks_per_seq;
   ws->pack = backend_.alloc(DType::kI32, {ws->pack_ints});
   ws->pack_host = static_cast<int32_t*>(backend_.alloc_host(static_cast<size_t>(ws->pack_ints) * 4));
-  ws->routes_host = static_cast<int32_t*>(backend_.alloc_host(static_cast<size_t>(2 * T * L * K) * 4));
+  ws->routes_host =
+      static_cast<int32_t*>(backend_.alloc_host(static_cast<size_t>(2 * T * L * K) * 4));
   ws->forced = backend_.alloc(DType::kU8, {T});
   ws->forced_routes = backend_.alloc(DType::kI32, {T, L, K});
   ws->route_out = backend_.alloc(DType::kI32, {2 * T * L * K});
@@ -328,7 +329,9 @@ Status Decoder::forward(const Model& model, const StepInputs& in, StepOutputs& o
   SY_TRY(layer_status);
 
   // The step's one copy of routes (and weights, behind them) to the host (checked in finish_step).
-  if (capture) backend_.download_async(ws.route_out.slice_rows(0, capture_weights ? 2 * route_ints : route_ints), ws.routes_host);
+  if (capture)
+    backend_.download_async(
+        ws.route_out.slice_rows(0, capture_weights ? 2 * route_ints : route_ints), ws.routes_host);
   out.logits = ws.logits.slice_rows(0, rows);
   out.routes.clear();
   out.weights.clear();
@@ -371,7 +374,8 @@ Status Decoder::finish_step(const Model& model, StepOutputs& out) {
         if (row[j] == moe::kRoutePoison) {
           problem = fmt::format("did not write the route of step token {}", t);
         } else if (row[j] < 0 || row[j] >= c.num_experts) {
-          problem = fmt::format("wrote expert id {} for step token {} (num_experts {})", row[j], t, c.num_experts);
+          problem = fmt::format("wrote expert id {} for step token {} (num_experts {})", row[j], t,
+                                c.num_experts);
         } else if (step_weights_) {
           int32_t weight_bits;
           std::memcpy(&weight_bits, &out.weights[at + j], sizeof weight_bits);
@@ -384,8 +388,8 @@ Status Decoder::finish_step(const Model& model, StepOutputs& out) {
         poisoned = true;
         if (first)
           first = Status::error(ErrorCode::kInternal,
-                                fmt::format("route capture failed: MoE layer {} (kernel {}) {}", layer,
-                                            step_kernel_->name(), problem));
+                                fmt::format("route capture failed: MoE layer {} (kernel {}) {}",
+                                            layer, step_kernel_->name(), problem));
       }
     }
     out.poisoned_rows += poisoned ? 1 : 0;

@@ -41,9 +41,9 @@ struct MoeLayerWeights {
 // top_k] on the kernel's device. `sink` (int32) is poisoned before the step; a capturing kernel
 // writes every token's row of its layer. `weights` (f32, same indexing as `sink`) is the gating
 // weight sink: when defined, a kernel that captures_weights() writes the combine weight it
-// multiplied expert `sink[t, layer, k]`'s output by, poisoned like the ids (kRouteWeightPoisonBits).
-// It lies right behind the id sink in the decoder's step workspace, so one copy takes both.
-// `source` rows with `forced[t] != 0` must be used as given.
+// multiplied expert `sink[t, layer, k]`'s output by, poisoned like the ids
+// (kRouteWeightPoisonBits). It lies right behind the id sink in the decoder's step workspace, so
+// one copy takes both. `source` rows with `forced[t] != 0` must be used as given.
 struct RouteBuffers {
   Tensor sink;     // undefined (data == nullptr) when capture is off
   Tensor weights;  // undefined when no request in the step asked for gating weights

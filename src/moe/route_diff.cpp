@@ -18,15 +18,17 @@ namespace {
 
 Result<RouteArray> from_values(const std::vector<int64_t>& values, const RouteShape& shape) {
   if (shape.layers <= 0 || shape.top_k <= 0)
-    return Status::errorf("shape must have positive layers and top_k, got ({}, {})", shape.layers, shape.top_k);
+    return Status::errorf("shape must have positive layers and top_k, got ({}, {})", shape.layers,
+                          shape.top_k);
   const int64_t row_ints = shape.layers * shape.top_k;
   const int64_t count = static_cast<int64_t>(values.size());
   if (count % row_ints != 0)
-    return Status::errorf("{} values do not make whole rows of ({}, {})", count, shape.layers, shape.top_k);
+    return Status::errorf("{} values do not make whole rows of ({}, {})", count, shape.layers,
+                          shape.top_k);
   const int64_t rows = count / row_ints;
   if (shape.rows >= 0 && shape.rows != rows)
-    return Status::errorf("shape ({}, {}, {}) needs {} values, the data has {}", shape.rows, shape.layers,
-                          shape.top_k, shape.rows * row_ints, count);
+    return Status::errorf("shape ({}, {}, {}) needs {} values, the data has {}", shape.rows,
+                          shape.layers, shape.top_k, shape.rows * row_ints, count);
   RouteArray out;
   out.rows = rows;
   out.layers = shape.layers;
@@ -44,11 +46,12 @@ Result<RouteArray> from_npy(std::string_view bytes, const std::optional<RouteSha
   SY_ASSIGN(std::vector<int64_t> values, npy_to_int64(array));
   if (array.shape.size() == 3) {
     if (shape && (shape->layers != array.shape[1] || shape->top_k != array.shape[2]))
-      return Status::errorf("the .npy has shape ({}, {}, {}), not the --shape given", array.shape[0],
-                            array.shape[1], array.shape[2]);
+      return Status::errorf("the .npy has shape ({}, {}, {}), not the --shape given",
+                            array.shape[0], array.shape[1], array.shape[2]);
     return from_values(values, {array.shape[0], array.shape[1], array.shape[2]});
   }
-  if (!shape) return Status::errorf("a {}-D .npy needs --shape (rows, layers, top_k)", array.shape.size());
+  if (!shape)
+    return Status::errorf("a {}-D .npy needs --shape (rows, layers, top_k)", array.shape.size());
   return from_values(values, *shape);
 }
 
@@ -58,29 +61,36 @@ Result<RouteArray> from_json(std::string_view text, const std::optional<RouteSha
   std::vector<int64_t> values;
   std::vector<int64_t> dims;
   // Flattens a regular nested list, recording its dimensions.
-  std::function<Status(const nlohmann::json&, size_t)> walk = [&](const nlohmann::json& node, size_t depth) -> Status {
+  std::function<Status(const nlohmann::json&, size_t)> walk = [&](const nlohmann::json& node,
+                                                                  size_t depth) -> Status {
     if (node.is_array()) {
-      if (dims.size() == depth) dims.push_back(static_cast<int64_t>(node.size()));
+      if (dims.size() == depth)
+        dims.push_back(static_cast<int64_t>(node.size()));
       else if (dims[depth] != static_cast<int64_t>(node.size()))
-        return Status::errorf("ragged JSON list: {} and {} entries at depth {}", dims[depth], node.size(), depth);
+        return Status::errorf("ragged JSON list: {} and {} entries at depth {}", dims[depth],
+                              node.size(), depth);
       for (const auto& child : node) SY_TRY(walk(child, depth + 1));
       return Status::ok();
     }
-    if (!node.is_number_integer()) return Status::errorf("JSON entry {} is not an integer", node.dump());
+    if (!node.is_number_integer())
+      return Status::errorf("JSON entry {} is not an integer", node.dump());
     if (depth != dims.size()) return Status::error("ragged JSON list: numbers at different depths");
     values.push_back(node.get<int64_t>());
     return Status::ok();
   };
   SY_TRY(walk(value, 0));
   if (dims.size() == 3) return from_values(values, {dims[0], dims[1], dims[2]});
-  if (dims.size() == 1 && dims[0] == 0) return from_values(values, shape.value_or(RouteShape{0, 1, 1}));
-  if (!shape) return Status::errorf("a {}-D JSON list needs --shape (rows, layers, top_k)", dims.size());
+  if (dims.size() == 1 && dims[0] == 0)
+    return from_values(values, shape.value_or(RouteShape{0, 1, 1}));
+  if (!shape)
+    return Status::errorf("a {}-D JSON list needs --shape (rows, layers, top_k)", dims.size());
   return from_values(values, *shape);
 }
 
 Result<RouteArray> from_int32(std::string_view bytes, const std::optional<RouteShape>& shape) {
   if (!shape) return Status::error("raw int32 routes (SGLang's format) need --shape N,L,K or L,K");
-  if (bytes.size() % 4 != 0) return Status::errorf("{} bytes is not a whole number of int32 values", bytes.size());
+  if (bytes.size() % 4 != 0)
+    return Status::errorf("{} bytes is not a whole number of int32 values", bytes.size());
   std::vector<int64_t> values(bytes.size() / 4);
   for (size_t i = 0; i < values.size(); ++i) {
     int32_t v;
@@ -94,15 +104,18 @@ bool looks_base64(std::string_view text) {
   size_t chars = 0;
   for (char c : text) {
     if (std::isspace(static_cast<unsigned char>(c))) continue;
-    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '+' && c != '/' && c != '=') return false;
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '+' && c != '/' && c != '=')
+      return false;
     ++chars;
   }
   return chars > 0 && chars % 4 == 0;
 }
 
 std::string_view trim(std::string_view text) {
-  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.front()))) text.remove_prefix(1);
-  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) text.remove_suffix(1);
+  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.front())))
+    text.remove_prefix(1);
+  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back())))
+    text.remove_suffix(1);
   return text;
 }
 
@@ -127,7 +140,8 @@ Result<RouteShape> parse_route_shape(std::string_view text) {
   return Status::errorf("--shape must be N,L,K or L,K of positive integers, got \"{}\"", text);
 }
 
-Result<RouteArray> parse_route_file(std::string_view bytes, const std::optional<RouteShape>& shape) {
+Result<RouteArray> parse_route_file(std::string_view bytes,
+                                    const std::optional<RouteShape>& shape) {
   if (bytes.substr(0, 6) == "\x93NUMPY") return from_npy(bytes, shape);
   const std::string_view text = trim(bytes);
   if (!text.empty() && text.front() == '[') return from_json(text, shape);
@@ -141,7 +155,8 @@ Result<RouteArray> parse_route_file(std::string_view bytes, const std::optional<
   return from_int32(bytes, shape);
 }
 
-Result<RouteArray> read_route_file(const std::string& path, const std::optional<RouteShape>& shape) {
+Result<RouteArray> read_route_file(const std::string& path,
+                                   const std::optional<RouteShape>& shape) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return Status::error(ErrorCode::kNotFound, fmt::format("{}: cannot open", path));
   std::ostringstream buffer;
@@ -153,8 +168,8 @@ Result<RouteArray> read_route_file(const std::string& path, const std::optional<
 
 Result<RouteDiff> diff_routes(const RouteArray& a, const RouteArray& b) {
   if (a.rows != b.rows || a.layers != b.layers || a.top_k != b.top_k)
-    return Status::errorf("the arrays differ in shape: ({}, {}, {}) and ({}, {}, {})", a.rows, a.layers, a.top_k,
-                          b.rows, b.layers, b.top_k);
+    return Status::errorf("the arrays differ in shape: ({}, {}, {}) and ({}, {}, {})", a.rows,
+                          a.layers, a.top_k, b.rows, b.layers, b.top_k);
   RouteDiff diff;
   diff.rows = a.rows;
   diff.layers = a.layers;
@@ -168,7 +183,8 @@ Result<RouteDiff> diff_routes(const RouteArray& a, const RouteArray& b) {
     bool all_zero = true;
     for (int64_t row = 0; row < a.rows && all_zero; ++row)
       for (size_t j = 0; j < k; ++j)
-        all_zero &= a.at(row, layer, static_cast<int64_t>(j)) == 0 && b.at(row, layer, static_cast<int64_t>(j)) == 0;
+        all_zero &= a.at(row, layer, static_cast<int64_t>(j)) == 0 &&
+                    b.at(row, layer, static_cast<int64_t>(j)) == 0;
     agreement.dense = all_zero && a.rows > 0 && a.top_k > 1;  // K zeros cannot be a MoE route
     if (!agreement.dense) {
       for (int64_t row = 0; row < a.rows; ++row) {

@@ -32,10 +32,10 @@ Result<RouteArray> read_route_file(const std::string& path, const std::optional<
 
 struct LayerAgreement {
   int64_t layer = 0;
-  int64_t rows = 0;         // rows compared on this layer
-  int64_t set_differs = 0;  // the two rows choose different experts
+  int64_t rows = 0;           // rows compared on this layer
+  int64_t set_differs = 0;    // the two rows choose different experts
   int64_t order_differs = 0;  // same experts, different order
-  bool dense = false;       // every row is all zero in both (a dense layer): not counted
+  bool dense = false;         // every row is all zero in both (a dense layer): not counted
 };
 
 struct RouteDiff {

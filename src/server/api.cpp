@@ -380,7 +380,7 @@ void read_route_options(const json& object, const ParseContext& context, ApiRequ
     request.routes.return_routes = true;
   }
   if (request.routes.return_routes && !flag) {
-    const char* name = request.routes.weights ? "return_routed_experts_weights"
+    const char* name = request.routes.weights  ? "return_routed_experts_weights"
                        : request.routes.stream ? "stream_routed_experts"
                                                : "return_routed_experts";
     fail(name, fmt::format("{} requires the server to be started with "
@@ -793,7 +793,9 @@ moe::RouteArray select_routes(const moe::RouteArray& all, const RouteOptions& op
     for (int64_t layer : layers) {
       for (int64_t k = 0; k < all.top_k; ++k) {
         out.ids.push_back(all.at(row, layer, k));
-        if (weights) out.weights.push_back(all.weights[static_cast<size_t>((row * all.layers + layer) * all.top_k + k)]);
+        if (weights)
+          out.weights.push_back(
+              all.weights[static_cast<size_t>((row * all.layers + layer) * all.top_k + k)]);
       }
     }
   }
@@ -1264,21 +1266,22 @@ json usage_chunk(const ResponseContext& context, const json& usage) {
 }
 
 json models_response(const ServerConfig& config, const engine::ModelInfo& model, int64_t created) {
-  json card = {{"id", config.served_model_name},
-               {"object", "model"},
-               {"created", created},
-               {"owned_by", "switchyard"},
-               {"root", config.model_dir},
-               {"parent", nullptr},
-               {"max_model_len", model.max_model_len},
-               {"architecture", model.architecture},
-               {"num_hidden_layers", model.num_hidden_layers},
-               {"moe_layers", model.moe_layers},
-               {"num_experts", model.num_experts},
-               {"top_k", model.top_k},
-               {"routed_experts", config.enable_return_routed_experts},
-               {"routed_experts_weights", config.enable_return_routed_experts && model.route_weights},
-               {"permission", json::array()}};
+  json card = {
+      {"id", config.served_model_name},
+      {"object", "model"},
+      {"created", created},
+      {"owned_by", "switchyard"},
+      {"root", config.model_dir},
+      {"parent", nullptr},
+      {"max_model_len", model.max_model_len},
+      {"architecture", model.architecture},
+      {"num_hidden_layers", model.num_hidden_layers},
+      {"moe_layers", model.moe_layers},
+      {"num_experts", model.num_experts},
+      {"top_k", model.top_k},
+      {"routed_experts", config.enable_return_routed_experts},
+      {"routed_experts_weights", config.enable_return_routed_experts && model.route_weights},
+      {"permission", json::array()}};
   return json{{"object", "list"}, {"data", json::array({std::move(card)})}};
 }
 

@@ -63,7 +63,7 @@ static void metric(std::string& out, const char* name, const char* type, const c
 // Per MoE layer: tokens routed to each expert (counter family) and max/mean of those counts
 // (1 = perfectly even; 0 before any token was routed).
 static void render_expert_load(const std::string& labels, const engine::EngineMetrics& e,
-                        std::string& out) {
+                               std::string& out) {
   const size_t experts = static_cast<size_t>(e.num_experts);
   if (experts == 0 || e.expert_load_tokens.size() != e.moe_layers.size() * experts) return;
   out +=
@@ -80,8 +80,9 @@ static void render_expert_load(const std::string& labels, const engine::EngineMe
       const int64_t load = e.expert_load_tokens[m * experts + x];
       max_load = std::max(max_load, load);
       sum += load;
-      out += fmt::format("switchyard:expert_load_tokens_total{{{},layer=\"{}\",expert=\"{}\"}} {}\n",
-                         labels, e.moe_layers[m], x, load);
+      out +=
+          fmt::format("switchyard:expert_load_tokens_total{{{},layer=\"{}\",expert=\"{}\"}} {}\n",
+                      labels, e.moe_layers[m], x, load);
     }
     const double mean = double(sum) / double(experts);
     imbalance += fmt::format("switchyard:expert_load_imbalance{{{},layer=\"{}\"}} {}\n", labels,

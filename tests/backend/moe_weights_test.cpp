@@ -59,7 +59,8 @@ Routed route_double(const Layer& layer, const float* x, const moe::RouterSpec& s
   for (double& p : probs) p /= sum;
   std::vector<int32_t> order(probs.size());
   std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return probs[a] > probs[b]; });
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int32_t a, int32_t b) { return probs[a] > probs[b]; });
   Routed routed;
   if (forced) {
     routed.ids.assign(forced, forced + spec.top_k);
@@ -70,7 +71,8 @@ Routed route_double(const Layer& layer, const float* x, const moe::RouterSpec& s
   double chosen = 0;
   for (int32_t id : routed.ids) chosen += probs[id];
   for (int32_t id : routed.ids)
-    routed.weights.push_back((spec.renormalize ? probs[id] / chosen : probs[id]) * spec.routed_scaling_factor);
+    routed.weights.push_back((spec.renormalize ? probs[id] / chosen : probs[id]) *
+                             spec.routed_scaling_factor);
   return routed;
 }
 
@@ -119,7 +121,8 @@ TEST_P(MoeWeights, AreTheNumbersTheBlockMultipliedBy) {
   const int64_t experts = 19, top_k = 3, hidden = 37, intermediate = 21, tokens = 23, layers = 3;
   const int layer_index = 1;
   Layer layer = random_layer(rng, experts, hidden, intermediate);
-  moe::RouterSpec spec{experts, top_k, moe::RouterScoring::kSoftmax, c.renormalize, false, c.scaling};
+  moe::RouterSpec spec{experts,       top_k, moe::RouterScoring::kSoftmax,
+                       c.renormalize, false, c.scaling};
 
   auto backend = make_cpu_backend({1});
   moe::ExpertsKernelRegistry registry;
@@ -200,7 +203,8 @@ TEST_P(MoeWeights, AreTheNumbersTheBlockMultipliedBy) {
     }
     for (double v : expected) scale = std::max(scale, std::abs(v));
     for (int64_t i = 0; i < hidden; ++i)
-      ASSERT_NEAR(out[static_cast<size_t>(t * hidden + i)], expected[i], 2e-5 * std::max(1.0, scale))
+      ASSERT_NEAR(out[static_cast<size_t>(t * hidden + i)], expected[i],
+                  2e-5 * std::max(1.0, scale))
           << "token " << t << " dim " << i;
   }
   EXPECT_GT(checked_ids, tokens / 2) << "too many near-ties to check the ids";

@@ -108,22 +108,27 @@ TEST_F(Cli, GenerateWritesRoutesAndReplayReproducesThem) {
 // SGLang's raw int32 with one expert replaced.
 TEST_F(Cli, RoutesDiffCountsSetAndOrderDifferences) {
   const std::string routes = path("diff_a.npy").string();
-  CommandResult made = run("generate --model " + model().string() +
-                           " --prompt-ids 5,6,7,8 --max-tokens 5 --temperature 0 --ignore-eos --routes-out " + routes);
+  CommandResult made = run(
+      "generate --model " + model().string() +
+      " --prompt-ids 5,6,7,8 --max-tokens 5 --temperature 0 --ignore-eos --routes-out " + routes);
   ASSERT_EQ(made.exit_code, 0) << made.out;
   auto array = npy_read_file(routes);
   ASSERT_TRUE(array.is_ok()) << array.message();
   const int64_t rows = array->shape[0];  // 8 rows x 4 layers x top-4, layer 1 dense
   std::vector<int32_t> ids(array->data.begin(), array->data.end());
-  auto at = [&](int64_t row, int64_t layer, int64_t k) -> int32_t& { return ids[(row * 4 + layer) * 4 + k]; };
+  auto at = [&](int64_t row, int64_t layer, int64_t k) -> int32_t& {
+    return ids[(row * 4 + layer) * 4 + k];
+  };
 
   std::vector<int32_t> swapped = ids;
-  std::swap(swapped[(2 * 4 + 3) * 4 + 0], swapped[(2 * 4 + 3) * 4 + 2]);  // row 2, layer 3: order only
+  std::swap(swapped[(2 * 4 + 3) * 4 + 0],
+            swapped[(2 * 4 + 3) * 4 + 2]);  // row 2, layer 3: order only
   nlohmann::json nested = nlohmann::json::array();
   for (int64_t row = 0; row < rows; ++row) {
     nlohmann::json layers = nlohmann::json::array();
     for (int64_t layer = 0; layer < 4; ++layer)
-      layers.push_back(std::vector<int32_t>(swapped.begin() + (row * 4 + layer) * 4, swapped.begin() + (row * 4 + layer + 1) * 4));
+      layers.push_back(std::vector<int32_t>(swapped.begin() + (row * 4 + layer) * 4,
+                                            swapped.begin() + (row * 4 + layer + 1) * 4));
     nested.push_back(layers);
   }
   const std::string json_path = path("diff_b.json").string();
@@ -144,11 +149,13 @@ TEST_F(Cli, RoutesDiffCountsSetAndOrderDifferences) {
   while (used.count(fresh)) ++fresh;
   replaced[(5 * 4 + 0) * 4 + 1] = fresh;
   const std::string raw_path = path("diff_c.bin").string();
-  std::ofstream(raw_path, std::ios::binary).write(reinterpret_cast<const char*>(replaced.data()),
-                                                   static_cast<std::streamsize>(replaced.size() * 4));
+  std::ofstream(raw_path, std::ios::binary)
+      .write(reinterpret_cast<const char*>(replaced.data()),
+             static_cast<std::streamsize>(replaced.size() * 4));
   CommandResult set = run("routes diff " + routes + " " + raw_path + " --shape 4,4");
   ASSERT_EQ(set.exit_code, 0) << set.out;
-  EXPECT_NE(set.out.find("token rows with any layer's set differing: 1 of " + std::to_string(rows)), std::string::npos)
+  EXPECT_NE(set.out.find("token rows with any layer's set differing: 1 of " + std::to_string(rows)),
+            std::string::npos)
       << set.out;
   // Without the shape a raw file is refused, naming the flag.
   CommandResult refused = run("routes diff " + routes + " " + raw_path);

@@ -22,17 +22,18 @@ struct Streamed {
 Streamed run_streamed(Runner& runner, engine::GenerationRequest request) {
   auto promise = std::make_shared<std::promise<Streamed>>();
   auto streamed = std::make_shared<Streamed>();
-  auto id = runner.engine->submit(std::move(request), [promise, streamed](const engine::Event& event) {
-    EXPECT_TRUE(event.new_routes.has_value()) << "every event carries its piece";
-    if (event.new_routes) streamed->pieces.push_back(*event.new_routes);
-    streamed->outcome.tokens.insert(streamed->outcome.tokens.end(), event.new_token_ids.begin(),
-                                    event.new_token_ids.end());
-    if (event.finished) {
-      streamed->outcome.final_event = event;
-      promise->set_value(*streamed);
-    }
-    return engine::Continuation::kContinue;
-  });
+  auto id =
+      runner.engine->submit(std::move(request), [promise, streamed](const engine::Event& event) {
+        EXPECT_TRUE(event.new_routes.has_value()) << "every event carries its piece";
+        if (event.new_routes) streamed->pieces.push_back(*event.new_routes);
+        streamed->outcome.tokens.insert(streamed->outcome.tokens.end(), event.new_token_ids.begin(),
+                                        event.new_token_ids.end());
+        if (event.finished) {
+          streamed->outcome.final_event = event;
+          promise->set_value(*streamed);
+        }
+        return engine::Continuation::kContinue;
+      });
   EXPECT_TRUE(id.is_ok()) << id.message();
   return promise->get_future().get();
 }
@@ -94,7 +95,8 @@ TEST(RouteWeights, AreTheRoutersAndDenseLayersAreZero) {
   const std::vector<int> moe_layers = runner.engine->model_info().moe_layers;
   for (int64_t row = 0; row < r.rows; ++row) {
     for (int64_t layer = 0; layer < r.layers; ++layer) {
-      const bool is_moe = std::find(moe_layers.begin(), moe_layers.end(), layer) != moe_layers.end();
+      const bool is_moe =
+          std::find(moe_layers.begin(), moe_layers.end(), layer) != moe_layers.end();
       double sum = 0;
       for (int64_t k = 0; k < r.top_k; ++k) {
         const float w = r.weights[static_cast<size_t>((row * r.layers + layer) * r.top_k + k)];
@@ -103,7 +105,8 @@ TEST(RouteWeights, AreTheRoutersAndDenseLayersAreZero) {
           continue;
         }
         EXPECT_GT(w, 0.0f);
-        if (k > 0) EXPECT_LE(w, r.weights[static_cast<size_t>((row * r.layers + layer) * r.top_k + k - 1)]);
+        if (k > 0)
+          EXPECT_LE(w, r.weights[static_cast<size_t>((row * r.layers + layer) * r.top_k + k - 1)]);
         sum += w;
       }
       if (is_moe) EXPECT_LE(sum, 1.0 + 1e-5);
@@ -184,7 +187,8 @@ TEST(RouteWeights, AKernelWithoutThemIsNamedAndTheRequestRefused) {
       << "names kernels that can: " << info.route_weights_unavailable;
   engine::GenerationRequest request = greedy({1, 2, 3}, 2);
   request.return_route_weights = true;
-  auto refused = runner.engine->submit(request, [](const engine::Event&) { return engine::Continuation::kContinue; });
+  auto refused = runner.engine->submit(
+      request, [](const engine::Event&) { return engine::Continuation::kContinue; });
   ASSERT_FALSE(refused.is_ok());
   EXPECT_EQ(refused.status().code(), ErrorCode::kUnsupported);
 }
@@ -199,7 +203,8 @@ TEST(RouteMetrics, CountersAndExpertLoadAddUpToTheRoutesReturned) {
   engine::EngineMetrics before = runner.engine->metrics();
   const engine::ModelInfo info = runner.engine->model_info();
   ASSERT_EQ(before.moe_layers, info.moe_layers);
-  ASSERT_EQ(before.expert_load_tokens.size(), info.moe_layers.size() * static_cast<size_t>(info.num_experts));
+  ASSERT_EQ(before.expert_load_tokens.size(),
+            info.moe_layers.size() * static_cast<size_t>(info.num_experts));
   for (int64_t load : before.expert_load_tokens) EXPECT_EQ(load, 0);
 
   // Two plain requests and one that replays 5 rows of the first one's routes.
@@ -209,7 +214,8 @@ TEST(RouteMetrics, CountersAndExpertLoadAddUpToTheRoutesReturned) {
     rows_total += r.rows;
     for (int64_t row = 0; row < r.rows; ++row)
       for (size_t m = 0; m < info.moe_layers.size(); ++m)
-        for (int64_t k = 0; k < r.top_k; ++k) ++expected_load[{static_cast<int>(m), r.at(row, info.moe_layers[m], k)}];
+        for (int64_t k = 0; k < r.top_k; ++k)
+          ++expected_load[{static_cast<int>(m), r.at(row, info.moe_layers[m], k)}];
   };
   Outcome first = runner.run(greedy(random_prompt(rng, 17), 4));
   ASSERT_TRUE(first.final_event.routes);

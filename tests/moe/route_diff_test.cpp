@@ -18,9 +18,10 @@
 namespace sy::moe {
 namespace {
 
-RouteArray random_routes(std::mt19937_64& rng, int64_t rows, int64_t layers, int64_t top_k, int64_t experts,
-                         int dense_layer) {
-  RouteArray r{rows, layers, top_k, std::vector<int32_t>(static_cast<size_t>(rows * layers * top_k), 0)};
+RouteArray random_routes(std::mt19937_64& rng, int64_t rows, int64_t layers, int64_t top_k,
+                         int64_t experts, int dense_layer) {
+  RouteArray r{rows, layers, top_k,
+               std::vector<int32_t>(static_cast<size_t>(rows * layers * top_k), 0)};
   std::vector<int32_t> all(static_cast<size_t>(experts));
   std::iota(all.begin(), all.end(), 0);
   for (int64_t row = 0; row < rows; ++row)
@@ -94,7 +95,8 @@ TEST(RouteDiff, CountsMatchABruteForceCountOnPerturbedRoutes) {
   shorter.ids.resize(static_cast<size_t>(shorter.rows * layers * top_k));
   Result<RouteDiff> mismatch = diff_routes(a, shorter);
   ASSERT_FALSE(mismatch);
-  EXPECT_NE(mismatch.message().find(fmt::format("({}, 5, 4) and ({}, 5, 4)", rows, rows - 1)), std::string::npos)
+  EXPECT_NE(mismatch.message().find(fmt::format("({}, 5, 4) and ({}, 5, 4)", rows, rows - 1)),
+            std::string::npos)
       << mismatch.message();
 }
 
@@ -110,7 +112,8 @@ TEST(RouteDiff, EveryFormatReadsToTheSameArray) {
   nlohmann::json nested = nlohmann::json::array(), flat = nlohmann::json::array();
   for (int64_t row = 0; row < 7; ++row) {
     nlohmann::json rl = nlohmann::json::array();
-    for (int64_t layer = 0; layer < 3; ++layer) rl.push_back({r.at(row, layer, 0), r.at(row, layer, 1)});
+    for (int64_t layer = 0; layer < 3; ++layer)
+      rl.push_back({r.at(row, layer, 0), r.at(row, layer, 1)});
     nested.push_back(rl);
   }
   for (int32_t id : r.ids) flat.push_back(id);
@@ -119,12 +122,13 @@ TEST(RouteDiff, EveryFormatReadsToTheSameArray) {
     std::string bytes;
     std::optional<RouteShape> shape;
   };
-  const std::vector<Input> inputs = {{"npy", npy, std::nullopt},
-                                     {"base64 npy (vLLM's field)", base64_encode(npy) + "\n", std::nullopt},
-                                     {"raw int32 + shape", int32, shape},
-                                     {"base64 int32 (SGLang's field)", base64_encode(int32), RouteShape{7, 3, 2}},
-                                     {"nested JSON", nested.dump(), std::nullopt},
-                                     {"flat JSON + shape", flat.dump(), shape}};
+  const std::vector<Input> inputs = {
+      {"npy", npy, std::nullopt},
+      {"base64 npy (vLLM's field)", base64_encode(npy) + "\n", std::nullopt},
+      {"raw int32 + shape", int32, shape},
+      {"base64 int32 (SGLang's field)", base64_encode(int32), RouteShape{7, 3, 2}},
+      {"nested JSON", nested.dump(), std::nullopt},
+      {"flat JSON + shape", flat.dump(), shape}};
   for (const Input& in : inputs) {
     Result<RouteArray> parsed = parse_route_file(in.bytes, in.shape);
     ASSERT_TRUE(parsed) << in.name << ": " << parsed.message();
@@ -135,9 +139,11 @@ TEST(RouteDiff, EveryFormatReadsToTheSameArray) {
   }
   // Refusals name what is wrong.
   EXPECT_NE(parse_route_file(int32, std::nullopt).message().find("--shape"), std::string::npos);
-  EXPECT_NE(parse_route_file(int32, RouteShape{8, 3, 2}).message().find("needs 48 values"), std::string::npos);
+  EXPECT_NE(parse_route_file(int32, RouteShape{8, 3, 2}).message().find("needs 48 values"),
+            std::string::npos);
   EXPECT_NE(parse_route_file("[[1, 2], [3]]", shape).message().find("ragged"), std::string::npos);
-  EXPECT_NE(parse_route_file("[1.5, 2]", shape).message().find("not an integer"), std::string::npos);
+  EXPECT_NE(parse_route_file("[1.5, 2]", shape).message().find("not an integer"),
+            std::string::npos);
   EXPECT_NE(parse_route_file(int32.substr(0, 5), shape).message().find("int32"), std::string::npos);
   EXPECT_FALSE(parse_route_shape("3,x"));
   EXPECT_FALSE(parse_route_shape("0,2"));

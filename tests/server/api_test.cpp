@@ -182,8 +182,9 @@ TEST(Parse, SeedsAliasesAndDefaults) {
   EXPECT_EQ(r.value->routes.start, 3);
   config.return_routed_experts_default = true;
   EXPECT_TRUE(parse_completion_request({{"prompt", "hi"}}, context).value->routes.return_routes);
-  EXPECT_FALSE(parse_completion_request({{"prompt", "hi"}, {"return_routed_experts", false}}, context)
-                   .value->routes.return_routes);
+  EXPECT_FALSE(
+      parse_completion_request({{"prompt", "hi"}, {"return_routed_experts", false}}, context)
+          .value->routes.return_routes);
   config.return_routed_experts_default = false;
   ApiResult<ApiRequest> chat =
       parse_chat_request({{"messages", {{{"role", "user"}, {"content", "hi"}}}}}, context);

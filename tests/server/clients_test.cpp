@@ -49,10 +49,11 @@ TEST(Clients, Curl) {
   CommandResult health = run_command("curl -sS -o /dev/null -w '%{http_code}' " + base + "/health");
   EXPECT_EQ(health.output, "200");
 
-  CommandResult completion =
-      run_command("curl -sS -H 'Content-Type: application/json' -d " +
-                  shell_quote(R"({"prompt": "hello", "max_tokens": 3, "temperature": 0, "return_routed_experts": true})") + " " +
-                  base + "/v1/completions");
+  CommandResult completion = run_command(
+      "curl -sS -H 'Content-Type: application/json' -d " +
+      shell_quote(
+          R"({"prompt": "hello", "max_tokens": 3, "temperature": 0, "return_routed_experts": true})") +
+      " " + base + "/v1/completions");
   ASSERT_EQ(completion.exit_code, 0) << completion.output;
   json body = json::parse(completion.output, nullptr, false);
   ASSERT_TRUE(body.is_object()) << completion.output;

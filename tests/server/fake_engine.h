@@ -238,9 +238,11 @@ class FakeEngine : public engine::Engine {
       piece.first_row = a.routes_streamed;
       piece.rows = all.rows - a.routes_streamed;
       const size_t row_ints = static_cast<size_t>(all.layers * all.top_k);
-      piece.ids.assign(all.ids.begin() + static_cast<long>(a.routes_streamed * row_ints), all.ids.end());
+      piece.ids.assign(all.ids.begin() + static_cast<long>(a.routes_streamed * row_ints),
+                       all.ids.end());
       if (!all.weights.empty())
-        piece.weights.assign(all.weights.begin() + static_cast<long>(a.routes_streamed * row_ints), all.weights.end());
+        piece.weights.assign(all.weights.begin() + static_cast<long>(a.routes_streamed * row_ints),
+                             all.weights.end());
       a.routes_streamed = all.rows;
       event.new_routes = std::move(piece);
     } else if (event.finished && a.request.return_routes) {
@@ -263,7 +265,8 @@ class FakeEngine : public engine::Engine {
         int32_t* out = r.row_ptr(row) + layer * r.top_k;
         if (a.request.return_route_weights)
           for (int k = 0; k < r.top_k; ++k)
-            r.weights[static_cast<size_t>((row * r.layers + layer) * r.top_k + k)] = fake_weight(row, layer, k);
+            r.weights[static_cast<size_t>((row * r.layers + layer) * r.top_k + k)] =
+                fake_weight(row, layer, k);
         if (a.request.replay && row < a.request.replay->rows) {
           for (int k = 0; k < r.top_k; ++k) out[k] = a.request.replay->at(row, layer, k);
         } else {

@@ -45,20 +45,31 @@ TEST(RoutesOptIn, OffByDefaultOnWhenAskedOrWhenTheServerDefaultSaysSo) {
     EXPECT_EQ(plain["choices"][0].contains("routed_experts"), by_default) << plain;
     json asked = base;
     asked["return_routed_experts"] = true;
-    EXPECT_TRUE(post_json(f.port, "/v1/completions", asked).json()["choices"][0].contains("routed_experts"));
+    EXPECT_TRUE(post_json(f.port, "/v1/completions", asked)
+                    .json()["choices"][0]
+                    .contains("routed_experts"));
     json declined = base;
     declined["return_routed_experts"] = false;
-    EXPECT_FALSE(post_json(f.port, "/v1/completions", declined).json()["choices"][0].contains("routed_experts"));
+    EXPECT_FALSE(post_json(f.port, "/v1/completions", declined)
+                     .json()["choices"][0]
+                     .contains("routed_experts"));
     // Chat and /generate follow the same rule.
     json chat = {{"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"max_tokens", 2}};
-    EXPECT_EQ(post_json(f.port, "/v1/chat/completions", chat).json()["choices"][0].contains("routed_experts"),
+    EXPECT_EQ(post_json(f.port, "/v1/chat/completions", chat)
+                  .json()["choices"][0]
+                  .contains("routed_experts"),
               by_default);
     chat["return_routed_experts"] = true;
-    EXPECT_TRUE(post_json(f.port, "/v1/chat/completions", chat).json()["choices"][0].contains("routed_experts"));
+    EXPECT_TRUE(post_json(f.port, "/v1/chat/completions", chat)
+                    .json()["choices"][0]
+                    .contains("routed_experts"));
     json generate = {{"text", "hi"}, {"sampling_params", {{"max_new_tokens", 2}}}};
-    EXPECT_EQ(post_json(f.port, "/generate", generate).json()["meta_info"].contains("routed_experts"), by_default);
+    EXPECT_EQ(
+        post_json(f.port, "/generate", generate).json()["meta_info"].contains("routed_experts"),
+        by_default);
     generate["return_routed_experts"] = true;
-    EXPECT_TRUE(post_json(f.port, "/generate", generate).json()["meta_info"].contains("routed_experts"));
+    EXPECT_TRUE(
+        post_json(f.port, "/generate", generate).json()["meta_info"].contains("routed_experts"));
   }
 }
 
@@ -95,7 +106,8 @@ TEST(RoutesStream, PiecesReassembleToTheNonStreamedAnswerOnEveryEndpoint) {
   std::mt19937_64 rng(seed);
   Fixture f(capture_on(false));
   std::string prompt;
-  for (int i = 0; i < 5 + static_cast<int>(rng() % 6); ++i) prompt += static_cast<char>('a' + rng() % 26);
+  for (int i = 0; i < 5 + static_cast<int>(rng() % 6); ++i)
+    prompt += static_cast<char>('a' + rng() % 26);
   const int64_t start = static_cast<int64_t>(rng() % 4);
   for (bool weights : {false, true}) {
     for (bool moe_only : {false, true}) {
@@ -105,7 +117,8 @@ TEST(RoutesStream, PiecesReassembleToTheNonStreamedAnswerOnEveryEndpoint) {
       if (weights) routes["return_routed_experts_weights"] = true;
       std::vector<Variant> variants = {
           {"/v1/completions", {{"prompt", prompt}, {"max_tokens", 7}, {"n", 2}, {"seed", 5}}},
-          {"/v1/chat/completions", {{"messages", {{{"role", "user"}, {"content", prompt}}}}, {"max_tokens", 6}}},
+          {"/v1/chat/completions",
+           {{"messages", {{{"role", "user"}, {"content", prompt}}}}, {"max_tokens", 6}}},
           {"/generate", {{"text", prompt}, {"sampling_params", {{"max_new_tokens", 5}}}}}};
       for (Variant& v : variants) {
         SCOPED_TRACE(std::string(v.path) + (weights ? " weights" : "") + (moe_only ? " moe" : ""));
@@ -123,7 +136,8 @@ TEST(RoutesStream, PiecesReassembleToTheNonStreamedAnswerOnEveryEndpoint) {
           if (event == "[DONE]") continue;
           json chunk = json::parse(event);
           const json& holder = generate ? chunk["meta_info"] : chunk["choices"][0];
-          const int index = generate ? chunk.value("index", 0) : chunk["choices"][0]["index"].get<int>();
+          const int index =
+              generate ? chunk.value("index", 0) : chunk["choices"][0]["index"].get<int>();
           if (!holder.contains("routed_experts")) continue;
           ASSERT_TRUE(holder.contains("routed_experts_first_row"));
           const int64_t first_row = holder["routed_experts_first_row"];
@@ -132,14 +146,17 @@ TEST(RoutesStream, PiecesReassembleToTheNonStreamedAnswerOnEveryEndpoint) {
             Result<std::string> raw = base64_decode(holder["routed_experts"].get<std::string>());
             ASSERT_TRUE(raw);
             Joined& joined = ids[index];
-            EXPECT_EQ(first_row, start + static_cast<int64_t>(joined.bytes.size() / 4 / (moe_only ? 6 : 8)));
+            EXPECT_EQ(first_row,
+                      start + static_cast<int64_t>(joined.bytes.size() / 4 / (moe_only ? 6 : 8)));
             joined.bytes.insert(joined.bytes.end(), raw->begin(), raw->end());
             joined.chunks_with_rows += !raw->empty();
           } else {
             join_piece(ids[index], holder["routed_experts"], first_row, start);
           }
-          if (weights) join_piece(gates[index], holder["routed_experts_weights"], first_row, start);
-          else EXPECT_FALSE(holder.contains("routed_experts_weights"));
+          if (weights)
+            join_piece(gates[index], holder["routed_experts_weights"], first_row, start);
+          else
+            EXPECT_FALSE(holder.contains("routed_experts_weights"));
         }
         const json whole_choices = generate ? json::array({answer}) : answer["choices"];
         ASSERT_EQ(ids.size(), whole_choices.size());
@@ -201,38 +218,68 @@ TEST(RoutesErrors, AreOpenAi400sNamingTheParameterAndWhy) {
   FakeEngineOptions no_weights;
   no_weights.route_weights = false;
   const std::vector<Expect> cases = {
-      {capture_on(false), {}, {{"stream_routed_experts", true}}, "stream_routed_experts", "stream: true"},
-      {capture_on(false), {}, {{"stream_routed_experts", "yes"}}, "stream_routed_experts", "boolean"},
-      {capture_on(false), {}, {{"return_routed_experts_weights", 1}}, "return_routed_experts_weights", "boolean"},
-      {capture_on(false), {}, {{"return_routed_experts", false}, {"return_routed_experts_weights", true}},
-       "return_routed_experts_weights", "return_routed_experts: false"},
-      {capture_on(false), no_weights, {{"return_routed_experts_weights", true}}, "return_routed_experts_weights",
+      {capture_on(false),
+       {},
+       {{"stream_routed_experts", true}},
+       "stream_routed_experts",
+       "stream: true"},
+      {capture_on(false),
+       {},
+       {{"stream_routed_experts", "yes"}},
+       "stream_routed_experts",
+       "boolean"},
+      {capture_on(false),
+       {},
+       {{"return_routed_experts_weights", 1}},
+       "return_routed_experts_weights",
+       "boolean"},
+      {capture_on(false),
+       {},
+       {{"return_routed_experts", false}, {"return_routed_experts_weights", true}},
+       "return_routed_experts_weights",
+       "return_routed_experts: false"},
+      {capture_on(false),
+       no_weights,
+       {{"return_routed_experts_weights", true}},
+       "return_routed_experts_weights",
        "does not write gating weights"},
-      {ServerConfig{}, {}, {{"stream", true}, {"stream_routed_experts", true}}, "stream_routed_experts",
+      {ServerConfig{},
+       {},
+       {{"stream", true}, {"stream_routed_experts", true}},
+       "stream_routed_experts",
        "--enable-return-routed-experts"},
-      {ServerConfig{}, {}, {{"return_routed_experts_weights", true}}, "return_routed_experts_weights",
+      {ServerConfig{},
+       {},
+       {{"return_routed_experts_weights", true}},
+       "return_routed_experts_weights",
        "--enable-return-routed-experts"},
   };
   for (const Expect& c : cases) {
     Fixture f(c.config, c.engine);
     for (const char* path : {"/v1/completions", "/generate"}) {
       json body = c.body;
-      if (std::string(path) == "/generate") body["text"] = "hi";
-      else body["prompt"] = "hi";
+      if (std::string(path) == "/generate")
+        body["text"] = "hi";
+      else
+        body["prompt"] = "hi";
       HttpResponse r = post_json(f.port, path, body);
       SCOPED_TRACE(std::string(path) + " " + body.dump());
       ASSERT_EQ(r.status, 400) << r.body;
       json error = r.json()["error"];
       EXPECT_EQ(error["param"], c.param);
       EXPECT_EQ(error["code"], 400);
-      EXPECT_NE(error["message"].get<std::string>().find(c.message_part), std::string::npos) << error;
+      EXPECT_NE(error["message"].get<std::string>().find(c.message_part), std::string::npos)
+          << error;
     }
     EXPECT_TRUE(f.healthy());
   }
   // The model card says whether weights can come back.
   Fixture with(capture_on(false)), without(capture_on(false), no_weights);
-  EXPECT_EQ(http_call(with.port, "GET", "/v1/models").json()["data"][0]["routed_experts_weights"], true);
-  EXPECT_EQ(http_call(without.port, "GET", "/v1/models").json()["data"][0]["routed_experts_weights"], false);
+  EXPECT_EQ(http_call(with.port, "GET", "/v1/models").json()["data"][0]["routed_experts_weights"],
+            true);
+  EXPECT_EQ(
+      http_call(without.port, "GET", "/v1/models").json()["data"][0]["routed_experts_weights"],
+      false);
 }
 
 // The value of the sample `name{...labels...}` (labels given as the exact text inside braces).
@@ -254,7 +301,8 @@ TEST(RoutesMetrics, CountersExpertLoadAndImbalanceArePrometheusText) {
   SY_SEED_TRACE(seed);
   std::mt19937_64 rng(seed);
   for (int i = 0; i < 8; ++i) e.expert_load_tokens.push_back(static_cast<int64_t>(rng() % 1000));
-  e.expert_load_tokens[4] = e.expert_load_tokens[5] = e.expert_load_tokens[6] = e.expert_load_tokens[7] = 0;
+  e.expert_load_tokens[4] = e.expert_load_tokens[5] = e.expert_load_tokens[6] =
+      e.expert_load_tokens[7] = 0;
   ServerMetrics metrics;
   const std::string text = metrics.render("m", e);
   const std::string l = "model_name=\"m\"";
@@ -265,16 +313,20 @@ TEST(RoutesMetrics, CountersExpertLoadAndImbalanceArePrometheusText) {
   EXPECT_NE(text.find("# TYPE switchyard:expert_load_imbalance gauge"), std::string::npos);
   for (int m = 0; m < 2; ++m)
     for (int x = 0; x < 4; ++x)
-      EXPECT_EQ(sample(text, fmt::format("switchyard:expert_load_tokens_total{{{},layer=\"{}\",expert=\"{}\"}}", l,
-                                         e.moe_layers[m], x)),
-                e.expert_load_tokens[m * 4 + x]);
+      EXPECT_EQ(
+          sample(text,
+                 fmt::format("switchyard:expert_load_tokens_total{{{},layer=\"{}\",expert=\"{}\"}}",
+                             l, e.moe_layers[m], x)),
+          e.expert_load_tokens[m * 4 + x]);
   double max_load = 0, sum = 0;
   for (int x = 0; x < 4; ++x) {
     max_load = std::max<double>(max_load, e.expert_load_tokens[x]);
     sum += e.expert_load_tokens[x];
   }
-  EXPECT_NEAR(sample(text, "switchyard:expert_load_imbalance{" + l + ",layer=\"1\"}"), sum > 0 ? max_load / (sum / 4) : 0, 1e-4);
-  EXPECT_EQ(sample(text, "switchyard:expert_load_imbalance{" + l + ",layer=\"3\"}"), 0) << "no tokens yet";
+  EXPECT_NEAR(sample(text, "switchyard:expert_load_imbalance{" + l + ",layer=\"1\"}"),
+              sum > 0 ? max_load / (sum / 4) : 0, 1e-4);
+  EXPECT_EQ(sample(text, "switchyard:expert_load_imbalance{" + l + ",layer=\"3\"}"), 0)
+      << "no tokens yet";
   // Capture off: no expert load family at all.
   EXPECT_EQ(metrics.render("m", engine::EngineMetrics{}).find("expert_load"), std::string::npos);
 }

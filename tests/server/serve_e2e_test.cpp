@@ -73,9 +73,9 @@ class ServeE2E : public ::testing::Test {
   static void SetUpTestSuite() {
     model_ = make_model(1);
     serve_ = new ServeProcess();
-    std::string error =
-        serve_->start({"--model", model_, "--served-model-name", "tiny",
-                       "--enable-return-routed-experts", "--return-routed-experts-default", "--max-num-batched-tokens", "64"});
+    std::string error = serve_->start(
+        {"--model", model_, "--served-model-name", "tiny", "--enable-return-routed-experts",
+         "--return-routed-experts-default", "--max-num-batched-tokens", "64"});
     if (!error.empty()) {
       start_error_ = error;
       return;
@@ -212,7 +212,8 @@ TEST_F(ServeE2E, StreamedRoutesAndWeightsEqualTheNonStreamedAnswer) {
     const auto* half = reinterpret_cast<const uint16_t*>(weights.data.data());
     for (int64_t row = 0; row < ids.shape[0]; ++row)
       for (int64_t layer = 0; layer < layers; ++layer) {
-        const bool is_moe = std::find(moe_layers.begin(), moe_layers.end(), layer) != moe_layers.end();
+        const bool is_moe =
+            std::find(moe_layers.begin(), moe_layers.end(), layer) != moe_layers.end();
         for (int64_t k = 0; k < top_k; ++k) {
           const float w = f16_to_f32(half[(row * layers + layer) * top_k + k]);
           if (!is_moe) {
@@ -241,7 +242,8 @@ TEST_F(ServeE2E, StreamedRoutesAndWeightsEqualTheNonStreamedAnswer) {
       rows += piece.shape[0];
       pieces += piece.shape[0] > 0;
       joined_ids.insert(joined_ids.end(), piece.data.begin(), piece.data.end());
-      joined_weights.insert(joined_weights.end(), piece_weights.data.begin(), piece_weights.data.end());
+      joined_weights.insert(joined_weights.end(), piece_weights.data.begin(),
+                            piece_weights.data.end());
     }
     EXPECT_GE(pieces, 5) << "the prompt's piece, then a row with each token";
     EXPECT_EQ(rows, ids.shape[0]);
@@ -273,7 +275,8 @@ TEST_F(ServeE2E, MetricsCountRoutesAndExpertLoad) {
   json choice = complete(body)["choices"][0];
   const std::vector<int64_t> ids = routes_of(choice);
   const std::string after = metrics();
-  const int64_t layers = card_["num_hidden_layers"], top_k = card_["top_k"], experts = card_["num_experts"];
+  const int64_t layers = card_["num_hidden_layers"], top_k = card_["top_k"],
+                experts = card_["num_experts"];
   const int64_t rows = 21 + 4 - 1;
   ASSERT_EQ(static_cast<int64_t>(ids.size()), rows * layers * top_k);
   EXPECT_EQ(metric_value(after, "switchyard:routes_captured_total") -
@@ -470,9 +473,10 @@ TEST_F(ServeE2E, PreemptionKeepsRoutesExact) {
     alone.push_back(outcome_of(complete(greedy_request(prompts.back(), 24))));
   }
   ServeProcess small;
-  std::string error = small.start({"--model", model_, "--served-model-name", "tiny",
-                                   "--enable-return-routed-experts", "--return-routed-experts-default", "--kv-cache-tokens", "160",
-                                   "--max-num-batched-tokens", "64"});
+  std::string error =
+      small.start({"--model", model_, "--served-model-name", "tiny",
+                   "--enable-return-routed-experts", "--return-routed-experts-default",
+                   "--kv-cache-tokens", "160", "--max-num-batched-tokens", "64"});
   ASSERT_TRUE(error.empty()) << error;
   std::vector<Outcome> squeezed(6);
   std::vector<std::thread> clients;
@@ -693,9 +697,10 @@ TEST_F(ServeE2E, ChatToolsKeepTheClientsKeyOrder) {
 // tokens and routes it got the first time, whatever part of its prefix survived.
 TEST_F(ServeE2E, PartialEvictionKeepsRoutesExact) {
   ServeProcess small;
-  std::string error = small.start({"--model", model_, "--served-model-name", "tiny",
-                                   "--enable-return-routed-experts", "--return-routed-experts-default", "--kv-cache-tokens", "256",
-                                   "--max-num-batched-tokens", "64"});
+  std::string error =
+      small.start({"--model", model_, "--served-model-name", "tiny",
+                   "--enable-return-routed-experts", "--return-routed-experts-default",
+                   "--kv-cache-tokens", "256", "--max-num-batched-tokens", "64"});
   ASSERT_TRUE(error.empty()) << error;
   auto run = [&](const std::vector<int>& prompt) {
     return outcome_of(post_json(small.port(), "/v1/completions", greedy_request(prompt, 4)).json());
