@@ -105,11 +105,14 @@ TEST(RouteWeights, AreTheRoutersAndDenseLayersAreZero) {
           continue;
         }
         EXPECT_GT(w, 0.0f);
-        if (k > 0)
+        if (k > 0) {
           EXPECT_LE(w, r.weights[static_cast<size_t>((row * r.layers + layer) * r.top_k + k - 1)]);
+        }
         sum += w;
       }
-      if (is_moe) EXPECT_LE(sum, 1.0 + 1e-5);
+      if (is_moe) {
+        EXPECT_LE(sum, 1.0 + 1e-5);
+      }
     }
   }
 }

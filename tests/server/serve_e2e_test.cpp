@@ -220,7 +220,9 @@ TEST_F(ServeE2E, StreamedRoutesAndWeightsEqualTheNonStreamedAnswer) {
             EXPECT_EQ(w, 0.0f);
           } else {
             EXPECT_GT(w, 0.0f);
-            if (k > 0) EXPECT_LE(w, f16_to_f32(half[(row * layers + layer) * top_k + k - 1]));
+            if (k > 0) {
+              EXPECT_LE(w, f16_to_f32(half[(row * layers + layer) * top_k + k - 1]));
+            }
           }
         }
       }
