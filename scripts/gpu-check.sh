@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU machine's whole visit, run as it is from the repo root there, after scripts/gpu-pack.sh
 # here (carry gpu-carry/). Stages (default: all but profile): ceilings ops golden engine bench8
-# bench48 crossover serve-e2e serve; profile (ncu per-kernel times of one decode and one prefill step;
+# bench48 crossover serve-e2e serve; stamps (cuda-fused phase timer, STAMP_VARIANTS); ab (knob A/B, AB_VARIANTS); family-goldens; moe-stalls (ncu stall reasons of cuda-fused); profile (ncu per-kernel times of one decode and one prefill step;
 # PROFILE_STEPS=decode for one), moe-detail (ncu's full sections on one cuda-fused launch).
 # Everything it prints also goes to $OUT/gpu-check.log; JSON results land in $OUT.
 #   scripts/gpu-check.sh [stage ...]
@@ -26,6 +26,7 @@ run() {  # name command...: runs, records failure, never stops the visit
   [[ $rc == 0 ]] || { echo "!!! $name exited $rc"; failed+=("$name"); }
 }
 
+for packed in "$carry"/*.xz; do [[ -e $packed ]] && xz -d -f "$packed"; done  # gpu-pack.sh compresses them
 section "machine"
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem,driver_version --format=csv
 echo "binaries built from commit $(cat "$carry/BUILD_COMMIT" 2>/dev/null || echo unknown)"
@@ -94,6 +95,40 @@ if want moe-detail; then
     "$carry/step_bench" --device cuda --random-weights "$carry/qwen3-30b-a3b-8l/config.json" --no-graphs \
     --batches 1 --context 1024 --steps 8 --ab-pairs 0 --prefill 0 > "$OUT/ncu_fused_moe.txt" 2>&1
   grep -E "Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Stall|Warp Cycles Per Issued|Block Limit|Waves|L2 Hit|Theoretical Occ" "$OUT/ncu_fused_moe.txt" | head -40
+fi
+if want ab; then
+  # Batch-1 decode (48 layers) under each experiment knob of AB_VARIANTS (space-separated
+  # VAR=value, "-" for none), the same process order every time: the knobs' effect in one run.
+  section "batch-1 decode A/B over experiment knobs"
+  for variant in ${AB_VARIANTS:--}; do
+    echo "--- variant: $variant"
+    env ${variant#-} "$carry/step_bench" --device cuda --random-weights "$carry/qwen3-30b-a3b/config.json" \
+      --batches 1 --context 1024 --steps 64 --ab-pairs 0 --prefill 0 --bandwidth-gbs "$bandwidth" 2>&1 | grep "decode batch"
+  done
+fi
+if want family-goldens; then
+  # Mixtral, OLMoE and Qwen2-MoE goldens from transformers (tools/gpu/family_goldens.py).
+  section "family goldens (transformers, float64)"
+  run family-goldens timeout 400 python3 tools/gpu/family_goldens.py "$OUT/goldens"
+fi
+if want stamps; then
+  # cuda-fused phase timer (SY_FUSED_STAMPS=1): per-phase times of the batch-1 launches, 8-layer cut.
+  section "cuda-fused phase stamps, batch 1, 8-layer cut"
+  for variant in ${STAMP_VARIANTS:--}; do
+    echo "--- variant: $variant"
+    env SY_FUSED_STAMPS=1 ${variant#-} "$carry/step_bench" --device cuda --random-weights "$carry/qwen3-30b-a3b-8l/config.json" \
+      --no-graphs --kernel cuda-fused --batches 1 --context 1024 --steps 32 --ab-pairs 0 --prefill 0 || failed+=(stamps)
+  done
+fi
+if want moe-stalls; then
+  # Where the one-token cuda-fused launch's warps wait (ncu stall reasons, per issued instruction).
+  section "profile: cuda-fused stall reasons (8-layer cut, batch 1)"
+  ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+  run moe-stalls timeout 300 "$ncu_bin" --clock-control none -k regex:fused_moe --launch-skip 40 -c 1 \
+    --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,smsp__inst_executed.sum,gpu__time_duration.sum" \
+    "$carry/step_bench" --device cuda --random-weights "$carry/qwen3-30b-a3b-8l/config.json" --no-graphs \
+    --batches 1 --context 1024 --steps 8 --ab-pairs 0 --prefill 0 > "$OUT/ncu_fused_stalls.txt" 2>&1
+  grep -E "stalled|inst_executed|duration" "$OUT/ncu_fused_stalls.txt" | sort -k3 -n -r | head -30
 fi
 if want serve-e2e; then
   # The server's end-to-end tests with every server on CUDA. Left out: the load test (its own

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <memory>
@@ -30,7 +31,25 @@ struct AttentionBatch {
   // pure decode) and the longest context. A graph-recorded step must not depend on the second.
   int64_t max_query_len = 0;
   int64_t max_context_len = 0;
+  // The layer's attention window (set per layer by the decoder): 0 attends to every earlier
+  // position; W > 0 only to positions p with position - p < W (transformers' sliding window).
+  // Only backends that report BackendFeature::kSlidingWindow read it.
+  int64_t sliding_window = 0;
 };
+
+// Operations added for architectures beyond Qwen3-MoE. A backend lists those it implements; the
+// decoder refuses at start-up (kUnsupported, naming the feature) a model that needs one it lacks.
+enum class BackendFeature {
+  kSlidingWindow,    // attention() honours AttentionBatch::sliding_window
+  kSigmoidGatedAdd,  // add_sigmoid_gated (Qwen2-MoE's shared expert gate)
+};
+inline const char* backend_feature_name(BackendFeature feature) {
+  switch (feature) {
+    case BackendFeature::kSlidingWindow: return "sliding-window attention";
+    case BackendFeature::kSigmoidGatedAdd: return "sigmoid-gated shared expert";
+  }
+  return "unknown feature";
+}
 
 struct RopeSpec {
   double theta = 10000.0;
@@ -92,6 +111,10 @@ class Backend {
   // tokens (crossover measured per backend); empty: none.
   virtual std::string small_batch_kernel() const { return ""; }
   virtual int64_t small_batch_max_tokens() const { return 0; }
+  virtual bool supports(BackendFeature feature) const {
+    (void)feature;
+    return false;
+  }
   // Called once before the first step.
   virtual Status reserve(const StepLimits& limits) {
     (void)limits;
@@ -159,11 +182,28 @@ class Backend {
   virtual void matmul_parts(const Tensor& x, const std::vector<MatmulPart>& parts) {
     for (const MatmulPart& part : parts) matmul(x, *part.weight, part.bias, *part.out);
   }
+  // The residual add and input norm fused into the projections that consume them: out_i =
+  // matmul(rms_norm(x + delta) * weight, weight_i), delta optional, x and the normed rows left
+  // unwritten (the caller adds delta into x later). Results equal add_rms_norm then
+  // matmul_parts bitwise. Returns false, having done nothing, where the backend does not fuse
+  // this shape; the caller then runs the two ops.
+  virtual bool norm_matmul_parts(const Tensor& x, const Tensor* delta, const Tensor& weight, float eps,
+                                 const std::vector<MatmulPart>& parts) {
+    (void)x, (void)delta, (void)weight, (void)eps, (void)parts;
+    return false;
+  }
   virtual void add_inplace(Tensor& x, const Tensor& y) = 0;
   // The residual step: x += delta, then out = rms_norm(x) (fused on devices).
   virtual void add_rms_norm(Tensor& x, const Tensor& delta, const Tensor& weight, float eps, Tensor& out) {
     add_inplace(x, delta);
     rms_norm(x, weight, eps, out);
+  }
+  // out[t] += sigmoid(gate_logit[t]) * y[t] for rows t; gate_logit is [T, 1] f32
+  // (BackendFeature::kSigmoidGatedAdd; the decoder never calls it on a backend without it).
+  virtual void add_sigmoid_gated(Tensor& out, const Tensor& y, const Tensor& gate_logit) {
+    (void)out, (void)y, (void)gate_logit;
+    std::fprintf(stderr, "backend %s: add_sigmoid_gated is not implemented\n", name().c_str());
+    std::abort();
   }
   // out = silu(gate) * up, element-wise.
   virtual void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) = 0;
@@ -186,9 +226,20 @@ class Backend {
     write_kv(k, v, k_cache, v_cache, batch);
   }
   // Causal attention of q [T, heads, head_dim] over positions 0..position of each token's own
-  // sequence; out [T, heads * head_dim]. GQA by heads / kv_heads.
+  // sequence (the last batch.sliding_window of them where the backend supports windows);
+  // out [T, heads * head_dim]. GQA by heads / kv_heads.
   virtual void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                          const AttentionBatch& batch, float scale, Tensor& out) = 0;
+  // qk_norm_rope_write_kv then attention as one op, where the device fuses them (decode
+  // steps): bitwise the same out and caches, q and k not updated in place. Returns false,
+  // having done nothing, where it does not; the caller then runs the two ops.
+  virtual bool qk_prep_attention(Tensor& q, Tensor& k, const Tensor& v, const Tensor* q_norm, const Tensor* k_norm,
+                                 float eps, const AttentionBatch& batch, const RopeSpec& rope, Tensor& k_cache,
+                                 Tensor& v_cache, float scale, Tensor& out) {
+    (void)q, (void)k, (void)v, (void)q_norm, (void)k_norm, (void)eps, (void)batch, (void)rope, (void)k_cache,
+        (void)v_cache, (void)scale, (void)out;
+    return false;
+  }
   // out[r] = x[rows[r]].
   virtual void gather_rows(const Tensor& x, const Tensor& rows, Tensor& out) = 0;
   // Samples one token per logits row and its logprobs.

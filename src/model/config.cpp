@@ -4,14 +4,18 @@
 #include <fstream>
 #include <sstream>
 
+#include "model/architecture.h"
+#include "model/config_json.h"
+#include "moe/router.h"
+
 namespace sy::model {
-namespace {
+
+namespace config_json {
 
 using nlohmann::json;
 
-// Reads an integer field that may be spelled several ways; the first present wins.
 Result<int64_t> get_int(const json& config, std::initializer_list<const char*> keys, bool required,
-                        int64_t fallback = 0) {
+                        int64_t fallback) {
   for (const char* key : keys) {
     auto it = config.find(key);
     if (it == config.end() || it->is_null()) continue;
@@ -33,39 +37,173 @@ Result<double> get_number(const json& config, const char* key, double fallback) 
 Result<bool> get_bool(const json& config, const char* key, bool fallback) {
   auto it = config.find(key);
   if (it == config.end() || it->is_null()) return fallback;
-  if (!it->is_boolean()) return Status::errorf("config.json: field '{}' must be true or false", key);
+  if (!it->is_boolean())
+    return Status::errorf("config.json: field '{}' must be true or false", key);
   return it->get<bool>();
 }
 
 Status require_positive(const char* field, int64_t value) {
-  if (value <= 0) return Status::errorf("config.json: field '{}' must be > 0, got {}", field, value);
+  if (value <= 0)
+    return Status::errorf("config.json: field '{}' must be > 0, got {}", field, value);
+  return Status::ok();
+}
+
+Result<std::vector<int>> get_layer_list(const json& config, const char* key, int64_t layers) {
+  std::vector<int> list;
+  auto it = config.find(key);
+  if (it == config.end() || it->is_null()) return list;
+  if (!it->is_array())
+    return Status::errorf("config.json: '{}' must be a list of layer indices", key);
+  for (const auto& layer : *it) {
+    if (!layer.is_number_integer() || layer.get<int64_t>() < 0 || layer.get<int64_t>() >= layers)
+      return Status::errorf("config.json: '{}' entry {} is not a layer index in [0, {})", key,
+                            layer.dump(), layers);
+    list.push_back(layer.get<int>());
+  }
+  return list;
+}
+
+}  // namespace config_json
+
+using namespace config_json;
+using nlohmann::json;
+
+bool sparse_step_layer(const ModelConfig& c, int layer) {
+  if (c.num_experts <= 0) return false;
+  if (std::find(c.mlp_only_layers.begin(), c.mlp_only_layers.end(), layer) !=
+      c.mlp_only_layers.end())
+    return false;
+  return (layer + 1) % c.decoder_sparse_step == 0;
+}
+
+bool ModelConfig::is_moe_layer(int layer) const {
+  return layer >= 0 && layer < static_cast<int>(layers.size()) &&
+         layers[static_cast<size_t>(layer)].mlp == MlpKind::kMoe;
+}
+
+std::vector<int> ModelConfig::moe_layers() const {
+  std::vector<int> moe;
+  for (int layer = 0; layer < num_hidden_layers; ++layer)
+    if (is_moe_layer(layer)) moe.push_back(layer);
+  return moe;
+}
+
+int64_t ModelConfig::widest_dense_mlp() const {
+  int64_t widest = 0;
+  for (const LayerSpec& layer : layers) {
+    if (layer.mlp == MlpKind::kDense) widest = std::max(widest, intermediate_size);
+    if (layer.mlp == MlpKind::kMoe && layer.shared_expert)
+      widest = std::max(widest, shared_expert_intermediate_size);
+  }
+  return widest;
+}
+
+namespace {
+
+// The shapes every family shares (the adapter reads the rest).
+Status parse_shared_fields(const json& config, ModelConfig& c) {
+  SY_ASSIGN(c.vocab_size, get_int(config, {"vocab_size"}, true));
+  SY_ASSIGN(c.hidden_size, get_int(config, {"hidden_size"}, true));
+  SY_ASSIGN(c.num_hidden_layers, get_int(config, {"num_hidden_layers"}, true));
+  SY_ASSIGN(c.num_attention_heads, get_int(config, {"num_attention_heads"}, true));
+  SY_ASSIGN(c.num_key_value_heads,
+            get_int(config, {"num_key_value_heads"}, false, c.num_attention_heads));
+  SY_TRY(require_positive("hidden_size", c.hidden_size));
+  SY_TRY(require_positive("num_attention_heads", c.num_attention_heads));
+  SY_TRY(require_positive("num_hidden_layers", c.num_hidden_layers));
+  if (c.num_hidden_layers > 100000)
+    return Status::errorf("config.json: num_hidden_layers ({}) is implausibly large",
+                          c.num_hidden_layers);
+  SY_ASSIGN(c.head_dim,
+            get_int(config, {"head_dim"}, false, c.hidden_size / c.num_attention_heads));
+  SY_ASSIGN(c.max_position_embeddings, get_int(config, {"max_position_embeddings"}, false, 32768));
+  SY_ASSIGN(c.tie_word_embeddings, get_bool(config, "tie_word_embeddings", false));
+  SY_ASSIGN(double eps, get_number(config, "rms_norm_eps", 1e-6));
+  c.rms_norm_eps = static_cast<float>(eps);
+
+  // RoPE: transformers 4 writes rope_theta (+ rope_scaling); 5 writes rope_parameters.
+  SY_ASSIGN(c.rope_theta, get_number(config, "rope_theta", 10000.0));
+  if (auto it = config.find("rope_parameters"); it != config.end() && it->is_object()) {
+    SY_ASSIGN(c.rope_theta, get_number(*it, "rope_theta", c.rope_theta));
+  }
+  for (const char* key : {"rope_scaling", "rope_parameters"}) {
+    auto it = config.find(key);
+    if (it == config.end() || it->is_null()) continue;
+    if (!it->is_object()) return Status::errorf("config.json: '{}' must be an object", key);
+    std::string type = "default";
+    for (const char* type_key : {"rope_type", "type"})
+      if (auto t = it->find(type_key); t != it->end() && t->is_string())
+        type = t->get<std::string>();
+    if (type != "default")
+      return Status::errorf(
+          "config.json: {}.rope_type '{}' is not supported yet (supported: default)", key, type);
+  }
+
+  for (const char* key : {"torch_dtype", "dtype"})
+    if (auto it = config.find(key); it != config.end() && it->is_string()) {
+      c.torch_dtype = it->get<std::string>();
+      break;
+    }
+  if (auto it = config.find("eos_token_id"); it != config.end()) {
+    if (it->is_number_integer())
+      c.eos_token_ids.push_back(it->get<int32_t>());
+    else if (it->is_array())
+      for (const auto& id : *it)
+        if (id.is_number_integer()) c.eos_token_ids.push_back(id.get<int32_t>());
+  }
+  if (auto it = config.find("bos_token_id"); it != config.end() && it->is_number_integer())
+    c.bos_token_id = it->get<int32_t>();
+  return Status::ok();
+}
+
+// Consistency of the whole description: counts positive, GQA divisible, one LayerSpec per
+// layer, a router every stage can run.
+Status check_description(const ModelConfig& c) {
+  SY_TRY(require_positive("vocab_size", c.vocab_size));
+  SY_TRY(require_positive("num_key_value_heads", c.num_key_value_heads));
+  SY_TRY(require_positive("head_dim", c.head_dim));
+  if (c.head_dim % 2)
+    return Status::errorf("config.json: head_dim must be even for RoPE, got {}", c.head_dim);
+  if (c.num_attention_heads % c.num_key_value_heads)
+    return Status::errorf(
+        "config.json: num_attention_heads ({}) must be a multiple of num_key_value_heads ({})",
+        c.num_attention_heads, c.num_key_value_heads);
+  if (static_cast<int64_t>(c.layers.size()) != c.num_hidden_layers)
+    return Status::errorf("internal: the {} adapter described {} layers of {}", c.model_type,
+                          c.layers.size(), c.num_hidden_layers);
+  if (c.num_experts < 0)
+    return Status::errorf("config.json: num_experts must be >= 0, got {}", c.num_experts);
+  bool any_moe = false, any_dense = false;
+  for (const LayerSpec& layer : c.layers) {
+    any_moe |= layer.mlp == MlpKind::kMoe;
+    any_dense |= layer.mlp == MlpKind::kDense;
+    if (layer.attention.sliding_window < 0)
+      return Status::errorf("config.json: sliding_window must be >= 0, got {}",
+                            layer.attention.sliding_window);
+    if (layer.shared_expert)
+      SY_TRY(
+          require_positive("shared_expert_intermediate_size", c.shared_expert_intermediate_size));
+  }
+  if (any_moe) {
+    SY_TRY(require_positive("num_experts", c.num_experts));
+    SY_TRY(require_positive("num_experts_per_tok", c.experts_per_token));
+    SY_TRY(require_positive("moe_intermediate_size", c.moe_intermediate_size));
+    if (c.experts_per_token > c.num_experts)
+      return Status::errorf("config.json: num_experts_per_tok ({}) must be <= num_experts ({})",
+                            c.experts_per_token, c.num_experts);
+    if (c.num_experts > 65536)
+      return Status::errorf("config.json: num_experts ({}) must be <= 65536", c.num_experts);
+    if (c.router.num_experts != c.num_experts || c.router.top_k != c.experts_per_token)
+      return Status::errorf("internal: the {} adapter's router does not match num_experts / top_k",
+                            c.model_type);
+    auto router = moe::validate_router_spec(c.router);
+    if (!router) return Status::errorf("config.json: {}", router.message());
+  }
+  if (any_dense) SY_TRY(require_positive("intermediate_size", c.intermediate_size));
   return Status::ok();
 }
 
 }  // namespace
-
-bool ModelConfig::is_moe_layer(int layer) const {
-  if (num_experts <= 0) return false;
-  if (std::find(mlp_only_layers.begin(), mlp_only_layers.end(), layer) != mlp_only_layers.end())
-    return false;
-  return (layer + 1) % decoder_sparse_step == 0;
-}
-
-std::vector<int> ModelConfig::moe_layers() const {
-  std::vector<int> layers;
-  for (int layer = 0; layer < num_hidden_layers; ++layer)
-    if (is_moe_layer(layer)) layers.push_back(layer);
-  return layers;
-}
-
-moe::RouterSpec ModelConfig::router_spec() const {
-  moe::RouterSpec spec;
-  spec.num_experts = num_experts;
-  spec.top_k = experts_per_token;
-  spec.scoring = moe::RouterScoring::kSoftmax;
-  spec.renormalize = norm_topk_prob;
-  return spec;
-}
 
 Result<ModelConfig> parse_model_config(const json& config) {
   if (!config.is_object()) return Status::error("config.json: expected a JSON object");
@@ -75,107 +213,12 @@ Result<ModelConfig> parse_model_config(const json& config) {
     c.architecture = (*archs)[0].get<std::string>();
   if (auto it = config.find("model_type"); it != config.end() && it->is_string())
     c.model_type = it->get<std::string>();
-  if (c.model_type != "qwen3_moe" &&
-      !(c.model_type.empty() && c.architecture == "Qwen3MoeForCausalLM"))
-    return Status::errorf(
-        "config.json: unsupported architecture (model_type '{}', architectures '{}'); supported: "
-        "qwen3_moe (Qwen3MoeForCausalLM)",
-        c.model_type, c.architecture);
-  c.model_type = "qwen3_moe";
-  if (c.architecture.empty()) c.architecture = "Qwen3MoeForCausalLM";
-
-  SY_ASSIGN(c.vocab_size, get_int(config, {"vocab_size"}, true));
-  SY_ASSIGN(c.hidden_size, get_int(config, {"hidden_size"}, true));
-  SY_ASSIGN(c.num_hidden_layers, get_int(config, {"num_hidden_layers"}, true));
-  SY_ASSIGN(c.num_attention_heads, get_int(config, {"num_attention_heads"}, true));
-  SY_ASSIGN(c.num_key_value_heads,
-            get_int(config, {"num_key_value_heads"}, false, c.num_attention_heads));
-  SY_TRY(require_positive("hidden_size", c.hidden_size));
-  SY_TRY(require_positive("num_attention_heads", c.num_attention_heads));
-  SY_ASSIGN(c.head_dim, get_int(config, {"head_dim"}, false, c.hidden_size / c.num_attention_heads));
-  SY_ASSIGN(c.intermediate_size, get_int(config, {"intermediate_size"}, true));
-  SY_ASSIGN(c.moe_intermediate_size, get_int(config, {"moe_intermediate_size"}, true));
-  SY_ASSIGN(c.num_experts, get_int(config, {"num_experts", "num_local_experts"}, true));
-  SY_ASSIGN(c.experts_per_token, get_int(config, {"num_experts_per_tok"}, true));
-  SY_ASSIGN(c.norm_topk_prob, get_bool(config, "norm_topk_prob", false));
-  SY_ASSIGN(c.decoder_sparse_step, get_int(config, {"decoder_sparse_step"}, false, 1));
-  SY_ASSIGN(c.max_position_embeddings, get_int(config, {"max_position_embeddings"}, false, 32768));
-  SY_ASSIGN(c.attention_bias, get_bool(config, "attention_bias", false));
-  SY_ASSIGN(c.tie_word_embeddings, get_bool(config, "tie_word_embeddings", false));
-  SY_ASSIGN(double eps, get_number(config, "rms_norm_eps", 1e-6));
-  c.rms_norm_eps = static_cast<float>(eps);
-
-  if (auto it = config.find("mlp_only_layers"); it != config.end() && !it->is_null()) {
-    if (!it->is_array()) return Status::error("config.json: 'mlp_only_layers' must be a list of layer indices");
-    for (const auto& layer : *it) {
-      if (!layer.is_number_integer() || layer.get<int64_t>() < 0 ||
-          layer.get<int64_t>() >= c.num_hidden_layers)
-        return Status::errorf("config.json: 'mlp_only_layers' entry {} is not a layer index in [0, {})",
-                              layer.dump(), c.num_hidden_layers);
-      c.mlp_only_layers.push_back(layer.get<int>());
-    }
-  }
-
-  // RoPE: transformers 4 writes rope_theta (+ rope_scaling); 5 writes rope_parameters.
-  const json* rope_parameters = nullptr;
-  if (auto it = config.find("rope_parameters"); it != config.end() && it->is_object())
-    rope_parameters = &*it;
-  SY_ASSIGN(c.rope_theta, get_number(config, "rope_theta", 10000.0));
-  if (rope_parameters) {
-    SY_ASSIGN(c.rope_theta, get_number(*rope_parameters, "rope_theta", c.rope_theta));
-  }
-  for (const char* key : {"rope_scaling", "rope_parameters"}) {
-    auto it = config.find(key);
-    if (it == config.end() || it->is_null()) continue;
-    if (!it->is_object()) return Status::errorf("config.json: '{}' must be an object", key);
-    std::string type = "default";
-    for (const char* type_key : {"rope_type", "type"})
-      if (auto t = it->find(type_key); t != it->end() && t->is_string()) type = t->get<std::string>();
-    if (type != "default")
-      return Status::errorf("config.json: {}.rope_type '{}' is not supported yet (supported: default)", key, type);
-  }
-  SY_ASSIGN(bool sliding, get_bool(config, "use_sliding_window", false));
-  if (sliding) return Status::error("config.json: use_sliding_window true is not supported yet");
-
-  for (const char* key : {"torch_dtype", "dtype"})
-    if (auto it = config.find(key); it != config.end() && it->is_string()) {
-      c.torch_dtype = it->get<std::string>();
-      break;
-    }
-  if (auto it = config.find("eos_token_id"); it != config.end()) {
-    if (it->is_number_integer()) c.eos_token_ids.push_back(it->get<int32_t>());
-    else if (it->is_array())
-      for (const auto& id : *it)
-        if (id.is_number_integer()) c.eos_token_ids.push_back(id.get<int32_t>());
-  }
-  if (auto it = config.find("bos_token_id"); it != config.end() && it->is_number_integer())
-    c.bos_token_id = it->get<int32_t>();
-
-  // Consistency: every count positive, top-k within experts, heads divisible for GQA.
-  SY_TRY(require_positive("vocab_size", c.vocab_size));
-  SY_TRY(require_positive("num_hidden_layers", c.num_hidden_layers));
-  SY_TRY(require_positive("num_key_value_heads", c.num_key_value_heads));
-  SY_TRY(require_positive("head_dim", c.head_dim));
-  SY_TRY(require_positive("decoder_sparse_step", c.decoder_sparse_step));
-  if (c.head_dim % 2)
-    return Status::errorf("config.json: head_dim must be even for RoPE, got {}", c.head_dim);
-  if (c.num_attention_heads % c.num_key_value_heads)
-    return Status::errorf(
-        "config.json: num_attention_heads ({}) must be a multiple of num_key_value_heads ({})",
-        c.num_attention_heads, c.num_key_value_heads);
-  if (c.num_experts < 0) return Status::errorf("config.json: num_experts must be >= 0, got {}", c.num_experts);
-  if (c.num_experts > 0) {
-    SY_TRY(require_positive("num_experts_per_tok", c.experts_per_token));
-    SY_TRY(require_positive("moe_intermediate_size", c.moe_intermediate_size));
-    if (c.experts_per_token > c.num_experts)
-      return Status::errorf("config.json: num_experts_per_tok ({}) must be <= num_experts ({})",
-                            c.experts_per_token, c.num_experts);
-    if (c.num_experts > 65536)
-      return Status::errorf("config.json: num_experts ({}) must be <= 65536", c.num_experts);
-  }
-  bool any_dense = false;
-  for (int layer = 0; layer < c.num_hidden_layers; ++layer) any_dense |= !c.is_moe_layer(layer);
-  if (any_dense) SY_TRY(require_positive("intermediate_size", c.intermediate_size));
+  SY_ASSIGN(const Architecture* arch, find_architecture(c.model_type, c.architecture));
+  c.model_type = std::string(arch->model_type);
+  if (c.architecture.empty()) c.architecture = std::string(arch->class_name);
+  SY_TRY(parse_shared_fields(config, c));
+  SY_TRY(arch->parse(config, c));
+  SY_TRY(check_description(c));
   return c;
 }
 

@@ -1,5 +1,6 @@
 // ModelConfig: Hugging Face config.json parsed into what the shared decoder needs, in every key
-// spelling real checkpoints use (transformers 4 and 5).
+// spelling real checkpoints use (transformers 4 and 5): the shapes every family shares, plus
+// the per-layer decoder description (model/description.h) the family's adapter builds.
 #pragma once
 
 #include <cstdint>
@@ -8,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "model/description.h"
 #include "moe/router_spec.h"
 #include "util/status.h"
 
@@ -24,6 +26,7 @@ struct ModelConfig {
   int64_t head_dim = 0;
   int64_t intermediate_size = 0;      // dense MLP layers
   int64_t moe_intermediate_size = 0;  // each expert
+  int64_t shared_expert_intermediate_size = 0;  // MoE layers with a shared expert
   int64_t num_experts = 0;
   int64_t experts_per_token = 0;
   bool norm_topk_prob = false;
@@ -33,16 +36,26 @@ struct ModelConfig {
   double rope_theta = 10000.0;
   int64_t max_position_embeddings = 0;
   bool attention_bias = false;
-  bool qk_norm = true;
   bool tie_word_embeddings = false;
   std::string torch_dtype;  // as written; informational
   std::vector<int32_t> eos_token_ids;
   int32_t bos_token_id = -1;
 
+  // The decoder description, one entry per hidden layer, and the router of every MoE layer.
+  NormPlacement norm_placement = NormPlacement::kPreNorm;
+  std::vector<LayerSpec> layers;
+  moe::RouterSpec router;
+
   bool is_moe_layer(int layer) const;
   std::vector<int> moe_layers() const;
-  moe::RouterSpec router_spec() const;
+  moe::RouterSpec router_spec() const { return router; }
+  // The widest dense SwiGLU MLP of any layer (dense layers, shared experts): scratch sizing.
+  int64_t widest_dense_mlp() const;
 };
+
+// qwen3_moe/Qwen2-MoE's rule for which layers are MoE: not in mlp_only_layers and
+// (layer + 1) % decoder_sparse_step == 0.
+bool sparse_step_layer(const ModelConfig& config, int layer);
 
 // Parses and checks consistency; errors name the field and what was expected.
 Result<ModelConfig> parse_model_config(const nlohmann::json& config);

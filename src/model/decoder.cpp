@@ -22,10 +22,12 @@ struct Decoder::Workspace {
   // uses ints [0, T*L*K) for ids and [T*L*K, 2*T*L*K) for f32 weights, so one asynchronous
   // copy brings both to the host.
   Tensor forced, forced_routes, route_out;
-  Tensor x, normed, block_out, q, k, v, attn, gate, up, picked, picked_normed, logits;
+  Tensor x, normed, block_out, ffn_out, q, k, v, attn, gate, up, picked, picked_normed, logits;
+  Tensor shared_out, shared_gate;  // MoE layers with a shared expert
   std::vector<Tensor*> owned() {
-    return {&pack, &forced, &forced_routes, &route_out, &x,  &normed, &block_out,     &q,
-            &k,    &v,      &attn,          &gate,      &up, &picked, &picked_normed, &logits};
+    return {&pack,   &forced, &forced_routes, &route_out, &x,      &normed,        &block_out,
+            &ffn_out, &q,     &k,             &v,         &attn,   &gate,          &up,
+            &picked, &picked_normed, &logits,  &shared_out, &shared_gate};
   }
   ~Workspace() {
     for (Tensor* t : owned())
@@ -91,14 +93,32 @@ Status Decoder::allocate(const ModelConfig& c, int64_t num_blocks, const backend
   full.vocab_size = c.vocab_size;
   full.num_heads = c.num_attention_heads;
   full.head_dim = c.head_dim;
-  full.max_feature_dim = std::max({c.hidden_size, c.num_attention_heads * c.head_dim, c.intermediate_size,
-                                   c.moe_intermediate_size});
+  full.max_feature_dim =
+      std::max({c.hidden_size, c.num_attention_heads * c.head_dim, c.intermediate_size,
+                c.moe_intermediate_size, c.widest_dense_mlp()});
+  // What the description needs of the backend and the MoE kernels, refused before anything is
+  // allocated with a message naming the missing piece.
+  bool windowed = false, gated_shared = false;
+  for (const LayerSpec& layer : c.layers) {
+    windowed |= layer.attention.sliding_window > 0;
+    gated_shared |= layer.shared_expert_gate;
+  }
+  for (auto [needed, feature] :
+       {std::pair{windowed, backend::BackendFeature::kSlidingWindow},
+        std::pair{gated_shared, backend::BackendFeature::kSigmoidGatedAdd}})
+    if (needed && !backend_.supports(feature))
+      return Status::error(
+          ErrorCode::kUnsupported,
+          fmt::format("the {} backend does not implement {} yet, which this {} model needs",
+                      backend_.name(), backend::backend_feature_name(feature), c.model_type));
   SY_TRY(backend_.reserve(full));
   const moe::RouterSpec spec = c.router_spec();
   for (moe::ExpertsKernel* kernel : {kernels_.large, kernels_.small})
-    if (kernel && c.num_experts > 0)
+    if (kernel && !c.moe_layers().empty()) {
+      SY_TRY(kernel->supports(spec));
       SY_TRY(kernel->reserve(limits.max_tokens, spec, c.hidden_size, c.moe_intermediate_size)
                  .with_context(fmt::format("MoE kernel {}: ", kernel->name())));
+    }
 
   const int64_t slots = num_blocks * block_size_;
   const DType kv_dtype = backend_.kv_cache_dtype();
@@ -133,15 +153,18 @@ Status Decoder::allocate(const ModelConfig& c, int64_t num_blocks, const backend
   ws->x = backend_.alloc(DType::kF32, {T, hidden});
   ws->normed = backend_.alloc(DType::kF32, {T, hidden});
   ws->block_out = backend_.alloc(DType::kF32, {T, hidden});
+  ws->ffn_out = backend_.alloc(DType::kF32, {T, hidden});
   ws->q = backend_.alloc(DType::kF32, {T, heads, c.head_dim});
   ws->k = backend_.alloc(DType::kF32, {T, kv_heads, c.head_dim});
   ws->v = backend_.alloc(DType::kF32, {T, kv_heads, c.head_dim});
   ws->attn = backend_.alloc(DType::kF32, {T, heads * c.head_dim});
-  bool any_dense = false;
-  for (int layer = 0; layer < c.num_hidden_layers; ++layer) any_dense |= !c.is_moe_layer(layer);
-  if (any_dense) {
-    ws->gate = backend_.alloc(DType::kF32, {T, c.intermediate_size});
-    ws->up = backend_.alloc(DType::kF32, {T, c.intermediate_size});
+  if (const int64_t widest = c.widest_dense_mlp(); widest > 0) {
+    ws->gate = backend_.alloc(DType::kF32, {T, widest});
+    ws->up = backend_.alloc(DType::kF32, {T, widest});
+  }
+  if (gated_shared || c.shared_expert_intermediate_size > 0) {
+    ws->shared_out = backend_.alloc(DType::kF32, {T, hidden});
+    ws->shared_gate = backend_.alloc(DType::kF32, {T, 1});
   }
   ws->picked = backend_.alloc(DType::kF32, {R, hidden});
   ws->picked_normed = backend_.alloc(DType::kF32, {R, hidden});
@@ -258,7 +281,7 @@ Status Decoder::forward(const Model& model, const StepInputs& in, StepOutputs& o
       routes.source = ws.forced_routes.slice_rows(0, T);
     }
     Tensor x = ws.x.slice_rows(0, T), normed = ws.normed.slice_rows(0, T);
-    Tensor block_out = ws.block_out.slice_rows(0, T);
+    Tensor block_out = ws.block_out.slice_rows(0, T), ffn_out = ws.ffn_out.slice_rows(0, T);
     Tensor q = ws.q.slice_rows(0, T), k = ws.k.slice_rows(0, T), vv = ws.v.slice_rows(0, T);
     Tensor attn = ws.attn.slice_rows(0, T);
     const backend::RopeSpec rope{c.rope_theta, head_dim};
@@ -266,47 +289,103 @@ Status Decoder::forward(const Model& model, const StepInputs& in, StepOutputs& o
     (void)hidden, (void)heads, (void)kv_heads;
 
     backend_.embedding(wt.embed_tokens, v.ids, x);
-    backend_.rms_norm(x, wt.layers[0].input_norm, c.rms_norm_eps, normed);
+    // The residual stream x lags by `pending` (the last feed-forward output, not yet added)
+    // where a backend or kernel fuses the residual add and norm into the op that consumes
+    // them; the sums are the same f32 adds in the same order as add_rms_norm's.
+    const bool fuse_moe_norm = kernel.fuses_input_norm(T);
+    const Tensor* pending = nullptr;
     for (int64_t layer = 0; layer < layers; ++layer) {
       const LayerWeights& lw = wt.layers[static_cast<size_t>(layer)];
       const AttentionWeights& a = lw.attention;
-      // Attention block (normed holds input_norm(x)).
-      backend_.matmul_parts(normed, {{&a.q_proj, a.q_bias.data ? &a.q_bias : nullptr, &q},
-                                     {&a.k_proj, a.k_bias.data ? &a.k_bias : nullptr, &k},
-                                     {&a.v_proj, a.v_bias.data ? &a.v_bias : nullptr, &vv}});
-      backend_.qk_norm_rope_write_kv(q, k, vv, a.q_norm.data ? &a.q_norm : nullptr,
-                                     a.k_norm.data ? &a.k_norm : nullptr, c.rms_norm_eps, batch, rope,
-                                     k_cache_[layer], v_cache_[layer]);
-      backend_.attention(q, k_cache_[layer], v_cache_[layer], batch, scale, attn);
+      // Attention block: q, k, v of input_norm(x + pending).
+      const LayerSpec& spec = c.layers[static_cast<size_t>(layer)];
+      const AttentionSpec& attention = spec.attention;
+      const std::vector<backend::Backend::MatmulPart> qkv = {
+          {&a.q_proj, a.q_bias.data ? &a.q_bias : nullptr, &q},
+          {&a.k_proj, a.k_bias.data ? &a.k_bias : nullptr, &k},
+          {&a.v_proj, a.v_bias.data ? &a.v_bias : nullptr, &vv}};
+      if (!backend_.norm_matmul_parts(x, pending, lw.input_norm, c.rms_norm_eps, qkv)) {
+        if (pending) backend_.add_rms_norm(x, *pending, lw.input_norm, c.rms_norm_eps, normed);
+        else backend_.rms_norm(x, lw.input_norm, c.rms_norm_eps, normed);
+        pending = nullptr;
+        backend_.matmul_parts(normed, qkv);
+      }
+      const bool per_head = attention.qk_norm == QkNorm::kPerHead;
+      if (attention.qk_norm == QkNorm::kWholeProjection) {
+        // One RMSNorm over each token's whole q (and k) row, before the heads are split.
+        Tensor q_rows = q.reshaped({T, heads * head_dim}),
+               k_rows = k.reshaped({T, kv_heads * head_dim});
+        backend_.rms_norm(q_rows, a.q_norm, c.rms_norm_eps, q_rows);
+        backend_.rms_norm(k_rows, a.k_norm, c.rms_norm_eps, k_rows);
+      }
+      const Tensor* q_norm = per_head ? &a.q_norm : nullptr;
+      const Tensor* k_norm = per_head ? &a.k_norm : nullptr;
+      batch.sliding_window = attention.sliding_window;
+      if (!backend_.qk_prep_attention(q, k, vv, q_norm, k_norm, c.rms_norm_eps, batch, rope, k_cache_[layer],
+                                      v_cache_[layer], scale, attn)) {
+        backend_.qk_norm_rope_write_kv(q, k, vv, q_norm, k_norm, c.rms_norm_eps, batch, rope, k_cache_[layer],
+                                       v_cache_[layer]);
+        backend_.attention(q, k_cache_[layer], v_cache_[layer], batch, scale, attn);
+      }
       backend_.matmul(attn, a.o_proj, a.o_bias.data ? &a.o_bias : nullptr, block_out);
-      backend_.add_rms_norm(x, block_out, lw.post_attention_norm, c.rms_norm_eps, normed);
-      // Feed-forward block: dense MLP or MoE.
+      // Feed-forward block on post_attention_norm(x + pending + block_out): dense MLP or MoE.
+      moe::MoeForwardArgs args;
+      // (A shared expert reads the normed input and adds into the output: not fused.)
+      const bool fused_norm = lw.is_moe && fuse_moe_norm && !spec.shared_expert;
+      if (fused_norm) {
+        args.input_norm.residual = &x;
+        args.input_norm.earlier_delta = pending;
+        args.input_norm.delta = &block_out;
+        args.input_norm.weight = &lw.post_attention_norm;
+        args.input_norm.eps = c.rms_norm_eps;
+      } else {
+        if (pending) backend_.add_inplace(x, *pending);
+        backend_.add_rms_norm(x, block_out, lw.post_attention_norm, c.rms_norm_eps, normed);
+      }
+      pending = nullptr;
       if (lw.is_moe) {
-        moe::MoeForwardArgs args;
         args.layer = static_cast<int>(layer);
         args.hidden = normed;
-        args.out = block_out;
+        args.out = ffn_out;
         args.weights = &lw.moe;
         args.spec = c.router_spec();
         args.routes = routes;
         Status status = kernel.forward(args);
         if (!status && layer_status)
           layer_status = status.with_context(fmt::format("MoE layer {} (kernel {}): ", layer, kernel.name()));
+        if (spec.shared_expert) {
+          // The shared expert every token goes through, (sigmoid-gated and) added to the routed
+          // sum.
+          const DenseMlpWeights& shared = lw.shared_expert;
+          const int64_t width = shared.gate_proj.dim(0);
+          Tensor g = ws.gate.slice_rows(0, T), u = ws.up.slice_rows(0, T);
+          g = Tensor(g.data, DType::kF32, {T, width}, g.device);
+          u = Tensor(u.data, DType::kF32, {T, width}, u.device);
+          Tensor shared_out = ws.shared_out.slice_rows(0, T);
+          backend_.matmul(normed, shared.gate_proj, nullptr, g);
+          backend_.matmul(normed, shared.up_proj, nullptr, u);
+          backend_.silu_mul(g, u, g);
+          backend_.matmul(g, shared.down_proj, nullptr, shared_out);
+          if (spec.shared_expert_gate) {
+            Tensor gate_logit = ws.shared_gate.slice_rows(0, T);
+            backend_.matmul(normed, lw.shared_expert_gate, nullptr, gate_logit);
+            backend_.add_sigmoid_gated(ffn_out, shared_out, gate_logit);
+          } else {
+            backend_.add_inplace(ffn_out, shared_out);
+          }
+        }
       } else {
         Tensor g = ws.gate.slice_rows(0, T), u = ws.up.slice_rows(0, T);
+        g = Tensor(g.data, DType::kF32, {T, c.intermediate_size}, g.device);
+        u = Tensor(u.data, DType::kF32, {T, c.intermediate_size}, u.device);
         backend_.matmul(normed, lw.mlp.gate_proj, nullptr, g);
         backend_.matmul(normed, lw.mlp.up_proj, nullptr, u);
         backend_.silu_mul(g, u, g);
-        backend_.matmul(g, lw.mlp.down_proj, nullptr, block_out);
+        backend_.matmul(g, lw.mlp.down_proj, nullptr, ffn_out);
       }
-      // The residual add, fused with the next layer's input norm.
-      const bool last = layer + 1 == layers;
-      if (!last) {
-        backend_.add_rms_norm(x, block_out, wt.layers[static_cast<size_t>(layer + 1)].input_norm, c.rms_norm_eps, normed);
-      } else {
-        backend_.add_inplace(x, block_out);
-      }
+      pending = fused_norm ? nullptr : &ffn_out;  // a fused-norm kernel adds its output into x itself
     }
+    if (pending) backend_.add_inplace(x, *pending);
     // Logits for the requested rows only.
     if (R > 0) {
       Tensor picked = ws.picked.slice_rows(0, R), picked_normed = ws.picked_normed.slice_rows(0, R);

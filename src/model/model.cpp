@@ -4,7 +4,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "backend/random_fill.h"
+#include "model/architecture.h"
 
 namespace sy::model {
 
@@ -34,8 +34,11 @@ Result<std::unique_ptr<Model>> Model::load(const std::string& model_dir, backend
     if (progress) progress(i + 1, tensors.size(), done_bytes, total_bytes);
   }
 
-  auto weights = load_qwen3_moe(model->config_, *model->checkpoint_, backend, model->owned_,
-                                WeightPlacement{&model->load_order_, nullptr, false});
+  SY_ASSIGN(const Architecture* arch,
+            find_architecture(model->config_.model_type, model->config_.architecture));
+  CheckpointSource source(*model->checkpoint_, backend, model->owned_,
+                          WeightPlacement{&model->load_order_, nullptr, false});
+  auto weights = arch->build(model->config_, source);
   if (!weights) return weights.status().with_context(model_dir + ": ");
   model->weights_ = std::move(weights).value();
   return model;
@@ -54,60 +57,11 @@ Result<std::unique_ptr<Model>> Model::random(const std::string& config_path, bac
   model->backend_ = &backend;
   model->config_ = *config;
   const ModelConfig& c = model->config_;
-  if (c.model_type != "qwen3_moe")
-    return Status::errorf("{}: --random-weights supports qwen3_moe, got '{}'", config_path, c.model_type);
-
-  uint64_t tensor_index = 0;
-  Status failure = Status::ok();
-  // Matrices in bf16 (uniform with std 0.02, as HF's init; the router with std 3/sqrt(hidden)
-  // so routing is decisive), norm weights near 1 in f32.
-  auto make = [&](std::initializer_list<int64_t> shape, float std_dev, float offset = 0.0f) {
-    const DType dtype = shape.size() == 1 ? DType::kF32 : DType::kBF16;
-    Tensor tensor = backend.alloc(dtype, shape);
-    if (!tensor.data && tensor.numel() > 0) {
-      if (failure) failure = Status::error(ErrorCode::kResourceExhausted, "out of memory for random weights");
-      return tensor;
-    }
-    model->owned_.push_back(tensor);
-    backend.fill_random(tensor, backend::random_fill_hash(seed * 1000003u + tensor_index++),
-                        std_dev * std::sqrt(3.0f), offset);
-    return tensor;
-  };
-  const int64_t hidden = c.hidden_size, q_out = c.num_attention_heads * c.head_dim,
-                kv_out = c.num_key_value_heads * c.head_dim;
-  DecoderWeights& w = model->weights_;
-  w.embed_tokens = make({c.vocab_size, hidden}, 0.02f);
-  w.final_norm = make({hidden}, 0.1f / std::sqrt(3.0f), 1.0f);
-  w.lm_head = c.tie_word_embeddings ? w.embed_tokens : make({c.vocab_size, hidden}, 0.02f);
-  for (int layer = 0; layer < c.num_hidden_layers; ++layer) {
-    LayerWeights lw;
-    lw.input_norm = make({hidden}, 0.1f / std::sqrt(3.0f), 1.0f);
-    lw.post_attention_norm = make({hidden}, 0.1f / std::sqrt(3.0f), 1.0f);
-    AttentionWeights& a = lw.attention;
-    a.q_proj = make({q_out, hidden}, 0.02f);
-    a.k_proj = make({kv_out, hidden}, 0.02f);
-    a.v_proj = make({kv_out, hidden}, 0.02f);
-    a.o_proj = make({hidden, q_out}, 0.02f);
-    if (c.attention_bias) {
-      a.q_bias = make({q_out}, 0.02f);
-      a.k_bias = make({kv_out}, 0.02f);
-      a.v_bias = make({kv_out}, 0.02f);
-    }
-    a.q_norm = make({c.head_dim}, 0.1f / std::sqrt(3.0f), 1.0f);
-    a.k_norm = make({c.head_dim}, 0.1f / std::sqrt(3.0f), 1.0f);
-    lw.is_moe = c.is_moe_layer(layer);
-    if (!lw.is_moe) {
-      lw.mlp.gate_proj = make({c.intermediate_size, hidden}, 0.02f);
-      lw.mlp.up_proj = make({c.intermediate_size, hidden}, 0.02f);
-      lw.mlp.down_proj = make({hidden, c.intermediate_size}, 0.02f);
-    } else {
-      lw.moe.router = make({c.num_experts, hidden}, 3.0f / std::sqrt(static_cast<float>(hidden)));
-      lw.moe.gate_up = make({c.num_experts, 2 * c.moe_intermediate_size, hidden}, 0.02f);
-      lw.moe.down = make({c.num_experts, hidden, c.moe_intermediate_size}, 0.02f);
-    }
-    w.layers.push_back(std::move(lw));
-  }
-  SY_TRY(failure);
+  SY_ASSIGN(const Architecture* arch, find_architecture(c.model_type, c.architecture));
+  RandomSource source(backend, seed, c.hidden_size, model->owned_);
+  auto weights = arch->build(c, source);
+  if (!weights) return weights.status().with_context(config_path + ": ");
+  model->weights_ = std::move(weights).value();
   return model;
 }
 
@@ -134,11 +88,15 @@ Status Model::reload_in_place(const std::string& model_dir) {
   incoming->checkpoint_ = std::make_unique<Checkpoint>(std::move(checkpoint).value());
   SY_TRY(check_same_shapes(*incoming));
   std::vector<Tensor> unused;
-  auto checked = load_qwen3_moe(incoming->config_, *incoming->checkpoint_, *backend_, unused,
-                                WeightPlacement{nullptr, &load_order_, true});
+  SY_ASSIGN(const Architecture* arch,
+            find_architecture(incoming->config_.model_type, incoming->config_.architecture));
+  CheckpointSource check(*incoming->checkpoint_, *backend_, unused,
+                         WeightPlacement{nullptr, &load_order_, true});
+  auto checked = arch->build(incoming->config_, check);
   if (!checked) return checked.status().with_context(model_dir + ": ");
-  auto copied = load_qwen3_moe(incoming->config_, *incoming->checkpoint_, *backend_, unused,
-                               WeightPlacement{nullptr, &load_order_, false});
+  CheckpointSource copy(*incoming->checkpoint_, *backend_, unused,
+                        WeightPlacement{nullptr, &load_order_, false});
+  auto copied = arch->build(incoming->config_, copy);
   if (!copied)
     return copied.status().with_context(model_dir + ": the weights are now partly updated (load them again): ");
   model_dir_ = model_dir;

@@ -9,6 +9,7 @@
 
 #include <xxhash.h>
 
+#include "model/architecture.h"
 #include "model/config.h"
 #include "model/safetensors.h"
 
@@ -73,6 +74,109 @@ json tiny() {
   return config;
 }
 
+// The other families' tiny presets: the Qwen3 tokenizer's vocabulary (make-model copies it),
+// dimensions that are not multiples of 16 where the family allows, and each family's own blocks.
+json tiny_mixtral() {
+  // Published Mixtral-8x7B config.json spellings (transformers 4), shrunk; a sliding window of
+  // 20 so prompts longer than that exercise it.
+  return json{{"architectures", {"MixtralForCausalLM"}},
+              {"attention_dropout", 0.0},
+              {"bos_token_id", 151643},
+              {"eos_token_id", 151645},
+              {"hidden_act", "silu"},
+              {"hidden_size", 72},
+              {"initializer_range", 0.02},
+              {"intermediate_size", 40},
+              {"max_position_embeddings", 4096},
+              {"model_type", "mixtral"},
+              {"num_attention_heads", 4},
+              {"num_experts_per_tok", 2},
+              {"num_hidden_layers", 3},
+              {"num_key_value_heads", 2},
+              {"num_local_experts", 8},
+              {"output_router_logits", false},
+              {"rms_norm_eps", 1e-05},
+              {"rope_theta", 1000000.0},
+              {"router_aux_loss_coef", 0.02},
+              {"sliding_window", 20},
+              {"tie_word_embeddings", false},
+              {"torch_dtype", "bfloat16"},
+              {"transformers_version", "4.36.0"},
+              {"use_cache", true},
+              {"vocab_size", 151936}};
+}
+
+json tiny_olmoe() {
+  // Published OLMoE-1B-7B-0924 spellings, shrunk.
+  return json{{"architectures", {"OlmoeForCausalLM"}},
+              {"attention_bias", false},
+              {"attention_dropout", 0.0},
+              {"bos_token_id", 151643},
+              {"clip_qkv", nullptr},
+              {"eos_token_id", 151645},
+              {"hidden_act", "silu"},
+              {"hidden_size", 72},
+              {"initializer_range", 0.02},
+              {"intermediate_size", 24},
+              {"max_position_embeddings", 4096},
+              {"model_type", "olmoe"},
+              {"norm_topk_prob", false},
+              {"num_attention_heads", 6},
+              {"num_experts", 16},
+              {"num_experts_per_tok", 4},
+              {"num_hidden_layers", 3},
+              {"num_key_value_heads", 6},
+              {"output_router_logits", false},
+              {"rms_norm_eps", 1e-05},
+              {"rope_scaling", nullptr},
+              {"rope_theta", 10000.0},
+              {"router_aux_loss_coef", 0.01},
+              {"tie_word_embeddings", false},
+              {"torch_dtype", "bfloat16"},
+              {"transformers_version", "4.43.0"},
+              {"use_cache", true},
+              {"vocab_size", 151936}};
+}
+
+json tiny_qwen2_moe() {
+  // Published Qwen1.5-MoE-A2.7B spellings, shrunk; layer 1 dense (mlp_only_layers), sliding
+  // window on layer 0 (layer_types, as transformers 5 writes them).
+  return json{{"architectures", {"Qwen2MoeForCausalLM"}},
+              {"attention_dropout", 0.0},
+              {"bos_token_id", 151643},
+              {"decoder_sparse_step", 1},
+              {"eos_token_id", 151645},
+              {"hidden_act", "silu"},
+              {"hidden_size", 72},
+              {"initializer_range", 0.02},
+              {"intermediate_size", 88},
+              {"max_position_embeddings", 4096},
+              {"max_window_layers", 3},
+              {"mlp_only_layers", {1}},
+              {"model_type", "qwen2_moe"},
+              {"moe_intermediate_size", 24},
+              {"norm_topk_prob", false},
+              {"num_attention_heads", 4},
+              {"num_experts", 12},
+              {"num_experts_per_tok", 3},
+              {"num_hidden_layers", 3},
+              {"num_key_value_heads", 2},
+              {"output_router_logits", false},
+              {"qkv_bias", true},
+              {"rms_norm_eps", 1e-06},
+              {"rope_theta", 1000000.0},
+              {"router_aux_loss_coef", 0.001},
+              {"shared_expert_intermediate_size", 56},
+              {"sliding_window", 20},
+              {"layer_types", {"sliding_attention", "full_attention", "full_attention"}},
+              {"tie_word_embeddings", false},
+              {"torch_dtype", "bfloat16"},
+              {"transformers_version", "4.40.0"},
+              {"use_cache", true},
+              {"use_sliding_window", true},
+              {"vocab_size", 151936}};
+}
+
 // Deterministic per-tensor random numbers: xoshiro-style generator seeded from (seed, name).
 struct Rng {
   uint64_t state;
@@ -91,7 +195,7 @@ struct Rng {
 };
 
 float init_std(const std::string& name, const ModelConfig& config) {
-  if (name.find("mlp.gate.weight") != std::string::npos)
+  if (is_router_weight(name))
     return 3.0f / std::sqrt(static_cast<float>(config.hidden_size));  // decisive routing
   return 0.02f;
 }
@@ -99,21 +203,40 @@ float init_std(const std::string& name, const ModelConfig& config) {
 }  // namespace
 
 Result<json> preset_config(const std::string& arch, const std::string& preset, int layers) {
-  if (arch != "qwen3_moe") return Status::errorf("--arch '{}' is not supported (supported: qwen3_moe)", arch);
   json config;
-  if (preset == "tiny") config = tiny();
-  else if (preset == "qwen3-30b-a3b") config = qwen3_30b_a3b();
-  else return Status::errorf("--preset '{}' is unknown (supported: tiny, qwen3-30b-a3b)", preset);
+  if (arch == "qwen3_moe") {
+    if (preset == "tiny")
+      config = tiny();
+    else if (preset == "qwen3-30b-a3b")
+      config = qwen3_30b_a3b();
+    else
+      return Status::errorf(
+          "--preset '{}' is unknown for qwen3_moe (supported: tiny, qwen3-30b-a3b)", preset);
+  } else if (arch == "mixtral" || arch == "olmoe" || arch == "qwen2_moe") {
+    if (preset != "tiny")
+      return Status::errorf("--preset '{}' is unknown for {} (supported: tiny)", preset, arch);
+    config = arch == "mixtral" ? tiny_mixtral() : arch == "olmoe" ? tiny_olmoe() : tiny_qwen2_moe();
+  } else {
+    return Status::errorf(
+        "--arch '{}' is not supported (supported: qwen3_moe, mixtral, olmoe, qwen2_moe)", arch);
+  }
   if (layers > 0) {
     if (layers > config["num_hidden_layers"].get<int>())
       return Status::errorf("--layers {} is more than the preset's {}", layers,
                             config["num_hidden_layers"].get<int>());
     config["num_hidden_layers"] = layers;
-    config["max_window_layers"] = layers;
-    json kept = json::array();
-    for (const auto& layer : config["mlp_only_layers"])
-      if (layer.get<int>() < layers) kept.push_back(layer);
-    config["mlp_only_layers"] = kept;
+    if (config.contains("max_window_layers")) config["max_window_layers"] = layers;
+    if (config.contains("mlp_only_layers")) {
+      json kept = json::array();
+      for (const auto& layer : config["mlp_only_layers"])
+        if (layer.get<int>() < layers) kept.push_back(layer);
+      config["mlp_only_layers"] = kept;
+    }
+    if (config.contains("layer_types")) {
+      json kept = json::array();
+      for (int layer = 0; layer < layers; ++layer) kept.push_back(config["layer_types"][layer]);
+      config["layer_types"] = kept;
+    }
   }
   return config;
 }
@@ -132,39 +255,12 @@ Status write_random_checkpoint(const json& config_json, const json& generation_c
   std::filesystem::create_directories(model_dir, ec);
   if (ec) return Status::errorf("{}: cannot create folder: {}", model_dir, ec.message());
 
-  std::vector<TensorSpec> specs;
-  auto add = [&](const std::string& name, std::vector<int64_t> shape) {
-    specs.push_back({name, DType::kBF16, std::move(shape)});
-  };
-  const int64_t h = c.hidden_size, q_out = c.num_attention_heads * c.head_dim,
-                kv_out = c.num_key_value_heads * c.head_dim;
-  add("model.embed_tokens.weight", {c.vocab_size, h});
-  for (int layer = 0; layer < c.num_hidden_layers; ++layer) {
-    std::string p = fmt::format("model.layers.{}.", layer);
-    add(p + "input_layernorm.weight", {h});
-    add(p + "post_attention_layernorm.weight", {h});
-    add(p + "self_attn.q_proj.weight", {q_out, h});
-    add(p + "self_attn.k_proj.weight", {kv_out, h});
-    add(p + "self_attn.v_proj.weight", {kv_out, h});
-    add(p + "self_attn.o_proj.weight", {h, q_out});
-    add(p + "self_attn.q_norm.weight", {c.head_dim});
-    add(p + "self_attn.k_norm.weight", {c.head_dim});
-    if (c.is_moe_layer(layer)) {
-      add(p + "mlp.gate.weight", {c.num_experts, h});
-      for (int64_t e = 0; e < c.num_experts; ++e) {
-        std::string ep = fmt::format("{}mlp.experts.{}.", p, e);
-        add(ep + "gate_proj.weight", {c.moe_intermediate_size, h});
-        add(ep + "up_proj.weight", {c.moe_intermediate_size, h});
-        add(ep + "down_proj.weight", {h, c.moe_intermediate_size});
-      }
-    } else {
-      add(p + "mlp.gate_proj.weight", {c.intermediate_size, h});
-      add(p + "mlp.up_proj.weight", {c.intermediate_size, h});
-      add(p + "mlp.down_proj.weight", {h, c.intermediate_size});
-    }
-  }
-  add("model.norm.weight", {h});
-  if (!c.tie_word_embeddings) add("lm_head.weight", {c.vocab_size, h});
+  // The adapter declares every tensor; a listing source records names and shapes.
+  SY_ASSIGN(const Architecture* arch, find_architecture(c.model_type, c.architecture));
+  TensorListSource listing;
+  auto declared = arch->build(c, listing);
+  if (!declared) return declared.status();
+  const std::vector<TensorSpec>& specs = listing.tensors();
 
   uint64_t total = 0, written = 0;
   for (const auto& spec : specs) {

@@ -20,6 +20,9 @@ struct MoeLayerWeights {
   Tensor router;   // [num_experts, hidden]
   Tensor gate_up;  // [num_experts, 2 * moe_intermediate, hidden]: rows [0, I) gate, [I, 2I) up
   Tensor down;     // [num_experts, hidden, moe_intermediate]
+  // [num_experts] f32, present when the RouterSpec says so (has_logit_bias / has_selection_bias).
+  Tensor router_bias;
+  Tensor selection_bias;
 
   int64_t intermediate() const { return gate_up.dim(1) / 2; }
   // Expert e's matrices as 2-D [out, in] views.
@@ -51,9 +54,21 @@ struct RouteBuffers {
   Tensor forced;   // [step_tokens] uint8
 };
 
+// The residual adds around the block, for a kernel that fuses them (fuses_input_norm): its
+// input is rms_norm(x) * weight with x = residual + earlier_delta (if given) + delta, added in
+// that order, and it writes x + out back into residual (out is written too).
+struct MoeInputNorm {
+  Tensor* residual = nullptr;  // [T, hidden] f32; nullptr: MoeForwardArgs::hidden is the input
+  const Tensor* earlier_delta = nullptr;
+  const Tensor* delta = nullptr;
+  const Tensor* weight = nullptr;  // [hidden] f32
+  float eps = 1e-6f;
+};
+
 struct MoeForwardArgs {
   int layer = 0;
-  Tensor hidden;  // [T, hidden] f32, already normed
+  Tensor hidden;  // [T, hidden] f32, already normed (unless input_norm.residual is set)
+  MoeInputNorm input_norm;
   Tensor out;     // [T, hidden] f32, overwritten
   const MoeLayerWeights* weights = nullptr;
   RouterSpec spec;
@@ -69,6 +84,17 @@ class ExpertsKernel {
   virtual bool captures_routes() const = 0;  // writes RouteBuffers::sink
   virtual bool replays_routes() const = 0;   // honours RouteBuffers::source
   virtual bool captures_weights() const { return false; }  // writes RouteBuffers::weights
+  // Whether this kernel runs `spec`; checked at start-up before reserve. Kernels written for
+  // Qwen3-MoE's router keep this default and refuse the options they predate.
+  virtual Status supports(const RouterSpec& spec) const {
+    if (spec.uses_extended_options())
+      return Status::error(
+          ErrorCode::kUnsupported,
+          fmt::format("MoE kernel {} does not implement router biases or group-limited top-k "
+                      "(the model's router needs them; cpu-modular does)",
+                      name()));
+    return Status::ok();
+  }
   // Called once at start-up with the largest step: a device kernel sizes its scratch here.
   virtual Status reserve(int64_t max_tokens, const RouterSpec& spec, int64_t hidden, int64_t intermediate) {
     (void)max_tokens, (void)spec, (void)hidden, (void)intermediate;
@@ -77,6 +103,11 @@ class ExpertsKernel {
   // Enqueues the layer's work (a device kernel need not finish before returning). Must not
   // synchronise with the host or allocate: steps may be recorded as graphs.
   virtual Status forward(const MoeForwardArgs& args) = 0;
+  // Whether forward() takes MoeForwardArgs::input_norm for steps of `tokens` tokens.
+  virtual bool fuses_input_norm(int64_t tokens) const {
+    (void)tokens;
+    return false;
+  }
 };
 
 struct KernelNeeds {

@@ -269,6 +269,68 @@ void qk_prep_case(Harness& h, Case& c, const HeadConfig& hc, int64_t tokens, boo
   c.check("v_cache", compare(to_host(h.device, dev_v), to_host(h.cpu, cpu_v), kv_row), kCacheTol);
 }
 
+// The decode attention with the q/k prep fused (qk_prep_attention): bitwise the device's own
+// qk_norm_rope_write_kv then attention, on every real token's output and on both caches
+// (padding slots never written), over the decode layouts attention_case uses.
+void prep_attention_case(Harness& h, Case& c, const HeadConfig& hc, int block_size, bool norms) {
+  const Layout l = make_layout(c.rng, specs_for(Kind::kDecode, c.rng, h.options.quick), block_size, 3, false);
+  const int64_t heads = hc.heads, kv_heads = hc.kv_heads, head_dim = hc.head_dim;
+  const int64_t slots = l.num_blocks * block_size, kv_row = kv_heads * head_dim;
+  Backend& dev = h.device;
+  Buffers buffers(dev);
+  Tensor caches[2][2];  // [unfused, fused][k, v]
+  for (auto& pair : caches)
+    for (Tensor& t : pair) {
+      t = buffers.alloc(dev.kv_cache_dtype(), {slots, kv_heads, head_dim});
+      buffers.zero(t);
+    }
+  const int64_t history = static_cast<int64_t>(l.history_slots.size());
+  Pair p(h);
+  for (int64_t begin = 0; begin < history; begin += kWriteChunk) {
+    const int64_t n = std::min(kWriteChunk, history - begin);
+    auto part = [&](const std::vector<int32_t>& v) {
+      return std::vector<int32_t>(v.begin() + begin, v.begin() + begin + n);
+    };
+    Batches b = upload_batch(p, l, part(l.history_positions), part(l.history_seq), part(l.history_slots), n,
+                             l.history_positions[static_cast<size_t>(begin + n - 1)] + 1);
+    Tensor k = buffers.f32(random_floats(c.rng, n * kv_row, 1.7f), {n, kv_heads, head_dim});
+    Tensor v = buffers.f32(random_floats(c.rng, n * kv_row, 1.7f), {n, kv_heads, head_dim});
+    for (auto& pair : caches) dev.write_kv(k, v, pair[0], pair[1], b.dev);
+  }
+  const int64_t tokens = static_cast<int64_t>(l.positions.size());
+  Batches b = upload_batch(p, l, l.positions, l.token_seq, l.slot_mapping, l.max_query_len, l.max_context_len);
+  const std::vector<float> q_host = random_floats(c.rng, tokens * heads * head_dim, 3.0f);
+  const std::vector<float> k_host = random_floats(c.rng, tokens * kv_row, 3.0f);
+  Tensor v = buffers.f32(random_floats(c.rng, tokens * kv_row, 1.7f), {tokens, kv_heads, head_dim});
+  HostTensor qn = host_random(h.cpu, DType::kF32, {head_dim}, c.rng.next(), 0.5f, 1.0f);
+  HostTensor kn = host_random(h.cpu, DType::kF32, {head_dim}, c.rng.next(), 0.5f, 1.0f);
+  Tensor q_norm = buffers.weight(qn.view), k_norm = buffers.weight(kn.view);
+  const Tensor* qn_ptr = norms ? &q_norm : nullptr;
+  const Tensor* kn_ptr = norms ? &k_norm : nullptr;
+  const backend::RopeSpec spec{1e6, head_dim};
+  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  Tensor out[2];
+  for (int fused = 0; fused < 2; ++fused) {
+    Tensor q = buffers.f32(q_host, {tokens, heads, head_dim}), k = buffers.f32(k_host, {tokens, kv_heads, head_dim});
+    out[fused] = buffers.alloc(DType::kF32, {tokens, heads * head_dim});
+    buffers.poison(out[fused]);
+    Tensor& kc = caches[fused][0];
+    Tensor& vc = caches[fused][1];
+    if (fused) {
+      const bool did = dev.qk_prep_attention(q, k, v, qn_ptr, kn_ptr, 1e-6f, b.dev, spec, kc, vc, scale, out[1]);
+      const bool expect = !h.options.reference_as_device;  // the CPU never fuses
+      if (!c.expect(did == expect, fmt::format("fused: {}, expected {}", did, expect)) || !did) return;
+    } else {
+      dev.qk_norm_rope_write_kv(q, k, v, qn_ptr, kn_ptr, 1e-6f, b.dev, spec, kc, vc);
+      dev.attention(q, kc, vc, b.dev, scale, out[0]);
+    }
+  }
+  c.check("out = unfused", compare(to_host(dev, out[1]), to_host(dev, out[0]), heads * head_dim, &l.real), 0.0);
+  c.check("k_cache = unfused", compare(to_host(dev, caches[1][0]), to_host(dev, caches[0][0]), kv_row), 0.0);
+  c.check("v_cache = unfused", compare(to_host(dev, caches[1][1]), to_host(dev, caches[0][1]), kv_row), 0.0);
+  c.info(fmt::format("{} tokens, {} seqs, max_context_len {}", tokens, l.seqs, l.max_context_len));
+}
+
 }  // namespace
 
 void run_attention_ops(Harness& h) {
@@ -289,6 +351,13 @@ void run_attention_ops(Harness& h) {
     configs = {{32, 4, 128}, {6, 2, 200}};
     kinds = {{Kind::kDecode, 16}, {Kind::kPrefill, 16}, {Kind::kChunked, 5}, {Kind::kMixed, 16}};
   }
+  for (const HeadConfig& hc : std::vector<HeadConfig>{{32, 4, 128}, {6, 2, 200}, {8, 8, 64}, {4, 1, 256}, {5, 5, 72}})
+    for (int block_size : {16, 5})
+      for (bool norms : {true, false})
+        h.run("qk_prep_attention",
+              fmt::format("heads={}/{} head_dim={} block={}{}", hc.heads, hc.kv_heads, hc.head_dim, block_size,
+                          norms ? " q/k norms" : ""),
+              [&](Case& c) { prep_attention_case(h, c, hc, block_size, norms); });
   for (const HeadConfig& hc : configs)
     for (auto [kind, block_size] : kinds)
       h.run(std::string("attention.") + kind_name(kind),

@@ -334,6 +334,68 @@ void matmul_parts_cases(Harness& h) {
   }
 }
 
+// The residual add + input norm fused into the q/k/v GEMV (one row): bitwise the device's own
+// add_rms_norm then matmul_parts, near the CPU's, x left as it was. Where the device declines
+// (more rows, a bias, an odd width) the case says so and checks nothing else.
+void norm_matmul_parts_cases(Harness& h) {
+  struct Shape {
+    int64_t rows, in;
+    std::vector<int64_t> outs;
+    bool delta;
+    bool expect_fused;
+  };
+  const std::vector<Shape> shapes = {{1, 2048, {4096, 512, 512}, true, true}, {1, 2048, {4096, 512, 512}, false, true},
+                                     {1, 4096, {1000}, true, true},            {1, 200, {16, 24, 8, 40}, true, true},
+                                     {1, 2880, {72, 8}, true, true},           {1, 8192, {300}, true, true},
+                                     {2, 2048, {512}, true, false},            {1, 204, {64}, true, false}};
+  for (const Shape& s : shapes) {
+    std::string outs;
+    for (int64_t o : s.outs) outs += fmt::format("{}{}", outs.empty() ? "" : ",", o);
+    h.run("norm_matmul_parts", fmt::format("rows={} in={} outs={}{}", s.rows, s.in, outs, s.delta ? " +delta" : ""),
+          [&](Case& c) {
+            const std::vector<float> x = random_floats(c.rng, s.rows * s.in, 1.0f);
+            const std::vector<float> d = random_floats(c.rng, s.rows * s.in, 2.0f);
+            Pair p(h);
+            Both xt = p.f32(x, {s.rows, s.in}), dt = p.f32(d, {s.rows, s.in});
+            HostTensor norm_host = host_random(h.cpu, DType::kF32, {s.in}, c.rng.next(), 1.0f);
+            Both norm = p.weight(norm_host.view);
+            std::vector<HostTensor> weights;
+            std::vector<Both> w, fused, unfused;
+            for (int64_t o : s.outs) {
+              weights.push_back(host_random(h.cpu, DType::kBF16, {o, s.in}, c.rng.next(), std::sqrt(3.0f / s.in)));
+              w.push_back(p.weight(weights.back().view));
+              fused.push_back(p.output({s.rows, o}));
+              unfused.push_back(p.output({s.rows, o}));
+            }
+            std::vector<Backend::MatmulPart> fused_parts, unfused_parts, cpu_parts;
+            for (size_t i = 0; i < s.outs.size(); ++i) {
+              fused_parts.push_back({&w[i].dev, nullptr, &fused[i].dev});
+              unfused_parts.push_back({&w[i].dev, nullptr, &unfused[i].dev});
+              cpu_parts.push_back({&w[i].cpu, nullptr, &unfused[i].cpu});
+            }
+            const bool did = h.device.norm_matmul_parts(xt.dev, s.delta ? &dt.dev : nullptr, norm.dev, 1e-6f, fused_parts);
+            const bool expect = s.expect_fused && !h.options.reference_as_device;  // the CPU never fuses
+            if (!c.expect(did == expect, fmt::format("fused: {}, expected {}", did, expect)) || !did) return;
+            c.check("x unchanged", compare(to_host(h.device, xt.dev), x, s.in), 0.0);
+            // The unfused sequence on both backends (the device's x and normed are written here).
+            Both normed = p.output({s.rows, s.in});
+            for (Backend* b : {&h.device, &h.cpu}) {
+              Tensor& xb = b == &h.cpu ? xt.cpu : xt.dev;
+              Tensor& nb = b == &h.cpu ? normed.cpu : normed.dev;
+              Tensor& db = b == &h.cpu ? dt.cpu : dt.dev;
+              if (s.delta) b->add_rms_norm(xb, db, b == &h.cpu ? norm.cpu : norm.dev, 1e-6f, nb);
+              else b->rms_norm(xb, b == &h.cpu ? norm.cpu : norm.dev, 1e-6f, nb);
+              b->matmul_parts(nb, b == &h.cpu ? cpu_parts : unfused_parts);
+            }
+            for (size_t i = 0; i < s.outs.size(); ++i) {
+              const std::vector<float> got = to_host(h.device, fused[i].dev);
+              c.check(fmt::format("out{} = unfused", i), compare(got, to_host(h.device, unfused[i].dev), s.outs[i]), 0.0);
+              c.check(fmt::format("out{} ~ cpu", i), compare(got, to_host(h.cpu, unfused[i].cpu), s.outs[i]), kGemmTol);
+            }
+          });
+  }
+}
+
 void add_inplace_cases(Harness& h) {
   for (auto [rows, width] : std::vector<std::pair<int64_t, int64_t>>{{1, 8}, {17, 200}, {1000, 2048}}) {
     h.run("add_inplace", fmt::format("rows={} width={}", rows, width), [&](Case& c) {
@@ -472,6 +534,7 @@ void run_basic_ops(Harness& h) {
   gather_rows_cases(h);
   matmul_cases(h);
   matmul_parts_cases(h);
+  norm_matmul_parts_cases(h);
 }
 
 }  // namespace sy::harness

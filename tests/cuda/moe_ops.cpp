@@ -338,6 +338,63 @@ void device_case(Harness& h, Case& c, const Group& g, Weights& w, StepData& d, m
   }
 }
 
+// cuda-fused's one-token kernel with the residual adds and input norm fused (what the decoder
+// asks for at batch 1): bitwise the same out, routes and new residual as the device's unfused
+// sequence (add, add_rms_norm, forward on the normed row, add of the output); the unused
+// `hidden` is poisoned to prove it unread.
+// earlier_in_out: the earlier delta lives in the output buffer itself, as the decoder passes it
+// after a dense layer (the previous feed-forward output, which this call overwrites).
+void fused_input_norm_case(Harness& h, Case& c, const Group& g, Weights& w, const StepData& d,
+                           moe::ExpertsKernel& kernel, bool earlier, bool earlier_in_out) {
+  const MoeShape& s = g.shape;
+  if (!kernel.fuses_input_norm(1)) return c.skip(std::string(kernel.name()) + " does not fuse the input norm");
+  const moe::RouterSpec spec = make_spec(g.spec, s);
+  Backend& dev = h.device;
+  const std::vector<float> residual = random_floats(c.rng, s.hidden, 1.0f), d1 = random_floats(c.rng, s.hidden, 1.0f);
+  const std::vector<float> d2 = random_floats(c.rng, s.hidden, 1.0f);
+  (void)d;
+  HostTensor norm_host = host_random(h.cpu, DType::kF32, {s.hidden}, c.rng.next(), 0.5f, 1.0f);
+  Buffers buffers(dev);
+  Tensor norm = buffers.weight(norm_host.view);
+  auto run_one = [&](bool fused, std::vector<float>& out, std::vector<int32_t>& sink, std::vector<float>& res) {
+    Tensor r = buffers.f32(residual, {1, s.hidden}), e = buffers.f32(d1, {1, s.hidden}), dl = buffers.f32(d2, {1, s.hidden});
+    Tensor hidden = buffers.alloc(DType::kF32, {1, s.hidden}), o = buffers.alloc(DType::kF32, {1, s.hidden});
+    buffers.poison(hidden);
+    if (fused && earlier_in_out) o = buffers.f32(d1, {1, s.hidden});
+    else buffers.poison(o);
+    Tensor sk = buffers.alloc(DType::kI32, {1, kLayers, s.top_k});
+    dev.fill_i32(sk, moe::kRoutePoison);
+    moe::MoeForwardArgs args;
+    args.layer = static_cast<int>(kLayer);
+    args.hidden = hidden;
+    args.out = o;
+    args.weights = &w.dev;
+    args.spec = spec;
+    args.routes.sink = sk;
+    if (fused) {
+      args.input_norm = {&r, earlier ? (earlier_in_out ? &o : &e) : nullptr, &dl, &norm, 1e-6f};
+    } else {
+      if (earlier) dev.add_inplace(r, e);
+      dev.add_rms_norm(r, dl, norm, 1e-6f, hidden);
+    }
+    const Status status = kernel.forward(args);
+    if (!status) return status;
+    if (!fused) dev.add_inplace(r, o);
+    out = to_host(dev, o);
+    sink = to_host_i32(dev, sk);
+    res = to_host(dev, r);
+    return Status::ok();
+  };
+  std::vector<float> out_f, out_u, res_f, res_u;
+  std::vector<int32_t> sink_f, sink_u;
+  if (Status st = run_one(true, out_f, sink_f, res_f); !st) return c.fail("fused: " + st.message());
+  if (Status st = run_one(false, out_u, sink_u, res_u); !st) return c.fail("unfused: " + st.message());
+  check_sink(c, "sink", sink_f, 1, s.top_k, s.experts);
+  c.expect(sink_f == sink_u, "routes differ from the unfused sequence");
+  c.check("out = unfused", compare(out_f, out_u, s.hidden), 0.0);
+  c.check("residual = unfused", compare(res_f, res_u, s.hidden), 0.0);
+}
+
 }  // namespace
 
 void run_moe_ops(Harness& h) {
@@ -450,6 +507,16 @@ void run_moe_ops(Harness& h) {
           device_case(h, c, g, w, d, **dev_fused, dev_modular ? *dev_modular : nullptr, replay);
         });
       }
+      if (T == 1 && !h.options.reference_as_device)
+        for (int variant = 0; variant < 3; ++variant)
+          h.run("moe.cuda-fused.input-norm",
+                fmt::format("{}{}", desc_of(T),
+                            variant == 0 ? "" : variant == 1 ? " +earlier delta" : " +earlier delta in out"),
+                [&](Case& c) {
+                  if (!dev_fused) return c.fail(dev_fused.message());
+                  ensure_step();
+                  fused_input_norm_case(h, c, g, w, d, **dev_fused, variant > 0, variant == 2);
+                });
     }
   }
 }

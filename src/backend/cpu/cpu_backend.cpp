@@ -194,16 +194,18 @@ void CpuBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor&
   const int32_t* token_seq = batch.token_seq.ptr<int32_t>();
   const int32_t* tables = batch.block_tables.ptr<int32_t>();
   const int block_size = batch.block_size;
+  const int64_t window = batch.sliding_window;
   pool_.parallel_for(tokens * heads, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores;
     for (int64_t task = begin; task < end; ++task) {
       const int64_t t = task / heads, h = task % heads, kv_head = h / group;
       const int64_t context = positions[t] + 1;
+      const int64_t first = window > 0 ? std::max<int64_t>(0, context - window) : 0;
       const int32_t* table = tables + token_seq[t] * max_blocks;
       const float* qv = q.ptr<float>() + (t * heads + h) * head_dim;
       scores.resize(static_cast<size_t>(context));
       float max_score = -INFINITY;
-      for (int64_t p = 0; p < context; ++p) {
+      for (int64_t p = first; p < context; ++p) {
         int64_t slot = static_cast<int64_t>(table[p / block_size]) * block_size + p % block_size;
         const float* kv = k_cache.ptr<float>() + (slot * kv_heads + kv_head) * head_dim;
         float dot = 0.0f;
@@ -212,10 +214,10 @@ void CpuBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor&
         max_score = std::max(max_score, scores[p]);
       }
       float sum = 0.0f;
-      for (int64_t p = 0; p < context; ++p) sum += scores[p] = std::exp(scores[p] - max_score);
+      for (int64_t p = first; p < context; ++p) sum += scores[p] = std::exp(scores[p] - max_score);
       float* dst = out.ptr<float>() + (t * heads + h) * head_dim;
       std::fill_n(dst, head_dim, 0.0f);
-      for (int64_t p = 0; p < context; ++p) {
+      for (int64_t p = first; p < context; ++p) {
         int64_t slot = static_cast<int64_t>(table[p / block_size]) * block_size + p % block_size;
         const float* vv = v_cache.ptr<float>() + (slot * kv_heads + kv_head) * head_dim;
         float weight = scores[p] / sum;
@@ -223,6 +225,16 @@ void CpuBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor&
       }
     }
   });
+}
+
+void CpuBackend::add_sigmoid_gated(Tensor& out, const Tensor& y, const Tensor& gate_logit) {
+  const int64_t rows = out.dim(0), width = out.numel() / rows;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float gate = 1.0f / (1.0f + std::exp(-gate_logit.ptr<float>()[r]));
+    float* dst = out.ptr<float>() + r * width;
+    const float* src = y.ptr<float>() + r * width;
+    for (int64_t i = 0; i < width; ++i) dst[i] += gate * src[i];
+  }
 }
 
 void CpuBackend::gather_rows(const Tensor& x, const Tensor& rows, Tensor& out) {

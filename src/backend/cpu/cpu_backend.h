@@ -16,6 +16,7 @@ class CpuBackend final : public Backend {
   std::string name() const override { return "cpu"; }
   Device device() const override { return Device::kCpu; }
   ThreadPool& pool() { return pool_; }
+  bool supports(BackendFeature) const override { return true; }
 
   Tensor alloc(DType dtype, std::initializer_list<int64_t> shape) override;
   void free_buffer(Tensor& tensor) override;
@@ -30,6 +31,7 @@ class CpuBackend final : public Backend {
   void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) override;
   void matmul(const Tensor& x, const Tensor& weight, const Tensor* bias, Tensor& out) override;
   void add_inplace(Tensor& x, const Tensor& y) override;
+  void add_sigmoid_gated(Tensor& out, const Tensor& y, const Tensor& gate_logit) override;
   void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) override;
   void rope(Tensor& x, const AttentionBatch& batch, const RopeSpec& spec) override;
   void write_kv(const Tensor& k, const Tensor& v, Tensor& k_cache, Tensor& v_cache,

@@ -19,6 +19,15 @@ class FusedKernel final : public moe::ExpertsKernel {
   bool captures_routes() const override { return true; }
   bool replays_routes() const override { return true; }
   bool captures_weights() const override { return true; }
+  Status supports(const moe::RouterSpec& spec) const override {
+    if (spec.scoring != moe::RouterScoring::kSoftmax || spec.softmax_after_topk ||
+        spec.uses_extended_options())
+      return Status::error(
+          ErrorCode::kUnsupported,
+          "cpu-fused supports softmax-then-top-k routing without router biases or groups only "
+          "(cpu-modular runs every router)");
+    return Status::ok();
+  }
 
   Status forward(const moe::MoeForwardArgs& args) override {
     const moe::MoeLayerWeights& w = *args.weights;
@@ -28,8 +37,7 @@ class FusedKernel final : public moe::ExpertsKernel {
                            : args.routes.weights.data ? args.routes.weights.dim(1)
                            : args.routes.source.data  ? args.routes.source.dim(1)
                                                       : 0;
-    if (args.spec.scoring != moe::RouterScoring::kSoftmax || args.spec.softmax_after_topk)
-      return Status::error(ErrorCode::kUnsupported, "cpu-fused supports softmax-then-top-k routing only");
+    SY_TRY(supports(args.spec));
 
     pool_.parallel_for(tokens, 1, [&](int64_t begin, int64_t end) {
       std::vector<float> probs(static_cast<size_t>(experts)), y(static_cast<size_t>(hidden));

@@ -18,12 +18,19 @@ class ModularKernel final : public moe::ExpertsKernel {
   bool captures_routes() const override { return true; }
   bool replays_routes() const override { return true; }
   bool captures_weights() const override { return true; }
+  Status supports(const moe::RouterSpec&) const override {
+    return Status::ok();
+  }  // the reference router
 
   Status forward(const moe::MoeForwardArgs& args) override {
     const moe::MoeLayerWeights& w = *args.weights;
     const int64_t tokens = args.hidden.dim(0), hidden = args.hidden.dim(1);
     const int64_t experts = args.spec.num_experts, top_k = args.spec.top_k;
 
+    for (const Tensor* bias : {&w.router_bias, &w.selection_bias})
+      if (bias->data && (bias->dtype != DType::kF32 || bias->numel() != experts))
+        return Status::error(ErrorCode::kInternal,
+                             "cpu-modular: router bias vectors must be f32 [num_experts]");
     // Gate.
     std::vector<float> logits(static_cast<size_t>(tokens * experts));
     matmul_rows(args.hidden.ptr<float>(), hidden, tokens, w.router, nullptr, logits.data(), experts, &pool_);
@@ -31,7 +38,9 @@ class ModularKernel final : public moe::ExpertsKernel {
     // Route.
     std::vector<int32_t> ids(static_cast<size_t>(tokens * top_k));
     std::vector<float> weights(static_cast<size_t>(tokens * top_k));
-    std::vector<float> scratch(static_cast<size_t>(experts));
+    std::vector<float> scratch(static_cast<size_t>(moe::router_scratch_floats(args.spec)));
+    const moe::RouterBiases biases{w.router_bias.data ? w.router_bias.ptr<float>() : nullptr,
+                                   w.selection_bias.data ? w.selection_bias.ptr<float>() : nullptr};
     const int64_t layers = args.routes.sink.data      ? args.routes.sink.dim(1)
                            : args.routes.weights.data ? args.routes.weights.dim(1)
                            : args.routes.source.data  ? args.routes.source.dim(1)
@@ -44,9 +53,9 @@ class ModularKernel final : public moe::ExpertsKernel {
       if (forced) {
         const int32_t* given = args.routes.source.ptr<int32_t>() + (t * layers + args.layer) * top_k;
         std::copy(given, given + top_k, token_ids);
-        moe::gate_forced(row, args.spec, token_ids, token_weights, scratch.data());
+        moe::gate_forced(row, args.spec, biases, token_ids, token_weights, scratch.data());
       } else {
-        moe::route_token(row, args.spec, token_ids, token_weights, scratch.data());
+        moe::route_token(row, args.spec, biases, token_ids, token_weights, scratch.data());
       }
       if (args.routes.sink.data)
         std::copy(token_ids, token_ids + top_k,

@@ -68,9 +68,14 @@ struct KernelArgs {
   float2* partial_ml = nullptr;  // [tokens * heads * splits] (max in log2 units, sum)
   float* partial_o = nullptr;    // [tokens * heads * splits, head_dim], unnormalised
   int* arrivals = nullptr;       // [tokens * kv_heads * row_chunks] splits done; the last resets it
+  // Decode with the q/k prep fused (prep.q set): q rows are normed and rotated from the raw
+  // projection as they are loaded, and the split holding a token's own key computes that K/V
+  // row itself (into the cache and its tile). p.q is then unused.
+  QkvPrepParams prep;
 };
 
 // ---- PTX wrappers (sm_80+: cp.async, ldmatrix, mma.sync bf16) ----
+
 
 __device__ __forceinline__ unsigned smem_address(const void* p) {
   return static_cast<unsigned>(__cvta_generic_to_shared(p));
@@ -114,6 +119,63 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], 
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// One head's per-head RMSNorm (norm optional) and rotate-half RoPE, by one whole warp: lane l
+// returns the rotated pair (i, i + half) for i = l + 32 j in lo[j], hi[j] (i < half <= 128).
+// The arithmetic of rms_norm_kernel and rope_kernel; qk_norm_rope_write_kv_kernel and the
+// decode attention with the prep fused both call it, so they compute bitwise the same values.
+constexpr int kPrepPairs = 4;
+constexpr int kMaxHalf = 32 * kPrepPairs;
+// RoPE's inv_freq[i] = f32(1 / theta^(2i / D)) in double, for i < D / 2, by the whole block into
+// shared memory: launch constants only, so kernels compute it before waiting for the previous one.
+__device__ __forceinline__ void rope_inv_freq(double theta, int D, float* inv_freq) {
+  for (int i = threadIdx.x; i < D / 2; i += blockDim.x)
+    inv_freq[i] = static_cast<float>(1.0 / pow(theta, static_cast<double>(2 * i) / static_cast<double>(D)));
+}
+__device__ __forceinline__ void prep_load(const float* x, int D, float (&lo)[kPrepPairs], float (&hi)[kPrepPairs]) {
+  const int lane = threadIdx.x & 31, half = D / 2;
+#pragma unroll
+  for (int j = 0; j < kPrepPairs; ++j) {
+    const int i = lane + 32 * j;
+    lo[j] = i < half ? x[i] : 0.0f;
+    hi[j] = i < half ? x[i + half] : 0.0f;
+  }
+}
+__device__ __forceinline__ void prep_finish(const float* norm, int D, float eps, float position, const float* inv_freq,
+                                            float (&lo)[kPrepPairs], float (&hi)[kPrepPairs]) {
+  const int lane = threadIdx.x & 31, half = D / 2;
+  float sum_squares = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kPrepPairs; ++j) sum_squares += lo[j] * lo[j] + hi[j] * hi[j];
+  if (norm) {
+    for (int o = 16; o > 0; o >>= 1) sum_squares += __shfl_xor_sync(0xffffffffu, sum_squares, o);
+    const float scale = rsqrtf(sum_squares / static_cast<float>(D) + eps);
+#pragma unroll
+    for (int j = 0; j < kPrepPairs; ++j) {
+      const int i = lane + 32 * j;
+      if (i < half) {
+        lo[j] = norm[i] * (lo[j] * scale);
+        hi[j] = norm[i + half] * (hi[j] * scale);
+      }
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kPrepPairs; ++j) {
+    const int i = lane + 32 * j;
+    if (i >= half) continue;
+    const float angle = position * inv_freq[i];
+    const float c = cosf(angle), sn = sinf(angle);
+    const float a = lo[j] * c - hi[j] * sn, b = hi[j] * c + lo[j] * sn;
+    lo[j] = a;
+    hi[j] = b;
+  }
+}
+// prep_load then prep_finish (the loads of several heads can be issued before any finish).
+__device__ __forceinline__ void prep_head(const float* x, const float* norm, int D, float eps, float position,
+                                          const float* inv_freq, float (&lo)[kPrepPairs], float (&hi)[kPrepPairs]) {
+  prep_load(x, D, lo, hi);
+  prep_finish(norm, D, eps, position, inv_freq, lo, hi);
 }
 
 // Eight consecutive floats, times `scale`, as eight bf16 in one 16-byte word.
@@ -194,23 +256,35 @@ __device__ void combine_split_row(const KernelArgs& a, int64_t pair, int written
   const int lane = threadIdx.x & 31, head_dim = p.head_dim;
   const float2* ml = a.partial_ml + pair * a.splits;
   const float* partial = a.partial_o + pair * a.splits * head_dim;
+  // One read of the (max, sum) pairs, kept in registers (up to kMaxSplits / 32 per lane).
+  constexpr int kPerLane = kMaxSplits / 32;
+  float2 m[kPerLane];
   float row_max = -INFINITY;
-  for (int s = lane; s < written; s += 32) row_max = fmaxf(row_max, __ldcg(&ml[s].x));
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    const int s = lane + 32 * i;
+    m[i] = s < written ? __ldcg(&ml[s]) : make_float2(-INFINITY, 0.0f);
+    if (s < written) row_max = fmaxf(row_max, m[i].x);
+  }
   for (int o = 16; o > 0; o >>= 1) row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, o));
   const float base = row_max == -INFINITY ? 0.0f : row_max;
   float row_sum = 0.0f;
-  for (int s = lane; s < written; s += 32) {
-    const float2 m = __ldcg(&ml[s]);
-    const float w = exp2f(m.x - base);
-    weight[s] = w;
-    row_sum += m.y * w;
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    const int s = lane + 32 * i;
+    if (s < written) {
+      const float w = exp2f(m[i].x - base);
+      weight[s] = w;
+      row_sum += m[i].y * w;
+    }
   }
   for (int o = 16; o > 0; o >>= 1) row_sum += __shfl_xor_sync(0xffffffffu, row_sum, o);
   const float inv = row_sum > 0.0f ? 1.0f / row_sum : 0.0f;
   __syncwarp();
   for (int d = lane * 4; d < head_dim; d += 128) {
     float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll 4
+    // 16 splits' loads in flight at once (a short context writes about that many).
+#pragma unroll 16
     for (int s = 0; s < written; ++s) {
       const float w = weight[s] * inv;
       const float4 part = __ldcg(reinterpret_cast<const float4*>(partial + s * head_dim + d));
@@ -232,11 +306,16 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const __grid_consta
   __nv_bfloat16* s_q = reinterpret_cast<__nv_bfloat16*>(smem);
   __nv_bfloat16* s_kv = reinterpret_cast<__nv_bfloat16*>(smem + L::kQBytes);  // [stage][K,V][key]
   float* s_out = reinterpret_cast<float*>(smem + L::kQBytes);  // reuses s_kv after the key loop
-  overlap_prologue();
+  // Decode waits for the previous kernel (which writes q and this step's K/V row) only after it
+  // has looked up its keys and requested every earlier step's K/V row of its first tile; prefill
+  // (whose chunk's keys were all written just before) waits first.
+  if (!a.decode) overlap_prologue();
   __shared__ int s_pos[L::kRows], s_token[L::kRows], s_head[L::kRows];
   __shared__ int64_t s_key_offset[2][kKeys];  // element offset of each tile key's row, -1 = none
   __shared__ float s_max[kWarps][16], s_sum[kWarps][16];
   __shared__ int s_first_token, s_tile_tokens, s_context;
+  __shared__ float s_inv_freq[kMaxHalf];  // fused prep only
+  if (a.prep.q) rope_inv_freq(a.prep.theta, a.prep.head_dim, s_inv_freq);  // before the wait: constants
 
   const AttentionParams& p = a.p;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -274,19 +353,22 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const __grid_consta
     s_head[tid] = head;
   }
   // Q in bf16, pre-scaled by scale * log2(e) so the softmax runs on exp2. Rows past `rows` and
-  // columns past head_dim are zero.
+  // columns past head_dim are zero. (Decode loads it after its wait, below.)
   const float q_scale = p.scale * kLog2e;
-  for (int c = tid; c < L::kRows * L::kChunks; c += kThreads) {
-    const int r = c / L::kChunks, col = c % L::kChunks;
-    uint4 packed = make_uint4(0, 0, 0, 0);
-    if (r < rows && col < chunks) {
-      const int flat = row0 + r;
-      const int64_t row =
-          static_cast<int64_t>(t0 + flat / group) * p.heads + kv_head * group + flat % group;
-      packed = load_bf16x8(p.q + row * head_dim + col * 8, q_scale);
+  auto load_q = [&] {
+    for (int c = tid; c < L::kRows * L::kChunks; c += kThreads) {
+      const int r = c / L::kChunks, col = c % L::kChunks;
+      uint4 packed = make_uint4(0, 0, 0, 0);
+      if (r < rows && col < chunks) {
+        const int flat = row0 + r;
+        const int64_t row =
+            static_cast<int64_t>(t0 + flat / group) * p.heads + kv_head * group + flat % group;
+        packed = load_bf16x8(p.q + row * head_dim + col * 8, q_scale);
+      }
+      *reinterpret_cast<uint4*>(s_q + r * kStride + col * 8) = packed;
     }
-    *reinterpret_cast<uint4*>(s_q + r * kStride + col * 8) = packed;
-  }
+  };
+  if (!a.decode) load_q();
   // Padding columns of the K/V tiles are never copied into; zero them once (NaN garbage there
   // would poison q.k and p.v even against zero weights).
   if (chunks < L::kChunks) {
@@ -305,6 +387,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const __grid_consta
     range = split_range(context, a.splits, blockIdx.z, kKeys);
     if (a.splits > 1 && range.begin >= range.end) {
       // No keys at all (no split writes): split 0 writes the zeros a single pass would.
+      overlap_prologue();
       if (context == 0 && blockIdx.z == 0)
         for (int i = tid; i < rows * head_dim; i += kThreads)
           p.out[(static_cast<int64_t>(s_token[i / head_dim]) * p.heads + s_head[i / head_dim]) * head_dim +
@@ -332,18 +415,99 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const __grid_consta
     }
   };
   // Keys past the range are zero-filled (their scores are masked; zero V keeps P.V finite).
-  auto load_tile = [&](int stage) {
+  // Tile key `skip` (-1: none) is left out, to be loaded by load_key.
+  auto load_tile = [&](int stage, int skip) {
     __nv_bfloat16* k_tile = s_kv + stage * 2 * kKeys * kStride;
     __nv_bfloat16* v_tile = k_tile + kKeys * kStride;
 #pragma unroll
     for (int i = 0; i < kKeys * L::kChunks / kThreads; ++i) {
       const int c = tid + i * kThreads, key = c / L::kChunks, col = c % L::kChunks;
-      if (col < chunks) {
+      if (col < chunks && key != skip) {
         const int64_t offset = s_key_offset[stage][key];
         const int64_t src = offset < 0 ? 0 : offset + col * 8;
         cp_async_16(k_tile + key * kStride + col * 8, p.k_cache + src, offset >= 0);
         cp_async_16(v_tile + key * kStride + col * 8, p.v_cache + src, offset >= 0);
       }
+    }
+  };
+  // Fused prep (decode, MT = 1): q rows from the raw projection, normed and rotated as
+  // qk_norm_rope_write_kv_kernel does (prep_head), a warp per row; padding rows and columns zero.
+  auto prep_q = [&] {
+    for (int c = tid; c < L::kRows * L::kChunks; c += kThreads) {
+      const int r = c / L::kChunks, col = c % L::kChunks;
+      if (r >= rows || col >= chunks) *reinterpret_cast<uint4*>(s_q + r * kStride + col * 8) = make_uint4(0, 0, 0, 0);
+    }
+    const int half = head_dim / 2;
+    const float position = static_cast<float>(p.positions[t0]);
+    // A warp's rows (at most kRows / kWarps): every row's loads first, then the arithmetic.
+    constexpr int kRowsPerWarp = L::kRows / kWarps;
+    float lo[kRowsPerWarp][kPrepPairs], hi[kRowsPerWarp][kPrepPairs];
+#pragma unroll
+    for (int n = 0; n < kRowsPerWarp; ++n) {
+      const int r = warp + n * kWarps;
+      if (r < rows)
+        prep_load(a.prep.q + (static_cast<int64_t>(t0) * p.heads + kv_head * group + row0 + r) * head_dim, head_dim,
+                  lo[n], hi[n]);
+    }
+#pragma unroll
+    for (int n = 0; n < kRowsPerWarp; ++n) {
+      const int r = warp + n * kWarps;
+      if (r >= rows) continue;
+      prep_finish(a.prep.q_norm, head_dim, a.prep.eps, position, s_inv_freq, lo[n], hi[n]);
+#pragma unroll
+      for (int j = 0; j < kPrepPairs; ++j) {
+        const int i = lane + 32 * j;
+        if (i >= half) continue;
+        s_q[r * kStride + i] = __float2bfloat16_rn(lo[n][j] * q_scale);
+        s_q[r * kStride + i + half] = __float2bfloat16_rn(hi[n][j] * q_scale);
+      }
+    }
+  };
+  // This token's own K/V row for kv_head (warp 0): into the cache at its slot, and into tile 0's
+  // row `skip` when it is there (else a later tile load reads it from the cache: fenced here).
+  auto prep_own_kv = [&](int skip) {
+    if (warp != 0) return;
+    const int32_t slot = a.prep.slot_mapping[t0];
+    const int half = head_dim / 2;
+    if (slot < 0) {  // padding: nothing to write; a defined (zero) row in the tile
+      if (skip >= 0)
+        for (int i = lane; i < head_dim; i += 32)
+          s_kv[skip * kStride + i] = s_kv[(kKeys + skip) * kStride + i] = __float2bfloat16_rn(0.0f);
+      return;
+    }
+    const int64_t row = static_cast<int64_t>(t0) * p.kv_heads + kv_head;
+    float lo[kPrepPairs], hi[kPrepPairs];
+    prep_head(a.prep.k + row * head_dim, a.prep.k_norm, head_dim, a.prep.eps,
+              static_cast<float>(p.positions[t0]), s_inv_freq, lo, hi);
+    const float* v = a.prep.v + row * head_dim;
+    const int64_t at = (static_cast<int64_t>(slot) * p.kv_heads + kv_head) * head_dim;
+    __nv_bfloat16* k_tile = s_kv + skip * kStride;  // stage 0
+    __nv_bfloat16* v_tile = s_kv + (kKeys + skip) * kStride;
+#pragma unroll
+    for (int j = 0; j < kPrepPairs; ++j) {
+      const int i = lane + 32 * j;
+      if (i >= half) continue;
+      const __nv_bfloat16 k0 = __float2bfloat16_rn(lo[j]), k1 = __float2bfloat16_rn(hi[j]);
+      const __nv_bfloat16 v0 = __float2bfloat16_rn(v[i]), v1 = __float2bfloat16_rn(v[i + half]);
+      a.prep.k_cache[at + i] = k0;
+      a.prep.k_cache[at + i + half] = k1;
+      a.prep.v_cache[at + i] = v0;
+      a.prep.v_cache[at + i + half] = v1;
+      if (skip >= 0) {
+        k_tile[i] = k0, k_tile[i + half] = k1;
+        v_tile[i] = v0, v_tile[i + half] = v1;
+      }
+    }
+    if (skip < 0) __threadfence();
+  };
+  auto load_key = [&](int stage, int key) {
+    __nv_bfloat16* k_tile = s_kv + stage * 2 * kKeys * kStride;
+    __nv_bfloat16* v_tile = k_tile + kKeys * kStride;
+    const int64_t offset = s_key_offset[stage][key];
+    for (int col = tid; col < chunks; col += kThreads) {
+      const int64_t src = offset < 0 ? 0 : offset + col * 8;
+      cp_async_16(k_tile + key * kStride + col * 8, p.k_cache + src, offset >= 0);
+      cp_async_16(v_tile + key * kStride + col * 8, p.v_cache + src, offset >= 0);
     }
   };
 
@@ -361,13 +525,31 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const __grid_consta
 
   plan_tile(0, 0);
   __syncthreads();
-  load_tile(0);
+  if (a.decode) {
+    // This step's key (the token's own position, context - 1) was written by the previous
+    // kernel; every other key by an earlier step. Request those now, then wait, then the rest.
+    const int fresh = context - 1 - range.begin;
+    const int skip = tiles > 0 && fresh >= 0 && fresh < kKeys ? fresh : -1;
+    load_tile(0, skip);
+    cp_async_commit();
+    overlap_prologue();
+    if (a.prep.q) {
+      prep_q();
+      const int own = context - 1;  // this step's key, written by the split that holds it
+      if (tiles > 0 && own >= range.begin && own < range.end) prep_own_kv(skip);
+    } else {
+      load_q();
+      if (skip >= 0) load_key(0, skip);
+    }
+  } else {
+    load_tile(0, -1);
+  }
   cp_async_commit();
   for (int tile = 0; tile < tiles; ++tile) {
     const int stage = tile & 1;
     plan_tile(tile + 1, stage ^ 1);
     __syncthreads();  // offsets of tile+1 ready; every warp is done with tile-1's buffer
-    if (tile + 1 < tiles) load_tile(stage ^ 1);
+    if (tile + 1 < tiles) load_tile(stage ^ 1, -1);
     cp_async_commit();  // possibly empty: keeps one group per iteration
     cp_async_wait<1>();
     __syncthreads();  // tile's copies from every thread have landed
@@ -558,6 +740,9 @@ __global__ void write_kv_kernel(const float* k, const float* v, __nv_bfloat16* k
 // warp also copies v). Lane l holds the rotate-half pairs (i, i + half) for i = l + 32 j. The
 // arithmetic is rms_norm_kernel's and rope_kernel's, so results equal the unfused ops.
 __global__ void __launch_bounds__(128) qk_norm_rope_write_kv_kernel(const __grid_constant__ QkvPrepParams p) {
+  __shared__ float inv_freq[kMaxHalf];
+  rope_inv_freq(p.theta, p.head_dim, inv_freq);
+  __syncthreads();
   overlap_prologue();
   const int64_t warp_id = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
   const int lane = threadIdx.x & 31;
@@ -569,46 +754,20 @@ __global__ void __launch_bounds__(128) qk_norm_rope_write_kv_kernel(const __grid
   const int kh = head - p.heads;
   const int D = p.head_dim, half = D / 2;
   float* x = is_q ? p.q + (t * p.heads + head) * D : p.k + (t * p.kv_heads + kh) * D;
-  const float* norm = is_q ? p.q_norm : p.k_norm;
-  constexpr int kPairs = 4;  // half <= 128
-  float lo[kPairs], hi[kPairs];
-  float sum_squares = 0.0f;
-#pragma unroll
-  for (int j = 0; j < kPairs; ++j) {
-    const int i = lane + 32 * j;
-    lo[j] = i < half ? x[i] : 0.0f;
-    hi[j] = i < half ? x[i + half] : 0.0f;
-    sum_squares += lo[j] * lo[j] + hi[j] * hi[j];
-  }
-  if (norm) {
-    for (int o = 16; o > 0; o >>= 1) sum_squares += __shfl_xor_sync(0xffffffffu, sum_squares, o);
-    const float scale = rsqrtf(sum_squares / static_cast<float>(D) + p.eps);
-#pragma unroll
-    for (int j = 0; j < kPairs; ++j) {
-      const int i = lane + 32 * j;
-      if (i < half) {
-        lo[j] = norm[i] * (lo[j] * scale);
-        hi[j] = norm[i + half] * (hi[j] * scale);
-      }
-    }
-  }
-  const float position = static_cast<float>(p.positions[t]);
+  float lo[kPrepPairs], hi[kPrepPairs];
+  prep_head(x, is_q ? p.q_norm : p.k_norm, D, p.eps, static_cast<float>(p.positions[t]), inv_freq, lo, hi);
   const int32_t slot = is_q ? -1 : p.slot_mapping[t];
 #pragma unroll
-  for (int j = 0; j < kPairs; ++j) {
+  for (int j = 0; j < kPrepPairs; ++j) {
     const int i = lane + 32 * j;
     if (i >= half) continue;
-    const float inv_freq = static_cast<float>(1.0 / pow(p.theta, static_cast<double>(2 * i) / static_cast<double>(D)));
-    const float angle = position * inv_freq;
-    const float c = cosf(angle), sn = sinf(angle);
-    const float a = lo[j] * c - hi[j] * sn, b = hi[j] * c + lo[j] * sn;
-    x[i] = a;
-    x[i + half] = b;
+    x[i] = lo[j];
+    x[i + half] = hi[j];
     if (slot >= 0) {
       const int64_t at = (static_cast<int64_t>(slot) * p.kv_heads + kh) * D;
       const float* v = p.v + (t * p.kv_heads + kh) * D;
-      p.k_cache[at + i] = __float2bfloat16_rn(a);
-      p.k_cache[at + i + half] = __float2bfloat16_rn(b);
+      p.k_cache[at + i] = __float2bfloat16_rn(lo[j]);
+      p.k_cache[at + i + half] = __float2bfloat16_rn(hi[j]);
       p.v_cache[at + i] = __float2bfloat16_rn(v[i]);
       p.v_cache[at + i + half] = __float2bfloat16_rn(v[i + half]);
     }
@@ -682,8 +841,12 @@ size_t attention_arrivals_count(int64_t max_decode_tokens, int heads) {
   return static_cast<size_t>(std::max<int64_t>(max_decode_tokens, 1)) * heads;  // >= tokens * kv_heads * row_chunks
 }
 
-void launch_attention(const AttentionParams& params, void* scratch, int* arrivals, cudaStream_t stream) {
-  if (params.tokens == 0) return;
+namespace {
+// `prep` (decode only, else nullptr): the q/k prep fused into the decode kernel. Returns false,
+// having launched nothing, when prep is given for a step it cannot fuse.
+bool launch_attention_impl(const AttentionParams& params, const QkvPrepParams* prep, void* scratch, int* arrivals,
+                           cudaStream_t stream) {
+  if (params.tokens == 0) return true;
   if (params.head_dim <= 0 || params.head_dim % 8 != 0 || params.head_dim > 256 ||
       params.kv_heads <= 0 || params.heads % params.kv_heads != 0)
     invalid_shape(params);
@@ -693,6 +856,7 @@ void launch_attention(const AttentionParams& params, void* scratch, int* arrival
   const int tokens = static_cast<int>(params.tokens);
 
   if (params.max_query_len > 1) {
+    if (prep) return false;
     // Prefill: tiles <= seqs + windows, and seqs <= tokens - max_query_len + 1.
     args.decode = false;
     args.tile_tokens = std::max(1, kPrefillRows / args.group);
@@ -702,11 +866,13 @@ void launch_attention(const AttentionParams& params, void* scratch, int* arrival
     const dim3 grid(static_cast<unsigned>(tile_slots),
                     static_cast<unsigned>(params.kv_heads * args.row_chunks));
     launch_for_head_dim<4>(args, grid, stream);
-    return;
+    return true;
   }
 
   // Decode: enough (token, kv head, split) blocks to give every SM kDecodeBlocksPerSm of them.
   const int mt = args.group <= 16 ? 1 : 4;
+  if (prep && (mt != 1 || prep->head_dim != params.head_dim || params.head_dim % 2 != 0)) return false;
+  if (prep) args.prep = *prep;
   args.row_chunks = ceil_div(args.group, 16 * mt);
   int device = 0, sms = 0;
   SY_CUDA_CHECK(cudaGetDevice(&device));
@@ -728,6 +894,18 @@ void launch_attention(const AttentionParams& params, void* scratch, int* arrival
                   static_cast<unsigned>(args.splits));
   if (mt == 1) launch_for_head_dim<1>(args, grid, stream);
   else launch_for_head_dim<4>(args, grid, stream);
+  return true;
+}
+}  // namespace
+
+void launch_attention(const AttentionParams& params, void* scratch, int* arrivals, cudaStream_t stream) {
+  launch_attention_impl(params, nullptr, scratch, arrivals, stream);
+}
+
+bool launch_prep_attention(const QkvPrepParams& prep, const AttentionParams& params, void* scratch, int* arrivals,
+                           cudaStream_t stream) {
+  if (prep.head_dim <= 0 || prep.head_dim % 2 != 0 || prep.head_dim > 256) return false;
+  return launch_attention_impl(params, &prep, scratch, arrivals, stream);
 }
 
 }  // namespace sy::backend::cuda

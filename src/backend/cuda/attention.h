@@ -69,5 +69,11 @@ size_t attention_arrivals_count(int64_t max_decode_tokens, int heads);
 // `scratch` holds attention_scratch_bytes(...) and `arrivals` attention_arrivals_count(...) for
 // at least params.tokens decode tokens (either null: no key splits).
 void launch_attention(const AttentionParams& params, void* scratch, int* arrivals, cudaStream_t stream);
+// launch_qk_norm_rope_write_kv(prep) then launch_attention(params) as one decode kernel
+// (params.q unused; prep's q and k are not updated in place): bitwise the same output and
+// cache. Returns false, having launched nothing, for a step it does not fuse (prefill, a GQA
+// group wider than 16).
+bool launch_prep_attention(const QkvPrepParams& prep, const AttentionParams& params, void* scratch, int* arrivals,
+                           cudaStream_t stream);
 
 }  // namespace sy::backend::cuda

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <unordered_map>
 #include <vector>
@@ -18,6 +19,11 @@
 
 namespace sy::backend::cuda {
 namespace {
+bool env_flag(const char* name) {
+  const char* value = std::getenv(name);
+  return value && value[0] == '1';
+}
+
 
 class CudaBackend final : public Backend {
  public:
@@ -280,6 +286,29 @@ class CudaBackend final : public Backend {
     if (!one_launch) return Backend::matmul_parts(x, parts);
     launch_gemv_parts(x.ptr<float>(), rows, in, gemv, static_cast<int>(parts.size()), context_.stream);
   }
+  bool norm_matmul_parts(const Tensor& x, const Tensor* delta, const Tensor& weight, float eps,
+                         const std::vector<MatmulPart>& parts) override {
+    // One row (batch-1 decode), bias-free bf16 parts over a width the fused GEMV takes, pointers
+    // aligned as launch_rms_norm's vector path needs (the unfused path it must equal).
+    const int64_t in = weight.numel();
+    if (no_norm_fusion_) return false;  // SY_NO_NORM_FUSION=1 (experiments): the unfused ops
+    if (x.numel() != in || !norm_gemv_supported(in) || parts.empty() ||
+        parts.size() > static_cast<size_t>(kGemvMaxParts))
+      return false;
+    auto aligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; };
+    if (!aligned(x.data) || !aligned(weight.data) || (delta && (!aligned(delta->data) || delta->numel() != in)))
+      return false;
+    GemvPart gemv[kGemvMaxParts];
+    for (size_t p = 0; p < parts.size(); ++p) {
+      const MatmulPart& part = parts[p];
+      if (part.weight->dim(1) != in || part.weight->dtype != DType::kBF16 || (part.bias && part.bias->data))
+        return false;
+      gemv[p] = {part.weight->ptr<__nv_bfloat16>(), part.out->ptr<float>(), part.weight->dim(0)};
+    }
+    launch_norm_gemv_parts(x.ptr<float>(), delta ? delta->ptr<float>() : nullptr, weight.ptr<float>(), eps, in, gemv,
+                           static_cast<int>(parts.size()), context_.stream);
+    return true;
+  }
   void add_inplace(Tensor& x, const Tensor& y) override {
     launch_add(x.ptr<float>(), y.ptr<float>(), x.numel(), context_.stream);
   }
@@ -296,9 +325,9 @@ class CudaBackend final : public Backend {
                     batch.slot_mapping.ptr<int32_t>(), k.dim(0), static_cast<int>(k.dim(1)),
                     static_cast<int>(k.dim(2)), context_.stream);
   }
-  void qk_norm_rope_write_kv(Tensor& q, Tensor& k, const Tensor& v, const Tensor* q_norm, const Tensor* k_norm,
-                             float eps, const AttentionBatch& batch, const RopeSpec& spec, Tensor& k_cache,
-                             Tensor& v_cache) override {
+  static QkvPrepParams prep_params(Tensor& q, Tensor& k, const Tensor& v, const Tensor* q_norm, const Tensor* k_norm,
+                                   float eps, const AttentionBatch& batch, const RopeSpec& spec, Tensor& k_cache,
+                                   Tensor& v_cache) {
     QkvPrepParams p;
     p.q = q.ptr<float>();
     p.k = k.ptr<float>();
@@ -315,10 +344,10 @@ class CudaBackend final : public Backend {
     p.kv_heads = static_cast<int>(k.dim(1));
     p.head_dim = static_cast<int>(q.dim(2));
     p.theta = spec.theta;
-    launch_qk_norm_rope_write_kv(p, context_.stream);
+    return p;
   }
-  void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttentionBatch& batch,
-                 float scale, Tensor& out) override {
+  AttentionParams attention_params(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                                   const AttentionBatch& batch, float scale, Tensor& out) const {
     AttentionParams p;
     p.q = q.ptr<float>();
     p.k_cache = k_cache.ptr<__nv_bfloat16>();
@@ -338,7 +367,27 @@ class CudaBackend final : public Backend {
     p.max_context_len = batch.max_context_len;
     if (p.max_query_len == 1 && p.tokens > attention_decode_tokens_)
       cuda_fail("attention", "decode step larger than reserved", __FILE__, __LINE__);
-    launch_attention(p, attention_scratch_, attention_arrivals_, context_.stream);
+    return p;
+  }
+  void qk_norm_rope_write_kv(Tensor& q, Tensor& k, const Tensor& v, const Tensor* q_norm, const Tensor* k_norm,
+                             float eps, const AttentionBatch& batch, const RopeSpec& spec, Tensor& k_cache,
+                             Tensor& v_cache) override {
+    launch_qk_norm_rope_write_kv(prep_params(q, k, v, q_norm, k_norm, eps, batch, spec, k_cache, v_cache),
+                                 context_.stream);
+  }
+  void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttentionBatch& batch,
+                 float scale, Tensor& out) override {
+    launch_attention(attention_params(q, k_cache, v_cache, batch, scale, out), attention_scratch_,
+                     attention_arrivals_, context_.stream);
+  }
+  bool qk_prep_attention(Tensor& q, Tensor& k, const Tensor& v, const Tensor* q_norm, const Tensor* k_norm, float eps,
+                         const AttentionBatch& batch, const RopeSpec& rope, Tensor& k_cache, Tensor& v_cache,
+                         float scale, Tensor& out) override {
+    if (std::max<int64_t>(batch.max_query_len, 1) != 1 || q.dim(0) == 0 || batch.sliding_window > 0) return false;
+    if (no_prep_fusion_) return false;  // SY_NO_PREP_FUSION=1 (experiments): the two-kernel path
+    return launch_prep_attention(prep_params(q, k, v, q_norm, k_norm, eps, batch, rope, k_cache, v_cache),
+                                 attention_params(q, k_cache, v_cache, batch, scale, out), attention_scratch_,
+                                 attention_arrivals_, context_.stream);
   }
   void gather_rows(const Tensor& x, const Tensor& rows, Tensor& out) override {
     launch_gather_rows(x.ptr<float>(), rows.ptr<int32_t>(), rows.numel(), x.numel() / x.dim(0), out.ptr<float>(),
@@ -419,6 +468,8 @@ class CudaBackend final : public Backend {
   int64_t attention_decode_tokens_ = 0;
   std::unordered_map<uint64_t, cudaGraphExec_t> graphs_;
   bool capturing_ = false;
+  // Experiment knobs (read once): SY_NO_NORM_FUSION=1, SY_NO_PREP_FUSION=1 run the unfused ops.
+  const bool no_norm_fusion_ = env_flag("SY_NO_NORM_FUSION"), no_prep_fusion_ = env_flag("SY_NO_PREP_FUSION");
 };
 
 }  // namespace

@@ -54,9 +54,13 @@ namespace sy::backend::cuda {
 
 // Programmatic dependent launch (sm_90): a kernel started with launch_overlapped may become
 // resident while the kernel before it in the stream drains, hiding the launch gap of a chain of
-// small decode kernels. Such a kernel calls overlap_prologue() before it touches global memory:
-// that waits until the previous kernel has finished and its writes are visible (no-op when not
-// launched overlapped, or on older GPUs), and lets the next kernel start its own launch.
+// small decode kernels. Such a kernel calls overlap_prologue() before it touches memory that
+// the step writes: that waits until the previous kernel has finished and its writes are visible
+// (no-op when not launched overlapped, or on older GPUs), and lets the next kernel start its own
+// launch. Before it a kernel may read only what no kernel of the running chain writes (weights,
+// the step's uploaded inputs, KV rows of earlier steps) and must write nothing global: that is
+// how a GEMV's weight loads or attention's KV loads overlap the previous kernel's tail. Only
+// the previous kernel can still be running then (it has passed its own wait).
 __device__ __forceinline__ void overlap_prologue() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");

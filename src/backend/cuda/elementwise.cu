@@ -1,22 +1,13 @@
 #include "backend/cuda/elementwise.h"
 
+#include "backend/cuda/norm_row.cuh"
+
 #include "backend/random_fill.h"
 
 namespace sy::backend::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-
-__device__ __forceinline__ float block_sum(float v, float* shared) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
-  if (lane == 0) shared[warp] = v;
-  __syncthreads();
-  float total = 0.0f;
-  for (int w = 0; w < warps; ++w) total += shared[w];  // same order in every thread
-  __syncthreads();
-  return total;
-}
 
 // Bytes: tokens * hidden * (2 read + 4 written).
 __global__ void embedding_kernel(const __nv_bfloat16* table, const int32_t* ids, int64_t hidden, float* out) {
@@ -48,48 +39,20 @@ __global__ void rms_norm_kernel(float* x, const float* residual, const float* we
   for (int64_t i = threadIdx.x; i < width; i += blockDim.x) dst[i] = weight[i] * (row[i] * scale);
 }
 
-// The same norm with the row in registers: 256 threads, thread i holding float4 chunks
-// i, i + 256, ... (VEC of them; width % 4 == 0, width <= VEC * 1024). One round of loads (x and
-// the residual together), one block reduction, one round of stores: the small-batch decode
-// path, where the latency of each dependent round is the cost.
+// The same norm with the row in registers (NormRow, norm_row.cuh): the small-batch decode path.
 template <int VEC>
 __global__ void __launch_bounds__(256) rms_norm_vec_kernel(float* x, const float* residual, const float* weight,
                                                            int64_t width, float eps, float* out) {
   __shared__ float partial[32];
-  overlap_prologue();
   const int64_t chunks = width / 4;
-  float4* row = reinterpret_cast<float4*>(x + blockIdx.x * width);
-  const float4* res = residual ? reinterpret_cast<const float4*>(residual + blockIdx.x * width) : nullptr;
-  float4 v[VEC];
-  float sum_squares = 0.0f;
-#pragma unroll
-  for (int j = 0; j < VEC; ++j) {
-    const int64_t c = threadIdx.x + 256 * j;
-    v[j] = c < chunks ? row[c] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    if (res && c < chunks) {
-      const float4 r = res[c];
-      v[j].x += r.x, v[j].y += r.y, v[j].z += r.z, v[j].w += r.w;
-    }
-  }
-#pragma unroll
-  for (int j = 0; j < VEC; ++j) {
-    const int64_t c = threadIdx.x + 256 * j;
-    if (res && c < chunks) row[c] = v[j];
-    sum_squares += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
-  }
-  const float total = block_sum(sum_squares, partial);
-  const float scale = rsqrtf(total / static_cast<float>(width) + eps);
-  float4* dst = reinterpret_cast<float4*>(out + blockIdx.x * width);
-  const float4* w = reinterpret_cast<const float4*>(weight);
-#pragma unroll
-  for (int j = 0; j < VEC; ++j) {
-    const int64_t c = threadIdx.x + 256 * j;
-    if (c < chunks) {
-      const float4 g = w[c];
-      dst[c] = make_float4(g.x * (v[j].x * scale), g.y * (v[j].y * scale), g.z * (v[j].z * scale),
-                           g.w * (v[j].w * scale));
-    }
-  }
+  NormRow<VEC> n;
+  n.load_weight(weight, chunks);
+  overlap_prologue();
+  float* row = x + blockIdx.x * width;
+  n.load_row(row, residual ? residual + blockIdx.x * width : nullptr, nullptr, chunks);
+  if (residual) n.store_row(row, chunks);
+  const float s = n.scale(width, eps, partial);
+  n.store_normed(out + blockIdx.x * width, chunks, s);
 }
 
 __global__ void add_kernel(float* x, const float* y, int64_t count) {
@@ -196,32 +159,42 @@ __device__ __forceinline__ void gemv_slab(const float* __restrict__ x, int64_t i
   }
 }
 
-template <int ROWS>
+// UNROLL: slabs of 256 columns in flight per lane (0: 8 for one or two rows, else 4); 16 for one
+// row of 2048 < in <= 4096 (the output projection: the whole row in one round).
+template <int ROWS, int UNROLL = 0>
 __global__ void __launch_bounds__(256) gemv_kernel(const float* __restrict__ x, int64_t in,
                                                    const __grid_constant__ GemvParts parts) {
-  overlap_prologue();
   int part = 0;
   while (part + 1 < parts.count && static_cast<int>(blockIdx.x) >= parts.block_begin[part + 1]) ++part;
   const int64_t out_features = parts.features[part];
   const int64_t o = (static_cast<int64_t>(blockIdx.x) - parts.block_begin[part]) * 8 + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
-  if (o >= out_features) return;
+  if (o >= out_features) return;  // reads nothing the previous kernel writes: no wait needed
   const __nv_bfloat16* row = parts.w[part] + o * in;
   float acc[ROWS];
 #pragma unroll
   for (int r = 0; r < ROWS; ++r) acc[r] = 0.0f;
   // Eight slabs in flight for one or two rows (a 2048-wide row is one round), four for more
   // rows (their x values need the registers); out-of-range slabs load nothing.
-  constexpr int kUnroll = ROWS <= 2 ? 8 : 4;
-  for (int64_t base = lane * 8; base < in; base += kUnroll * 256) {
-    uint4 packed[kUnroll];
+  constexpr int kUnroll = UNROLL > 0 ? UNROLL : ROWS <= 2 ? 8 : 4;
+  // The weights are not written by any kernel of the step, so the first round is requested
+  // before waiting for the previous kernel (which writes x): under a programmatic launch the
+  // DRAM latency of that round hides behind the previous kernel's tail.
+  uint4 packed[kUnroll];
+  int64_t base = lane * 8;
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u)
-      packed[u] = base + u * 256 < in ? __ldg(reinterpret_cast<const uint4*>(row + base + u * 256))
-                                      : make_uint4(0, 0, 0, 0);
+  for (int u = 0; u < kUnroll; ++u)
+    packed[u] = base + u * 256 < in ? __ldg(reinterpret_cast<const uint4*>(row + base + u * 256)) : make_uint4(0, 0, 0, 0);
+  overlap_prologue();
+  while (true) {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u)
       if (base + u * 256 < in) gemv_slab<ROWS>(x, in, base + u * 256, packed[u], acc);
+    base += kUnroll * 256;
+    if (base >= in) break;
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+      packed[u] = base + u * 256 < in ? __ldg(reinterpret_cast<const uint4*>(row + base + u * 256)) : make_uint4(0, 0, 0, 0);
   }
   float* out = parts.out[part];
 #pragma unroll
@@ -230,6 +203,52 @@ __global__ void __launch_bounds__(256) gemv_kernel(const float* __restrict__ x, 
     for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
     if (lane == 0) out[r * out_features + o] = v;
   }
+}
+
+// gemv_kernel<1> on rms_norm(x + delta) * norm_weight (one row, the batch-1 decode), the norm
+// computed by every block into shared memory (NormRow: bitwise the unfused norm) while its
+// first round of weights is in flight; x is not written. Dynamic shared memory: in floats.
+template <int VEC>
+__global__ void __launch_bounds__(256) norm_gemv_kernel(const float* __restrict__ x, const float* __restrict__ delta,
+                                                        const float* __restrict__ norm_weight, float eps, int64_t in,
+                                                        const __grid_constant__ GemvParts parts) {
+  extern __shared__ float4 s_normed4[];
+  float* s_normed = reinterpret_cast<float*>(s_normed4);
+  __shared__ float partial[32];
+  int part = 0;
+  while (part + 1 < parts.count && static_cast<int>(blockIdx.x) >= parts.block_begin[part + 1]) ++part;
+  const int64_t out_features = parts.features[part];
+  const int64_t o = (static_cast<int64_t>(blockIdx.x) - parts.block_begin[part]) * 8 + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  const bool active = o < out_features;  // every warp joins the norm's block reduction
+  const __nv_bfloat16* row = parts.w[part] + (active ? o : 0) * in;
+  constexpr int kUnroll = 8;
+  uint4 packed[kUnroll];
+  auto load_round = [&](int64_t base) {
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+      packed[u] = active && base + u * 256 < in ? __ldg(reinterpret_cast<const uint4*>(row + base + u * 256))
+                                                : make_uint4(0, 0, 0, 0);
+  };
+  const int64_t chunks = in / 4;
+  NormRow<VEC> n;
+  load_round(lane * 8);
+  n.load_weight(norm_weight, chunks);
+  overlap_prologue();
+  n.load_row(x, delta, nullptr, chunks);
+  n.store_normed(s_normed, chunks, n.scale(in, eps, partial));
+  __syncthreads();
+  if (!active) return;
+  float acc[1] = {0.0f};
+  for (int64_t base = lane * 8; base < in; base += kUnroll * 256) {
+    if (base != lane * 8) load_round(base);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+      if (base + u * 256 < in) gemv_slab<1>(s_normed, in, base + u * 256, packed[u], acc);
+  }
+  float v = acc[0];
+  for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+  if (lane == 0) parts.out[part][o] = v;
 }
 
 unsigned grid_stride_blocks(int64_t count) {
@@ -319,11 +338,11 @@ void launch_f32_to_bf16(const float* src, int64_t count, __nv_bfloat16* dst, cud
   SY_CUDA_LAUNCH_CHECK("f32_to_bf16");
 }
 
-void launch_gemv_parts(const float* x, int64_t rows, int64_t in, const GemvPart* parts, int count,
-                       cudaStream_t stream) {
-  if (rows == 0 || count == 0) return;
+namespace {
+// The parts' rows back to back, 8 per block; returns the block count.
+int gemv_table(const GemvPart* parts, int count, GemvParts& table) {
   if (count > kGemvMaxParts) cuda_fail("launch_gemv_parts", "more than kGemvMaxParts parts", __FILE__, __LINE__);
-  GemvParts table{};
+  table = GemvParts{};
   table.count = count;
   int blocks = 0;
   for (int p = 0; p < count; ++p) {
@@ -334,8 +353,43 @@ void launch_gemv_parts(const float* x, int64_t rows, int64_t in, const GemvPart*
     blocks += static_cast<int>((parts[p].out_features + 7) / 8);
   }
   table.block_begin[count] = blocks;
+  return blocks;
+}
+}  // namespace
+
+bool norm_gemv_supported(int64_t in) {
+  return in > 0 && in % 8 == 0 && in <= 8 * 1024;
+}
+
+void launch_norm_gemv_parts(const float* x, const float* delta, const float* norm_weight, float eps, int64_t in,
+                            const GemvPart* parts, int count, cudaStream_t stream) {
+  if (!norm_gemv_supported(in)) cuda_fail("launch_norm_gemv_parts", "unsupported width", __FILE__, __LINE__);
+  if (count == 0) return;
+  GemvParts table;
+  const int blocks = gemv_table(parts, count, table);
+  if (blocks == 0) return;
+  const dim3 grid(static_cast<unsigned>(blocks)), block(256);
+  const size_t shared = static_cast<size_t>(in) * sizeof(float);
+  // The same VEC as launch_rms_norm picks for this width: the same reduction, bitwise.
+  if (in <= 1024) launch_overlapped(norm_gemv_kernel<1>, grid, block, shared, stream, x, delta, norm_weight, eps, in, table);
+  else if (in <= 2048) launch_overlapped(norm_gemv_kernel<2>, grid, block, shared, stream, x, delta, norm_weight, eps, in, table);
+  else if (in <= 4096) launch_overlapped(norm_gemv_kernel<4>, grid, block, shared, stream, x, delta, norm_weight, eps, in, table);
+  else launch_overlapped(norm_gemv_kernel<8>, grid, block, shared, stream, x, delta, norm_weight, eps, in, table);
+  SY_CUDA_LAUNCH_CHECK("norm_gemv");
+}
+
+void launch_gemv_parts(const float* x, int64_t rows, int64_t in, const GemvPart* parts, int count,
+                       cudaStream_t stream) {
+  if (rows == 0 || count == 0) return;
+  GemvParts table;
+  const int blocks = gemv_table(parts, count, table);
   if (blocks == 0) return;
   const unsigned grid = static_cast<unsigned>(blocks);
+  if (rows == 1 && in > 2048 && in <= 4096) {
+    launch_overlapped(gemv_kernel<1, 16>, dim3(grid), dim3(256), 0, stream, x, in, table);
+    SY_CUDA_LAUNCH_CHECK("gemv");
+    return;
+  }
   switch (rows) {
 #define SY_GEMV_CASE(R) \
   case R: launch_overlapped(gemv_kernel<R>, dim3(grid), dim3(256), 0, stream, x, in, table); break;

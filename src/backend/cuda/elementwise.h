@@ -39,5 +39,11 @@ struct GemvPart {
 };
 void launch_gemv_parts(const float* x, int64_t rows, int64_t in, const GemvPart* parts, int count,
                        cudaStream_t stream);
+// One row: out_p = rms_norm(x + delta) * norm_weight times part p's weight (delta optional),
+// the residual add and norm inside the GEMV (x and the normed row are not written). Bitwise
+// launch_rms_norm then launch_gemv_parts. For widths where norm_gemv_supported(in).
+bool norm_gemv_supported(int64_t in);
+void launch_norm_gemv_parts(const float* x, const float* delta, const float* norm_weight, float eps, int64_t in,
+                            const GemvPart* parts, int count, cudaStream_t stream);
 
 }  // namespace sy::backend::cuda

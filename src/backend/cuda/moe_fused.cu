@@ -19,6 +19,7 @@
 
 #include "backend/cuda/moe_kernels.h"
 #include "backend/cuda/moe_route.cuh"
+#include "backend/cuda/norm_row.cuh"
 
 namespace sy::backend::cuda {
 namespace {
@@ -40,7 +41,6 @@ constexpr int kGateUpPairs = 4;
 constexpr int kDownRows = 4;
 constexpr int kDownSlabs = 3;
 constexpr int kDownPairs = 2;
-constexpr int kDownPrefetchItems = 2;         // per warp, into L2 while gate_up drains
 constexpr int64_t kMaxComboBytes = 64 << 10;  // cap of the per-block down results buffer
 
 struct FusedLaunch {
@@ -62,8 +62,15 @@ struct FusedLaunch {
   int pass_rows = 0;                // rows per pass so that combo (T*K x pass_rows) fits
   int pair_capacity = 0;            // shared layout: kChunkTokens(or less) * K
   int combo_floats = 0;
+  // One-token steps with the input norm fused (fused_moe_kernel<VEC>, VEC > 0): the input is
+  // rms_norm(residual + earlier_delta + delta) * norm_weight (hidden unused), and each block
+  // writes its combine rows' residual + out back into residual.
+  float* residual = nullptr;
+  const float* earlier_delta = nullptr;  // or nullptr
+  const float* delta = nullptr;
+  const float* norm_weight = nullptr;
+  float eps = 0.0f;
   unsigned long long* stamps = nullptr;  // SY_FUSED_STAMPS=1: [grid, kStamps] %globaltimer per phase
-  int prefetch_down = 1;                 // 0 (SY_FUSED_NO_PREFETCH=1, experiments): no L2 prefetch
 };
 constexpr int kStamps = 9;
 
@@ -77,8 +84,9 @@ __device__ __forceinline__ void stamp(const FusedLaunch& a, int phase) {
 
 // Dynamic shared memory, in 4-byte words; the same function on host (sizing) and device.
 struct SharedLayout {
-  int scores, ids, weights, sorted, slot_expert, slot_begin, cursor, slot_count, combo, words;
-  __host__ __device__ static SharedLayout make(int experts, int pair_capacity, int combo_floats) {
+  int scores, ids, weights, sorted, slot_expert, slot_begin, cursor, slot_count, combo, normed, ring, words;
+  __host__ __device__ static SharedLayout make(int experts, int pair_capacity, int combo_floats,
+                                               int normed_floats, int ring_words) {
     auto round4 = [](int n) { return (n + 3) & ~3; };
     const int slot_capacity = experts < pair_capacity ? experts : pair_capacity;
     SharedLayout l{};
@@ -92,6 +100,8 @@ struct SharedLayout {
     l.cursor = at, at += round4(experts);                // per-expert count, then fill cursor
     l.slot_count = at, at += 4;
     l.combo = at, at += round4(combo_floats);  // down results [pair, row of pass]
+    l.normed = at, at += round4(normed_floats);  // the fused input norm's row, or nothing
+    l.ring = at, at += round4(ring_words);       // gate_up_ring's stages, or nothing
     l.words = at;
     return l;
   }
@@ -102,7 +112,7 @@ __device__ __forceinline__ bool valid_expert(int32_t id, int experts) {
 }
 
 // Weights are read once per step: bypass L1, ask L2 for 256-byte lines and mark them first to
-// evict, leaving L2 to the down rows prefetched behind them. The predicate lives inside the asm,
+// evict, leaving L2 to what is read more than once. The predicate lives inside the asm,
 // so a skipped (out-of-range) load can never become a speculative one; skipped lanes get zeros.
 __device__ __forceinline__ uint64_t evict_first_policy() {
   uint64_t policy;
@@ -127,13 +137,6 @@ __device__ __forceinline__ uint4 load_weights(const __nv_bfloat16* p, bool in_ra
   return v;
 }
 
-__device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
-#else
-  (void)p, (void)bytes;
-#endif
-}
 
 // 8 bf16 (one uint4; element 2i in the low half of word i) times 8 f32, added to acc.
 __device__ __forceinline__ float dot8(uint4 w, float4 a, float4 b, float acc) {
@@ -205,6 +208,86 @@ __device__ __forceinline__ void warp_rows_dot(const __nv_bfloat16* rows, int64_t
 #pragma unroll
         for (int r = 0; r < R; ++r) values[r] = warp_sum(acc[r][m]);
         if (lane == 0) finish(pairs[group + m], values);
+      }
+    }
+  }
+}
+
+// gate_up of a one-token step through a per-warp ring of kRingStages shared-memory stages, each
+// half an item (gate and up row, kRingSlabs slabs of 256 columns), filled by cp.async: a warp
+// keeps up to three stages in flight while it uses the oldest, instead of one register round
+// per item that waits a whole DRAM latency. Each lane reads back only the 16-byte chunks it
+// copied (no warp barrier). Same slab order per row as warp_rows_dot: the same bits.
+constexpr int kRingStages = 3;
+constexpr int kRingSlabs = kGateUpSlabs / 2;
+constexpr int kRingStageChunks = 2 * kRingSlabs * 32;  // 16-byte chunks of one warp's stage
+constexpr int kRingWordsPerWarp = kRingStages * kRingStageChunks * 4;
+// The ring's shared words in fused_moe_kernel<norm_vec>: the one-token kernels whose rows are
+// one round (norm_vec 1, 2: H <= 2048 = kGateUpSlabs * 256).
+__host__ __device__ constexpr int ring_words(int norm_vec) {
+  return norm_vec == 1 || norm_vec == 2 ? kWarps * kRingWordsPerWarp : 0;
+}
+
+__device__ __forceinline__ void ring_copy_16(void* dst, const void* src, bool fill) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(static_cast<unsigned>(__cvta_generic_to_shared(dst))),
+               "l"(src), "r"(fill ? 16 : 0)
+               : "memory");
+}
+__device__ __forceinline__ void ring_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void ring_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kRingStages - 1) : "memory");
+}
+
+// Items [begin, end) of (slot j, row r); H <= kGateUpSlabs * 256 (one round per item).
+__device__ void gate_up_ring(const __nv_bfloat16* gate_up, const float* hidden, float* act, int64_t begin,
+                             int64_t end, int I, int H, const int32_t* slot_expert, const int32_t* slot_begin,
+                             const int32_t* sorted, uint4* ring) {
+  const int lane = threadIdx.x & 31;
+  const int64_t stages = 2 * (end - begin);
+  auto issue = [&](int64_t q) {
+    if (q < stages) {
+      const int64_t item = begin + q / 2;
+      const int half = static_cast<int>(q & 1);
+      const int j = static_cast<int>(item / I), r = static_cast<int>(item - static_cast<int64_t>(j) * I);
+      const __nv_bfloat16* gate = gate_up + (static_cast<int64_t>(slot_expert[j]) * 2 * I + r) * H;
+      uint4* stage = ring + (q % kRingStages) * kRingStageChunks;
+#pragma unroll
+      for (int row = 0; row < 2; ++row)
+#pragma unroll
+        for (int s = 0; s < kRingSlabs; ++s) {
+          const int col = (half * kRingSlabs + s) * 256 + lane * 8;
+          const __nv_bfloat16* src = gate + (row ? static_cast<int64_t>(I) * H : 0);
+          ring_copy_16(stage + (row * kRingSlabs + s) * 32 + lane, col < H ? src + col : src, col < H);
+        }
+    }
+    ring_commit();  // possibly empty: one group per stage keeps the wait count fixed
+  };
+#pragma unroll
+  for (int q = 0; q < kRingStages; ++q) issue(q);
+  float acc_gate = 0.0f, acc_up = 0.0f;
+  for (int64_t q = 0; q < stages; ++q) {
+    ring_wait();  // stage q's chunks of this lane have landed
+    const int half = static_cast<int>(q & 1);
+    const uint4* stage = ring + (q % kRingStages) * kRingStageChunks;
+#pragma unroll
+    for (int s = 0; s < kRingSlabs; ++s) {
+      const int col = (half * kRingSlabs + s) * 256 + lane * 8;
+      if (col < H) {
+        const float4 x0 = *reinterpret_cast<const float4*>(hidden + col);
+        const float4 x1 = *reinterpret_cast<const float4*>(hidden + col + 4);
+        acc_gate = dot8(stage[s * 32 + lane], x0, x1, acc_gate);
+        acc_up = dot8(stage[(kRingSlabs + s) * 32 + lane], x0, x1, acc_up);
+      }
+    }
+    issue(q + kRingStages);  // into the stage just used: this lane's own chunks only
+    if (half == 1) {
+      const float g = warp_sum(acc_gate), u = warp_sum(acc_up);
+      acc_gate = acc_up = 0.0f;
+      if (lane == 0) {
+        const int64_t item = begin + q / 2;
+        const int j = static_cast<int>(item / I), r = static_cast<int>(item - static_cast<int64_t>(j) * I);
+        const float value = g / (1.0f + expf(-g)) * u;
+        for (int p = slot_begin[j]; p < slot_begin[j + 1]; ++p) act[static_cast<int64_t>(sorted[p]) * I + r] = value;
       }
     }
   }
@@ -285,12 +368,15 @@ __device__ __forceinline__ DownItem down_item(int it, int pass_begin, int rows_h
 // all warps, silu(gate) * up into act; (d) down: block b owns hidden rows [b * tile, ...), its
 // warps dot every chosen expert's rows with act into shared memory, then each (token, row)
 // sums its k = 0..K-1 terms in order.
+// NORM_VEC > 0: the one-token kernel with the input norm fused (NormRow<NORM_VEC>); for
+// H <= kGateUpSlabs * 256 (NORM_VEC <= 2) its gate_up runs through gate_up_ring.
+template <int NORM_VEC>
 __global__ void __launch_bounds__(kThreads, 2)
     fused_moe_kernel(const __grid_constant__ FusedLaunch a) {
   extern __shared__ float4 shared_words[];
   int32_t* const words = reinterpret_cast<int32_t*>(shared_words);
-  const SharedLayout layout =
-      SharedLayout::make(a.route.num_experts, a.pair_capacity, a.combo_floats);
+  const SharedLayout layout = SharedLayout::make(a.route.num_experts, a.pair_capacity, a.combo_floats,
+                                                 NORM_VEC > 0 ? a.route.hidden : 0, ring_words(NORM_VEC));
   float* const scores = reinterpret_cast<float*>(words + layout.scores);
   int32_t* const ids = words + layout.ids;
   float* const weights = reinterpret_cast<float*>(words + layout.weights);
@@ -304,14 +390,29 @@ __global__ void __launch_bounds__(kThreads, 2)
   cg::grid_group grid = cg::this_grid();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int E = a.route.num_experts, K = a.route.top_k, H = a.route.hidden;
-  const int I = a.intermediate, T = a.tokens, pairs = T * K;
+  // The one-token kernel knows T at compile time: its dead multi-token paths are not compiled,
+  // which keeps the code it runs small (its misses in the instruction cache were the largest
+  // stall reason of this kernel, per ncu, at ~120 KB of SASS).
+  constexpr bool kOneToken = NORM_VEC > 0;
+  const int I = a.intermediate, T = kOneToken ? 1 : a.tokens, pairs = T * K;
   const int total_warps = static_cast<int>(gridDim.x) * kWarps;
 
   stamp(a, 0);
+  // The input row: every block normalises residual + deltas itself (no launch, no barrier).
+  const float* hidden = a.hidden;
+  if constexpr (NORM_VEC > 0) {
+    float* const normed = reinterpret_cast<float*>(words + layout.normed);
+    NormRow<NORM_VEC> n;
+    n.load_weight(a.norm_weight, H / 4);
+    n.load_row(a.residual, a.earlier_delta, a.delta, H / 4);
+    n.store_normed(normed, H / 4, n.scale(H, a.eps, scores));  // scores: scratch until (b)
+    __syncthreads();
+    hidden = normed;
+  }
   // (a) Router logits. Warp-major numbering spreads a T = 1 step's E rows over E blocks.
   for (int q = warp * gridDim.x + blockIdx.x; q < T * E; q += total_warps) {
     const int t = q / E, e = q - t * E;
-    const float logit = router_logit_warp(a.hidden + static_cast<int64_t>(t) * H,
+    const float logit = router_logit_warp(hidden + static_cast<int64_t>(t) * H,
                                           a.router + static_cast<int64_t>(e) * H, H);
     if (lane == 0) a.logits[q] = logit;
   }
@@ -357,29 +458,21 @@ __global__ void __launch_bounds__(kThreads, 2)
     const int64_t items = static_cast<int64_t>(slots) * I;
     const int me = static_cast<int>(blockIdx.x) * kWarps + warp;
     const int64_t end = items * (me + 1) / total_warps;
+    if constexpr (ring_words(NORM_VEC) > 0) {
+      gate_up_ring(a.gate_up, hidden, a.act, items * me / total_warps, end, I, H, slot_expert, slot_begin, sorted,
+                   reinterpret_cast<uint4*>(words + layout.ring) + warp * kRingStages * kRingStageChunks);
+    } else {
     for (int64_t item = items * me / total_warps; item < end; ++item) {
       const int j = static_cast<int>(item / I),
                 r = static_cast<int>(item - static_cast<int64_t>(j) * I);
       const int64_t e = slot_expert[j];
       const int first = slot_begin[j];
       warp_rows_dot<2, kGateUpSlabs, kGateUpPairs>(
-          a.gate_up + (e * 2 * I + r) * H, static_cast<int64_t>(I) * H, 2, H, a.hidden, H, K,
+          a.gate_up + (e * 2 * I + r) * H, static_cast<int64_t>(I) * H, 2, H, hidden, H, K,
           sorted + first, slot_begin[j + 1] - first, [&](int pair, const float(&v)[2]) {
             a.act[static_cast<int64_t>(pair) * I + r] = v[0] / (1.0f + expf(-v[0])) * v[1];
           });
     }
-    // Start this warp's first down rows towards L2 so DRAM stays busy across the barrier.
-    const int tile_begin = static_cast<int>(blockIdx.x) * a.tile_rows;
-    if (lane == 0 && tile_begin < H && a.prefetch_down) {
-      const int rows_here = min(a.pass_rows, min(H, tile_begin + a.tile_rows) - tile_begin);
-      const int down_items = slots * ((rows_here + kDownRows - 1) / kDownRows);
-      for (int n = 0; n < kDownPrefetchItems; ++n) {
-        const int it = warp + n * kWarps;
-        if (it >= down_items) break;
-        const DownItem d = down_item(it, tile_begin, rows_here);
-        prefetch_l2(a.down + (static_cast<int64_t>(slot_expert[d.slot]) * H + d.h) * I,
-                    static_cast<uint32_t>(d.rows) * I * 2u);
-      }
     }
   }
   stamp(a, 4);
@@ -397,7 +490,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         const DownItem d = down_item(it, pass, rows_here);
         const int first = slot_begin[d.slot];
         const int row_in_pass = d.h - pass, rows = d.rows;
-        warp_rows_dot<kDownRows, kDownSlabs, kDownPairs>(
+        warp_rows_dot<kDownRows, kDownSlabs, kOneToken ? 1 : kDownPairs>(
             a.down + (static_cast<int64_t>(slot_expert[d.slot]) * H + d.h) * I, I, rows, I, a.act,
             I, 1, sorted + first, slot_begin[d.slot + 1] - first,
             [&](int pair, const float(&v)[kDownRows]) {
@@ -415,7 +508,20 @@ __global__ void __launch_bounds__(kThreads, 2)
           if (valid_expert(ids[pair], E))
             sum = fmaf(weights[pair], combo[pair * rows_here + row], sum);
         }
-        a.out[static_cast<int64_t>(t) * H + pass + row] = sum;
+        const int64_t at = static_cast<int64_t>(t) * H + pass + row;
+        if constexpr (NORM_VEC > 0) {
+          // The residual adds in the unfused order: ((x + earlier_delta) + delta) + out. Every
+          // block read these inputs before barrier 1; this block alone writes these rows, and
+          // reads them before writing out (earlier_delta may be out's own buffer: the decoder
+          // passes the previous feed-forward output, which this call overwrites).
+          float x = a.residual[at];
+          if (a.earlier_delta) x += a.earlier_delta[at];
+          const float updated = (x + a.delta[at]) + sum;
+          a.out[at] = sum;
+          a.residual[at] = updated;
+        } else {
+          a.out[at] = sum;
+        }
       }
       __syncthreads();
     }
@@ -442,6 +548,7 @@ class FusedKernel final : public moe::ExpertsKernel {
   bool routes_inside() const override { return true; }
   bool captures_routes() const override { return true; }
   bool replays_routes() const override { return true; }
+  bool fuses_input_norm(int64_t tokens) const override { return tokens == 1 && norm_vec_ > 0 && !no_norm_fusion_; }
 
   Status reserve(int64_t max_tokens, const moe::RouterSpec& spec, int64_t hidden,
                  int64_t intermediate) override {
@@ -483,18 +590,37 @@ class FusedKernel final : public moe::ExpertsKernel {
         pair_capacity_, std::min<int64_t>(pair_capacity_ * largest_tile, kMaxComboBytes / 4)));
     shared_bytes_ =
         static_cast<size_t>(
-            SharedLayout::make(static_cast<int>(experts_), pair_capacity_, combo_floats_).words) *
+            SharedLayout::make(static_cast<int>(experts_), pair_capacity_, combo_floats_, 0, 0).words) *
         4;
-    if (shared_bytes_ > context_.shared_memory_per_block_optin &&
-        context_.shared_memory_per_block_optin > 0)
+    const size_t optin = context_.shared_memory_per_block_optin;
+    if (shared_bytes_ > optin && optin > 0)
       return Status::errorf("cuda-fused: needs {} bytes of shared memory per block, the GPU has {}",
-                            shared_bytes_, context_.shared_memory_per_block_optin);
-    SY_CUDA_CHECK(cudaFuncSetAttribute(fused_moe_kernel,
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       static_cast<int>(shared_bytes_)));
+                            shared_bytes_, optin);
     int blocks_per_sm = 0;
-    SY_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, fused_moe_kernel,
-                                                                kThreads, shared_bytes_));
+    auto fit = [&](int vec, size_t bytes) {
+      const void* kernel = kernel_for(vec);
+      SY_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(bytes)));
+      int blocks = 0;
+      SY_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kThreads, bytes));
+      return blocks;
+    };
+    blocks_per_sm = fit(0, shared_bytes_);
+    // The one-token kernel (input norm fused, where NormRow covers the width): a layout for one
+    // token's K pairs, plus gate_up's ring where a row is one round. Taken only where it is
+    // co-resident as often as the plain kernel (one grid size serves both); else the ring goes,
+    // then the fusion.
+    norm_vec_ = hidden % 4 == 0 && hidden <= 4096 ? norm_row_vec(hidden) : 0;
+    one_combo_floats_ = static_cast<int>(std::max<int64_t>(top_k_, top_k_ * largest_tile));
+    if (norm_vec_) {
+      norm_shared_bytes_ = static_cast<size_t>(SharedLayout::make(static_cast<int>(experts_), static_cast<int>(top_k_),
+                                                                  one_combo_floats_, static_cast<int>(hidden),
+                                                                  ring_words(norm_vec_))
+                                                   .words) *
+                           4;
+      if ((norm_shared_bytes_ > optin && optin > 0) || fit(norm_vec_, norm_shared_bytes_) < blocks_per_sm)
+        norm_vec_ = 0;
+    }
     if (blocks_per_sm < 1)
       return Status::errorf(
           "cuda-fused: no block of {} threads with {} bytes of shared memory fits an SM", kThreads,
@@ -544,7 +670,17 @@ class FusedKernel final : public moe::ExpertsKernel {
     launch.pair_capacity = pair_capacity_;
     launch.combo_floats = combo_floats_;
     launch.stamps = stamps_;
-    if (const char* off = std::getenv("SY_FUSED_NO_PREFETCH"); off && off[0] == '1') launch.prefetch_down = 0;
+    const moe::MoeInputNorm& norm = args.input_norm;
+    const int vec = norm.residual ? norm_vec_ : 0;
+    if (norm.residual) {
+      launch.pair_capacity = static_cast<int>(top_k_);  // the one-token layout
+      launch.combo_floats = one_combo_floats_;
+      launch.residual = norm.residual->ptr<float>();
+      launch.earlier_delta = norm.earlier_delta ? norm.earlier_delta->ptr<float>() : nullptr;
+      launch.delta = norm.delta->ptr<float>();
+      launch.norm_weight = norm.weight->ptr<float>();
+      launch.eps = norm.eps;
+    }
     for (int64_t begin = 0; begin < tokens; begin += chunk_tokens_) {
       const int count = static_cast<int>(std::min<int64_t>(chunk_tokens_, tokens - begin));
       launch.tokens = count;
@@ -558,11 +694,11 @@ class FusedKernel final : public moe::ExpertsKernel {
                         ? routes.sink.ptr<int32_t>() + begin * row_stride + args.layer * top_k_
                         : nullptr;
       launch.pass_rows = std::max(
-          1, std::min(launch.tile_rows, combo_floats_ / (count * static_cast<int>(top_k_))));
+          1, std::min(launch.tile_rows, launch.combo_floats / (count * static_cast<int>(top_k_))));
       void* kernel_args[] = {&launch};
-      SY_CUDA_CHECK(cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(fused_moe_kernel),
-                                                dim3(static_cast<unsigned>(grid_)), dim3(kThreads),
-                                                kernel_args, shared_bytes_, context_.stream));
+      SY_CUDA_CHECK(cudaLaunchCooperativeKernel(kernel_for(vec), dim3(static_cast<unsigned>(grid_)),
+                                                dim3(kThreads), kernel_args,
+                                                vec ? norm_shared_bytes_ : shared_bytes_, context_.stream));
       SY_CUDA_LAUNCH_CHECK("fused_moe_kernel");
       if (count == 1) collect_stamps();  // the batch-1 decode launches only
     }
@@ -571,6 +707,15 @@ class FusedKernel final : public moe::ExpertsKernel {
 
  private:
   using RouteBuffers = moe::RouteBuffers;
+
+  static const void* kernel_for(int norm_vec) {
+    switch (norm_vec) {
+      case 1: return reinterpret_cast<const void*>(fused_moe_kernel<1>);
+      case 2: return reinterpret_cast<const void*>(fused_moe_kernel<2>);
+      case 4: return reinterpret_cast<const void*>(fused_moe_kernel<4>);
+      default: return reinterpret_cast<const void*>(fused_moe_kernel<0>);
+    }
+  }
 
   Status check(const moe::MoeForwardArgs& args) const {
     if (!logits_) return Status::error(ErrorCode::kInternal, "cuda-fused: forward before reserve");
@@ -615,6 +760,17 @@ class FusedKernel final : public moe::ExpertsKernel {
         return Status::errorf(
             "cuda-fused: route buffer must be int32 [>= {}, > layer {}, {}], got {}", tokens,
             args.layer, top_k_, buffer->shape_string());
+    }
+    const moe::MoeInputNorm& norm = args.input_norm;
+    if (norm.residual) {
+      if (!fuses_input_norm(tokens) || !norm.delta || !norm.weight)
+        return Status::error(ErrorCode::kInternal, "cuda-fused: input norm given for a step it does not fuse");
+      for (const Tensor* t : std::initializer_list<const Tensor*>{norm.residual, norm.earlier_delta, norm.delta})
+        if (t && (t->dtype != DType::kF32 || t->numel() != hidden_ || !aligned16(t->data)))
+          return Status::errorf("cuda-fused: fused input norm rows must be aligned f32 [1, {}], got {}", hidden_,
+                                t->shape_string());
+      if (norm.weight->dtype != DType::kF32 || norm.weight->numel() != hidden_ || !aligned16(norm.weight->data))
+        return Status::errorf("cuda-fused: input norm weight must be aligned f32 [{}]", hidden_);
     }
     if (routes.sink.data && routes.source.data && routes.sink.dim(1) != routes.source.dim(1))
       return Status::error(ErrorCode::kInternal,
@@ -668,7 +824,14 @@ class FusedKernel final : public moe::ExpertsKernel {
   CudaContext& context_;
   int64_t max_tokens_ = 0, experts_ = 0, top_k_ = 0, hidden_ = 0, intermediate_ = 0;
   int chunk_tokens_ = 0, pair_capacity_ = 0, combo_floats_ = 0, grid_ = 0;
-  size_t shared_bytes_ = 0;
+  size_t shared_bytes_ = 0, norm_shared_bytes_ = 0;
+  int norm_vec_ = 0;  // NormRow width class of the fused input norm; 0: none
+  int one_combo_floats_ = 0;  // the one-token kernel's combine buffer
+  // SY_NO_NORM_FUSION=1 (experiments): the input norm as its own launch.
+  const bool no_norm_fusion_ = [] {
+    const char* value = std::getenv("SY_NO_NORM_FUSION");
+    return value && value[0] == '1';
+  }();
   float* logits_ = nullptr;  // [chunk_tokens, E]
   unsigned long long* stamps_ = nullptr;
   double stamp_median_[kStamps] = {}, stamp_max_[kStamps] = {};

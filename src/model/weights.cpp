@@ -1,0 +1,173 @@
+#include "model/weights.h"
+
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "backend/random_fill.h"
+
+namespace sy::model {
+namespace {
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string text = "[";
+  for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
+  return text + "]";
+}
+
+Tensor view_of(const TensorInfo& info) {
+  Tensor tensor;
+  tensor.data = const_cast<uint8_t*>(info.data);
+  tensor.dtype = info.dtype;
+  tensor.rank = static_cast<int>(info.shape.size());
+  for (size_t i = 0; i < info.shape.size(); ++i) tensor.shape[i] = info.shape[i];
+  return tensor;
+}
+
+Tensor no_data(DType dtype, const std::vector<int64_t>& shape) {
+  Tensor tensor;
+  tensor.dtype = dtype;
+  tensor.rank = static_cast<int>(shape.size());
+  for (size_t i = 0; i < shape.size(); ++i) tensor.shape[i] = shape[i];
+  return tensor;
+}
+
+std::vector<int64_t> with_count(size_t count, const std::vector<int64_t>& shape) {
+  std::vector<int64_t> full{static_cast<int64_t>(count)};
+  full.insert(full.end(), shape.begin(), shape.end());
+  return full;
+}
+
+Status check_rank(const std::string& name, const std::vector<int64_t>& shape) {
+  if (shape.size() > static_cast<size_t>(Tensor::kMaxRank))
+    return Status::errorf("tensor '{}': rank {} is more than {}", name, shape.size(),
+                          Tensor::kMaxRank);
+  return Status::ok();
+}
+
+}  // namespace
+
+bool is_router_weight(const std::string& name) {
+  auto ends_with = [&](std::string_view tail) {
+    return name.size() >= tail.size() &&
+           name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
+  };
+  return ends_with("mlp.gate.weight") || ends_with("block_sparse_moe.gate.weight");
+}
+
+Result<Tensor> CheckpointSource::get(const std::string& name, const std::vector<int64_t>& shape) {
+  const TensorInfo* info = checkpoint_.find(name);
+  if (!info)
+    return Status::errorf("missing tensor '{}' (expected shape {})", name, shape_text(shape));
+  if (info->shape != shape)
+    return Status::errorf("tensor '{}' in {} has shape {}, expected {}", name, info->file,
+                          shape_text(info->shape), shape_text(shape));
+  if (place_.into) {
+    SY_ASSIGN(Tensor * target, next_target(name));
+    if (target->numel() != view_of(*info).numel())
+      return Status::errorf("tensor '{}' has {} elements, the loaded model {}", name,
+                            view_of(*info).numel(), target->numel());
+    if (!place_.check_only)
+      SY_TRY(backend_.load_weight_into(view_of(*info), *target)
+                 .with_context(fmt::format("tensor '{}': ", name)));
+    return *target;
+  }
+  auto loaded = backend_.load_weight(view_of(*info));
+  if (!loaded) return loaded.status().with_context(fmt::format("tensor '{}': ", name));
+  if (loaded->data != info->data) owned_.push_back(*loaded);
+  if (place_.order) place_.order->push_back(*loaded);
+  return *loaded;
+}
+
+Result<Tensor> CheckpointSource::stacked(const std::vector<std::string>& names,
+                                         const std::vector<int64_t>& shape) {
+  std::vector<Tensor> parts;
+  for (const std::string& name : names) {
+    const TensorInfo* info = checkpoint_.find(name);
+    if (!info)
+      return Status::errorf("missing tensor '{}' (expected shape {})", name, shape_text(shape));
+    if (info->shape != shape)
+      return Status::errorf("tensor '{}' in {} has shape {}, expected {}", name, info->file,
+                            shape_text(info->shape), shape_text(shape));
+    if (!parts.empty() && info->dtype != parts.front().dtype)
+      return Status::errorf("tensor '{}' in {} has dtype {}, but '{}' has {}", name, info->file,
+                            dtype_name(info->dtype), names.front(),
+                            dtype_name(parts.front().dtype));
+    parts.push_back(view_of(*info));
+  }
+  if (place_.into) {
+    SY_ASSIGN(Tensor * target, next_target(names.front()));
+    if (target->numel() != parts.front().numel() * static_cast<int64_t>(parts.size()))
+      return Status::errorf("tensors '{}'...: {} x {} elements, the loaded model {}", names.front(),
+                            parts.size(), parts.front().numel(), target->numel());
+    if (!place_.check_only)
+      SY_TRY(backend_.load_stacked_into(parts, *target)
+                 .with_context(fmt::format("tensor '{}': ", names.front())));
+    return *target;
+  }
+  auto loaded = backend_.load_stacked(parts);
+  if (!loaded) return loaded.status().with_context(fmt::format("tensor '{}': ", names.front()));
+  owned_.push_back(*loaded);
+  if (place_.order) place_.order->push_back(*loaded);
+  return *loaded;
+}
+
+Status CheckpointSource::finish() {
+  if (place_.into && next_ != place_.into->size())
+    return Status::errorf("the checkpoint maps onto {} tensors, the loaded model has {}", next_,
+                          place_.into->size());
+  return Status::ok();
+}
+
+Result<Tensor*> CheckpointSource::next_target(const std::string& name) {
+  if (next_ >= place_.into->size())
+    return Status::errorf("tensor '{}': more tensors than the loaded model has ({})", name,
+                          place_.into->size());
+  return &(*place_.into)[next_++];
+}
+
+Result<Tensor> RandomSource::get(const std::string& name, const std::vector<int64_t>& shape) {
+  SY_TRY(check_rank(name, shape));
+  const DType dtype = shape.size() == 1 ? DType::kF32 : DType::kBF16;
+  int64_t numel = 1;
+  for (int64_t d : shape) numel *= d;
+  Tensor tensor = backend_.alloc(dtype, {numel});
+  if (!tensor.data && numel > 0)
+    return Status::error(ErrorCode::kResourceExhausted,
+                         fmt::format("out of memory for random weight '{}'", name));
+  owned_.push_back(tensor);
+  Tensor shaped = no_data(dtype, shape);
+  shaped.data = tensor.data;
+  shaped.device = tensor.device;
+  // Uniform with these standard deviations (HF's init for matrices; norms near 1).
+  float std_dev = 0.02f, offset = 0.0f;
+  if (name.find("norm") != std::string::npos) {
+    std_dev = 0.1f / std::sqrt(3.0f);
+    offset = 1.0f;
+  } else if (is_router_weight(name)) {
+    std_dev = 3.0f / std::sqrt(static_cast<float>(hidden_));
+  }
+  backend_.fill_random(shaped, backend::random_fill_hash(seed_ * 1000003u + tensor_index_++),
+                       std_dev * std::sqrt(3.0f), offset);
+  return shaped;
+}
+
+Result<Tensor> RandomSource::stacked(const std::vector<std::string>& names,
+                                     const std::vector<int64_t>& shape) {
+  return get(names.front(), with_count(names.size(), shape));
+}
+
+Result<Tensor> TensorListSource::get(const std::string& name, const std::vector<int64_t>& shape) {
+  SY_TRY(check_rank(name, shape));
+  tensors_.push_back({name, DType::kBF16, shape});
+  return no_data(DType::kBF16, shape);
+}
+
+Result<Tensor> TensorListSource::stacked(const std::vector<std::string>& names,
+                                         const std::vector<int64_t>& shape) {
+  SY_TRY(check_rank(names.front(), with_count(names.size(), shape)));
+  for (const std::string& name : names) tensors_.push_back({name, DType::kBF16, shape});
+  return no_data(DType::kBF16, with_count(names.size(), shape));
+}
+
+}  // namespace sy::model

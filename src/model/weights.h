@@ -1,0 +1,125 @@
+// A model's weights as backend tensors (DecoderWeights, filled by an architecture adapter), and
+// WeightSource: where the adapter's declared tensors come from — a checkpoint (shapes checked
+// against it, or copied into an already loaded model), seeded random numbers made on the
+// backend, or nowhere (a list of names and shapes, for writing random checkpoints).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "model/safetensors.h"
+#include "moe/experts_kernel.h"
+
+namespace sy::model {
+
+struct AttentionWeights {
+  Tensor q_proj, k_proj, v_proj, o_proj;  // [out, in]
+  Tensor q_bias, k_bias, v_bias, o_bias;  // undefined unless the layer has them
+  Tensor q_norm, k_norm;  // [head_dim] or [heads * head_dim]; undefined unless qk_norm
+};
+
+struct DenseMlpWeights {
+  Tensor gate_proj, up_proj, down_proj;
+};
+
+struct LayerWeights {
+  Tensor input_norm, post_attention_norm;
+  AttentionWeights attention;
+  bool is_moe = false;
+  DenseMlpWeights mlp;            // dense layers
+  moe::MoeLayerWeights moe;       // MoE layers
+  DenseMlpWeights shared_expert;  // MoE layers with a shared expert
+  Tensor shared_expert_gate;      // [1, hidden], when the shared expert is gated
+};
+
+struct DecoderWeights {
+  Tensor embed_tokens;  // [vocab, hidden]
+  std::vector<LayerWeights> layers;
+  Tensor final_norm;
+  Tensor lm_head;  // [vocab, hidden]; the embedding table when tied
+};
+
+class WeightSource {
+ public:
+  virtual ~WeightSource() = default;
+  virtual bool has(const std::string& name) const = 0;
+  virtual Result<Tensor> get(const std::string& name, const std::vector<int64_t>& shape) = 0;
+  // Equally shaped tensors stacked into one [names.size(), shape...] tensor (per-expert
+  // checkpoint tensors -> the stacked expert layout).
+  virtual Result<Tensor> stacked(const std::vector<std::string>& names,
+                                 const std::vector<int64_t>& shape) = 0;
+  // Called after the last tensor.
+  virtual Status finish() { return Status::ok(); }
+};
+
+// How a CheckpointSource places tensors: `order` (if set) collects every tensor it returns, in
+// call order; with `into` (such a list from an earlier load) it copies each tensor into its
+// counterpart instead of allocating, or with check_only only checks that they correspond.
+struct WeightPlacement {
+  std::vector<Tensor>* order = nullptr;
+  std::vector<Tensor>* into = nullptr;
+  bool check_only = false;
+};
+
+// Tensors from a checkpoint: a missing tensor or a wrong shape is an error naming the tensor
+// (and its file). Tensors the backend converted are appended to `owned`.
+class CheckpointSource final : public WeightSource {
+ public:
+  CheckpointSource(const Checkpoint& checkpoint, backend::Backend& backend,
+                   std::vector<Tensor>& owned, const WeightPlacement& place = {})
+      : checkpoint_(checkpoint), backend_(backend), owned_(owned), place_(place) {}
+  bool has(const std::string& name) const override { return checkpoint_.find(name) != nullptr; }
+  Result<Tensor> get(const std::string& name, const std::vector<int64_t>& shape) override;
+  Result<Tensor> stacked(const std::vector<std::string>& names,
+                         const std::vector<int64_t>& shape) override;
+  Status finish() override;
+
+ private:
+  Result<Tensor*> next_target(const std::string& name);
+  const Checkpoint& checkpoint_;
+  backend::Backend& backend_;
+  std::vector<Tensor>& owned_;
+  WeightPlacement place_;
+  size_t next_ = 0;
+};
+
+// Seeded random weights made on the backend (--random-weights): matrices bf16 uniform with std
+// 0.02 (routers 3/sqrt(hidden), so routing is decisive), 1-D tensors f32 (norm weights near 1).
+// Only the tensors an adapter always needs exist (has() is false: no optional tensor is made).
+class RandomSource final : public WeightSource {
+ public:
+  RandomSource(backend::Backend& backend, uint64_t seed, int64_t hidden, std::vector<Tensor>& owned)
+      : backend_(backend), seed_(seed), hidden_(hidden), owned_(owned) {}
+  bool has(const std::string&) const override { return false; }
+  Result<Tensor> get(const std::string& name, const std::vector<int64_t>& shape) override;
+  Result<Tensor> stacked(const std::vector<std::string>& names,
+                         const std::vector<int64_t>& shape) override;
+
+ private:
+  backend::Backend& backend_;
+  uint64_t seed_;
+  int64_t hidden_;
+  std::vector<Tensor>& owned_;
+  uint64_t tensor_index_ = 0;
+};
+
+// Records names and shapes only (the returned tensors have no data): what a checkpoint of this
+// configuration holds, one entry per stored tensor.
+class TensorListSource final : public WeightSource {
+ public:
+  bool has(const std::string&) const override { return false; }
+  Result<Tensor> get(const std::string& name, const std::vector<int64_t>& shape) override;
+  Result<Tensor> stacked(const std::vector<std::string>& names,
+                         const std::vector<int64_t>& shape) override;
+  const std::vector<TensorSpec>& tensors() const { return tensors_; }
+
+ private:
+  std::vector<TensorSpec> tensors_;
+};
+
+// Init scale by tensor role, shared by RandomSource and make-model: routers decisive.
+bool is_router_weight(const std::string& name);
+
+}  // namespace sy::model

@@ -1,0 +1,321 @@
+// The architecture table and the decoder description: each family's config.json becomes the
+// description it should, its make-model checkpoint loads and runs on the CPU, its blocks change
+// the output the way they must (a sliding window hides what it should), and bad files are
+// refused naming the field or tensor.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "backend/backend.h"
+#include "model/architecture.h"
+#include "model/decoder.h"
+#include "model/presets.h"
+#include "moe/router.h"
+
+namespace sy::model {
+namespace {
+
+using nlohmann::json;
+
+json tiny(const std::string& arch) {
+  auto config = preset_config(arch, "tiny", 0);
+  EXPECT_TRUE(config.is_ok()) << config.message();
+  return config.is_ok() ? *config : json{};
+}
+
+ModelConfig parsed(const json& config) {
+  auto c = parse_model_config(config);
+  EXPECT_TRUE(c.is_ok()) << c.message();
+  return c.is_ok() ? *c : ModelConfig{};
+}
+
+TEST(Architectures, UnknownModelTypeListsEverySupportedOne) {
+  auto c =
+      parse_model_config(json{{"model_type", "llama"}, {"architectures", {"LlamaForCausalLM"}}});
+  ASSERT_FALSE(c.is_ok());
+  for (const Architecture& arch : architectures()) {
+    EXPECT_NE(c.message().find(std::string(arch.model_type)), std::string::npos) << c.message();
+    EXPECT_NE(c.message().find(std::string(arch.class_name)), std::string::npos) << c.message();
+  }
+  EXPECT_NE(c.message().find("llama"), std::string::npos);
+}
+
+TEST(Architectures, ClassNameAloneFindsTheAdapter) {
+  json config = tiny("mixtral");
+  config.erase("model_type");
+  EXPECT_EQ(parsed(config).model_type, "mixtral");
+}
+
+TEST(Architectures, MixtralDescription) {
+  const ModelConfig c = parsed(tiny("mixtral"));
+  ASSERT_EQ(c.layers.size(), 3u);
+  EXPECT_EQ(c.moe_layers(), (std::vector<int>{0, 1, 2}));
+  EXPECT_EQ(c.num_experts, 8);
+  EXPECT_EQ(c.moe_intermediate_size, 40) << "Mixtral's intermediate_size is the expert width";
+  EXPECT_TRUE(c.router.renormalize);
+  for (const LayerSpec& layer : c.layers) {
+    EXPECT_EQ(layer.attention.sliding_window, 20);
+    EXPECT_EQ(layer.attention.qk_norm, QkNorm::kNone);
+    EXPECT_FALSE(layer.attention.qkv_bias);
+    EXPECT_FALSE(layer.shared_expert);
+  }
+  json no_window = tiny("mixtral");
+  no_window["sliding_window"] = nullptr;
+  EXPECT_EQ(parsed(no_window).layers[0].attention.sliding_window, 0);
+}
+
+TEST(Architectures, OlmoeDescription) {
+  const ModelConfig c = parsed(tiny("olmoe"));
+  EXPECT_EQ(c.moe_layers(), (std::vector<int>{0, 1, 2}));
+  EXPECT_FALSE(c.router.renormalize);
+  for (const LayerSpec& layer : c.layers) {
+    EXPECT_EQ(layer.attention.qk_norm, QkNorm::kWholeProjection);
+    EXPECT_EQ(layer.attention.sliding_window, 0);
+  }
+  json clipped = tiny("olmoe");
+  clipped["clip_qkv"] = 8.0;
+  auto refused = parse_model_config(clipped);
+  ASSERT_FALSE(refused.is_ok());
+  EXPECT_NE(refused.message().find("clip_qkv"), std::string::npos);
+}
+
+TEST(Architectures, Qwen2MoeDescription) {
+  const ModelConfig c = parsed(tiny("qwen2_moe"));
+  EXPECT_EQ(c.moe_layers(), (std::vector<int>{0, 2})) << "layer 1 is in mlp_only_layers";
+  EXPECT_TRUE(c.layers[0].shared_expert && c.layers[0].shared_expert_gate);
+  EXPECT_FALSE(c.layers[1].shared_expert);
+  EXPECT_TRUE(c.layers[1].attention.qkv_bias);
+  EXPECT_EQ(c.layers[0].attention.sliding_window, 20);
+  EXPECT_EQ(c.layers[1].attention.sliding_window, 0);
+  EXPECT_EQ(c.widest_dense_mlp(), 88);
+  json off = tiny("qwen2_moe");
+  off["use_sliding_window"] = false;
+  EXPECT_EQ(parsed(off).layers[0].attention.sliding_window, 0)
+      << "layer_types only count with the window on";
+  json ambiguous = tiny("qwen2_moe");
+  ambiguous.erase("layer_types");
+  auto refused = parse_model_config(ambiguous);
+  ASSERT_FALSE(refused.is_ok());
+  EXPECT_NE(refused.message().find("layer_types"), std::string::npos);
+  json step = tiny("qwen2_moe");
+  step["mlp_only_layers"] = json::array();
+  step["decoder_sparse_step"] = 2;
+  EXPECT_EQ(parsed(step).moe_layers(), (std::vector<int>{1}));
+}
+
+TEST(Architectures, Qwen3MoeDescriptionIsUnchanged) {
+  const ModelConfig c = parsed(tiny("qwen3_moe"));
+  EXPECT_EQ(c.moe_layers(), (std::vector<int>{0, 2, 3}));
+  for (const LayerSpec& layer : c.layers) EXPECT_EQ(layer.attention.qk_norm, QkNorm::kPerHead);
+  EXPECT_TRUE(c.router.renormalize);
+  EXPECT_FALSE(c.router.uses_extended_options());
+}
+
+// A family's tiny checkpoint written by make-model's writer, on the CPU backend.
+class FamilyModel : public ::testing::TestWithParam<const char*> {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("sy_arch_" + std::string(GetParam()) + "_" + std::to_string(::getpid()));
+    Status written =
+        write_random_checkpoint(tiny(GetParam()), json::object(), dir_.string(), 7, false);
+    ASSERT_TRUE(written.is_ok()) << written.message();
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  struct Run {
+    std::unique_ptr<backend::Backend> backend = backend::make_cpu_backend({2});
+    moe::ExpertsKernelRegistry registry;
+    std::unique_ptr<Model> model;
+    std::unique_ptr<Decoder> decoder;
+  };
+  std::unique_ptr<Run> start(const std::string& dir, const std::string& kernel = "cpu-modular") {
+    auto run = std::make_unique<Run>();
+    run->backend->register_kernels(run->registry);
+    auto loaded = Model::load(dir, *run->backend);
+    EXPECT_TRUE(loaded.is_ok()) << loaded.message();
+    if (!loaded) return nullptr;
+    run->model = std::move(loaded).value();
+    auto chosen = run->registry.select(kernel, {Device::kCpu, true, true});
+    EXPECT_TRUE(chosen.is_ok()) << chosen.message();
+    run->decoder = std::make_unique<Decoder>(*run->backend, KernelChoice{*chosen, nullptr, 0}, 16);
+    Status allocated = run->decoder->allocate(run->model->config(), 16, {128, 1, 16, 128});
+    EXPECT_TRUE(allocated.is_ok()) << allocated.message();
+    return run;
+  }
+  // Tokens [from, to) of one sequence in one step (earlier ones already in the cache); the
+  // logits of every token of the step and their routes.
+  static void step(Run& run, const std::vector<int32_t>& tokens, int32_t from, int32_t to,
+                   std::vector<float>& logits, std::vector<int32_t>& routes) {
+    StepInputs in;
+    for (int32_t p = from; p < to; ++p) {
+      in.token_ids.push_back(tokens[static_cast<size_t>(p)]);
+      in.positions.push_back(p);
+      in.token_seq.push_back(0);
+      in.slot_mapping.push_back(p);
+      in.logits_rows.push_back(p - from);
+    }
+    in.num_seqs = 1;
+    in.max_blocks_per_seq = (to + 15) / 16;
+    for (int b = 0; b < in.max_blocks_per_seq; ++b) in.block_tables.push_back(b);
+    in.capture_routes = true;
+    StepOutputs out;
+    ASSERT_TRUE(run.decoder->forward(*run.model, in, out).is_ok());
+    Status finished = run.decoder->finish_step(*run.model, out);
+    ASSERT_TRUE(finished.is_ok()) << finished.message();
+    logits.resize(static_cast<size_t>(out.logits.numel()));
+    run.backend->download(out.logits, logits.data());
+    routes = out.routes;
+  }
+  static std::vector<int32_t> prompt(int n, int32_t first = 1000) {
+    std::vector<int32_t> tokens;
+    for (int i = 0; i < n; ++i) tokens.push_back(first + (i * 7919) % 5000);
+    return tokens;
+  }
+  std::filesystem::path dir_;
+};
+
+TEST_P(FamilyModel, RunsAndPrefillEqualsDecodeBitForBit) {
+  auto run = start(dir_.string());
+  ASSERT_TRUE(run);
+  const ModelConfig& c = run->model->config();
+  const std::vector<int32_t> tokens = prompt(40);
+  std::vector<float> whole, last;
+  std::vector<int32_t> routes, step_routes;
+  step(*run, tokens, 0, 40, whole, routes);
+  for (float value : whole) ASSERT_TRUE(std::isfinite(value));
+  // Routes: every MoE row a valid, distinct set; dense rows 0.
+  const int64_t L = c.num_hidden_layers, K = c.experts_per_token;
+  std::set<int32_t> seen;
+  for (int64_t t = 0; t < 40; ++t)
+    for (int64_t l = 0; l < L; ++l) {
+      const int32_t* row = routes.data() + (t * L + l) * K;
+      if (!c.is_moe_layer(static_cast<int>(l))) {
+        for (int64_t k = 0; k < K; ++k) EXPECT_EQ(row[k], 0);
+        continue;
+      }
+      EXPECT_TRUE(moe::validate_route_row(row, c.router_spec()).is_ok());
+      seen.insert(row, row + K);
+    }
+  EXPECT_GT(seen.size(), static_cast<size_t>(K)) << "routing should spread over experts";
+  // The same sequence as a 30-token prefill then one token at a time: the CPU is
+  // batch-invariant, so the last rows match bit for bit (the window crosses KV blocks).
+  auto again = start(dir_.string());
+  std::vector<float> part;
+  step(*again, tokens, 0, 30, part, step_routes);
+  for (int32_t p = 30; p < 40; ++p) {
+    step(*again, tokens, p, p + 1, last, step_routes);
+    const int64_t vocab = c.vocab_size;
+    ASSERT_EQ(std::memcmp(last.data(), whole.data() + p * vocab, static_cast<size_t>(vocab) * 4), 0)
+        << "position " << p;
+    ASSERT_TRUE(std::equal(step_routes.begin(), step_routes.end(), routes.begin() + p * L * K));
+  }
+}
+
+TEST_P(FamilyModel, ModularAndFusedKernelsAgree) {
+  auto modular = start(dir_.string(), "cpu-modular"), fused = start(dir_.string(), "cpu-fused");
+  ASSERT_TRUE(modular && fused);
+  std::vector<float> a, b;
+  std::vector<int32_t> routes_a, routes_b;
+  step(*modular, prompt(33), 0, 33, a, routes_a);
+  step(*fused, prompt(33), 0, 33, b, routes_b);
+  EXPECT_EQ(routes_a, routes_b);
+  EXPECT_EQ(a, b);
+}
+
+TEST_P(FamilyModel, SlidingWindowHidesTokensOutsideIt) {
+  const ModelConfig c = parsed(tiny(GetParam()));
+  int64_t window = 0;
+  for (const LayerSpec& layer : c.layers) window = std::max(window, layer.attention.sliding_window);
+  // Past the receptive field (layers x (window - 1)) a token cannot see the first token.
+  const int n = static_cast<int>(c.num_hidden_layers * std::max<int64_t>(window - 1, 1) + 6);
+  std::vector<int32_t> first = prompt(n), changed = first;
+  changed[0] = 77;
+  auto run_a = start(dir_.string()), run_b = start(dir_.string());
+  std::vector<float> a, b;
+  std::vector<int32_t> routes;
+  step(*run_a, first, 0, n, a, routes);
+  step(*run_b, changed, 0, n, b, routes);
+  const int64_t vocab = c.vocab_size;
+  const bool same_last =
+      std::memcmp(a.data() + (n - 1) * vocab, b.data() + (n - 1) * vocab, vocab * 4) == 0;
+  if (c.model_type == "mixtral") {
+    EXPECT_TRUE(same_last) << "every layer slides: the last token never sees token 0";
+  } else {
+    EXPECT_FALSE(same_last) << "a full-attention layer sees token 0";
+  }
+  EXPECT_NE(std::memcmp(a.data() + 1 * vocab, b.data() + 1 * vocab, vocab * 4), 0)
+      << "token 1 sees token 0";
+}
+
+TEST_P(FamilyModel, MissingAndMisshapenTensorsAreNamed) {
+  json config = tiny(GetParam());
+  const std::string experts_key =
+      config.contains("num_local_experts") ? "num_local_experts" : "num_experts";
+  config[experts_key] = config[experts_key].get<int>() + 1;
+  std::ofstream(dir_ / "config.json") << config.dump();
+  auto backend = backend::make_cpu_backend({1});
+  auto missing = Model::load(dir_.string(), *backend);
+  ASSERT_FALSE(missing.is_ok());
+  EXPECT_NE(missing.message().find("gate.weight"), std::string::npos) << missing.message();
+  EXPECT_NE(missing.message().find("shape"), std::string::npos) << missing.message();
+  config = tiny(GetParam());
+  config["intermediate_size"] =
+      config["intermediate_size"].get<int>() + 2;  // dense or expert width
+  std::ofstream(dir_ / "config.json") << config.dump();
+  auto misshapen = Model::load(dir_.string(), *backend);
+  ASSERT_FALSE(misshapen.is_ok());
+  EXPECT_NE(misshapen.message().find("model.layers."), std::string::npos) << misshapen.message();
+  EXPECT_NE(misshapen.message().find("has shape"), std::string::npos) << misshapen.message();
+  EXPECT_NE(misshapen.message().find("model.safetensors"), std::string::npos) << "names the file";
+}
+
+TEST_P(FamilyModel, RandomWeightsBuildTheSameTensors) {
+  auto backend = backend::make_cpu_backend({1});
+  auto model = Model::random((dir_ / "config.json").string(), *backend, 3);
+  ASSERT_TRUE(model.is_ok()) << model.message();
+  auto loaded = Model::load(dir_.string(), *backend);
+  ASSERT_TRUE(loaded.is_ok());
+  const auto &a = (*model)->weights().layers, &b = (*loaded)->weights().layers;
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t l = 0; l < a.size(); ++l) {
+    EXPECT_EQ(a[l].is_moe, b[l].is_moe);
+    EXPECT_EQ(a[l].moe.gate_up.numel(), b[l].moe.gate_up.numel());
+    EXPECT_EQ(a[l].shared_expert_gate.numel(), b[l].shared_expert_gate.numel());
+    EXPECT_EQ(a[l].attention.q_norm.numel(), b[l].attention.q_norm.numel());
+    EXPECT_EQ(a[l].attention.q_bias.numel(), b[l].attention.q_bias.numel());
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, FamilyModel,
+                         ::testing::Values("qwen3_moe", "mixtral", "olmoe", "qwen2_moe"));
+
+// A kernel that predates the extended router options refuses a spec that uses them.
+class LegacyKernel final : public moe::ExpertsKernel {
+ public:
+  std::string_view name() const override { return "legacy"; }
+  Device device() const override { return Device::kCpu; }
+  bool routes_inside() const override { return false; }
+  bool captures_routes() const override { return true; }
+  bool replays_routes() const override { return true; }
+  Status forward(const moe::MoeForwardArgs&) override { return Status::ok(); }
+};
+
+TEST(Architectures, KernelsWithoutTheExtendedRouterRefuseIt) {
+  LegacyKernel kernel;
+  moe::RouterSpec spec{8, 2, moe::RouterScoring::kSoftmax, true};
+  EXPECT_TRUE(kernel.supports(spec).is_ok());
+  spec.has_selection_bias = true;
+  Status refused = kernel.supports(spec);
+  EXPECT_EQ(refused.code(), ErrorCode::kUnsupported);
+  EXPECT_NE(refused.message().find("legacy"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace sy::model
