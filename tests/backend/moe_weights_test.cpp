@@ -1,6 +1,7 @@
 // The gating-weight sink of the CPU MoE kernels: every kernel writes, for each token, layer and
 // slot, the weight it multiplied that expert's output by. Checked against an independent
-// double-precision router (softmax, top-k, renormalisation, scaling) and against the block's own
+// double-precision router (softmax or sigmoid, selection bias, softmax after top-k, top-k,
+// renormalisation, scaling) and against the block's own
 // output: out = sum_k w_k * expert_k(x) with the experts recomputed in double.
 #include <gtest/gtest.h>
 
@@ -43,8 +44,11 @@ struct Routed {
   std::vector<double> weights;
   double margin = 1.0;  // gap between the k-th and (k+1)-th probability: tiny = ambiguous
 };
+// Scoring: softmax or sigmoid; selection by score + selection bias (DeepSeek-V3's correction,
+// which steers selection only); weights = the chosen scores (or, softmax after top-k, a softmax
+// over the chosen logits), renormalised and scaled.
 Routed route_double(const Layer& layer, const float* x, const moe::RouterSpec& spec,
-                    const int32_t* forced) {
+                    const int32_t* forced, const std::vector<float>& selection_bias) {
   std::vector<double> logits(static_cast<size_t>(layer.experts));
   for (int64_t e = 0; e < layer.experts; ++e) {
     double dot = 0;
@@ -54,19 +58,33 @@ Routed route_double(const Layer& layer, const float* x, const moe::RouterSpec& s
   }
   const double top = *std::max_element(logits.begin(), logits.end());
   std::vector<double> probs(logits.size());
-  double sum = 0;
-  for (size_t e = 0; e < logits.size(); ++e) sum += probs[e] = std::exp(logits[e] - top);
-  for (double& p : probs) p /= sum;
+  if (spec.softmax_after_topk) {
+    probs = logits;  // selection on the logits
+  } else if (spec.scoring == moe::RouterScoring::kSigmoid) {
+    for (size_t e = 0; e < logits.size(); ++e) probs[e] = 1.0 / (1.0 + std::exp(-logits[e]));
+  } else {
+    double sum = 0;
+    for (size_t e = 0; e < logits.size(); ++e) sum += probs[e] = std::exp(logits[e] - top);
+    for (double& p : probs) p /= sum;
+  }
+  std::vector<double> choice = probs;
+  for (size_t e = 0; e < selection_bias.size(); ++e) choice[e] += selection_bias[e];
   std::vector<int32_t> order(probs.size());
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(),
-                   [&](int32_t a, int32_t b) { return probs[a] > probs[b]; });
+                   [&](int32_t a, int32_t b) { return choice[a] > choice[b]; });
   Routed routed;
   if (forced) {
     routed.ids.assign(forced, forced + spec.top_k);
   } else {
     routed.ids.assign(order.begin(), order.begin() + spec.top_k);
-    routed.margin = probs[order[spec.top_k - 1]] - probs[order[spec.top_k]];
+    routed.margin = choice[order[spec.top_k - 1]] - choice[order[spec.top_k]];
+  }
+  if (spec.softmax_after_topk) {
+    double m = -INFINITY, z = 0;
+    for (int32_t id : routed.ids) m = std::max(m, logits[id]);
+    for (int32_t id : routed.ids) z += std::exp(logits[id] - m);
+    for (int32_t id : routed.ids) probs[id] = std::exp(logits[id] - m) / z;
   }
   double chosen = 0;
   for (int32_t id : routed.ids) chosen += probs[id];
@@ -103,11 +121,17 @@ struct Case {
   bool renormalize;
   float scaling;
   bool forced;
+  // cpu-modular only (the router options cpu-fused refuses):
+  bool sigmoid = false;
+  bool selection_bias = false;
+  bool softmax_after_topk = false;
 };
 
 void PrintTo(const Case& c, std::ostream* os) {
   *os << c.kernel << (c.renormalize ? " renormalised" : "") << " scaling " << c.scaling
-      << (c.forced ? " forced" : "");
+      << (c.forced ? " forced" : "") << (c.sigmoid ? " sigmoid" : "")
+      << (c.selection_bias ? " selection-bias" : "")
+      << (c.softmax_after_topk ? " softmax-after-top-k" : "");
 }
 
 class MoeWeights : public ::testing::TestWithParam<Case> {};
@@ -121,8 +145,18 @@ TEST_P(MoeWeights, AreTheNumbersTheBlockMultipliedBy) {
   const int64_t experts = 19, top_k = 3, hidden = 37, intermediate = 21, tokens = 23, layers = 3;
   const int layer_index = 1;
   Layer layer = random_layer(rng, experts, hidden, intermediate);
-  moe::RouterSpec spec{experts,       top_k, moe::RouterScoring::kSoftmax,
-                       c.renormalize, false, c.scaling};
+  moe::RouterSpec spec{experts,
+                       top_k,
+                       c.sigmoid ? moe::RouterScoring::kSigmoid : moe::RouterScoring::kSoftmax,
+                       c.renormalize,
+                       c.softmax_after_topk,
+                       c.scaling};
+  spec.has_selection_bias = c.selection_bias;
+  std::vector<float> selection_bias;
+  if (c.selection_bias) {
+    std::uniform_real_distribution<float> bias(-0.3f, 0.3f);
+    for (int64_t e = 0; e < experts; ++e) selection_bias.push_back(bias(rng));
+  }
 
   auto backend = make_cpu_backend({1});
   moe::ExpertsKernelRegistry registry;
@@ -135,6 +169,8 @@ TEST_P(MoeWeights, AreTheNumbersTheBlockMultipliedBy) {
   weights.router = Tensor(layer.router.data(), DType::kBF16, {experts, hidden});
   weights.gate_up = Tensor(layer.gate_up.data(), DType::kBF16, {experts, 2 * intermediate, hidden});
   weights.down = Tensor(layer.down.data(), DType::kBF16, {experts, hidden, intermediate});
+  if (c.selection_bias)
+    weights.selection_bias = Tensor(selection_bias.data(), DType::kF32, {experts});
 
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::vector<float> x(static_cast<size_t>(tokens * hidden)), out(x.size(), NAN);
@@ -185,7 +221,8 @@ TEST_P(MoeWeights, AreTheNumbersTheBlockMultipliedBy) {
     }
     const float* xt = x.data() + t * hidden;
     const size_t row = static_cast<size_t>((t * layers + layer_index) * top_k);
-    Routed ref = route_double(layer, xt, spec, forced_flags[t] ? forced_ids.data() + row : nullptr);
+    Routed ref = route_double(layer, xt, spec, forced_flags[t] ? forced_ids.data() + row : nullptr,
+                              selection_bias);
     if (forced_flags[t] || ref.margin > 1e-4) {
       ++checked_ids;
       for (int64_t k = 0; k < top_k; ++k) {
@@ -210,20 +247,24 @@ TEST_P(MoeWeights, AreTheNumbersTheBlockMultipliedBy) {
   EXPECT_GT(checked_ids, tokens / 2) << "too many near-ties to check the ids";
 }
 
-INSTANTIATE_TEST_SUITE_P(Kernels, MoeWeights,
-                         ::testing::Values(Case{"cpu-modular", true, 1.0f, false},
-                                           Case{"cpu-modular", false, 2.5f, false},
-                                           Case{"cpu-modular", true, 1.0f, true},
-                                           Case{"cpu-fused", true, 1.0f, false},
-                                           Case{"cpu-fused", false, 2.5f, false},
-                                           Case{"cpu-fused", false, 1.0f, true}),
-                         [](const auto& info) {
-                           std::string name = info.param.kernel;
-                           std::replace(name.begin(), name.end(), '-', '_');
-                           return name + (info.param.renormalize ? "_renorm" : "_raw") +
-                                  (info.param.scaling != 1.0f ? "_scaled" : "") +
-                                  (info.param.forced ? "_forced" : "");
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Kernels, MoeWeights,
+    ::testing::Values(Case{"cpu-modular", true, 1.0f, false},
+                      Case{"cpu-modular", false, 2.5f, false},
+                      Case{"cpu-modular", true, 1.0f, true}, Case{"cpu-fused", true, 1.0f, false},
+                      Case{"cpu-fused", false, 2.5f, false}, Case{"cpu-fused", false, 1.0f, true},
+                      Case{"cpu-modular", true, 2.5f, false, true, true},
+                      Case{"cpu-modular", true, 2.5f, true, true, true},
+                      Case{"cpu-modular", false, 1.0f, false, false, false, true}),
+    [](const auto& info) {
+      std::string name = info.param.kernel;
+      std::replace(name.begin(), name.end(), '-', '_');
+      return name + (info.param.renormalize ? "_renorm" : "_raw") +
+             (info.param.scaling != 1.0f ? "_scaled" : "") + (info.param.forced ? "_forced" : "") +
+             (info.param.sigmoid ? "_sigmoid" : "") +
+             (info.param.selection_bias ? "_selection_bias" : "") +
+             (info.param.softmax_after_topk ? "_softmax_after_topk" : "");
+    });
 
 }  // namespace
 }  // namespace sy::backend
