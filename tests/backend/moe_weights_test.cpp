@@ -1,8 +1,8 @@
 // The gating-weight sink of the CPU MoE kernels: every kernel writes, for each token, layer and
 // slot, the weight it multiplied that expert's output by. Checked against an independent
 // double-precision router (softmax or sigmoid, selection bias, softmax after top-k, top-k,
-// renormalisation, scaling) and against the block's own
-// output: out = sum_k w_k * expert_k(x) with the experts recomputed in double.
+// renormalisation, scaling) and against the block's own output: out = sum_k w_k * expert_k(x)
+// with the experts recomputed in double.
 #include <gtest/gtest.h>
 
 #include <algorithm>
