@@ -16,7 +16,7 @@ $bin generate --model models/tiny --prompt "The capital of France is" --max-toke
 
 echo "--- serve + one chat request"
 log=$(mktemp)
-$bin serve --model models/tiny --port 0 --enable-return-routed-experts >"$log" 2>&1 &
+$bin serve --model models/tiny --port 0 --enable-return-routed-experts --return-routed-experts-default >"$log" 2>&1 &
 server=$!
 trap 'kill -TERM $server 2>/dev/null; wait $server 2>/dev/null; rm -f "$log"' EXIT
 url=""

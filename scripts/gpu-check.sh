@@ -143,7 +143,7 @@ fi
 if want serve; then
   section "serve --device cuda + switchyard bench (1024 in / 128 out x 1000, rate inf)"
   "$carry/switchyard" serve --device cuda --random-weights "$carry/qwen3-30b-a3b/config.json" --port 8391 \
-    --enable-return-routed-experts --max-num-seqs 256 --max-num-batched-tokens 8192 > "$OUT/serve.log" 2>&1 &
+    --enable-return-routed-experts --return-routed-experts-default --max-num-seqs 256 --max-num-batched-tokens 8192 > "$OUT/serve.log" 2>&1 &
   server=$!
   for _ in $(seq 1 240); do curl -sf localhost:8391/health >/dev/null && break; sleep 1; done
   run throughput timeout 400 "$carry/switchyard" bench --base-url http://localhost:8391 --endpoint completions \

@@ -9,7 +9,7 @@ seconds=${1:-600}
 clients=${2:-64}
 model="$root/tests/golden/hf_qwen3_moe/qwen3moe_dense_nonorm"
 log=$(mktemp)
-"$root/build/switchyard" serve --model "$model" --port 0 --enable-return-routed-experts \
+"$root/build/switchyard" serve --model "$model" --port 0 --enable-return-routed-experts --return-routed-experts-default \
   --kv-cache-tokens "${SOAK_KV_TOKENS:-2048}" --max-num-batched-tokens 256 --threads "${SOAK_THREADS:-2}" \
   --max-model-len 512 >"$log" 2>&1 &
 server=$!

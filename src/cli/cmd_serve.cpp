@@ -155,6 +155,10 @@ void add_serve_command(CLI::App& app, int& exit_code) {
                       "require 'Authorization: Bearer KEY' (env SWITCHYARD_API_KEY)");
   command->add_flag("--enable-return-routed-experts", s.enable_return_routed_experts,
                     "capture every request's routed experts; requests may ask for them");
+  command->add_flag(
+      "--return-routed-experts-default", s.return_routed_experts_default,
+      "with capture on, return routes to requests that leave return_routed_experts out "
+      "(default: only to those that ask)");
   command->add_option("--moe-kernel", e.moe_kernel, "MoE kernel: auto or a name")
       ->capture_default_str();
   command->add_option("--max-num-seqs", e.max_num_seqs, "sequences per step")

@@ -14,5 +14,6 @@ void add_tokenize_command(CLI::App& app, int& exit_code);
 void add_render_chat_command(CLI::App& app, int& exit_code);
 void add_serve_command(CLI::App& app, int& exit_code);
 void add_bench_command(CLI::App& app, int& exit_code);
+void add_routes_command(CLI::App& app, int& exit_code);
 
 }  // namespace sy::cli

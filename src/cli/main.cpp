@@ -12,6 +12,7 @@ int main(int argc, char** argv) {
   sy::cli::add_render_chat_command(app, exit_code);
   sy::cli::add_serve_command(app, exit_code);
   sy::cli::add_bench_command(app, exit_code);
+  sy::cli::add_routes_command(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

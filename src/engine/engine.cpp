@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <deque>
 #include <future>
@@ -67,6 +68,19 @@ class EngineImpl final : public Engine {
       auto small = registry_.select(backend_->small_batch_kernel(), small_needs);
       if (small) kernels = {kernel_, *small, backend_->small_batch_max_tokens()};
     }
+    // Gating weights come back only where every MoE kernel in use writes them.
+    for (moe::ExpertsKernel* k : {kernels.large, kernels.small}) {
+      if (!k || k->captures_weights() || !weights_unavailable_.empty()) continue;
+      weights_unavailable_ = fmt::format(
+          "MoE kernel {} does not write gating weights (return_routed_experts_weights); kernels "
+          "that do: {}",
+          k->name(), weight_kernel_names());
+    }
+    if (!config.capture_routes)
+      weights_unavailable_ =
+          "gating weights are captured with the routes: start the server with "
+          "--enable-return-routed-experts";
+    capture_weights_ = weights_unavailable_.empty();
     // The guard runs before loading, so a refused kernel costs no load time.
     if (!config.random_weights_config.empty()) {
       SY_ASSIGN(model_, model::Model::random(config.random_weights_config, *backend_, config.random_weights_seed));
@@ -108,6 +122,11 @@ class EngineImpl final : public Engine {
                         config.enable_prefix_caching, config.capture_routes, row_ints_},
         *kv_);
     eos_ids_ = c.eos_token_ids;
+    metrics_.moe_layers = c.moe_layers();
+    metrics_.num_experts = c.num_experts;
+    if (config.capture_routes)
+      metrics_.expert_load_tokens.assign(
+          metrics_.moe_layers.size() * static_cast<size_t>(c.num_experts), 0);
     thread_ = std::thread([this] { loop(); });
     return Status::ok();
   }
@@ -160,6 +179,8 @@ class EngineImpl final : public Engine {
     info.num_experts = c.num_experts;
     info.top_k = c.experts_per_token;
     info.eos_token_ids = eos_ids_;
+    info.route_weights = capture_weights_;
+    info.route_weights_unavailable = weights_unavailable_;
     return info;
   }
 
@@ -207,6 +228,15 @@ class EngineImpl final : public Engine {
     };
   }
 
+  std::string weight_kernel_names() const {
+    std::string names;
+    for (const std::string& name : registry_.names(backend_->device())) {
+      auto kernel = registry_.select(name, {backend_->device(), false, false});
+      if (kernel && (*kernel)->captures_weights()) names += (names.empty() ? "" : ", ") + name;
+    }
+    return names.empty() ? "none on this device" : names;
+  }
+
   static int64_t available_memory_bytes() {
     long pages = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGESIZE);
     return pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : int64_t{4} << 30;
@@ -230,9 +260,11 @@ class EngineImpl final : public Engine {
       if (id < 0 || id >= c.vocab_size) return Status::errorf("stop_token_ids entry {} is out of range", id);
     for (auto [id, bias] : s.logit_bias)
       if (id < 0 || id >= c.vocab_size) return Status::errorf("logit_bias token id {} is out of range", id);
-    if (request.return_routes && !config_.capture_routes)
+    if ((request.return_routes || request.stream_routes) && !config_.capture_routes)
       return Status::error("routed experts were requested but capture is off (start the server with "
                            "--enable-return-routed-experts)");
+    if (request.return_route_weights && !capture_weights_)
+      return Status::error(ErrorCode::kUnsupported, weights_unavailable_);
     if (request.replay) {
       if (!kernel_->replays_routes())
         return Status::error(ErrorCode::kUnsupported,
@@ -335,6 +367,8 @@ class EngineImpl final : public Engine {
     std::vector<size_t> sample_items, score_uses;
     std::vector<backend::SampledToken> scored, sampled;
     std::vector<int32_t> routes;  // [step tokens, row_ints] when capturing
+    std::vector<float> weights;   // likewise, when a sequence of the step asked for weights
+    int64_t poisoned_rows = 0;
   };
 
   using Scheduled = ScheduledChunk;
@@ -353,7 +387,7 @@ class EngineImpl final : public Engine {
       return;
     }
     if (batch.size() == 1) {
-      fail_step(batch[0], status);
+      fail_step(batch[0], status, result.poisoned_rows);
       return;
     }
     // One request's failure (a poisoned route, a replay the kernel cannot honour) must not fail
@@ -365,15 +399,16 @@ class EngineImpl final : public Engine {
       if (solo) {
         apply_batch(one, alone);
       } else {
-        fail_step(s, solo);
+        fail_step(s, solo, alone.poisoned_rows);
       }
     }
   }
 
-  void fail_step(const Scheduled& s, const Status& status) {
+  void fail_step(const Scheduled& s, const Status& status, int64_t poisoned_rows) {
     if (status.code() == ErrorCode::kInternal) {  // a route no kernel wrote
       std::lock_guard lock(metrics_mutex_);
       ++metrics_.route_capture_errors_total;
+      metrics_.routes_poisoned_total += poisoned_rows;
     }
     fail_running(s.seq, status);
   }
@@ -383,6 +418,8 @@ class EngineImpl final : public Engine {
     const int64_t bs = kv_->block_size();
     model::StepInputs in;
     in.capture_routes = config_.capture_routes;
+    for (const auto& s : batch)
+      in.capture_weights |= capture_weights_ && s.seq->request.return_route_weights;
     in.num_seqs = static_cast<int>(batch.size());
     for (const auto& s : batch) in.max_blocks_per_seq = std::max<int>(in.max_blocks_per_seq, static_cast<int>(s.seq->blocks.size()));
     in.block_tables.assign(static_cast<size_t>(in.num_seqs * std::max(in.max_blocks_per_seq, 1)), 0);
@@ -451,6 +488,8 @@ class EngineImpl final : public Engine {
       status = decoder_->finish_step(*model_, out);
     }
     result.routes = std::move(out.routes);
+    result.weights = std::move(out.weights);
+    result.poisoned_rows = out.poisoned_rows;
     return status;
   }
 
@@ -459,15 +498,38 @@ class EngineImpl final : public Engine {
     // Route log: positions computed for the first time get the rows the kernels wrote.
     if (config_.capture_routes) {
       size_t t = 0;
+      int64_t captured = 0, replayed = 0;
+      const int64_t top_k = model_->config().experts_per_token;
+      const std::vector<int>& moe_layers = metrics_.moe_layers;  // fixed at start
+      std::vector<int64_t> load(metrics_.expert_load_tokens.size(), 0);
       for (const auto& s : batch) {
         Sequence& seq = *s.seq;
+        const bool wants_weights = seq.request.return_route_weights && !result.weights.empty();
         for (int64_t p = s.begin; p < s.begin + s.count; ++p, ++t) {
-          if (p < seq.route_rows) continue;
-          seq.routes.insert(seq.routes.end(), result.routes.begin() + t * row_ints_,
-                            result.routes.begin() + (t + 1) * row_ints_);
+          const int32_t* row = result.routes.data() + t * row_ints_;
+          for (size_t m = 0; m < moe_layers.size(); ++m)
+            for (int64_t k = 0; k < top_k; ++k)
+              ++load[m * static_cast<size_t>(metrics_.num_experts) +
+                     row[moe_layers[m] * top_k + k]];
+          if (wants_weights && p == seq.weight_rows) {
+            seq.route_weights.insert(seq.route_weights.end(),
+                                     result.weights.begin() + t * row_ints_,
+                                     result.weights.begin() + (t + 1) * row_ints_);
+            seq.weight_rows = p + 1;
+          }
+          if (p < seq.route_rows) {
+            ++replayed;
+            continue;
+          }
+          seq.routes.insert(seq.routes.end(), row, row + row_ints_);
           seq.route_rows = p + 1;
+          ++captured;
         }
       }
+      std::lock_guard lock(metrics_mutex_);
+      metrics_.routes_captured_total += captured;
+      metrics_.routes_replayed_total += replayed;
+      for (size_t i = 0; i < load.size(); ++i) metrics_.expert_load_tokens[i] += load[i];
     }
     for (const auto& s : batch) scheduler_->computed(*s.seq, s.begin + s.count);
     {
@@ -590,16 +652,33 @@ class EngineImpl final : public Engine {
     event.finished = reason != FinishReason::kNone;
     event.finish_reason = reason;
     event.stop_token_id = stop_token;
-    if (event.finished && seq.request.return_routes) event.routes = route_array(seq);
+    // Only copies here; the server encodes on its own threads.
+    const int64_t rows = static_cast<int64_t>(seq.tokens.size()) - 1;
+    if (seq.request.stream_routes) {
+      event.new_routes = route_array(seq, seq.routes_streamed, rows);
+      seq.routes_streamed = rows;
+    } else if (event.finished && seq.request.return_routes) {
+      event.routes = route_array(seq, 0, rows);
+    }
     return seq.on_event ? seq.on_event(event) : Continuation::kContinue;
   }
 
-  moe::RouteArray route_array(const Sequence& seq) const {
+  // Rows [begin, end) of the route log (and of the weights, when the request asked for them).
+  moe::RouteArray route_array(const Sequence& seq, int64_t begin, int64_t end) const {
     moe::RouteArray routes;
-    routes.rows = static_cast<int64_t>(seq.tokens.size()) - 1;
+    routes.first_row = begin;
+    routes.rows = end - begin;
     routes.layers = model_->config().num_hidden_layers;
     routes.top_k = model_->config().experts_per_token;
-    routes.ids.assign(seq.routes.begin(), seq.routes.begin() + routes.rows * row_ints_);
+    routes.ids.assign(seq.routes.begin() + begin * row_ints_, seq.routes.begin() + end * row_ints_);
+    if (seq.request.return_route_weights) {
+      // Every row of such a request was computed by it (no prefix hit); NaN would show a gap.
+      routes.weights.assign(static_cast<size_t>(routes.rows * row_ints_), std::nanf(""));
+      const int64_t known = std::min(end, seq.weight_rows);
+      if (known > begin)
+        std::copy(seq.route_weights.begin() + begin * row_ints_,
+                  seq.route_weights.begin() + known * row_ints_, routes.weights.begin());
+    }
     // Replayed rows are returned as given; dense layers' entries are 0 on the wire.
     const auto moe_layers = model_->config().moe_layers();
     for (int64_t row = 0; row < routes.rows; ++row)
@@ -657,6 +736,8 @@ class EngineImpl final : public Engine {
   int64_t max_model_len_ = 0;
   int64_t row_ints_ = 0;
   std::vector<int32_t> eos_ids_;
+  bool capture_weights_ = false;
+  std::string weights_unavailable_;
 
   // Engine-thread state.
   std::unique_ptr<Scheduler> scheduler_;

@@ -43,6 +43,12 @@ struct GenerationRequest {
   // submit: shape (rows, num_hidden_layers, top_k), ids < num_experts, no duplicate in a row.
   std::optional<moe::RouteArray> replay;
   bool return_routes = false;  // deliver the route log with the final event
+  // Deliver each event's new route rows (Event::new_routes) instead of the whole log at the end.
+  bool stream_routes = false;
+  // Deliver the gating weights with the routes (RouteArray::weights). Needs a kernel that
+  // captures them (ModelInfo::route_weights); such a request computes its whole prompt (no
+  // prefix-cache hit), so every weight is the one its own forward pass multiplied by.
+  bool return_route_weights = false;
 };
 
 struct TopLogprob {
@@ -69,6 +75,9 @@ struct Event {
   std::optional<int32_t> stop_token_id;  // the matched stop/eos token, if that ended it
   // Final event, when return_routes: rows 0 .. N-2 over all hidden layers (DESIGN.md).
   std::optional<moe::RouteArray> routes;
+  // Every event, when stream_routes: the rows computed since the previous event (first_row set;
+  // the final event's piece ends at N-2, so the pieces in order are the whole log).
+  std::optional<moe::RouteArray> new_routes;
   Status error;  // finish_reason == kError: e.g. a route-capture failure naming layer and kernel
 };
 
@@ -86,6 +95,10 @@ struct ModelInfo {
   int64_t num_experts = 0;
   int64_t top_k = 0;
   std::vector<int32_t> eos_token_ids;
+  // Gating weights can be returned (capture on and every MoE kernel in use writes them); when
+  // not, why not (a sentence for the 400).
+  bool route_weights = false;
+  std::string route_weights_unavailable;
 };
 
 struct EngineMetrics {
@@ -102,6 +115,14 @@ struct EngineMetrics {
   int64_t generation_tokens_total = 0;
   int64_t preemptions_total = 0;
   int64_t route_capture_errors_total = 0;
+  // Route capture (all zero when capture is off).
+  int64_t routes_captured_total = 0;  // rows logged from a forward pass (first computation)
+  int64_t routes_replayed_total = 0;  // rows computed with forced routes (replay, recompute)
+  int64_t routes_poisoned_total = 0;  // rows a kernel left unwritten (their requests failed)
+  // Tokens routed to each expert by every forward pass, [moe_layers.size() * num_experts].
+  std::vector<int> moe_layers;
+  int64_t num_experts = 0;
+  std::vector<int64_t> expert_load_tokens;
 };
 
 struct EngineConfig {

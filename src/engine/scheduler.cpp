@@ -190,7 +190,10 @@ BlockContent Scheduler::block_content(const Sequence& seq, int64_t index,
 // leaving the last token to compute) and restore their routes into the route log.
 void Scheduler::lookup_prefix(Sequence& seq) {
   seq.prefix_lookup_done = true;
-  if (!config_.enable_prefix_caching || seq.request.sampling.prompt_logprobs >= 0) return;
+  // prompt_logprobs and gating weights need every prompt position computed by this request.
+  if (!config_.enable_prefix_caching || seq.request.sampling.prompt_logprobs >= 0 ||
+      seq.request.return_route_weights)
+    return;
   const int64_t bs = kv_.block_size(), row_ints = config_.route_row_ints;
   const int64_t max_blocks = (static_cast<int64_t>(seq.tokens.size()) - 1) / bs;
   int64_t hits = 0;

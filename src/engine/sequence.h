@@ -28,6 +28,11 @@ struct Sequence {
   std::vector<int32_t> routes;
   int64_t route_rows = 0;
   int64_t user_forced_rows = 0;  // rows [0, user_forced_rows) came from the request's replay
+  // Gating weights by position (return_route_weights only), rows [0, weight_rows): the weights
+  // of the forward pass that first computed each position.
+  std::vector<float> route_weights;
+  int64_t weight_rows = 0;
+  int64_t routes_streamed = 0;  // rows already delivered in Event::new_routes
 
   // Pending output for the next event.
   std::vector<int32_t> new_tokens;

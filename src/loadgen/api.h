@@ -23,8 +23,9 @@ struct RequestOptions {
   std::string model;  // not sent to /generate
   bool ignore_eos = false;
   bool routed_experts = false;  // ask for `return_routed_experts`
-  // Send `return_routed_experts: false` explicitly (Switchyard defaults it to true when the
-  // server captures routes, so an A/B needs the "off" side spelled out).
+  // Send `return_routed_experts: false` explicitly (a server started with
+  // --return-routed-experts-default, or another engine, may default it to true, so an A/B spells
+  // the "off" side out).
   bool routed_experts_off = false;
 };
 

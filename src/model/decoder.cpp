@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <string>
 
 #include "moe/router.h"
 
@@ -16,13 +18,16 @@ struct Decoder::Workspace {
   int32_t* pack_host = nullptr;  // alloc_host
   int32_t* routes_host = nullptr;
   Tensor pack;  // [pack_ints] int32
-  Tensor forced, forced_routes, sink;
+  // The route sink and, right behind it, the gating-weight sink: a step of T (padded) tokens
+  // uses ints [0, T*L*K) for ids and [T*L*K, 2*T*L*K) for f32 weights, so one asynchronous
+  // copy brings both to the host.
+  Tensor forced, forced_routes, route_out;
   Tensor x, normed, block_out, ffn_out, q, k, v, attn, gate, up, picked, picked_normed, logits;
   Tensor shared_out, shared_gate;  // MoE layers with a shared expert
   std::vector<Tensor*> owned() {
-    return {&pack, &forced, &forced_routes, &sink,   &x,      &normed,        &block_out,   &ffn_out, &q,
-            &k,    &v,      &attn,          &gate,   &up,     &picked,        &picked_normed, &logits,
-            &shared_out, &shared_gate};
+    return {&pack,   &forced, &forced_routes, &route_out, &x,      &normed,        &block_out,
+            &ffn_out, &q,     &k,             &v,         &attn,   &gate,          &up,
+            &picked, &picked_normed, &logits,  &shared_out, &shared_gate};
   }
   ~Workspace() {
     for (Tensor* t : owned())
@@ -140,10 +145,11 @@ Status Decoder::allocate(const ModelConfig& c, int64_t num_blocks, const backend
   ws->pack_ints = 4 * T + R + limits.max_seqs * limits.max_blocks_per_seq;
   ws->pack = backend_.alloc(DType::kI32, {ws->pack_ints});
   ws->pack_host = static_cast<int32_t*>(backend_.alloc_host(static_cast<size_t>(ws->pack_ints) * 4));
-  ws->routes_host = static_cast<int32_t*>(backend_.alloc_host(static_cast<size_t>(T * L * K) * 4));
+  ws->routes_host =
+      static_cast<int32_t*>(backend_.alloc_host(static_cast<size_t>(2 * T * L * K) * 4));
   ws->forced = backend_.alloc(DType::kU8, {T});
   ws->forced_routes = backend_.alloc(DType::kI32, {T, L, K});
-  ws->sink = backend_.alloc(DType::kI32, {T, L, K});
+  ws->route_out = backend_.alloc(DType::kI32, {2 * T * L * K});
   ws->x = backend_.alloc(DType::kF32, {T, hidden});
   ws->normed = backend_.alloc(DType::kF32, {T, hidden});
   ws->block_out = backend_.alloc(DType::kF32, {T, hidden});
@@ -237,6 +243,8 @@ Status Decoder::forward(const Model& model, const StepInputs& in, StepOutputs& o
     backend_.upload(given.data(), g);
   }
   const bool capture = in.capture_routes && top_k > 0;
+  const bool capture_weights = capture && in.capture_weights;
+  const int64_t route_ints = T * layers * top_k;
   moe::ExpertsKernel& kernel = kernels_.for_tokens(T);
 
   backend::AttentionBatch batch;
@@ -258,8 +266,15 @@ Status Decoder::forward(const Model& model, const StepInputs& in, StepOutputs& o
   auto body = [&] {
     moe::RouteBuffers routes;
     if (capture) {
-      routes.sink = ws.sink.slice_rows(0, T);
-      backend_.fill_i32(routes.sink, moe::kRoutePoison);
+      Tensor ids = ws.route_out.slice_rows(0, route_ints);
+      backend_.fill_i32(ids, moe::kRoutePoison);
+      routes.sink = ids.reshaped({T, layers, top_k});
+    }
+    if (capture_weights) {
+      Tensor bits = ws.route_out.slice_rows(route_ints, route_ints);
+      backend_.fill_i32(bits, moe::kRouteWeightPoisonBits);
+      routes.weights = bits.reshaped({T, layers, top_k});
+      routes.weights.dtype = DType::kF32;
     }
     if (forced) {
       routes.forced = ws.forced.slice_rows(0, T);
@@ -384,7 +399,7 @@ Status Decoder::forward(const Model& model, const StepInputs& in, StepOutputs& o
     // The key names everything the recorded kernels' arguments depend on.
     uint64_t key = static_cast<uint64_t>(T);
     key = key * 1000003u + static_cast<uint64_t>(stride);
-    key = key * 4u + (capture ? 2u : 0u) + (forced ? 1u : 0u);
+    key = key * 8u + (capture_weights ? 4u : 0u) + (capture ? 2u : 0u) + (forced ? 1u : 0u);
     key = key * 2u + (&kernel == kernels_.small ? 1u : 0u);
     backend_.run_graph(key, body);
   } else {
@@ -392,12 +407,18 @@ Status Decoder::forward(const Model& model, const StepInputs& in, StepOutputs& o
   }
   SY_TRY(layer_status);
 
-  // The step's one copy of routes to the host (checked in finish_step).
-  if (capture) backend_.download_async(ws.sink.slice_rows(0, tokens), ws.routes_host);
+  // The step's one copy of routes (and weights, behind them) to the host (checked in finish_step).
+  if (capture)
+    backend_.download_async(
+        ws.route_out.slice_rows(0, capture_weights ? 2 * route_ints : route_ints), ws.routes_host);
   out.logits = ws.logits.slice_rows(0, rows);
   out.routes.clear();
+  out.weights.clear();
+  out.poisoned_rows = 0;
   step_tokens_ = tokens;
+  step_padded_tokens_ = T;
   step_capture_ = capture;
+  step_weights_ = capture_weights;
   step_kernel_ = &kernel;
   return Status::ok();
 }
@@ -409,29 +430,50 @@ Status Decoder::finish_step(const Model& model, StepOutputs& out) {
   const DecoderWeights& w = model.weights();
   const int64_t tokens = step_tokens_, layers = c.num_hidden_layers, top_k = c.experts_per_token;
   out.routes.assign(ws_->routes_host, ws_->routes_host + tokens * layers * top_k);
-  for (int64_t layer = 0; layer < layers; ++layer) {
-    const bool is_moe = w.layers[static_cast<size_t>(layer)].is_moe;
-    for (int64_t t = 0; t < tokens; ++t) {
-      int32_t* row = out.routes.data() + (t * layers + layer) * top_k;
+  if (step_weights_) {
+    const int32_t* bits = ws_->routes_host + step_padded_tokens_ * layers * top_k;
+    out.weights.resize(static_cast<size_t>(tokens * layers * top_k));
+    std::memcpy(out.weights.data(), bits, out.weights.size() * sizeof(float));
+  }
+  // Every row is checked (the count goes to /metrics); the error names the first.
+  Status first = Status::ok();
+  for (int64_t t = 0; t < tokens; ++t) {
+    bool poisoned = false;
+    for (int64_t layer = 0; layer < layers; ++layer) {
+      const bool is_moe = w.layers[static_cast<size_t>(layer)].is_moe;
+      const size_t at = static_cast<size_t>((t * layers + layer) * top_k);
+      int32_t* row = out.routes.data() + at;
       for (int64_t j = 0; j < top_k; ++j) {
         if (!is_moe) {
           row[j] = 0;
+          if (step_weights_) out.weights[at + j] = 0.0f;
           continue;
         }
-        if (row[j] == moe::kRoutePoison)
-          return Status::error(ErrorCode::kInternal,
-                               fmt::format("route capture failed: MoE layer {} (kernel {}) did not "
-                                           "write the route of step token {}",
-                                           layer, step_kernel_->name(), t));
-        if (row[j] < 0 || row[j] >= c.num_experts)
-          return Status::error(ErrorCode::kInternal,
-                               fmt::format("route capture failed: MoE layer {} (kernel {}) wrote "
-                                           "expert id {} for step token {} (num_experts {})",
-                                           layer, step_kernel_->name(), row[j], t, c.num_experts));
+        std::string problem;
+        if (row[j] == moe::kRoutePoison) {
+          problem = fmt::format("did not write the route of step token {}", t);
+        } else if (row[j] < 0 || row[j] >= c.num_experts) {
+          problem = fmt::format("wrote expert id {} for step token {} (num_experts {})", row[j], t,
+                                c.num_experts);
+        } else if (step_weights_) {
+          int32_t weight_bits;
+          std::memcpy(&weight_bits, &out.weights[at + j], sizeof weight_bits);
+          if (weight_bits == moe::kRouteWeightPoisonBits)
+            problem = fmt::format("did not write the gating weight of step token {}", t);
+          else if (!std::isfinite(out.weights[at + j]))
+            problem = fmt::format("wrote a non-finite gating weight for step token {}", t);
+        }
+        if (problem.empty()) continue;
+        poisoned = true;
+        if (first)
+          first = Status::error(ErrorCode::kInternal,
+                                fmt::format("route capture failed: MoE layer {} (kernel {}) {}",
+                                            layer, step_kernel_->name(), problem));
       }
     }
+    out.poisoned_rows += poisoned ? 1 : 0;
   }
-  return Status::ok();
+  return first;
 }
 
 }  // namespace sy::model

@@ -24,6 +24,7 @@ struct StepInputs {
   int max_blocks_per_seq = 0;
   std::vector<int32_t> logits_rows;   // tokens whose logits are wanted
   bool capture_routes = false;
+  bool capture_weights = false;        // also the gating weights (needs capture_routes)
   std::vector<uint8_t> forced;         // [T] 1 = replay this token's routes (empty: none)
   std::vector<int32_t> forced_routes;  // [T * num_hidden_layers * top_k] when forced is set
 };
@@ -31,6 +32,8 @@ struct StepInputs {
 struct StepOutputs {
   Tensor logits;                // backend buffer [logits_rows, vocab] f32, valid until next step
   std::vector<int32_t> routes;  // host [T, num_hidden_layers, top_k] after finish_step; dense rows 0
+  std::vector<float> weights;   // host, same layout, when capture_weights; dense entries 0
+  int64_t poisoned_rows = 0;    // step tokens with a route or weight no kernel wrote
 };
 
 // Which MoE kernel runs a step: `small` for steps of at most `small_max_tokens` tokens (a
@@ -62,8 +65,8 @@ class Decoder {
   // Enqueues one step; on a device, the step may still be running when this returns. Logits
   // are usable by the backend's next operations (sampling).
   Status forward(const Model& model, const StepInputs& inputs, StepOutputs& outputs);
-  // Completes the step: waits for the device and checks the routes. A route the kernel left
-  // unwritten is an error naming layer and kernel.
+  // Completes the step: waits for the device and checks the routes (and gating weights). A
+  // route the kernel left unwritten is an error naming layer and kernel.
   Status finish_step(const Model& model, StepOutputs& outputs);
 
  private:
@@ -78,6 +81,8 @@ class Decoder {
   // The step in flight (between forward and finish_step).
   int64_t step_tokens_ = 0;
   bool step_capture_ = false;
+  bool step_weights_ = false;
+  int64_t step_padded_tokens_ = 0;  // the step's route buffer rows (graph padding included)
   moe::ExpertsKernel* step_kernel_ = nullptr;
 };
 

@@ -41,12 +41,17 @@ struct MoeLayerWeights {
 };
 
 // The step's route buffers (DESIGN.md RouteSink / RouteSource), all [step_tokens, num_layers,
-// top_k] int32 on the kernel's device. `sink` is poisoned before the step; a capturing kernel
-// writes every token's row of its layer. `source` rows with `forced[t] != 0` must be used as given.
+// top_k] on the kernel's device. `sink` (int32) is poisoned before the step; a capturing kernel
+// writes every token's row of its layer. `weights` (f32, same indexing as `sink`) is the gating
+// weight sink: when defined, a kernel that captures_weights() writes the combine weight it
+// multiplied expert `sink[t, layer, k]`'s output by, poisoned like the ids
+// (kRouteWeightPoisonBits). It lies right behind the id sink in the decoder's step workspace, so
+// one copy takes both. `source` rows with `forced[t] != 0` must be used as given.
 struct RouteBuffers {
-  Tensor sink;    // undefined (data == nullptr) when capture is off
-  Tensor source;  // undefined when nothing in the step is replayed
-  Tensor forced;  // [step_tokens] uint8
+  Tensor sink;     // undefined (data == nullptr) when capture is off
+  Tensor weights;  // undefined when no request in the step asked for gating weights
+  Tensor source;   // undefined when nothing in the step is replayed
+  Tensor forced;   // [step_tokens] uint8
 };
 
 // The residual adds around the block, for a kernel that fuses them (fuses_input_norm): its
@@ -78,6 +83,7 @@ class ExpertsKernel {
   virtual bool routes_inside() const = 0;    // monolithic: routing happens inside the kernel
   virtual bool captures_routes() const = 0;  // writes RouteBuffers::sink
   virtual bool replays_routes() const = 0;   // honours RouteBuffers::source
+  virtual bool captures_weights() const { return false; }  // writes RouteBuffers::weights
   // Whether this kernel runs `spec`; checked at start-up before reserve. Kernels written for
   // Qwen3-MoE's router keep this default and refuse the options they predate.
   virtual Status supports(const RouterSpec& spec) const {

@@ -16,6 +16,10 @@ struct RouteArray {
   int64_t layers = 0;
   int64_t top_k = 0;
   std::vector<int32_t> ids;  // rows * layers * top_k, row-major
+  // The gating weight each id's expert output was multiplied by, parallel to `ids`; empty when
+  // not asked for (return_routed_experts_weights). Dense layers' entries are 0.
+  std::vector<float> weights{};
+  int64_t first_row = 0;  // input position of row 0 (a streamed piece starts past 0)
 
   int32_t at(int64_t row, int64_t layer, int64_t k) const {
     return ids[static_cast<size_t>((row * layers + layer) * top_k + k)];

@@ -12,6 +12,8 @@ namespace sy::moe {
 
 // Route value the step's buffer is poisoned with; any value a kernel leaves there is an error.
 inline constexpr int32_t kRoutePoison = -1;
+// Bit pattern the gating-weight sink is poisoned with (a NaN no arithmetic produces).
+inline constexpr int32_t kRouteWeightPoisonBits = 0x7fbadbad;
 
 // The layer's bias vectors ([num_experts] f32 each), required when the spec says it has them.
 struct RouterBiases {

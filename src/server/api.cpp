@@ -362,13 +362,38 @@ void read_logprob_count(const json& object, const char* name, int& out) {
 
 // Route capture and replay options, on any endpoint.
 void read_route_options(const json& object, const ParseContext& context, ApiRequest& request) {
-  bool flag = context.config.enable_return_routed_experts;
-  request.routes.return_routes = read_bool(object, "return_routed_experts", flag);
-  if (request.routes.return_routes && !flag) {
-    fail("return_routed_experts",
-         "return_routed_experts requires the server to be started with "
-         "--enable-return-routed-experts");
+  const bool flag = context.config.enable_return_routed_experts;
+  const bool by_default = flag && context.config.return_routed_experts_default;
+  const json* asked = field(object, "return_routed_experts");
+  request.routes.return_routes = read_bool(object, "return_routed_experts", by_default);
+  // Streamed routes and gating weights are routes too: asking for them asks for routes, unless
+  // the request said return_routed_experts: false.
+  request.routes.stream = read_bool(object, "stream_routed_experts", false);
+  request.routes.weights = read_bool(object, "return_routed_experts_weights", false);
+  for (auto [name, on] : {std::pair{"stream_routed_experts", request.routes.stream},
+                          std::pair{"return_routed_experts_weights", request.routes.weights}}) {
+    if (!on) continue;
+    if (asked && !request.routes.return_routes)
+      fail(name, fmt::format("{} needs the routes: it cannot be combined with "
+                             "return_routed_experts: false",
+                             name));
+    request.routes.return_routes = true;
   }
+  if (request.routes.return_routes && !flag) {
+    const char* name = request.routes.weights  ? "return_routed_experts_weights"
+                       : request.routes.stream ? "stream_routed_experts"
+                                               : "return_routed_experts";
+    fail(name, fmt::format("{} requires the server to be started with "
+                           "--enable-return-routed-experts",
+                           name));
+  }
+  if (request.routes.stream && !request.stream)
+    fail("stream_routed_experts", "stream_routed_experts requires stream: true");
+  if (request.routes.weights && !context.model.route_weights)
+    fail("return_routed_experts_weights",
+         context.model.route_weights_unavailable.empty()
+             ? std::string("this server cannot return gating weights")
+             : context.model.route_weights_unavailable);
   for (const char* name :
        {"routed_experts_start", "routed_experts_prompt_start", "routed_experts_start_len"}) {
     if (auto start = read_integer(object, name)) {
@@ -749,9 +774,12 @@ ApiResult<ApiRequest> parse_generate_request(const json& body, const ParseContex
 moe::RouteArray select_routes(const moe::RouteArray& all, const RouteOptions& options,
                               const engine::ModelInfo& model) {
   moe::RouteArray out;
-  int64_t start = std::min(options.start, all.rows);
+  // Row index (within `all`) of the first row at or past position options.start.
+  int64_t start = std::clamp<int64_t>(options.start - all.first_row, 0, all.rows);
+  out.first_row = all.first_row + start;
   out.rows = all.rows - start;
   out.top_k = all.top_k;
+  const bool weights = !all.weights.empty();
   std::vector<int64_t> layers;
   if (options.moe_only) {
     for (int layer : model.moe_layers) layers.push_back(layer);
@@ -760,12 +788,33 @@ moe::RouteArray select_routes(const moe::RouteArray& all, const RouteOptions& op
   }
   out.layers = static_cast<int64_t>(layers.size());
   out.ids.reserve(static_cast<size_t>(out.rows * out.layers * out.top_k));
+  if (weights) out.weights.reserve(out.ids.capacity());
   for (int64_t row = start; row < all.rows; ++row) {
     for (int64_t layer : layers) {
-      for (int64_t k = 0; k < all.top_k; ++k) out.ids.push_back(all.at(row, layer, k));
+      for (int64_t k = 0; k < all.top_k; ++k) {
+        out.ids.push_back(all.at(row, layer, k));
+        if (weights)
+          out.weights.push_back(
+              all.weights[static_cast<size_t>((row * all.layers + layer) * all.top_k + k)]);
+      }
     }
   }
   return out;
+}
+
+std::string encode_route_weights_npy_base64(const moe::RouteArray& routes) {
+  std::vector<uint16_t> half(routes.weights.size());
+  for (size_t i = 0; i < half.size(); ++i) half[i] = f32_to_f16(routes.weights[i]);
+  return base64_encode(
+      npy_encode(DType::kF16, {routes.rows, routes.layers, routes.top_k}, half.data()));
+}
+
+void add_route_fields(const moe::RouteArray& routes, const RouteOptions& options,
+                      int64_t num_experts, bool int32_ids, bool piece, json& out) {
+  out["routed_experts"] = int32_ids ? encode_routes_int32_base64(routes)
+                                    : encode_routes_npy_base64(routes, num_experts);
+  if (options.weights) out["routed_experts_weights"] = encode_route_weights_npy_base64(routes);
+  if (piece) out["routed_experts_first_row"] = routes.first_row;
 }
 
 std::string encode_routes_npy_base64(const moe::RouteArray& routes, int64_t num_experts) {
@@ -1025,9 +1074,18 @@ static void add_final_fields(const ResponseContext& context, const ChoiceResult&
                              json& choice) {
   choice["finish_reason"] = finish_json(result.finish_reason);
   choice["stop_reason"] = result.stop_reason;
-  if (context.request.routes.return_routes && result.routes) {
-    choice["routed_experts"] = encode_routes_npy_base64(*result.routes, context.model.num_experts);
+  if (context.request.routes.return_routes && result.routes && !context.request.routes.stream) {
+    add_route_fields(*result.routes, context.request.routes, context.model.num_experts, false,
+                     false, choice);
   }
+}
+
+// A streamed chunk's own rows (stream_routed_experts).
+static void add_chunk_routes(const ResponseContext& context, const moe::RouteArray* routes,
+                             json& choice) {
+  if (routes && context.request.routes.stream)
+    add_route_fields(*routes, context.request.routes, context.model.num_experts, false, true,
+                     choice);
 }
 
 json completion_response(const ResponseContext& context, const std::vector<ChoiceResult>& choices) {
@@ -1135,8 +1193,12 @@ json generate_response(const ResponseContext& context, const std::vector<ChoiceR
         meta["input_token_logprobs"] = std::move(input);
       }
     }
-    if (request.routes.return_routes && result.routes) {
-      meta["routed_experts"] = encode_routes_int32_base64(*result.routes);
+    if (request.routes.return_routes && request.routes.stream && result.chunk_routes) {
+      add_route_fields(*result.chunk_routes, request.routes, context.model.num_experts, true, true,
+                       meta);
+    } else if (request.routes.return_routes && result.routes && !request.routes.stream) {
+      add_route_fields(*result.routes, request.routes, context.model.num_experts, true, false,
+                       meta);
     }
     items.push_back(
         {{"text", result.text}, {"output_ids", result.token_ids}, {"meta_info", std::move(meta)}});
@@ -1148,7 +1210,7 @@ json generate_response(const ResponseContext& context, const std::vector<ChoiceR
 json completion_chunk(const ResponseContext& context, int index, const std::string& text,
                       const std::vector<int32_t>& token_ids,
                       const std::vector<engine::TokenLogprob>& logprobs, int64_t text_offset,
-                      const ChoiceResult* final) {
+                      const ChoiceResult* final, const moe::RouteArray* routes) {
   const ApiRequest& request = context.request;
   json choice = {{"index", index}, {"text", text}};
   choice["logprobs"] = request.sampling.logprobs >= 0
@@ -1160,6 +1222,7 @@ json completion_chunk(const ResponseContext& context, int index, const std::stri
     choice["finish_reason"] = nullptr;
     choice["stop_reason"] = nullptr;
   }
+  add_chunk_routes(context, routes, choice);
   if (request.return_token_ids) choice["token_ids"] = token_ids;
   return json{{"id", context.id},
               {"object", "text_completion"},
@@ -1170,7 +1233,8 @@ json completion_chunk(const ResponseContext& context, int index, const std::stri
 
 json chat_chunk(const ResponseContext& context, int index, bool first, const std::string& text,
                 const std::vector<int32_t>& token_ids,
-                const std::vector<engine::TokenLogprob>& logprobs, const ChoiceResult* final) {
+                const std::vector<engine::TokenLogprob>& logprobs, const ChoiceResult* final,
+                const moe::RouteArray* routes) {
   const ApiRequest& request = context.request;
   json delta = json::object();
   if (first) delta["role"] = "assistant";
@@ -1184,6 +1248,7 @@ json chat_chunk(const ResponseContext& context, int index, bool first, const std
   } else {
     choice["finish_reason"] = nullptr;
   }
+  add_chunk_routes(context, routes, choice);
   if (request.return_token_ids) choice["token_ids"] = token_ids;
   return json{{"id", context.id},
               {"object", "chat.completion.chunk"},
@@ -1201,19 +1266,22 @@ json usage_chunk(const ResponseContext& context, const json& usage) {
 }
 
 json models_response(const ServerConfig& config, const engine::ModelInfo& model, int64_t created) {
-  json card = {{"id", config.served_model_name},
-               {"object", "model"},
-               {"created", created},
-               {"owned_by", "switchyard"},
-               {"root", config.model_dir},
-               {"parent", nullptr},
-               {"max_model_len", model.max_model_len},
-               {"architecture", model.architecture},
-               {"num_hidden_layers", model.num_hidden_layers},
-               {"moe_layers", model.moe_layers},
-               {"num_experts", model.num_experts},
-               {"top_k", model.top_k},
-               {"permission", json::array()}};
+  json card = {
+      {"id", config.served_model_name},
+      {"object", "model"},
+      {"created", created},
+      {"owned_by", "switchyard"},
+      {"root", config.model_dir},
+      {"parent", nullptr},
+      {"max_model_len", model.max_model_len},
+      {"architecture", model.architecture},
+      {"num_hidden_layers", model.num_hidden_layers},
+      {"moe_layers", model.moe_layers},
+      {"num_experts", model.num_experts},
+      {"top_k", model.top_k},
+      {"routed_experts", config.enable_return_routed_experts},
+      {"routed_experts_weights", config.enable_return_routed_experts && model.route_weights},
+      {"permission", json::array()}};
   return json{{"object", "list"}, {"data", json::array({std::move(card)})}};
 }
 

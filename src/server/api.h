@@ -44,6 +44,8 @@ struct RouteOptions {
   bool return_routes = false;
   int64_t start = 0;      // rows [start, N-1)
   bool moe_only = false;  // routed_experts_layers: "moe"
+  bool stream = false;    // stream_routed_experts: each SSE chunk carries its rows
+  bool weights = false;   // return_routed_experts_weights: float16 gating weights beside the ids
 };
 
 struct PromptInput {
@@ -88,8 +90,17 @@ ApiResult<ApiRequest> parse_generate_request(const json& body, const ParseContex
 ApiResult<json> parse_json_body(const std::string& body);
 
 // Routed experts on the wire (DESIGN.md): rows [start, N-1), all layers or MoE layers only.
+// `all_layers` may be a streamed piece (first_row > 0): its rows before `start` are dropped and
+// the result's first_row is the position of its first row. Weights follow the ids.
 moe::RouteArray select_routes(const moe::RouteArray& all_layers, const RouteOptions& options,
                               const engine::ModelInfo& model);
+// base64 of a float16 .npy of the weights, shape (rows, L, top_k) like the ids.
+std::string encode_route_weights_npy_base64(const moe::RouteArray& routes);
+// The route fields of one choice (or of one SSE chunk's piece of it): `routed_experts` and, when
+// asked, `routed_experts_weights`; a streamed piece adds `routed_experts_first_row`. /generate
+// uses SGLang's flat int32 ids (`int32_ids`).
+void add_route_fields(const moe::RouteArray& routes, const RouteOptions& options,
+                      int64_t num_experts, bool int32_ids, bool piece, json& out);
 // base64 of a .npy: uint8 when num_experts <= 256, else uint16 (vLLM's format).
 std::string encode_routes_npy_base64(const moe::RouteArray& routes, int64_t num_experts);
 // base64 of the flat int32 ids (SGLang's format).
@@ -136,6 +147,8 @@ struct ChoiceResult {
   engine::FinishReason finish_reason = engine::FinishReason::kNone;
   json stop_reason;                       // null, the matched stop token id, or the stop string
   std::optional<moe::RouteArray> routes;  // already selected (start / layers)
+  // Streaming with stream_routed_experts: the rows the chunk being written carries (selected).
+  std::optional<moe::RouteArray> chunk_routes;
 };
 
 std::string finish_reason_name(engine::FinishReason reason);
@@ -155,14 +168,16 @@ json chat_response(const ResponseContext& context, const std::vector<ChoiceResul
 json generate_response(const ResponseContext& context, const std::vector<ChoiceResult>& choices,
                        double e2e_latency_s);
 // Streaming pieces. `first` chunk of a chat choice carries the role; `final` carries the
-// finish_reason, stop_reason and (when asked) routed_experts.
+// finish_reason, stop_reason and (when asked, without stream_routed_experts) routed_experts.
+// With stream_routed_experts, `routes` is the chunk's own rows (selected), or null for none.
 json completion_chunk(const ResponseContext& context, int index, const std::string& text,
                       const std::vector<int32_t>& token_ids,
                       const std::vector<engine::TokenLogprob>& logprobs, int64_t text_offset,
-                      const ChoiceResult* final);
+                      const ChoiceResult* final, const moe::RouteArray* routes = nullptr);
 json chat_chunk(const ResponseContext& context, int index, bool first, const std::string& text,
                 const std::vector<int32_t>& token_ids,
-                const std::vector<engine::TokenLogprob>& logprobs, const ChoiceResult* final);
+                const std::vector<engine::TokenLogprob>& logprobs, const ChoiceResult* final,
+                const moe::RouteArray* routes = nullptr);
 json usage_chunk(const ResponseContext& context, const json& usage);
 
 json models_response(const ServerConfig& config, const engine::ModelInfo& model, int64_t created);

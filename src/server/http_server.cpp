@@ -92,6 +92,9 @@ struct ChoiceUpdate {
   std::optional<int32_t> stop_token_id;
   std::string matched_stop;
   std::optional<moe::RouteArray> routes;
+  // stream_routed_experts: the event's new rows (all layers as the engine gave them; on the
+  // strand, replaced by the selected rows the chunk carries).
+  std::optional<moe::RouteArray> new_routes;
   Status error;
   Clock::time_point at;
 };
@@ -555,6 +558,8 @@ void Session::handle_generation(const http::request<http::string_body>& http_req
     if (request.sampling.seed) generation.sampling.seed = *request.sampling.seed + (i % request.n);
     generation.replay = request.replay;
     generation.return_routes = request.routes.return_routes;
+    generation.stream_routes = request.routes.return_routes && request.routes.stream;
+    generation.return_route_weights = request.routes.return_routes && request.routes.weights;
     // Runs on the engine thread: detokenize, look for stop strings, hand off to the strand.
     auto callback = [job, i, weak](const engine::Event& event) {
       ChoiceSlot& slot = job->choices[i];
@@ -573,6 +578,7 @@ void Session::handle_generation(const http::request<http::string_body>& http_req
       update->finish_reason = event.finish_reason;
       update->stop_token_id = event.stop_token_id;
       update->routes = event.routes;
+      update->new_routes = event.new_routes;
       update->error = event.error;
       job->post_to_session([weak, job, update] {
         if (auto self = weak.lock()) self->on_update(job, *update);
@@ -605,6 +611,9 @@ void Session::on_update(const std::shared_ptr<Job>& job, ChoiceUpdate& update) {
   result.logprobs.insert(result.logprobs.end(), update.logprobs.begin(), update.logprobs.end());
   if (!update.prompt_logprobs.empty()) result.prompt_logprobs = std::move(update.prompt_logprobs);
   if (update.cached_prompt_tokens > 0) result.cached_prompt_tokens = update.cached_prompt_tokens;
+  // Encoding waits for stream_update / finish_job: here, on the strand, never the engine thread.
+  if (update.new_routes && job->request.routes.stream)
+    update.new_routes = select_routes(*update.new_routes, job->request.routes, server_.model);
   if (update.finished) {
     slot.finished = true;
     ++job->finished_count;
@@ -643,12 +652,17 @@ void Session::stream_update(Job& job, ChoiceSlot& slot, size_t index, const Choi
   const ApiRequest& request = job.request;
   if (update.finished && update.finish_reason == engine::FinishReason::kError)
     return;  // finish_job reports it
-  if (!update.finished && update.text.empty() && update.token_ids.empty()) return;
+  // A chunk carries route fields when it has rows, and the final chunk always does.
+  const bool has_rows = update.new_routes && update.new_routes->rows > 0;
+  const moe::RouteArray* chunk_routes =
+      update.new_routes && (has_rows || update.finished) ? &*update.new_routes : nullptr;
+  if (!update.finished && update.text.empty() && update.token_ids.empty() && !has_rows) return;
   const ChoiceResult* final = update.finished ? &slot.result : nullptr;
   json chunk;
   if (request.endpoint == Endpoint::kGenerate) {
     // SGLang streams cumulative text and ids, and meta_info with every chunk.
     std::vector<ChoiceResult> one = {slot.result};
+    if (chunk_routes) one[0].chunk_routes = *chunk_routes;
     ApiRequest single;  // only what generate_response reads; the replay array is not copied
     single.endpoint = Endpoint::kGenerate;
     single.return_logprob = request.return_logprob;
@@ -662,14 +676,14 @@ void Session::stream_update(Job& job, ChoiceSlot& slot, size_t index, const Choi
     if (!update.finished) chunk["meta_info"]["finish_reason"] = nullptr;
   } else if (request.endpoint == Endpoint::kChat) {
     chunk = chat_chunk(context, static_cast<int>(index), !slot.sent_first, update.text,
-                       update.token_ids, update.logprobs, final);
+                       update.token_ids, update.logprobs, final, chunk_routes);
     slot.sent_first = true;
   } else {
     std::string text = update.text;
     if (request.echo && !slot.sent_first)
       text = request.prompts[index / static_cast<size_t>(request.n)].text + text;
     chunk = completion_chunk(context, static_cast<int>(index), text, update.token_ids,
-                             update.logprobs, slot.streamed_text_bytes, final);
+                             update.logprobs, slot.streamed_text_bytes, final, chunk_routes);
     slot.sent_first = true;
     slot.streamed_text_bytes += static_cast<int64_t>(text.size());
   }

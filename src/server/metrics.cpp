@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 namespace sy::server {
 
 Histogram::Histogram(std::vector<double> bounds)
@@ -58,6 +60,37 @@ static void metric(std::string& out, const char* name, const char* type, const c
                      labels, value);
 }
 
+// Per MoE layer: tokens routed to each expert (counter family) and max/mean of those counts
+// (1 = perfectly even; 0 before any token was routed).
+static void render_expert_load(const std::string& labels, const engine::EngineMetrics& e,
+                               std::string& out) {
+  const size_t experts = static_cast<size_t>(e.num_experts);
+  if (experts == 0 || e.expert_load_tokens.size() != e.moe_layers.size() * experts) return;
+  out +=
+      "# HELP switchyard:expert_load_tokens_total Tokens routed to each expert of each MoE layer "
+      "by the forward pass (top_k per token).\n"
+      "# TYPE switchyard:expert_load_tokens_total counter\n";
+  std::string imbalance =
+      "# HELP switchyard:expert_load_imbalance Max over mean of a MoE layer's expert load "
+      "counts.\n"
+      "# TYPE switchyard:expert_load_imbalance gauge\n";
+  for (size_t m = 0; m < e.moe_layers.size(); ++m) {
+    int64_t max_load = 0, sum = 0;
+    for (size_t x = 0; x < experts; ++x) {
+      const int64_t load = e.expert_load_tokens[m * experts + x];
+      max_load = std::max(max_load, load);
+      sum += load;
+      out +=
+          fmt::format("switchyard:expert_load_tokens_total{{{},layer=\"{}\",expert=\"{}\"}} {}\n",
+                      labels, e.moe_layers[m], x, load);
+    }
+    const double mean = double(sum) / double(experts);
+    imbalance += fmt::format("switchyard:expert_load_imbalance{{{},layer=\"{}\"}} {}\n", labels,
+                             e.moe_layers[m], mean > 0 ? double(max_load) / mean : 0.0);
+  }
+  out += imbalance;
+}
+
 std::string ServerMetrics::render(const std::string& model_name,
                                   const engine::EngineMetrics& e) const {
   std::string labels = fmt::format("model_name=\"{}\"", model_name);
@@ -95,6 +128,18 @@ std::string ServerMetrics::render(const std::string& model_name,
   metric(out, "switchyard:route_capture_errors_total", "counter",
          "Requests failed because a route was not written by any kernel.", labels,
          double(e.route_capture_errors_total));
+
+  metric(out, "switchyard:routes_captured_total", "counter",
+         "Route rows logged from a forward pass (first computation of a position).", labels,
+         double(e.routes_captured_total));
+  metric(out, "switchyard:routes_replayed_total", "counter",
+         "Route rows computed with forced routes (routed_experts_replay, recompute after "
+         "preemption).",
+         labels, double(e.routes_replayed_total));
+  metric(out, "switchyard:routes_poisoned_total", "counter",
+         "Route rows a kernel left unwritten (their requests failed with a 500).", labels,
+         double(e.routes_poisoned_total));
+  render_expert_load(labels, e, out);
 
   std::lock_guard lock(mutex_);
   out +=

@@ -22,6 +22,9 @@ struct ServerConfig {
   std::string model_dir;  // shown as `root` in /v1/models
   std::string api_key;    // empty = no authentication
   bool enable_return_routed_experts = false;
+  // The default of a request's `return_routed_experts` when capture is on (capture itself runs
+  // for every request either way, so the prefix cache keeps every block's routes).
+  bool return_routed_experts_default = false;
   int64_t max_request_bytes = int64_t{64} << 20;  // 413 beyond; a 32k-token replay fits
   int64_t max_header_bytes = 64 << 10;            // 431 beyond
   double shutdown_timeout_s = 30.0;

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <set>
 
 #include <nlohmann/json.hpp>
 
@@ -101,6 +102,65 @@ TEST_F(Cli, GenerateWritesRoutesAndReplayReproducesThem) {
   auto array2 = npy_read_file(routes2);
   ASSERT_TRUE(array2.is_ok());
   EXPECT_EQ(array2->data, array->data);
+}
+
+// routes diff: a generate run's routes against a JSON copy with one row's order swapped and
+// SGLang's raw int32 with one expert replaced.
+TEST_F(Cli, RoutesDiffCountsSetAndOrderDifferences) {
+  const std::string routes = path("diff_a.npy").string();
+  CommandResult made = run(
+      "generate --model " + model().string() +
+      " --prompt-ids 5,6,7,8 --max-tokens 5 --temperature 0 --ignore-eos --routes-out " + routes);
+  ASSERT_EQ(made.exit_code, 0) << made.out;
+  auto array = npy_read_file(routes);
+  ASSERT_TRUE(array.is_ok()) << array.message();
+  const int64_t rows = array->shape[0];  // 8 rows x 4 layers x top-4, layer 1 dense
+  std::vector<int32_t> ids(array->data.begin(), array->data.end());
+  auto at = [&](int64_t row, int64_t layer, int64_t k) -> int32_t& {
+    return ids[(row * 4 + layer) * 4 + k];
+  };
+
+  std::vector<int32_t> swapped = ids;
+  std::swap(swapped[(2 * 4 + 3) * 4 + 0],
+            swapped[(2 * 4 + 3) * 4 + 2]);  // row 2, layer 3: order only
+  nlohmann::json nested = nlohmann::json::array();
+  for (int64_t row = 0; row < rows; ++row) {
+    nlohmann::json layers = nlohmann::json::array();
+    for (int64_t layer = 0; layer < 4; ++layer)
+      layers.push_back(std::vector<int32_t>(swapped.begin() + (row * 4 + layer) * 4,
+                                            swapped.begin() + (row * 4 + layer + 1) * 4));
+    nested.push_back(layers);
+  }
+  const std::string json_path = path("diff_b.json").string();
+  std::ofstream(json_path) << nested.dump();
+  CommandResult order = run("routes diff " + routes + " " + json_path + " --json");
+  ASSERT_EQ(order.exit_code, 0) << order.out;
+  auto report = nlohmann::json::parse(order.out);
+  EXPECT_EQ(report["compared"], rows * 3);
+  EXPECT_EQ(report["order_differs"], 1);
+  EXPECT_EQ(report["set_differs"], 0);
+  EXPECT_EQ(report["layers"][1]["dense"], true);
+  EXPECT_EQ(report["layers"][3]["order_differs"], 1);
+
+  // SGLang's flat int32 (raw bytes) with the shape: row 5 layer 0 gets an unused expert.
+  std::vector<int32_t> replaced = ids;
+  std::set<int32_t> used(&at(5, 0, 0), &at(5, 0, 0) + 4);
+  int32_t fresh = 0;
+  while (used.count(fresh)) ++fresh;
+  replaced[(5 * 4 + 0) * 4 + 1] = fresh;
+  const std::string raw_path = path("diff_c.bin").string();
+  std::ofstream(raw_path, std::ios::binary)
+      .write(reinterpret_cast<const char*>(replaced.data()),
+             static_cast<std::streamsize>(replaced.size() * 4));
+  CommandResult set = run("routes diff " + routes + " " + raw_path + " --shape 4,4");
+  ASSERT_EQ(set.exit_code, 0) << set.out;
+  EXPECT_NE(set.out.find("token rows with any layer's set differing: 1 of " + std::to_string(rows)),
+            std::string::npos)
+      << set.out;
+  // Without the shape a raw file is refused, naming the flag.
+  CommandResult refused = run("routes diff " + routes + " " + raw_path);
+  EXPECT_EQ(refused.exit_code, 1);
+  EXPECT_NE(refused.out.find("--shape"), std::string::npos) << refused.out;
 }
 
 TEST_F(Cli, GenerateFromTextPrintsText) {

@@ -178,8 +178,14 @@ TEST(Parse, SeedsAliasesAndDefaults) {
   ASSERT_TRUE(r.is_ok()) << r.error.message;
   EXPECT_EQ(r.value->prompts.size(), 2u);
   EXPECT_EQ(r.value->sampling.max_tokens, 16);
-  EXPECT_TRUE(r.value->routes.return_routes);  // default on with the flag
+  EXPECT_FALSE(r.value->routes.return_routes);  // capture on, but routes are opted into
   EXPECT_EQ(r.value->routes.start, 3);
+  config.return_routed_experts_default = true;
+  EXPECT_TRUE(parse_completion_request({{"prompt", "hi"}}, context).value->routes.return_routes);
+  EXPECT_FALSE(
+      parse_completion_request({{"prompt", "hi"}, {"return_routed_experts", false}}, context)
+          .value->routes.return_routes);
+  config.return_routed_experts_default = false;
   ApiResult<ApiRequest> chat =
       parse_chat_request({{"messages", {{{"role", "user"}, {"content", "hi"}}}}}, context);
   ASSERT_TRUE(chat.is_ok()) << chat.error.message;

@@ -49,10 +49,11 @@ TEST(Clients, Curl) {
   CommandResult health = run_command("curl -sS -o /dev/null -w '%{http_code}' " + base + "/health");
   EXPECT_EQ(health.output, "200");
 
-  CommandResult completion =
-      run_command("curl -sS -H 'Content-Type: application/json' -d " +
-                  shell_quote(R"({"prompt": "hello", "max_tokens": 3, "temperature": 0})") + " " +
-                  base + "/v1/completions");
+  CommandResult completion = run_command(
+      "curl -sS -H 'Content-Type: application/json' -d " +
+      shell_quote(
+          R"({"prompt": "hello", "max_tokens": 3, "temperature": 0, "return_routed_experts": true})") +
+      " " + base + "/v1/completions");
   ASSERT_EQ(completion.exit_code, 0) << completion.output;
   json body = json::parse(completion.output, nullptr, false);
   ASSERT_TRUE(body.is_object()) << completion.output;
@@ -62,9 +63,12 @@ TEST(Clients, Curl) {
   CommandResult stream = run_command(
       "curl -sS -N -H 'Content-Type: application/json' -d " +
       shell_quote(
-          R"({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "stream": true})") +
+          R"({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "stream": true,
+              "stream_routed_experts": true, "return_routed_experts_weights": true})") +
       " " + base + "/v1/chat/completions");
   EXPECT_NE(stream.output.find("\"chat.completion.chunk\""), std::string::npos) << stream.output;
+  EXPECT_NE(stream.output.find("\"routed_experts_first_row\""), std::string::npos) << stream.output;
+  EXPECT_NE(stream.output.find("\"routed_experts_weights\""), std::string::npos) << stream.output;
   EXPECT_NE(stream.output.find("data: [DONE]"), std::string::npos) << stream.output;
 
   // A 3 MB body: curl sends "Expect: 100-continue" and must not have to wait a second for it.

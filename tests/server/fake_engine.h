@@ -94,6 +94,7 @@ class FakeCodec : public server::TextCodec {
 
 struct FakeEngineOptions {
   int step_delay_ms = 1;
+  bool route_weights = true;  // false: like a kernel that cannot write gating weights
   int max_waiting_requests = 1000;
   int64_t max_model_len = 512;
 };
@@ -106,6 +107,11 @@ inline int32_t fake_token(const std::vector<int32_t>& prompt, int j, std::option
   if (temperature > 0 && seed) h ^= *seed * 0x9E3779B97F4A7C15ull;
   h += static_cast<uint64_t>(j) * 7;
   return static_cast<int32_t>('a' + (h % 26));
+}
+
+// Gating weight of slot k of a route row (a float16-exact value, so the wire can be checked).
+inline float fake_weight(int64_t position, int layer, int k) {
+  return static_cast<float>(1 + (position * 3 + layer + k) % 64) / 128.0f;
 }
 
 // Route of input position `position` holding token `token`: two distinct experts per MoE layer.
@@ -128,6 +134,9 @@ class FakeEngine : public engine::Engine {
     info_.num_experts = 16;
     info_.top_k = 2;
     info_.eos_token_ids = {FakeCodec::kEos};
+    info_.route_weights = options.route_weights;
+    if (!options.route_weights)
+      info_.route_weights_unavailable = "MoE kernel fake-fused does not write gating weights";
     thread_ = std::thread([this] { loop(); });
   }
   ~FakeEngine() override { shutdown(0); }
@@ -218,7 +227,28 @@ class FakeEngine : public engine::Engine {
     engine::EventCallback callback;
     std::vector<int32_t> generated;
     bool sent_first = false;
+    int64_t routes_streamed = 0;
   };
+
+  // The route fields of an event: the whole log at the end, or each event's new rows.
+  void add_routes(Active& a, engine::Event& event) const {
+    if (a.request.stream_routes) {
+      moe::RouteArray all = routes_of(a);
+      moe::RouteArray piece = all;
+      piece.first_row = a.routes_streamed;
+      piece.rows = all.rows - a.routes_streamed;
+      const size_t row_ints = static_cast<size_t>(all.layers * all.top_k);
+      piece.ids.assign(all.ids.begin() + static_cast<long>(a.routes_streamed * row_ints),
+                       all.ids.end());
+      if (!all.weights.empty())
+        piece.weights.assign(all.weights.begin() + static_cast<long>(a.routes_streamed * row_ints),
+                             all.weights.end());
+      a.routes_streamed = all.rows;
+      event.new_routes = std::move(piece);
+    } else if (event.finished && a.request.return_routes) {
+      event.routes = routes_of(a);
+    }
+  }
 
   // Routes for rows 0 .. N-2 of prompt + generated, with replayed rows copied as given.
   moe::RouteArray routes_of(const Active& a) const {
@@ -229,9 +259,14 @@ class FakeEngine : public engine::Engine {
     r.layers = info_.num_hidden_layers;
     r.top_k = info_.top_k;
     r.ids.assign(static_cast<size_t>(r.rows * r.layers * r.top_k), 0);
+    if (a.request.return_route_weights) r.weights.assign(r.ids.size(), 0.0f);
     for (int64_t row = 0; row < r.rows; ++row) {
       for (int layer : info_.moe_layers) {
         int32_t* out = r.row_ptr(row) + layer * r.top_k;
+        if (a.request.return_route_weights)
+          for (int k = 0; k < r.top_k; ++k)
+            r.weights[static_cast<size_t>((row * r.layers + layer) * r.top_k + k)] =
+                fake_weight(row, layer, k);
         if (a.request.replay && row < a.request.replay->rows) {
           for (int k = 0; k < r.top_k; ++k) out[k] = a.request.replay->at(row, layer, k);
         } else {
@@ -310,7 +345,7 @@ class FakeEngine : public engine::Engine {
           event.finished = true;
           event.finish_reason = engine::FinishReason::kLength;
         }
-        if (event.finished && a.request.return_routes) event.routes = routes_of(a);
+        add_routes(a, event);
         engine::EventCallback callback = a.callback;  // copy: cancel may erase `a` meanwhile
         bool finished = event.finished;
         if (finished) active_.erase(it);
@@ -324,7 +359,7 @@ class FakeEngine : public engine::Engine {
           final_event.request_id = id;
           final_event.finished = true;
           final_event.finish_reason = engine::FinishReason::kStop;
-          if (again->second.request.return_routes) final_event.routes = routes_of(again->second);
+          add_routes(again->second, final_event);
           active_.erase(again);
           lock.unlock();
           callback(final_event);

@@ -1,11 +1,14 @@
 // `switchyard serve` end to end on a tiny random model (CPU backend): real clients, routes equal to
 // `switchyard generate`'s, concurrency, prefix-cache hits, cancellation, replay rescoring, weight
 // updates, preemption and a graceful SIGTERM.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
+#include <sstream>
 #include <thread>
 
 #include "http_client.h"
@@ -70,9 +73,9 @@ class ServeE2E : public ::testing::Test {
   static void SetUpTestSuite() {
     model_ = make_model(1);
     serve_ = new ServeProcess();
-    std::string error =
-        serve_->start({"--model", model_, "--served-model-name", "tiny",
-                       "--enable-return-routed-experts", "--max-num-batched-tokens", "64"});
+    std::string error = serve_->start(
+        {"--model", model_, "--served-model-name", "tiny", "--enable-return-routed-experts",
+         "--return-routed-experts-default", "--max-num-batched-tokens", "64"});
     if (!error.empty()) {
       start_error_ = error;
       return;
@@ -187,6 +190,118 @@ TEST_F(ServeE2E, RoutesCoverPromptAndCompletion) {
   EXPECT_EQ(routes.shape[0], 20 + 5 - 1);
   EXPECT_EQ(routes.shape[1], card_["num_hidden_layers"].get<int64_t>());
   EXPECT_EQ(routes.shape[2], card_["top_k"].get<int64_t>());
+}
+
+// stream_routed_experts on the real engine: the chunks' pieces (ids and float16 gating weights)
+// reassemble to the non-streamed answer, also past the prefill chunk size and from a start row.
+TEST_F(ServeE2E, StreamedRoutesAndWeightsEqualTheNonStreamedAnswer) {
+  ASSERT_EQ(card_["routed_experts_weights"], true);
+  const int64_t layers = card_["num_hidden_layers"], top_k = card_["top_k"];
+  std::vector<int> moe_layers = card_["moe_layers"].get<std::vector<int>>();
+  for (int length : {7, 90}) {  // 90 > the 64-token prefill chunk
+    json body = greedy_request(token_prompt(length, 9000 + length), 6);
+    body["return_routed_experts_weights"] = true;
+    body["routed_experts_start"] = 3;
+    json whole = complete(body)["choices"][0];
+    NpyArray ids = decode_npy(whole["routed_experts"]);
+    NpyArray weights = decode_npy(whole["routed_experts_weights"]);
+    ASSERT_EQ(ids.shape, (std::vector<int64_t>{length + 6 - 1 - 3, layers, top_k}));
+    ASSERT_EQ(weights.dtype, DType::kF16);
+    ASSERT_EQ(weights.shape, ids.shape);
+    // Gating weights: positive on MoE layers, in the ids' (descending score) order, 0 on dense.
+    const auto* half = reinterpret_cast<const uint16_t*>(weights.data.data());
+    for (int64_t row = 0; row < ids.shape[0]; ++row)
+      for (int64_t layer = 0; layer < layers; ++layer) {
+        const bool is_moe =
+            std::find(moe_layers.begin(), moe_layers.end(), layer) != moe_layers.end();
+        for (int64_t k = 0; k < top_k; ++k) {
+          const float w = f16_to_f32(half[(row * layers + layer) * top_k + k]);
+          if (!is_moe) {
+            EXPECT_EQ(w, 0.0f);
+          } else {
+            EXPECT_GT(w, 0.0f);
+            if (k > 0) {
+              EXPECT_LE(w, f16_to_f32(half[(row * layers + layer) * top_k + k - 1]));
+            }
+          }
+        }
+      }
+    body["stream"] = true;
+    body["stream_routed_experts"] = true;
+    HttpResponse r = post_json(port(), "/v1/completions", body);
+    ASSERT_EQ(r.status, 200) << r.body;
+    std::vector<uint8_t> joined_ids, joined_weights;
+    int64_t rows = 0;
+    int pieces = 0;
+    for (const std::string& event : r.events()) {
+      if (event == "[DONE]") continue;
+      json choice = json::parse(event)["choices"][0];
+      if (!choice.contains("routed_experts")) continue;
+      EXPECT_EQ(choice["routed_experts_first_row"].get<int64_t>(), 3 + rows);
+      NpyArray piece = decode_npy(choice["routed_experts"]);
+      NpyArray piece_weights = decode_npy(choice["routed_experts_weights"]);
+      EXPECT_EQ(piece.shape, piece_weights.shape);
+      rows += piece.shape[0];
+      pieces += piece.shape[0] > 0;
+      joined_ids.insert(joined_ids.end(), piece.data.begin(), piece.data.end());
+      joined_weights.insert(joined_weights.end(), piece_weights.data.begin(),
+                            piece_weights.data.end());
+    }
+    EXPECT_GE(pieces, 5) << "the prompt's piece, then a row with each token";
+    EXPECT_EQ(rows, ids.shape[0]);
+    EXPECT_EQ(joined_ids, ids.data);
+    EXPECT_EQ(joined_weights, weights.data);
+  }
+}
+
+// Samples of a labelled family, by their label text ("layer=\"1\",expert=\"3\"").
+std::map<std::string, double> family(const std::string& metrics, const std::string& name) {
+  std::map<std::string, double> out;
+  std::istringstream lines(metrics);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind(name + "{", 0) != 0) continue;
+    const size_t close = line.find('}');
+    std::string labels = line.substr(name.size() + 1, close - name.size() - 1);
+    labels = labels.substr(labels.find(',') + 1);  // drop model_name
+    out[labels] = std::stod(line.substr(close + 2));
+  }
+  return out;
+}
+
+// /metrics: a request that misses the prefix cache adds its rows to routes captured, and its
+// routes to each layer's expert load; imbalance is max/mean of the load.
+TEST_F(ServeE2E, MetricsCountRoutesAndExpertLoad) {
+  ASSERT_EQ(post_json(port(), "/flush_cache", json::object()).status, 200);
+  const std::string before = metrics();
+  json body = greedy_request(token_prompt(21, 7777), 4);
+  json choice = complete(body)["choices"][0];
+  const std::vector<int64_t> ids = routes_of(choice);
+  const std::string after = metrics();
+  const int64_t layers = card_["num_hidden_layers"], top_k = card_["top_k"],
+                experts = card_["num_experts"];
+  const int64_t rows = 21 + 4 - 1;
+  ASSERT_EQ(static_cast<int64_t>(ids.size()), rows * layers * top_k);
+  EXPECT_EQ(metric_value(after, "switchyard:routes_captured_total") -
+                metric_value(before, "switchyard:routes_captured_total"),
+            rows);
+  EXPECT_EQ(metric_value(after, "switchyard:routes_poisoned_total"), 0);
+  auto load_before = family(before, "switchyard:expert_load_tokens_total");
+  auto load_after = family(after, "switchyard:expert_load_tokens_total");
+  auto imbalance = family(after, "switchyard:expert_load_imbalance");
+  for (int layer : card_["moe_layers"].get<std::vector<int>>()) {
+    std::vector<int64_t> expected(static_cast<size_t>(experts), 0);
+    for (int64_t row = 0; row < rows; ++row)
+      for (int64_t k = 0; k < top_k; ++k) ++expected[ids[(row * layers + layer) * top_k + k]];
+    double max_load = 0, sum = 0;
+    for (int64_t e = 0; e < experts; ++e) {
+      const std::string key = fmt::format("layer=\"{}\",expert=\"{}\"", layer, e);
+      ASSERT_TRUE(load_after.count(key)) << key;
+      EXPECT_EQ(load_after[key] - load_before[key], expected[e]) << key;
+      max_load = std::max(max_load, load_after[key]);
+      sum += load_after[key];
+    }
+    EXPECT_NEAR(imbalance[fmt::format("layer=\"{}\"", layer)], max_load / (sum / experts), 1e-3);
+  }
 }
 
 // Under concurrency (32 mixed requests, streaming and not, prompts longer than the 64-token
@@ -360,9 +475,10 @@ TEST_F(ServeE2E, PreemptionKeepsRoutesExact) {
     alone.push_back(outcome_of(complete(greedy_request(prompts.back(), 24))));
   }
   ServeProcess small;
-  std::string error = small.start({"--model", model_, "--served-model-name", "tiny",
-                                   "--enable-return-routed-experts", "--kv-cache-tokens", "160",
-                                   "--max-num-batched-tokens", "64"});
+  std::string error =
+      small.start({"--model", model_, "--served-model-name", "tiny",
+                   "--enable-return-routed-experts", "--return-routed-experts-default",
+                   "--kv-cache-tokens", "160", "--max-num-batched-tokens", "64"});
   ASSERT_TRUE(error.empty()) << error;
   std::vector<Outcome> squeezed(6);
   std::vector<std::thread> clients;
@@ -583,9 +699,10 @@ TEST_F(ServeE2E, ChatToolsKeepTheClientsKeyOrder) {
 // tokens and routes it got the first time, whatever part of its prefix survived.
 TEST_F(ServeE2E, PartialEvictionKeepsRoutesExact) {
   ServeProcess small;
-  std::string error = small.start({"--model", model_, "--served-model-name", "tiny",
-                                   "--enable-return-routed-experts", "--kv-cache-tokens", "256",
-                                   "--max-num-batched-tokens", "64"});
+  std::string error =
+      small.start({"--model", model_, "--served-model-name", "tiny",
+                   "--enable-return-routed-experts", "--return-routed-experts-default",
+                   "--kv-cache-tokens", "256", "--max-num-batched-tokens", "64"});
   ASSERT_TRUE(error.empty()) << error;
   auto run = [&](const std::vector<int>& prompt) {
     return outcome_of(post_json(small.port(), "/v1/completions", greedy_request(prompt, 4)).json());

@@ -21,6 +21,7 @@ using namespace sy::testing;
 ServerConfig with_routes() {
   ServerConfig config;
   config.enable_return_routed_experts = true;
+  config.return_routed_experts_default = true;  // these tests predate the per-request opt-in
   return config;
 }
 
@@ -740,6 +741,7 @@ using namespace sy::testing;
 TEST(Load, SixtyFourConcurrentClients) {
   ServerConfig config;
   config.enable_return_routed_experts = true;
+  config.return_routed_experts_default = true;
   config.io_threads = 2;
   Fixture f(config);
   std::atomic<int> ok{0}, failed{0};

@@ -18,6 +18,7 @@ class FusedKernel final : public moe::ExpertsKernel {
   bool routes_inside() const override { return true; }
   bool captures_routes() const override { return true; }
   bool replays_routes() const override { return true; }
+  bool captures_weights() const override { return true; }
   Status supports(const moe::RouterSpec& spec) const override {
     if (spec.scoring != moe::RouterScoring::kSoftmax || spec.softmax_after_topk ||
         spec.uses_extended_options())
@@ -32,8 +33,10 @@ class FusedKernel final : public moe::ExpertsKernel {
     const moe::MoeLayerWeights& w = *args.weights;
     const int64_t tokens = args.hidden.dim(0), hidden = args.hidden.dim(1);
     const int64_t experts = args.spec.num_experts, top_k = args.spec.top_k;
-    const int64_t layers = args.routes.sink.data ? args.routes.sink.dim(1)
-                           : args.routes.source.data ? args.routes.source.dim(1) : 0;
+    const int64_t layers = args.routes.sink.data      ? args.routes.sink.dim(1)
+                           : args.routes.weights.data ? args.routes.weights.dim(1)
+                           : args.routes.source.data  ? args.routes.source.dim(1)
+                                                      : 0;
     SY_TRY(supports(args.spec));
 
     pool_.parallel_for(tokens, 1, [&](int64_t begin, int64_t end) {
@@ -78,6 +81,10 @@ class FusedKernel final : public moe::ExpertsKernel {
         if (args.routes.sink.data) {
           int32_t* sink = args.routes.sink.ptr<int32_t>() + (t * layers + args.layer) * top_k;
           for (int64_t k = 0; k < top_k; ++k) sink[k] = chosen[k];
+        }
+        if (args.routes.weights.data) {
+          float* sink = args.routes.weights.ptr<float>() + (t * layers + args.layer) * top_k;
+          for (int64_t k = 0; k < top_k; ++k) sink[k] = gates[k];
         }
         float* dst = args.out.ptr<float>() + t * hidden;
         std::fill_n(dst, hidden, 0.0f);

@@ -17,6 +17,7 @@ class ModularKernel final : public moe::ExpertsKernel {
   bool routes_inside() const override { return false; }
   bool captures_routes() const override { return true; }
   bool replays_routes() const override { return true; }
+  bool captures_weights() const override { return true; }
   Status supports(const moe::RouterSpec&) const override {
     return Status::ok();
   }  // the reference router
@@ -40,8 +41,10 @@ class ModularKernel final : public moe::ExpertsKernel {
     std::vector<float> scratch(static_cast<size_t>(moe::router_scratch_floats(args.spec)));
     const moe::RouterBiases biases{w.router_bias.data ? w.router_bias.ptr<float>() : nullptr,
                                    w.selection_bias.data ? w.selection_bias.ptr<float>() : nullptr};
-    const int64_t layers = args.routes.sink.data ? args.routes.sink.dim(1)
-                           : args.routes.source.data ? args.routes.source.dim(1) : 0;
+    const int64_t layers = args.routes.sink.data      ? args.routes.sink.dim(1)
+                           : args.routes.weights.data ? args.routes.weights.dim(1)
+                           : args.routes.source.data  ? args.routes.source.dim(1)
+                                                      : 0;
     for (int64_t t = 0; t < tokens; ++t) {
       const float* row = logits.data() + t * experts;
       int32_t* token_ids = ids.data() + t * top_k;
@@ -57,6 +60,9 @@ class ModularKernel final : public moe::ExpertsKernel {
       if (args.routes.sink.data)
         std::copy(token_ids, token_ids + top_k,
                   args.routes.sink.ptr<int32_t>() + (t * layers + args.layer) * top_k);
+      if (args.routes.weights.data)  // the very numbers Combine multiplies by, below
+        std::copy(token_weights, token_weights + top_k,
+                  args.routes.weights.ptr<float>() + (t * layers + args.layer) * top_k);
     }
 
     // Forward: group (token, slot) pairs by expert, run each expert once over its rows.
