@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <memory>
 #include <numeric>
 
@@ -83,6 +84,7 @@ struct StepData {
   std::vector<int32_t> source;  // [T, L, K]
   std::vector<float> capture_out, replay_out;
   std::vector<int32_t> capture_sink, replay_sink;
+  std::vector<float> capture_combine;
   std::string error;  // the CPU reference failed
 };
 
@@ -190,6 +192,7 @@ void build_step(Harness& h, const Group& g, Weights& w, int64_t tokens, const st
 struct Run {
   std::vector<float> out;
   std::vector<int32_t> sink;
+  std::vector<float> combine;  // the gating-weight sink [T, kLayers, K] (capture, kernels that write it)
   Status status;
 };
 
@@ -213,6 +216,13 @@ Run forward(Backend& backend, Buffers& buffers, moe::ExpertsKernel& kernel, cons
     backend.fill_i32(sink, moe::kRoutePoison);  // as the decoder does before every step
     args.routes.sink = sink;
   }
+  Tensor combine;
+  if (capture && kernel.captures_weights()) {
+    combine = buffers.alloc(DType::kI32, {T, kLayers, K});
+    backend.fill_i32(combine, moe::kRouteWeightPoisonBits);
+    combine.dtype = DType::kF32;
+    args.routes.weights = combine;
+  }
   if (replay) {
     args.routes.source = buffers.i32(d.source, {T, kLayers, K});
     args.routes.forced = buffers.u8(d.forced, {T});
@@ -222,7 +232,35 @@ Run forward(Backend& backend, Buffers& buffers, moe::ExpertsKernel& kernel, cons
   if (!run.status) return run;
   run.out = to_host(backend, out);
   if (capture) run.sink = to_host_i32(backend, sink);
+  if (combine.data) run.combine = to_host(backend, combine);
   return run;
+}
+
+// The weight sink: layer kLayer's column equals `ref` (within tol) on the rows in `rows`, and
+// every other column still holds the poison.
+void check_combine(Case& c, const char* who, const std::vector<float>& got, const std::vector<float>& ref,
+                   const std::vector<uint8_t>& rows, int64_t T, int64_t K, double tol) {
+  if (got.empty()) return c.fail(std::string(who) + ": no weights came back");
+  int64_t untouched = 0, compared = 0;
+  double worst = 0;
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t l = 0; l < kLayers; ++l)
+      for (int64_t k = 0; k < K; ++k) {
+        const size_t i = static_cast<size_t>((t * kLayers + l) * K + k);
+        uint32_t bits;
+        std::memcpy(&bits, &got[i], 4);
+        if (l != kLayer) {
+          untouched += bits == static_cast<uint32_t>(moe::kRouteWeightPoisonBits);
+          continue;
+        }
+        if (!std::isfinite(got[i])) return c.fail(fmt::format("{}: weight [{}, {}] not written", who, t, k));
+        if (!rows[static_cast<size_t>(t)]) continue;
+        ++compared;
+        worst = std::max(worst, std::abs(static_cast<double>(got[i]) - ref[i]) / std::max(1e-6, std::abs(static_cast<double>(ref[i]))));
+      }
+  c.expect(untouched == T * (kLayers - 1) * K, fmt::format("{}: the weight sink's other layers were written", who));
+  c.expect(worst <= tol, fmt::format("{}: gating weights differ from the CPU's by {:.2e} relative (tol {:.0e})", who, worst, tol));
+  c.info(fmt::format("{} weights compared on {} entries, worst relative {:.1e}", who, compared, worst));
 }
 
 const int32_t* route_row(const std::vector<int32_t>& sink, int64_t t, int64_t K) {
@@ -316,6 +354,11 @@ void device_case(Harness& h, Case& c, const Group& g, Weights& w, StepData& d, m
   const std::vector<int32_t>& cpu_sink = replay ? d.replay_sink : d.capture_sink;
   const std::vector<uint8_t> rows = check_routes(c, run.sink, cpu_sink, d, s.top_k, replay);
   c.check("out", compare(run.out, replay ? d.replay_out : d.capture_out, s.hidden, &rows), kMoeTol);
+  if (!replay) {
+    if (!kernel.captures_weights()) c.fail(std::string(kernel.name()) + " does not write gating weights");
+    else if (d.capture_combine.empty()) c.fail("cpu reference wrote no gating weights");
+    else check_combine(c, "weights", run.combine, d.capture_combine, rows, d.tokens, s.top_k, 1e-4);
+  }
   if (std::count(rows.begin(), rows.end(), 1) == 0) c.info("outputs not compared: no row routes as the CPU does");
   if (!replay) {
     // Capture off: same outputs, and the kernel must not need a sink.
@@ -334,6 +377,12 @@ void device_case(Harness& h, Case& c, const Group& g, Weights& w, StepData& d, m
         differ += !std::equal(route_row(run.sink, t, s.top_k), route_row(run.sink, t, s.top_k) + s.top_k,
                               route_row(other.sink, t, s.top_k));
       if (differ) c.fail(fmt::format("routes differ from {} on {} of {} rows", modular->name(), differ, d.tokens));
+      if (!replay && run.combine != other.combine) {
+        // Same device functions for the weights too: bitwise (NaN poison compares by value: use bits).
+        bool same = run.combine.size() == other.combine.size() &&
+                    std::memcmp(run.combine.data(), other.combine.data(), run.combine.size() * 4) == 0;
+        if (!same) c.fail(fmt::format("gating weights differ from {}", modular->name()));
+      }
     }
   }
 }
@@ -490,6 +539,7 @@ void run_moe_ops(Harness& h) {
         }
         d.capture_out = std::move(cap.out);
         d.capture_sink = std::move(cap.sink);
+        d.capture_combine = std::move(cap.combine);
         d.replay_out = std::move(rep.out);
         d.replay_sink = std::move(rep.sink);
       };

@@ -102,16 +102,19 @@ class CudaBackend final : public Backend {
     tensor.data = nullptr;
   }
 
+  // First loads allocate, then copy as a weight update does: one copy path for both.
   Result<Tensor> load_weight(const Tensor& host) override {
-    std::vector<uint8_t> converted;
-    SY_ASSIGN(DType dtype, convert_weight(host, converted));
+    std::vector<uint8_t> probe;
+    SY_ASSIGN(DType dtype, convert_weight(host, probe, /*probe_only=*/true));
     Tensor tensor = host;
     tensor.device = Device::kCuda;
     tensor.dtype = dtype;
     Tensor allocated = alloc_like(tensor);
     if (!allocated.data) return Status::error(ErrorCode::kResourceExhausted, "cuda: out of device memory for weights");
-    SY_CUDA_CHECK(cudaMemcpy(allocated.data, converted.empty() ? host.data : converted.data(), allocated.nbytes(),
-                             cudaMemcpyHostToDevice));
+    if (Status copied = load_weight_into(host, allocated); !copied) {
+      free_buffer(allocated);
+      return copied;
+    }
     return allocated;
   }
 
@@ -161,18 +164,14 @@ class CudaBackend final : public Backend {
     stacked.rank = first.rank + 1;
     stacked.shape[0] = static_cast<int64_t>(parts.size());
     for (int i = 0; i < first.rank; ++i) stacked.shape[static_cast<size_t>(i + 1)] = first.shape[static_cast<size_t>(i)];
-    std::vector<uint8_t> converted;
-    SY_ASSIGN(stacked.dtype, convert_weight(stacked, converted, /*probe_only=*/true));
+    std::vector<uint8_t> probe;
+    SY_ASSIGN(stacked.dtype, convert_weight(stacked, probe, /*probe_only=*/true));
     stacked.device = Device::kCuda;
     Tensor allocated = alloc_like(stacked);
     if (!allocated.data) return Status::error(ErrorCode::kResourceExhausted, "cuda: out of device memory for weights");
-    const size_t part_bytes = static_cast<size_t>(first.numel()) * dtype_size(allocated.dtype);
-    for (size_t p = 0; p < parts.size(); ++p) {
-      SY_ASSIGN(DType dtype, convert_weight(parts[p], converted, false, stacked.rank));
-      (void)dtype;
-      SY_CUDA_CHECK(cudaMemcpy(static_cast<char*>(allocated.data) + p * part_bytes,
-                               converted.empty() ? parts[p].data : converted.data(), part_bytes,
-                               cudaMemcpyHostToDevice));
+    if (Status copied = load_stacked_into(parts, allocated); !copied) {
+      free_buffer(allocated);
+      return copied;
     }
     return allocated;
   }

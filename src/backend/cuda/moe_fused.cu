@@ -55,6 +55,7 @@ struct FusedLaunch {
   const uint8_t* forced = nullptr;  // [T] or nullptr
   const int32_t* source = nullptr;  // offset to this layer and chunk
   int32_t* sink = nullptr;          // offset to this layer and chunk, or nullptr
+  float* weight_sink = nullptr;     // the gating weights, indexed like sink, or nullptr
   int64_t route_row_stride = 0;     // L * K
   float* logits = nullptr;          // [T, E] scratch
   float* act = nullptr;             // [T * K, I] scratch: silu(gate) * up per (token, k)
@@ -446,7 +447,10 @@ __global__ void __launch_bounds__(kThreads, 2)
   __syncthreads();
   if (blockIdx.x == 0 && a.sink)
     for (int i = threadIdx.x; i < pairs; i += kThreads)
+    {
       a.sink[static_cast<int64_t>(i / K) * a.route_row_stride + i % K] = ids[i];
+      if (a.weight_sink) a.weight_sink[static_cast<int64_t>(i / K) * a.route_row_stride + i % K] = weights[i];
+    }
   if (warp == 0)
     group_pairs_by_expert(ids, pairs, E, sorted, slot_expert, slot_begin, cursor, slot_count);
   __syncthreads();
@@ -547,6 +551,7 @@ class FusedKernel final : public moe::ExpertsKernel {
   Device device() const override { return Device::kCuda; }
   bool routes_inside() const override { return true; }
   bool captures_routes() const override { return true; }
+  bool captures_weights() const override { return true; }
   bool replays_routes() const override { return true; }
   bool fuses_input_norm(int64_t tokens) const override { return tokens == 1 && norm_vec_ > 0 && !no_norm_fusion_; }
 
@@ -693,6 +698,9 @@ class FusedKernel final : public moe::ExpertsKernel {
       launch.sink = routes.sink.data
                         ? routes.sink.ptr<int32_t>() + begin * row_stride + args.layer * top_k_
                         : nullptr;
+      launch.weight_sink = routes.sink.data && routes.weights.data
+                               ? routes.weights.ptr<float>() + begin * row_stride + args.layer * top_k_
+                               : nullptr;
       launch.pass_rows = std::max(
           1, std::min(launch.tile_rows, launch.combo_floats / (count * static_cast<int>(top_k_))));
       void* kernel_args[] = {&launch};
@@ -761,6 +769,12 @@ class FusedKernel final : public moe::ExpertsKernel {
             "cuda-fused: route buffer must be int32 [>= {}, > layer {}, {}], got {}", tokens,
             args.layer, top_k_, buffer->shape_string());
     }
+    if (routes.weights.data &&
+        (routes.weights.dtype != DType::kF32 || !routes.sink.data || routes.weights.rank != 3 ||
+         routes.weights.dim(0) != routes.sink.dim(0) || routes.weights.dim(1) != routes.sink.dim(1) ||
+         routes.weights.dim(2) != top_k_))
+      return Status::errorf("cuda-fused: the weight sink must be f32 shaped like the route sink, got {}",
+                            routes.weights.shape_string());
     const moe::MoeInputNorm& norm = args.input_norm;
     if (norm.residual) {
       if (!fuses_input_norm(tokens) || !norm.delta || !norm.weight)

@@ -409,6 +409,7 @@ class ModularKernel final : public moe::ExpertsKernel {
   Device device() const override { return Device::kCuda; }
   bool routes_inside() const override { return false; }
   bool captures_routes() const override { return true; }
+  bool captures_weights() const override { return true; }
   bool replays_routes() const override { return true; }
 
   Status reserve(int64_t max_tokens, const moe::RouterSpec& spec, int64_t hidden,
@@ -485,6 +486,7 @@ class ModularKernel final : public moe::ExpertsKernel {
     route.source =
         routes.source.data ? routes.source.ptr<int32_t>() + args.layer * top_k_ : nullptr;
     route.sink = routes.sink.data ? routes.sink.ptr<int32_t>() + args.layer * top_k_ : nullptr;
+    route.weight_sink = routes.weights.data && routes.sink.data ? routes.weights.ptr<float>() + args.layer * top_k_ : nullptr;
     route.route_row_stride = layers * top_k_;
     route.ids = ids_;
     route.weights = weights_;
@@ -589,6 +591,12 @@ class ModularKernel final : public moe::ExpertsKernel {
       return t.rank != 3 || t.dtype != DType::kI32 || t.dim(0) < tokens || t.dim(2) != top_k_ ||
              args.layer < 0 || args.layer >= t.dim(1);
     };
+    if (routes.weights.data &&
+        (routes.weights.dtype != DType::kF32 || !routes.sink.data || routes.weights.rank != 3 ||
+         routes.weights.dim(0) != routes.sink.dim(0) || routes.weights.dim(1) != routes.sink.dim(1) ||
+         routes.weights.dim(2) != top_k_))
+      return Status::errorf("cuda-modular: the weight sink must be f32 shaped like the route sink, got {}",
+                            routes.weights.shape_string());
     if (routes.sink.data && bad_routes(routes.sink))
       return Status::errorf(
           "cuda-modular: route sink must be int32 [>= {}, > layer {}, {}], got {}", tokens,

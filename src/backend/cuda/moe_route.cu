@@ -19,6 +19,7 @@ __global__ void __launch_bounds__(128) route_kernel(RouteLaunch a) {
       a.ids[t * K + threadIdx.x] = ids[threadIdx.x];
       a.weights[t * K + threadIdx.x] = weights[threadIdx.x];
       if (a.sink) a.sink[t * a.route_row_stride + threadIdx.x] = ids[threadIdx.x];
+      if (a.weight_sink) a.weight_sink[t * a.route_row_stride + threadIdx.x] = weights[threadIdx.x];
     }
   }
 }

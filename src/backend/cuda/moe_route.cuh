@@ -236,6 +236,7 @@ struct RouteLaunch {
   const uint8_t* forced = nullptr;   // [T] or nullptr
   const int32_t* source = nullptr;   // already offset to this layer
   int32_t* sink = nullptr;           // already offset to this layer, or nullptr
+  float* weight_sink = nullptr;      // the gating weights, indexed like sink, or nullptr
   int64_t route_row_stride = 0;      // L * K
   int32_t* ids = nullptr;            // [T, K]
   float* weights = nullptr;          // [T, K]
