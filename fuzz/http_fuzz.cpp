@@ -30,7 +30,7 @@ using sy::testing::FakeCodec;
 using sy::testing::FakeEngine;
 
 struct Harness {
-  FakeEngine engine{sy::testing::FakeEngineOptions{0, 1000, 512}};
+  FakeEngine engine{sy::testing::FakeEngineOptions{.step_delay_ms = 0, .max_waiting_requests = 1000, .max_model_len = 512}};
   FakeCodec codec;
   std::unique_ptr<sy::server::Server> server;
   uint16_t port = 0;
