@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU machine's whole visit, run as it is from the repo root there, after scripts/gpu-pack.sh
 # here (carry gpu-carry/). Stages (default: all but profile): ceilings ops golden engine bench8
-# bench48 crossover serve-e2e serve; stamps (cuda-fused phase timer, STAMP_VARIANTS); ab (knob A/B, AB_VARIANTS); family-goldens; moe-stalls (ncu stall reasons of cuda-fused); profile (ncu per-kernel times of one decode and one prefill step;
+# bench48 crossover serve-e2e serve; stamps (cuda-fused phase timer, STAMP_VARIANTS); ab (knob A/B, AB_VARIANTS); family-goldens; moe-stalls (ncu stall reasons of cuda-fused); attn-detail (ncu full + SASS stalls of decode attention); profile (ncu per-kernel times of one decode and one prefill step;
 # PROFILE_STEPS=decode for one), moe-detail (ncu's full sections on one cuda-fused launch).
 # Everything it prints also goes to $OUT/gpu-check.log; JSON results land in $OUT.
 #   scripts/gpu-check.sh [stage ...]
@@ -95,6 +95,19 @@ if want moe-detail; then
     "$carry/step_bench" --device cuda --random-weights "$carry/qwen3-30b-a3b-8l/config.json" --no-graphs \
     --batches 1 --context 1024 --steps 8 --ab-pairs 0 --prefill 0 > "$OUT/ncu_fused_moe.txt" 2>&1
   grep -E "Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Stall|Warp Cycles Per Issued|Block Limit|Waves|L2 Hit|Theoretical Occ" "$OUT/ncu_fused_moe.txt" | head -40
+fi
+if want attn-detail; then
+  # ncu's full sections and per-instruction stall samples (SASS) of one batch-1 decode attention
+  # launch (8-layer cut): where its time goes. The SASS table travels gzipped.
+  section "profile: decode attention kernel, full ncu sections + SASS stalls"
+  ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+  run attn-detail timeout 300 "$ncu_bin" --clock-control none --set full --import-source no -k regex:attention_kernel \
+    --launch-skip 40 -c 1 -f -o /tmp/attn_detail "$carry/step_bench" --device cuda \
+    --random-weights "$carry/qwen3-30b-a3b-8l/config.json" --no-graphs --batches 1 --context 1024 --steps 8 \
+    --ab-pairs 0 --prefill 0 > /dev/null 2>&1
+  "$ncu_bin" -i /tmp/attn_detail.ncu-rep --print-details all > "$OUT/ncu_attention.txt" 2>&1
+  "$ncu_bin" -i /tmp/attn_detail.ncu-rep --page source --csv --print-source sass 2>&1 | gzip > "$OUT/ncu_attention_sass.csv.gz"
+  grep -E "Duration|DRAM Throughput|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|Waves|Theoretical Occ|Executed Ipc|Block Size|Grid Size|Dynamic Shared" "$OUT/ncu_attention.txt" | head -30
 fi
 if want ab; then
   # Batch-1 decode (48 layers) under each experiment knob of AB_VARIANTS (space-separated

@@ -31,6 +31,15 @@ constexpr int kSplitBudget = 512;
 constexpr int kMaxSplits = 128;
 constexpr int kDecodeBlocksPerSm = 2;
 constexpr float kLog2e = 1.4426950408889634f;
+// RoPE's rotate-half pairs per lane (head_dim <= 256).
+constexpr int kPrepPairs = 4;
+constexpr int kMaxHalf = 32 * kPrepPairs;
+// RoPE's inv_freq[i] = f32(1 / theta^(2i / D)) in double, for i < D / 2, computed once on the
+// host (as the CPU backend computes it) and passed by value in the launch parameters: a
+// per-block double pow was the longest dependent chain at the start of the decode kernels.
+struct RopeTable {
+  float inv_freq[kMaxHalf];
+};
 
 __host__ __device__ constexpr int ceil_div(int a, int b) {
   return (a + b - 1) / b;
@@ -72,6 +81,7 @@ struct KernelArgs {
   // projection as they are loaded, and the split holding a token's own key computes that K/V
   // row itself (into the cache and its tile). p.q is then unused.
   QkvPrepParams prep;
+  RopeTable rope;  // prep only
 };
 
 // ---- PTX wrappers (sm_80+: cp.async, ldmatrix, mma.sync bf16) ----
@@ -125,14 +135,6 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
 // returns the rotated pair (i, i + half) for i = l + 32 j in lo[j], hi[j] (i < half <= 128).
 // The arithmetic of rms_norm_kernel and rope_kernel; qk_norm_rope_write_kv_kernel and the
 // decode attention with the prep fused both call it, so they compute bitwise the same values.
-constexpr int kPrepPairs = 4;
-constexpr int kMaxHalf = 32 * kPrepPairs;
-// RoPE's inv_freq[i] = f32(1 / theta^(2i / D)) in double, for i < D / 2, by the whole block into
-// shared memory: launch constants only, so kernels compute it before waiting for the previous one.
-__device__ __forceinline__ void rope_inv_freq(double theta, int D, float* inv_freq) {
-  for (int i = threadIdx.x; i < D / 2; i += blockDim.x)
-    inv_freq[i] = static_cast<float>(1.0 / pow(theta, static_cast<double>(2 * i) / static_cast<double>(D)));
-}
 // cosf and sinf out of line: inlined, each brings its large-argument reduction along, and the
 // unrolled prep would carry dozens of copies (instruction-cache misses in a latency-bound kernel).
 __device__ __noinline__ float2 rope_cos_sin(float angle) {
@@ -147,7 +149,17 @@ __device__ __forceinline__ void prep_load(const float* x, int D, float (&lo)[kPr
     hi[j] = i < half ? x[i + half] : 0.0f;
   }
 }
-__device__ __forceinline__ void prep_finish(const float* norm, int D, float eps, float position, const float* inv_freq,
+// cos/sin of lane l's pairs i = l + 32 j at `position` (launch constants: kernels compute them
+// before waiting for the previous kernel).
+__device__ __forceinline__ void rope_cs(const RopeTable& rope, int D, float position, float2 (&cs)[kPrepPairs]) {
+  const int lane = threadIdx.x & 31, half = D / 2;
+#pragma unroll
+  for (int j = 0; j < kPrepPairs; ++j) {
+    const int i = lane + 32 * j;
+    cs[j] = i < half ? rope_cos_sin(position * rope.inv_freq[i]) : make_float2(1.0f, 0.0f);
+  }
+}
+__device__ __forceinline__ void prep_finish(const float* norm, int D, float eps, const float2 (&cs)[kPrepPairs],
                                             float (&lo)[kPrepPairs], float (&hi)[kPrepPairs]) {
   const int lane = threadIdx.x & 31, half = D / 2;
   float sum_squares = 0.0f;
@@ -169,18 +181,18 @@ __device__ __forceinline__ void prep_finish(const float* norm, int D, float eps,
   for (int j = 0; j < kPrepPairs; ++j) {
     const int i = lane + 32 * j;
     if (i >= half) continue;
-    const float2 cs = rope_cos_sin(position * inv_freq[i]);
-    const float c = cs.x, sn = cs.y;
+    const float c = cs[j].x, sn = cs[j].y;
     const float a = lo[j] * c - hi[j] * sn, b = hi[j] * c + lo[j] * sn;
     lo[j] = a;
     hi[j] = b;
   }
 }
 // prep_load then prep_finish (the loads of several heads can be issued before any finish).
-__device__ __forceinline__ void prep_head(const float* x, const float* norm, int D, float eps, float position,
-                                          const float* inv_freq, float (&lo)[kPrepPairs], float (&hi)[kPrepPairs]) {
+__device__ __forceinline__ void prep_head(const float* x, const float* norm, int D, float eps,
+                                          const float2 (&cs)[kPrepPairs], float (&lo)[kPrepPairs],
+                                          float (&hi)[kPrepPairs]) {
   prep_load(x, D, lo, hi);
-  prep_finish(norm, D, eps, position, inv_freq, lo, hi);
+  prep_finish(norm, D, eps, cs, lo, hi);
 }
 
 // Eight consecutive floats, times `scale`, as eight bf16 in one 16-byte word.
@@ -322,8 +334,6 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const __grid_consta
   __shared__ int64_t s_key_offset[2][kKeys];  // element offset of each tile key's row, -1 = none
   __shared__ float s_max[kWarps][16], s_sum[kWarps][16];
   __shared__ int s_first_token, s_tile_tokens, s_context;
-  __shared__ float s_inv_freq[kMaxHalf];  // fused prep only
-  if (a.prep.q) rope_inv_freq(a.prep.theta, a.prep.head_dim, s_inv_freq);  // before the wait: constants
 
   const AttentionParams& p = a.p;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -438,16 +448,21 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const __grid_consta
       }
     }
   };
+  // Fused prep: this token's RoPE cos/sin, before the wait (position and table are inputs).
+  float2 cs[kPrepPairs];
+  if (a.prep.q) rope_cs(a.rope, head_dim, static_cast<float>(p.positions[t0]), cs);
   // Fused prep (decode, MT = 1): q rows from the raw projection, normed and rotated as
   // qk_norm_rope_write_kv_kernel does (prep_head), a warp per row; padding rows and columns zero.
-  auto prep_q = [&] {
+  // With `own`, the last warp also makes this token's K/V row for kv_head: into the cache at its
+  // slot, and into tile 0's row `skip` when it is there (else a later tile load reads it from the
+  // cache: fenced here). Every row's loads (q rows, own k and v) go out before any arithmetic.
+  const int32_t own_slot = a.prep.q ? a.prep.slot_mapping[t0] : -1;  // an input: before the wait
+  auto prep_rows = [&](bool own, int skip) {
     for (int c = tid; c < L::kRows * L::kChunks; c += kThreads) {
       const int r = c / L::kChunks, col = c % L::kChunks;
       if (r >= rows || col >= chunks) *reinterpret_cast<uint4*>(s_q + r * kStride + col * 8) = make_uint4(0, 0, 0, 0);
     }
     const int half = head_dim / 2;
-    const float position = static_cast<float>(p.positions[t0]);
-    // A warp's rows (at most kRows / kWarps): every row's loads first, then the arithmetic.
     constexpr int kRowsPerWarp = L::kRows / kWarps;
     float lo[kRowsPerWarp][kPrepPairs], hi[kRowsPerWarp][kPrepPairs];
 #pragma unroll
@@ -457,11 +472,18 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const __grid_consta
         prep_load(a.prep.q + (static_cast<int64_t>(t0) * p.heads + kv_head * group + row0 + r) * head_dim, head_dim,
                   lo[n], hi[n]);
     }
+    const bool kv_warp = own && warp == kWarps - 1 && own_slot >= 0;
+    const int64_t kv_row = static_cast<int64_t>(t0) * p.kv_heads + kv_head;
+    float k_lo[kPrepPairs], k_hi[kPrepPairs], v_lo[kPrepPairs], v_hi[kPrepPairs];
+    if (kv_warp) {
+      prep_load(a.prep.k + kv_row * head_dim, head_dim, k_lo, k_hi);
+      prep_load(a.prep.v + kv_row * head_dim, head_dim, v_lo, v_hi);
+    }
 #pragma unroll
     for (int n = 0; n < kRowsPerWarp; ++n) {
       const int r = warp + n * kWarps;
       if (r >= rows) continue;
-      prep_finish(a.prep.q_norm, head_dim, a.prep.eps, position, s_inv_freq, lo[n], hi[n]);
+      prep_finish(a.prep.q_norm, head_dim, a.prep.eps, cs, lo[n], hi[n]);
 #pragma unroll
       for (int j = 0; j < kPrepPairs; ++j) {
         const int i = lane + 32 * j;
@@ -470,33 +492,23 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const __grid_consta
         s_q[r * kStride + i + half] = __float2bfloat16_rn(hi[n][j] * q_scale);
       }
     }
-  };
-  // This token's own K/V row for kv_head (warp 0): into the cache at its slot, and into tile 0's
-  // row `skip` when it is there (else a later tile load reads it from the cache: fenced here).
-  auto prep_own_kv = [&](int skip) {
-    if (warp != 0) return;
-    const int32_t slot = a.prep.slot_mapping[t0];
-    const int half = head_dim / 2;
-    if (slot < 0) {  // padding: nothing to write; a defined (zero) row in the tile
+    if (!own || warp != kWarps - 1) return;
+    if (own_slot < 0) {  // padding: nothing to write; a defined (zero) row in the tile
       if (skip >= 0)
         for (int i = lane; i < head_dim; i += 32)
           s_kv[skip * kStride + i] = s_kv[(kKeys + skip) * kStride + i] = __float2bfloat16_rn(0.0f);
       return;
     }
-    const int64_t row = static_cast<int64_t>(t0) * p.kv_heads + kv_head;
-    float lo[kPrepPairs], hi[kPrepPairs];
-    prep_head(a.prep.k + row * head_dim, a.prep.k_norm, head_dim, a.prep.eps,
-              static_cast<float>(p.positions[t0]), s_inv_freq, lo, hi);
-    const float* v = a.prep.v + row * head_dim;
-    const int64_t at = (static_cast<int64_t>(slot) * p.kv_heads + kv_head) * head_dim;
+    prep_finish(a.prep.k_norm, head_dim, a.prep.eps, cs, k_lo, k_hi);
+    const int64_t at = (static_cast<int64_t>(own_slot) * p.kv_heads + kv_head) * head_dim;
     __nv_bfloat16* k_tile = s_kv + skip * kStride;  // stage 0
     __nv_bfloat16* v_tile = s_kv + (kKeys + skip) * kStride;
 #pragma unroll
     for (int j = 0; j < kPrepPairs; ++j) {
       const int i = lane + 32 * j;
       if (i >= half) continue;
-      const __nv_bfloat16 k0 = __float2bfloat16_rn(lo[j]), k1 = __float2bfloat16_rn(hi[j]);
-      const __nv_bfloat16 v0 = __float2bfloat16_rn(v[i]), v1 = __float2bfloat16_rn(v[i + half]);
+      const __nv_bfloat16 k0 = __float2bfloat16_rn(k_lo[j]), k1 = __float2bfloat16_rn(k_hi[j]);
+      const __nv_bfloat16 v0 = __float2bfloat16_rn(v_lo[j]), v1 = __float2bfloat16_rn(v_hi[j]);
       a.prep.k_cache[at + i] = k0;
       a.prep.k_cache[at + i + half] = k1;
       a.prep.v_cache[at + i] = v0;
@@ -542,9 +554,8 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const __grid_consta
     cp_async_commit();
     overlap_prologue();
     if (a.prep.q) {
-      prep_q();
       const int own = context - 1;  // this step's key, written by the split that holds it
-      if (tiles > 0 && own >= range.begin && own < range.end) prep_own_kv(skip);
+      prep_rows(tiles > 0 && own >= range.begin && own < range.end, skip);
     } else {
       load_q();
       if (skip >= 0) load_key(0, skip);
@@ -747,15 +758,16 @@ __global__ void write_kv_kernel(const float* k, const float* v, __nv_bfloat16* k
 // A warp per (token, head): heads [0, heads) are q's, [heads, heads + kv_heads) k's (whose
 // warp also copies v). Lane l holds the rotate-half pairs (i, i + half) for i = l + 32 j. The
 // arithmetic is rms_norm_kernel's and rope_kernel's, so results equal the unfused ops.
-__global__ void __launch_bounds__(128) qk_norm_rope_write_kv_kernel(const __grid_constant__ QkvPrepParams p) {
-  __shared__ float inv_freq[kMaxHalf];
-  rope_inv_freq(p.theta, p.head_dim, inv_freq);
-  __syncthreads();
-  overlap_prologue();
+__global__ void __launch_bounds__(128) qk_norm_rope_write_kv_kernel(const __grid_constant__ QkvPrepParams p,
+                                                                     const __grid_constant__ RopeTable rope) {
   const int64_t warp_id = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
   const int lane = threadIdx.x & 31;
   const int per_token = p.heads + p.kv_heads;
-  if (warp_id >= p.tokens * per_token) return;
+  const bool active = warp_id < p.tokens * per_token;
+  float2 cs[kPrepPairs];
+  if (active) rope_cs(rope, p.head_dim, static_cast<float>(p.positions[warp_id / per_token]), cs);
+  overlap_prologue();
+  if (!active) return;
   const int64_t t = warp_id / per_token;
   const int head = static_cast<int>(warp_id - t * per_token);
   const bool is_q = head < p.heads;
@@ -763,7 +775,7 @@ __global__ void __launch_bounds__(128) qk_norm_rope_write_kv_kernel(const __grid
   const int D = p.head_dim, half = D / 2;
   float* x = is_q ? p.q + (t * p.heads + head) * D : p.k + (t * p.kv_heads + kh) * D;
   float lo[kPrepPairs], hi[kPrepPairs];
-  prep_head(x, is_q ? p.q_norm : p.k_norm, D, p.eps, static_cast<float>(p.positions[t]), inv_freq, lo, hi);
+  prep_head(x, is_q ? p.q_norm : p.k_norm, D, p.eps, cs, lo, hi);
   const int32_t slot = is_q ? -1 : p.slot_mapping[t];
 #pragma unroll
   for (int j = 0; j < kPrepPairs; ++j) {
@@ -780,6 +792,22 @@ __global__ void __launch_bounds__(128) qk_norm_rope_write_kv_kernel(const __grid
       p.v_cache[at + i + half] = __float2bfloat16_rn(v[i + half]);
     }
   }
+}
+
+// The table for (theta, D), cached per thread (each launch of a prefill step would otherwise
+// pay D / 2 pow calls per layer on the host).
+const RopeTable& rope_table(double theta, int D) {
+  thread_local double cached_theta = -1.0;
+  thread_local int cached_d = -1;
+  thread_local RopeTable table;
+  if (theta != cached_theta || D != cached_d) {
+    table = RopeTable{};
+    for (int i = 0; i < D / 2 && i < kMaxHalf; ++i)
+      table.inv_freq[i] = static_cast<float>(1.0 / std::pow(theta, static_cast<double>(2 * i) / static_cast<double>(D)));
+    cached_theta = theta;
+    cached_d = D;
+  }
+  return table;
 }
 
 [[noreturn]] void invalid_shape(const AttentionParams& p) {
@@ -834,7 +862,7 @@ void launch_qk_norm_rope_write_kv(const QkvPrepParams& params, cudaStream_t stre
     cuda_fail("qk_norm_rope_write_kv", "head_dim must be even and <= 256", __FILE__, __LINE__);
   const int64_t warps = params.tokens * (params.heads + params.kv_heads);
   launch_overlapped(qk_norm_rope_write_kv_kernel, dim3(static_cast<unsigned>((warps + 3) / 4)), dim3(128), 0, stream,
-                    params);
+                    params, rope_table(params.theta, params.head_dim));
   SY_CUDA_LAUNCH_CHECK("qk_norm_rope_write_kv_kernel");
 }
 
@@ -880,13 +908,22 @@ bool launch_attention_impl(const AttentionParams& params, const QkvPrepParams* p
   // Decode: enough (token, kv head, split) blocks to give every SM kDecodeBlocksPerSm of them.
   const int mt = args.group <= 16 ? 1 : 4;
   if (prep && (mt != 1 || prep->head_dim != params.head_dim || params.head_dim % 2 != 0)) return false;
-  if (prep) args.prep = *prep;
+  if (prep) {
+    args.prep = *prep;
+    args.rope = rope_table(prep->theta, prep->head_dim);
+  }
   args.row_chunks = ceil_div(args.group, 16 * mt);
   int device = 0, sms = 0;
   SY_CUDA_CHECK(cudaGetDevice(&device));
   SY_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   const int64_t pairs = params.tokens * params.kv_heads * args.row_chunks;
-  const int64_t wanted = (static_cast<int64_t>(sms) * kDecodeBlocksPerSm + pairs - 1) / pairs;
+  int64_t wanted = (static_cast<int64_t>(sms) * kDecodeBlocksPerSm + pairs - 1) / pairs;
+  // SY_ATTN_SPLITS=N (experiments): N key splits per (token, kv head) instead.
+  static const int forced_splits = [] {
+    const char* value = std::getenv("SY_ATTN_SPLITS");
+    return value ? std::atoi(value) : 0;
+  }();
+  if (forced_splits > 0) wanted = forced_splits;
   args.splits =
       scratch && arrivals ? static_cast<int>(std::clamp<int64_t>(wanted, 1, max_decode_splits(params.tokens)))
               : 1;

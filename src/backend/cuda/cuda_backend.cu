@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -22,6 +23,15 @@ namespace {
 bool env_flag(const char* name) {
   const char* value = std::getenv(name);
   return value && value[0] == '1';
+}
+// SY_SKIP_OPS=attention,matmul,norm_matmul (timing experiments only: the step's output is then
+// wrong): the named ops launch nothing, so a same-run A/B shows what each costs inside the graph.
+// "matmul" skips the small-step GEMVs except the LM head (out_features >= 65536).
+bool skip_op(const char* op) {
+  const char* value = std::getenv("SY_SKIP_OPS");
+  if (!value) return false;
+  const std::string list = std::string(",") + value + ",";
+  return list.find(std::string(",") + op + ",") != std::string::npos;
 }
 
 
@@ -251,6 +261,7 @@ class CudaBackend final : public Backend {
   void matmul(const Tensor& x, const Tensor& weight, const Tensor* bias, Tensor& out) override {
     const int64_t in = weight.dim(1), out_features = weight.dim(0), rows = x.numel() / in;
     if (rows == 0) return;
+    if (skip_matmul_ && rows <= kGemvMaxRows && out_features < 65536) return;
     if (rows <= kGemvMaxRows) {
       launch_gemv(x.ptr<float>(), rows, in, weight.ptr<__nv_bfloat16>(), out_features, out.ptr<float>(),
                   context_.stream);
@@ -304,6 +315,7 @@ class CudaBackend final : public Backend {
         return false;
       gemv[p] = {part.weight->ptr<__nv_bfloat16>(), part.out->ptr<float>(), part.weight->dim(0)};
     }
+    if (skip_norm_matmul_) return true;
     launch_norm_gemv_parts(x.ptr<float>(), delta ? delta->ptr<float>() : nullptr, weight.ptr<float>(), eps, in, gemv,
                            static_cast<int>(parts.size()), context_.stream);
     return true;
@@ -376,6 +388,7 @@ class CudaBackend final : public Backend {
   }
   void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttentionBatch& batch,
                  float scale, Tensor& out) override {
+    if (skip_attention_) return;
     launch_attention(attention_params(q, k_cache, v_cache, batch, scale, out), attention_scratch_,
                      attention_arrivals_, context_.stream);
   }
@@ -384,6 +397,7 @@ class CudaBackend final : public Backend {
                          float scale, Tensor& out) override {
     if (std::max<int64_t>(batch.max_query_len, 1) != 1 || q.dim(0) == 0 || batch.sliding_window > 0) return false;
     if (no_prep_fusion_) return false;  // SY_NO_PREP_FUSION=1 (experiments): the two-kernel path
+    if (skip_attention_) return true;
     return launch_prep_attention(prep_params(q, k, v, q_norm, k_norm, eps, batch, rope, k_cache, v_cache),
                                  attention_params(q, k_cache, v_cache, batch, scale, out), attention_scratch_,
                                  attention_arrivals_, context_.stream);
@@ -469,6 +483,8 @@ class CudaBackend final : public Backend {
   bool capturing_ = false;
   // Experiment knobs (read once): SY_NO_NORM_FUSION=1, SY_NO_PREP_FUSION=1 run the unfused ops.
   const bool no_norm_fusion_ = env_flag("SY_NO_NORM_FUSION"), no_prep_fusion_ = env_flag("SY_NO_PREP_FUSION");
+  const bool skip_attention_ = skip_op("attention"), skip_matmul_ = skip_op("matmul"),
+             skip_norm_matmul_ = skip_op("norm_matmul");
 };
 
 }  // namespace

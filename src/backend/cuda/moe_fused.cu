@@ -72,6 +72,7 @@ struct FusedLaunch {
   const float* norm_weight = nullptr;
   float eps = 0.0f;
   unsigned long long* stamps = nullptr;  // SY_FUSED_STAMPS=1: [grid, kStamps] %globaltimer per phase
+  bool general_grouping = false;  // SY_FUSED_GENERAL_GROUPING=1 (experiments): no few-pairs path
 };
 constexpr int kStamps = 9;
 
@@ -348,6 +349,40 @@ __device__ void group_pairs_by_expert(const int32_t* ids, int pairs, int experts
   }
 }
 
+// group_pairs_by_expert for pairs <= 32 (a batch-1 step's K pairs), the same lists without the
+// per-expert counters: lane p ranks its pair against every other lane's (shuffles only).
+__device__ void group_few_pairs_by_expert(const int32_t* ids, int pairs, int experts, int32_t* sorted,
+                                          int32_t* slot_expert, int32_t* slot_begin, int32_t* slot_count) {
+  const int lane = threadIdx.x & 31;
+  const int32_t id = lane < pairs ? ids[lane] : -1;
+  const bool valid = lane < pairs && valid_expert(id, experts);
+  const unsigned valid_mask = __ballot_sync(0xffffffffu, valid);
+  const unsigned same = __match_any_sync(0xffffffffu, valid ? id : -1) & valid_mask;
+  const bool first = valid && lane == __ffs(same) - 1;  // the slot's first pair
+  const unsigned first_mask = __ballot_sync(0xffffffffu, first);
+  int below = 0, distinct_below = 0;  // valid pairs / slots of smaller experts
+  for (int j = 0; j < pairs; ++j) {
+    const int32_t other = __shfl_sync(0xffffffffu, id, j);
+    if (((valid_mask >> j) & 1u) && other < id) {
+      ++below;
+      distinct_below += (first_mask >> j) & 1u;
+    }
+  }
+  if (valid) {
+    sorted[below + __popc(same & ((1u << lane) - 1u))] = lane;
+    if (first) {
+      slot_expert[distinct_below] = id;
+      slot_begin[distinct_below] = below;
+    }
+  }
+  if (lane == 0) {
+    const int slots = __popc(first_mask);
+    slot_begin[slots] = __popc(valid_mask);
+    *slot_count = slots;
+  }
+  __syncwarp();
+}
+
 // The down work of one pass: item it -> slot j and kDownRows rows starting at h.
 struct DownItem {
   int slot, h, rows;
@@ -451,8 +486,12 @@ __global__ void __launch_bounds__(kThreads, 2)
       a.sink[static_cast<int64_t>(i / K) * a.route_row_stride + i % K] = ids[i];
       if (a.weight_sink) a.weight_sink[static_cast<int64_t>(i / K) * a.route_row_stride + i % K] = weights[i];
     }
-  if (warp == 0)
-    group_pairs_by_expert(ids, pairs, E, sorted, slot_expert, slot_begin, cursor, slot_count);
+  if (warp == 0) {
+    if (pairs <= 32 && !a.general_grouping)
+      group_few_pairs_by_expert(ids, pairs, E, sorted, slot_expert, slot_begin, slot_count);
+    else
+      group_pairs_by_expert(ids, pairs, E, sorted, slot_expert, slot_begin, cursor, slot_count);
+  }
   __syncthreads();
   stamp(a, 3);
   const int slots = *slot_count;
@@ -675,6 +714,7 @@ class FusedKernel final : public moe::ExpertsKernel {
     launch.pair_capacity = pair_capacity_;
     launch.combo_floats = combo_floats_;
     launch.stamps = stamps_;
+    launch.general_grouping = general_grouping_;
     const moe::MoeInputNorm& norm = args.input_norm;
     const int vec = norm.residual ? norm_vec_ : 0;
     if (norm.residual) {
@@ -841,6 +881,10 @@ class FusedKernel final : public moe::ExpertsKernel {
   size_t shared_bytes_ = 0, norm_shared_bytes_ = 0;
   int norm_vec_ = 0;  // NormRow width class of the fused input norm; 0: none
   int one_combo_floats_ = 0;  // the one-token kernel's combine buffer
+  const bool general_grouping_ = [] {
+    const char* value = std::getenv("SY_FUSED_GENERAL_GROUPING");
+    return value && value[0] == '1';
+  }();
   // SY_NO_NORM_FUSION=1 (experiments): the input norm as its own launch.
   const bool no_norm_fusion_ = [] {
     const char* value = std::getenv("SY_NO_NORM_FUSION");
