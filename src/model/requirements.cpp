@@ -13,6 +13,7 @@ Status check_backend_features(const ModelConfig& c, const backend::Backend& back
   }
   const bool mxfp4 = c.experts.format == moe::ExpertFormat::kMxfp4Interleaved;
   const bool yarn = c.rope_scaling.kind == RopeKind::kYarn;
+  std::string missing;
   for (auto [needed, feature] :
        {std::pair{windowed, backend::BackendFeature::kSlidingWindow},
         std::pair{gated_shared, backend::BackendFeature::kSigmoidGatedAdd},
@@ -20,10 +21,11 @@ Status check_backend_features(const ModelConfig& c, const backend::Backend& back
         std::pair{yarn, backend::BackendFeature::kScaledRope},
         std::pair{mxfp4, backend::BackendFeature::kMxfp4Weights}})
     if (needed && !backend.supports(feature))
-      return Status::error(
-          ErrorCode::kUnsupported,
-          fmt::format("the {} backend does not implement {} yet, which this {} model needs",
-                      backend.name(), backend::backend_feature_name(feature), c.model_type));
+      missing += fmt::format("{}{}", missing.empty() ? "" : ", ", backend::backend_feature_name(feature));
+  if (!missing.empty())
+    return Status::error(ErrorCode::kUnsupported,
+                         fmt::format("the {} backend does not implement {} yet, which this {} model needs",
+                                     backend.name(), missing, c.model_type));
   return Status::ok();
 }
 

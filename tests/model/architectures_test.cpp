@@ -508,6 +508,67 @@ TEST(Architectures, KernelsWithoutTheExtendedRouterRefuseIt) {
   Status refused = kernel.supports(spec);
   EXPECT_EQ(refused.code(), ErrorCode::kUnsupported);
   EXPECT_NE(refused.message().find("legacy"), std::string::npos);
+  // gpt-oss's experts (biases, clamped SwiGLU, MXFP4) likewise.
+  EXPECT_TRUE(kernel.supports_experts(moe::ExpertSpec{}).is_ok());
+  Status experts = kernel.supports_experts(parsed(tiny("gpt_oss")).experts);
+  EXPECT_EQ(experts.code(), ErrorCode::kUnsupported);
+  EXPECT_NE(experts.message().find("legacy"), std::string::npos);
+  EXPECT_NE(experts.message().find("MXFP4"), std::string::npos);
+}
+
+// A backend with none of the optional features (as the CUDA backend is today): only name() and
+// supports() may be called before the refusal.
+class FeaturelessBackend final : public backend::Backend {
+ public:
+  std::string name() const override { return "featureless"; }
+  Device device() const override { return Device::kCpu; }
+  Tensor alloc(DType, std::initializer_list<int64_t>) override { std::abort(); }
+  void free_buffer(Tensor&) override { std::abort(); }
+  Result<Tensor> load_weight(const Tensor&) override { std::abort(); }
+  Result<Tensor> load_stacked(const std::vector<Tensor>&) override { std::abort(); }
+  void fill_random(Tensor&, uint64_t, float, float) override { std::abort(); }
+  void upload(const void*, Tensor&) override { std::abort(); }
+  void download(const Tensor&, void*) override { std::abort(); }
+  void fill_i32(Tensor&, int32_t) override { std::abort(); }
+  void embedding(const Tensor&, const Tensor&, Tensor&) override { std::abort(); }
+  void rms_norm(const Tensor&, const Tensor&, float, Tensor&) override { std::abort(); }
+  void matmul(const Tensor&, const Tensor&, const Tensor*, Tensor&) override { std::abort(); }
+  void add_inplace(Tensor&, const Tensor&) override { std::abort(); }
+  void silu_mul(const Tensor&, const Tensor&, Tensor&) override { std::abort(); }
+  void rope(Tensor&, const backend::AttentionBatch&, const backend::RopeSpec&) override { std::abort(); }
+  void write_kv(const Tensor&, const Tensor&, Tensor&, Tensor&, const backend::AttentionBatch&) override {
+    std::abort();
+  }
+  void attention(const Tensor&, const Tensor&, const Tensor&, const backend::AttentionBatch&, float,
+                 Tensor&) override {
+    std::abort();
+  }
+  void gather_rows(const Tensor&, const Tensor&, Tensor&) override { std::abort(); }
+  void sample(const Tensor&, const std::vector<backend::SamplingRow>&,
+              std::vector<backend::SampledToken>&) override {
+    std::abort();
+  }
+  void score_tokens(const Tensor&, const std::vector<int32_t>&, int,
+                    std::vector<backend::SampledToken>&) override {
+    std::abort();
+  }
+  void register_kernels(moe::ExpertsKernelRegistry&) override {}
+};
+
+TEST(Architectures, ABackendWithoutGptOssFeaturesRefusesItBeforeLoadingNamingThemAll) {
+  const auto dir = std::filesystem::temp_directory_path() / ("sy_gptoss_refuse_" + std::to_string(::getpid()));
+  ASSERT_TRUE(write_random_checkpoint(tiny("gpt_oss"), json::object(), dir.string(), 1, false).is_ok());
+  FeaturelessBackend backend;
+  auto refused = Model::load(dir.string(), backend);
+  ASSERT_FALSE(refused.is_ok());
+  EXPECT_EQ(refused.status().code(), ErrorCode::kUnsupported);
+  for (const char* named : {"featureless", "gpt_oss", "sliding-window attention", "attention sinks", "YaRN",
+                            "MXFP4 expert weights"})
+    EXPECT_NE(refused.message().find(named), std::string::npos) << named << ": " << refused.message();
+  auto random = Model::random((dir / "config.json").string(), backend, 1);
+  ASSERT_FALSE(random.is_ok());
+  EXPECT_EQ(random.status().code(), ErrorCode::kUnsupported);
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
