@@ -389,12 +389,14 @@ def mxfp4_decode(blocks, scales):
 
 def gpt_oss_config(seed_cls):
     import inspect
+    # max_position_embeddings = factor x original_max_position_embeddings: transformers 4.5x take the
+    # factor from that ratio, later versions from "factor"; both agree here (as in the published config).
     rope = {"rope_type": "yarn", "factor": 8.0, "beta_fast": 32.0, "beta_slow": 1.0,
             "original_max_position_embeddings": 32, "truncate": False}
     kwargs = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=32, num_hidden_layers=3, num_attention_heads=5,
                   num_key_value_heads=1, head_dim=24, num_local_experts=6, num_experts_per_tok=2,
                   sliding_window=WINDOW, layer_types=["sliding_attention", "full_attention", "sliding_attention"],
-                  attention_bias=True, swiglu_limit=7.0, rms_norm_eps=1e-5, max_position_embeddings=4096,
+                  attention_bias=True, swiglu_limit=7.0, rms_norm_eps=1e-5, max_position_embeddings=256,
                   tie_word_embeddings=False, eos_token_id=0, bos_token_id=0, pad_token_id=0,
                   initializer_range=0.08, attention_dropout=0.0)
     params = inspect.signature(seed_cls.__init__).parameters
