@@ -128,8 +128,8 @@ Status parse_yarn(const json& rope, const char* key, ModelConfig& c) {
   SY_ASSIGN(y.mscale_all_dim, get_number(rope, "mscale_all_dim", 0.0));
   SY_ASSIGN(double partial, get_number(rope, "partial_rotary_factor", 1.0));
   if (partial != 1.0)
-    return Status::errorf("config.json: {}.partial_rotary_factor {} is not supported (only 1)",
-                          key, partial);
+    return Status::errorf("config.json: {}.partial_rotary_factor {} is not supported (only 1)", key,
+                          partial);
   return Status::ok();
 }
 

@@ -15,7 +15,8 @@ struct AttentionSpec {
   bool qkv_bias = false;  // q/k/v projections have biases (an o_proj bias is loaded where present)
   QkNorm qk_norm = QkNorm::kNone;
   int64_t sliding_window = 0;  // 0: full causal attention; W: positions p with pos - p < W
-  bool sinks = false;  // a learned per-head logit in the softmax denominator (gpt-oss: self_attn.sinks)
+  bool sinks =
+      false;  // a learned per-head logit in the softmax denominator (gpt-oss: self_attn.sinks)
 };
 
 // RoPE's frequencies: plain (theta^(-2i/d)) or YaRN (rope_scaling / rope_parameters of type

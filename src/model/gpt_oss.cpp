@@ -20,8 +20,7 @@ Status parse_gpt_oss(const nlohmann::json& json, ModelConfig& c) {
             get_int(json, {"num_experts_per_tok", "experts_per_token"}, false, 4));
   SY_ASSIGN(c.attention_bias, get_bool(json, "attention_bias", true));
   SY_ASSIGN(double limit, get_number(json, "swiglu_limit", 7.0));
-  if (!(limit > 0.0))
-    return Status::errorf("config.json: swiglu_limit must be > 0, got {}", limit);
+  if (!(limit > 0.0)) return Status::errorf("config.json: swiglu_limit must be > 0, got {}", limit);
   // GptOssConfig's defaults: a window of 128; without layer_types, even layers slide.
   SY_ASSIGN(int64_t window, get_int(json, {"sliding_window"}, false, 128));
   std::vector<bool> sliding(static_cast<size_t>(c.num_hidden_layers));
@@ -43,8 +42,7 @@ Status parse_gpt_oss(const nlohmann::json& json, ModelConfig& c) {
   // The experts' storage: quantization_config decides (absent: bf16 as transformers saves it).
   moe::ExpertFormat format = moe::ExpertFormat::kTransposedInterleaved;
   if (auto q = json.find("quantization_config"); q != json.end() && !q->is_null()) {
-    if (!q->is_object())
-      return Status::error("config.json: quantization_config must be an object");
+    if (!q->is_object()) return Status::error("config.json: quantization_config must be an object");
     const auto method = q->find("quant_method");
     if (method == q->end() || !method->is_string() || *method != "mxfp4")
       return Status::errorf(
@@ -108,7 +106,8 @@ Result<DecoderWeights> build_gpt_oss(const ModelConfig& c, WeightSource& source)
                 source.packed(mp + "experts.gate_up_proj_blocks", {E, 2 * I, H / 32, 16}, false));
       SY_ASSIGN(moe.gate_up_scales,
                 source.packed(mp + "experts.gate_up_proj_scales", {E, 2 * I, H / 32}, true));
-      SY_ASSIGN(moe.down, source.packed(mp + "experts.down_proj_blocks", {E, H, I / 32, 16}, false));
+      SY_ASSIGN(moe.down,
+                source.packed(mp + "experts.down_proj_blocks", {E, H, I / 32, 16}, false));
       SY_ASSIGN(moe.down_scales,
                 source.packed(mp + "experts.down_proj_scales", {E, H, I / 32}, true));
     } else {

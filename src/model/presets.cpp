@@ -195,7 +195,8 @@ json tiny_gpt_oss() {
               {"initializer_range", 0.02},
               {"intermediate_size", 32},
               {"layer_types", {"sliding_attention", "full_attention", "sliding_attention"}},
-              {"max_position_embeddings", 256},  // = factor x original (transformers 4.5x derive the factor so)
+              // = YaRN factor x original context (transformers 4.5x derive the factor so).
+              {"max_position_embeddings", 256},
               {"model_type", "gpt_oss"},
               {"num_attention_heads", 5},
               {"num_experts_per_tok", 2},
@@ -265,8 +266,8 @@ Result<json> preset_config(const std::string& arch, const std::string& preset, i
   } else if (arch == "mixtral" || arch == "olmoe" || arch == "qwen2_moe" || arch == "gpt_oss") {
     if (preset != "tiny")
       return Status::errorf("--preset '{}' is unknown for {} (supported: tiny)", preset, arch);
-    config = arch == "mixtral" ? tiny_mixtral()
-             : arch == "olmoe" ? tiny_olmoe()
+    config = arch == "mixtral"     ? tiny_mixtral()
+             : arch == "olmoe"     ? tiny_olmoe()
              : arch == "qwen2_moe" ? tiny_qwen2_moe()
                                    : tiny_gpt_oss();
   } else {
@@ -328,7 +329,8 @@ Status write_random_checkpoint(const json& config_json, const json& generation_c
       Rng rng{XXH64(spec.name.data(), spec.name.size(), seed)};
       const bool scales = listing.is_scales(spec.name);
       for (size_t i = 0; i < nbytes; ++i)
-        out[i] = scales ? static_cast<uint8_t>(117 + rng.next() % 4) : static_cast<uint8_t>(rng.next());
+        out[i] =
+            scales ? static_cast<uint8_t>(117 + rng.next() % 4) : static_cast<uint8_t>(rng.next());
       written += nbytes;
       return;
     }

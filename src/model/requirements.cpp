@@ -14,18 +14,19 @@ Status check_backend_features(const ModelConfig& c, const backend::Backend& back
   const bool mxfp4 = c.experts.format == moe::ExpertFormat::kMxfp4Interleaved;
   const bool yarn = c.rope_scaling.kind == RopeKind::kYarn;
   std::string missing;
-  for (auto [needed, feature] :
-       {std::pair{windowed, backend::BackendFeature::kSlidingWindow},
-        std::pair{gated_shared, backend::BackendFeature::kSigmoidGatedAdd},
-        std::pair{sinks, backend::BackendFeature::kAttentionSinks},
-        std::pair{yarn, backend::BackendFeature::kScaledRope},
-        std::pair{mxfp4, backend::BackendFeature::kMxfp4Weights}})
+  for (auto [needed, feature] : {std::pair{windowed, backend::BackendFeature::kSlidingWindow},
+                                 std::pair{gated_shared, backend::BackendFeature::kSigmoidGatedAdd},
+                                 std::pair{sinks, backend::BackendFeature::kAttentionSinks},
+                                 std::pair{yarn, backend::BackendFeature::kScaledRope},
+                                 std::pair{mxfp4, backend::BackendFeature::kMxfp4Weights}})
     if (needed && !backend.supports(feature))
-      missing += fmt::format("{}{}", missing.empty() ? "" : ", ", backend::backend_feature_name(feature));
+      missing +=
+          fmt::format("{}{}", missing.empty() ? "" : ", ", backend::backend_feature_name(feature));
   if (!missing.empty())
-    return Status::error(ErrorCode::kUnsupported,
-                         fmt::format("the {} backend does not implement {} yet, which this {} model needs",
-                                     backend.name(), missing, c.model_type));
+    return Status::error(
+        ErrorCode::kUnsupported,
+        fmt::format("the {} backend does not implement {} yet, which this {} model needs",
+                    backend.name(), missing, c.model_type));
   return Status::ok();
 }
 

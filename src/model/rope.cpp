@@ -23,11 +23,11 @@ RopeTable rope_table(const ModelConfig& c) {
   if (y.kind != RopeKind::kYarn) return table;
   const int64_t dim = c.head_dim, half = dim / 2;
   const double base = c.rope_theta;
-  table.attention_factor = static_cast<float>(
-      y.attention_factor > 0.0 ? y.attention_factor
-      : (y.mscale != 0.0 && y.mscale_all_dim != 0.0)
-          ? yarn_mscale(y.factor, y.mscale) / yarn_mscale(y.factor, y.mscale_all_dim)
-          : yarn_mscale(y.factor, 1.0));
+  table.attention_factor = static_cast<float>(y.attention_factor > 0.0 ? y.attention_factor
+                                              : (y.mscale != 0.0 && y.mscale_all_dim != 0.0)
+                                                  ? yarn_mscale(y.factor, y.mscale) /
+                                                        yarn_mscale(y.factor, y.mscale_all_dim)
+                                                  : yarn_mscale(y.factor, 1.0));
   const double max_positions = static_cast<double>(y.original_max_position_embeddings);
   double low = correction_dim(y.beta_fast, static_cast<double>(dim), base, max_positions);
   double high = correction_dim(y.beta_slow, static_cast<double>(dim), base, max_positions);
@@ -49,8 +49,8 @@ RopeTable rope_table(const ModelConfig& c) {
     const float interpolation = 1.0f / (factor_f * pos_freq);
     const float ramp = std::clamp((static_cast<float>(i) - low_f) / width_f, 0.0f, 1.0f);
     const float extrapolation_share = 1.0f - ramp;
-    table.inv_freq[static_cast<size_t>(i)] = interpolation * (1.0f - extrapolation_share) +
-                                             extrapolation * extrapolation_share;
+    table.inv_freq[static_cast<size_t>(i)] =
+        interpolation * (1.0f - extrapolation_share) + extrapolation * extrapolation_share;
   }
   return table;
 }

@@ -191,8 +191,9 @@ Result<Tensor> RandomSource::packed(const std::string& name, const std::vector<i
   std::vector<uint8_t> bytes(static_cast<size_t>(numel));
   for (int64_t i = 0; i < numel; ++i) {
     const float u = backend::random_fill_value(seed, static_cast<uint64_t>(i), 0.5f, 0.5f);
-    bytes[static_cast<size_t>(i)] = scales ? static_cast<uint8_t>(117 + static_cast<int>(u * 3.999f))
-                                           : static_cast<uint8_t>(static_cast<int>(u * 255.999f));
+    bytes[static_cast<size_t>(i)] = scales
+                                        ? static_cast<uint8_t>(117 + static_cast<int>(u * 3.999f))
+                                        : static_cast<uint8_t>(static_cast<int>(u * 255.999f));
   }
   backend_.upload(bytes.data(), shaped);
   return shaped;
@@ -209,8 +210,8 @@ Result<Tensor> TensorListSource::get(const std::string& name, const std::vector<
   return no_data(DType::kBF16, shape);
 }
 
-Result<Tensor> TensorListSource::packed(const std::string& name,
-                                        const std::vector<int64_t>& shape, bool scales) {
+Result<Tensor> TensorListSource::packed(const std::string& name, const std::vector<int64_t>& shape,
+                                        bool scales) {
   SY_TRY(check_rank(name, shape));
   tensors_.push_back({name, DType::kU8, shape});
   if (scales) scales_.push_back(name);

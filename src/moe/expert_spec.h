@@ -10,7 +10,8 @@ namespace sy::moe {
 // then up rows.
 enum class ExpertActivation {
   kSwiGlu,         // silu(gate) * up
-  kClampedSwiGlu,  // gpt-oss: g = min(gate, limit), u = clamp(up, +-limit); (u + 1) * g * sigmoid(alpha g)
+  kClampedSwiGlu,  // gpt-oss: g = min(gate, limit), u = clamp(up, +-limit); (u + 1) * g *
+                   // sigmoid(alpha g)
 };
 enum class ExpertFormat {
   kStacked,  // gate_up [E, 2I, H]: rows [0, I) gate, [I, 2I) up; down [E, H, I]; bf16/f32

@@ -47,10 +47,12 @@ struct GptOssLayer {
                       int64_t rows, int64_t in, int64_t e, int64_t row, int64_t col,
                       const Ignore& ignore) {
     const int64_t group = col / 32, within = col % 32;
-    const uint8_t byte = blocks[static_cast<size_t>(((e * rows + row) * (in / 32) + group) * 16 + within / 2)];
+    const uint8_t byte =
+        blocks[static_cast<size_t>(((e * rows + row) * (in / 32) + group) * 16 + within / 2)];
     const bool high = (within % 2 == 1) != ignore.nibble_order;
     const int scale = scales[static_cast<size_t>((e * rows + row) * (in / 32) + group)];
-    return e2m1(high ? byte >> 4 : byte & 15) * std::pow(2.0, scale - (ignore.scale_bias ? 128 : 127));
+    return e2m1(high ? byte >> 4 : byte & 15) *
+           std::pow(2.0, scale - (ignore.scale_bias ? 128 : 127));
   }
   double gate_up(int64_t e, int64_t row, int64_t col, const Ignore& ig = {}) const {
     return mxfp4(gate_up_blocks, gate_up_scales, 2 * inter, hidden, e, row, col, ig);
@@ -63,7 +65,8 @@ struct GptOssLayer {
   std::vector<double> expert(const float* x, int64_t e, const Ignore& ig, int* clamped) const {
     std::vector<double> h(static_cast<size_t>(inter)), y(static_cast<size_t>(hidden));
     for (int64_t i = 0; i < inter; ++i) {
-      const int64_t gate_row = ig.interleave ? i : 2 * i, up_row = ig.interleave ? inter + i : 2 * i + 1;
+      const int64_t gate_row = ig.interleave ? i : 2 * i,
+                    up_row = ig.interleave ? inter + i : 2 * i + 1;
       double gate = ig.biases ? 0 : gate_up_bias[static_cast<size_t>(e * 2 * inter + gate_row)];
       double up = ig.biases ? 0 : gate_up_bias[static_cast<size_t>(e * 2 * inter + up_row)];
       for (int64_t c = 0; c < hidden; ++c) {
@@ -75,7 +78,8 @@ struct GptOssLayer {
         gate = std::min(gate, 7.0);
         up = std::max(-7.0, std::min(up, 7.0));
       }
-      h[static_cast<size_t>(i)] = (ig.plus_one ? up : up + 1.0) * gate / (1.0 + std::exp(-1.702 * gate));
+      h[static_cast<size_t>(i)] =
+          (ig.plus_one ? up : up + 1.0) * gate / (1.0 + std::exp(-1.702 * gate));
     }
     for (int64_t o = 0; o < hidden; ++o) {
       double acc = ig.biases ? 0 : down_bias[static_cast<size_t>(e * hidden + o)];
@@ -86,16 +90,19 @@ struct GptOssLayer {
   }
 
   // Router in double: logits + bias, top-k on the logits (ties: lower id), softmax over the k.
-  std::vector<int32_t> route(const float* x, const int32_t* forced, std::vector<double>& weights) const {
+  std::vector<int32_t> route(const float* x, const int32_t* forced,
+                             std::vector<double>& weights) const {
     std::vector<double> logits(static_cast<size_t>(experts));
     for (int64_t e = 0; e < experts; ++e) {
       double dot = router_bias[static_cast<size_t>(e)];
-      for (int64_t c = 0; c < hidden; ++c) dot += double(router[static_cast<size_t>(e * hidden + c)]) * x[c];
+      for (int64_t c = 0; c < hidden; ++c)
+        dot += double(router[static_cast<size_t>(e * hidden + c)]) * x[c];
       logits[static_cast<size_t>(e)] = dot;
     }
     std::vector<int32_t> ids(static_cast<size_t>(experts));
     std::iota(ids.begin(), ids.end(), 0);
-    std::stable_sort(ids.begin(), ids.end(), [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
+    std::stable_sort(ids.begin(), ids.end(),
+                     [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
     ids.resize(static_cast<size_t>(top_k));
     if (forced) ids.assign(forced, forced + top_k);
     double top = -INFINITY, sum = 0;
@@ -111,10 +118,13 @@ struct GptOssLayer {
     std::vector<double> out(static_cast<size_t>(tokens * hidden), 0.0);
     for (int64_t t = 0; t < tokens; ++t) {
       std::vector<double> w;
-      const auto ids = route(x.data() + t * hidden, forced ? forced->data() + t * top_k : nullptr, w);
+      const auto ids =
+          route(x.data() + t * hidden, forced ? forced->data() + t * top_k : nullptr, w);
       for (int64_t k = 0; k < top_k; ++k) {
         const auto y = expert(x.data() + t * hidden, ids[static_cast<size_t>(k)], ig, clamped);
-        for (int64_t o = 0; o < hidden; ++o) out[static_cast<size_t>(t * hidden + o)] += w[static_cast<size_t>(k)] * y[static_cast<size_t>(o)];
+        for (int64_t o = 0; o < hidden; ++o)
+          out[static_cast<size_t>(t * hidden + o)] +=
+              w[static_cast<size_t>(k)] * y[static_cast<size_t>(o)];
       }
     }
     return out;
@@ -144,7 +154,9 @@ GptOssLayer random_layer(std::mt19937_64& rng) {
   return l;
 }
 
-Tensor view(void* data, DType dtype, std::initializer_list<int64_t> shape) { return Tensor(data, dtype, shape); }
+Tensor view(void* data, DType dtype, std::initializer_list<int64_t> shape) {
+  return Tensor(data, dtype, shape);
+}
 
 double max_diff(const std::vector<float>& a, const std::vector<double>& b) {
   double worst = 0;
@@ -174,14 +186,17 @@ TEST_P(GptOssMoe, MatchesTheDoubleReferenceInBothStorageFormatsAndEveryFieldMatt
   ASSERT_GT(clamped, 5) << "the fixture must drive activations past swiglu_limit";
 
   // The same values as transformers saves them unquantised: gate_up [E, H, 2I], down [E, I, H].
-  std::vector<uint16_t> gate_up_t(static_cast<size_t>(E * H * 2 * I)), down_t(static_cast<size_t>(E * I * H));
+  std::vector<uint16_t> gate_up_t(static_cast<size_t>(E * H * 2 * I)),
+      down_t(static_cast<size_t>(E * I * H));
   for (int64_t e = 0; e < E; ++e) {
     for (int64_t o = 0; o < 2 * I; ++o)
       for (int64_t c = 0; c < H; ++c)
-        gate_up_t[static_cast<size_t>((e * H + c) * 2 * I + o)] = f32_to_bf16(static_cast<float>(l.gate_up(e, o, c)));
+        gate_up_t[static_cast<size_t>((e * H + c) * 2 * I + o)] =
+            f32_to_bf16(static_cast<float>(l.gate_up(e, o, c)));
     for (int64_t o = 0; o < H; ++o)
       for (int64_t c = 0; c < I; ++c)
-        down_t[static_cast<size_t>((e * I + c) * H + o)] = f32_to_bf16(static_cast<float>(l.down(e, o, c)));
+        down_t[static_cast<size_t>((e * I + c) * H + o)] =
+            f32_to_bf16(static_cast<float>(l.down(e, o, c)));
   }
 
   auto backend = make_cpu_backend({2});
@@ -196,7 +211,8 @@ TEST_P(GptOssMoe, MatchesTheDoubleReferenceInBothStorageFormatsAndEveryFieldMatt
   spec.has_logit_bias = true;
   ASSERT_TRUE((*kernel)->supports(spec).is_ok());
 
-  for (auto format : {moe::ExpertFormat::kMxfp4Interleaved, moe::ExpertFormat::kTransposedInterleaved}) {
+  for (auto format :
+       {moe::ExpertFormat::kMxfp4Interleaved, moe::ExpertFormat::kTransposedInterleaved}) {
     const bool mxfp4 = format == moe::ExpertFormat::kMxfp4Interleaved;
     moe::MoeLayerWeights w;
     w.router = view(l.router.data(), DType::kF32, {E, H});
@@ -275,9 +291,11 @@ TEST(GptOssAttention, SinksJoinTheSoftmaxDenominator) {
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   const int64_t T = 9, heads = 4, kv_heads = 2, D = 8;
-  std::vector<float> q(static_cast<size_t>(T * heads * D)), k(static_cast<size_t>(16 * kv_heads * D)),
-      v(k.size()), sinks(static_cast<size_t>(heads)), out(static_cast<size_t>(T * heads * D));
-  for (auto* vec : {&q, &k, &v}) for (float& f : *vec) f = 2.0f * u(rng);
+  std::vector<float> q(static_cast<size_t>(T * heads * D)),
+      k(static_cast<size_t>(16 * kv_heads * D)), v(k.size()), sinks(static_cast<size_t>(heads)),
+      out(static_cast<size_t>(T * heads * D));
+  for (auto* vec : {&q, &k, &v})
+    for (float& f : *vec) f = 2.0f * u(rng);
   for (float& s : sinks) s = 1.5f + u(rng);
   std::vector<int32_t> positions(T), seq(T, 0), slots(T), table = {0};
   std::iota(positions.begin(), positions.end(), 0);
@@ -292,25 +310,30 @@ TEST(GptOssAttention, SinksJoinTheSoftmaxDenominator) {
   for (int64_t window : {0, 4}) {
     batch.sliding_window = window;
     Tensor sink_tensor = view(sinks.data(), DType::kF32, {heads});
-    Tensor q_t = view(q.data(), DType::kF32, {T, heads, D}), k_t = view(k.data(), DType::kF32, {16, kv_heads, D}),
-           v_t = view(v.data(), DType::kF32, {16, kv_heads, D}), out_t = view(out.data(), DType::kF32, {T, heads * D});
+    Tensor q_t = view(q.data(), DType::kF32, {T, heads, D}),
+           k_t = view(k.data(), DType::kF32, {16, kv_heads, D}),
+           v_t = view(v.data(), DType::kF32, {16, kv_heads, D}),
+           out_t = view(out.data(), DType::kF32, {T, heads * D});
     const float scale = 1.0f / std::sqrt(static_cast<float>(D));
     auto reference = [&](bool with_sinks) {
       std::vector<double> ref(out.size());
       for (int64_t t = 0; t < T; ++t)
         for (int64_t h = 0; h < heads; ++h) {
-          const int64_t g = h / (heads / kv_heads), first = window ? std::max<int64_t>(0, t - window + 1) : 0;
+          const int64_t g = h / (heads / kv_heads),
+                        first = window ? std::max<int64_t>(0, t - window + 1) : 0;
           std::vector<double> s;
           for (int64_t p = first; p <= t; ++p) {
             double dot = 0;
-            for (int64_t i = 0; i < D; ++i) dot += double(q[(t * heads + h) * D + i]) * k[(p * kv_heads + g) * D + i];
+            for (int64_t i = 0; i < D; ++i)
+              dot += double(q[(t * heads + h) * D + i]) * k[(p * kv_heads + g) * D + i];
             s.push_back(dot * scale);
           }
           double denom = with_sinks ? std::exp(double(sinks[h])) : 0.0;
           for (double& e : s) denom += (e = std::exp(e));
           for (int64_t i = 0; i < D; ++i) {
             double acc = 0;
-            for (int64_t p = first; p <= t; ++p) acc += s[p - first] / denom * v[(p * kv_heads + g) * D + i];
+            for (int64_t p = first; p <= t; ++p)
+              acc += s[p - first] / denom * v[(p * kv_heads + g) * D + i];
             ref[(t * heads + h) * D + i] = acc;
           }
         }
@@ -352,8 +375,9 @@ struct Yarn {
 };
 
 TEST(GptOssRope, YarnFrequenciesAndAttentionFactorMatchTransformersFormula) {
-  for (const Yarn yarn : {Yarn{150000, 32, 32, 1, 4096, 64, false}, Yarn{150000, 8, 32, 1, 32, 24, false},
-                          Yarn{10000, 4, 32, 1, 512, 24, true}}) {
+  for (const Yarn yarn :
+       {Yarn{150000, 32, 32, 1, 4096, 64, false}, Yarn{150000, 8, 32, 1, 32, 24, false},
+        Yarn{10000, 4, 32, 1, 512, 24, true}}) {
     model::ModelConfig c;
     c.head_dim = yarn.dim;
     c.rope_theta = yarn.theta;
@@ -389,7 +413,8 @@ TEST(GptOssRope, YarnFrequenciesAndAttentionFactorMatchTransformersFormula) {
     batch.positions = view(&position, DType::kI32, {1});
     auto backend = make_cpu_backend({1});
     Tensor xt = view(x.data(), DType::kF32, {1, heads, D});
-    backend->rope(xt, batch, RopeSpec{yarn.theta, D, table.inv_freq.data(), table.attention_factor});
+    backend->rope(xt, batch,
+                  RopeSpec{yarn.theta, D, table.inv_freq.data(), table.attention_factor});
     std::vector<double> ref(x.size()), plain(x.size());
     for (int64_t h = 0; h < heads; ++h)
       for (int64_t i = 0; i < D / 2; ++i) {

@@ -6,9 +6,9 @@
 
 #include <unistd.h>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <cstring>
 #include <map>
 #include <set>
 
@@ -138,7 +138,8 @@ TEST(Architectures, GptOssDescription) {
   EXPECT_EQ(c.experts.activation, moe::ExpertActivation::kClampedSwiGlu);
   EXPECT_EQ(c.experts.limit, 7.0f);
   EXPECT_TRUE(c.experts.has_biases);
-  EXPECT_EQ(c.experts.format, moe::ExpertFormat::kMxfp4Interleaved) << "quantization_config decides";
+  EXPECT_EQ(c.experts.format, moe::ExpertFormat::kMxfp4Interleaved)
+      << "quantization_config decides";
   EXPECT_EQ(c.rope_scaling.kind, RopeKind::kYarn);
   EXPECT_EQ(c.rope_scaling.factor, 8.0);
   EXPECT_EQ(c.rope_scaling.original_max_position_embeddings, 32);
@@ -342,8 +343,8 @@ TEST_P(FamilyModel, MissingAndMisshapenTensorsAreNamed) {
       << missing.message();
   EXPECT_NE(missing.message().find("shape"), std::string::npos) << missing.message();
   config = tiny(GetParam());
-  config["intermediate_size"] =
-      config["intermediate_size"].get<int>() + (gpt_oss ? 32 : 2);  // dense or expert width (MXFP4: whole blocks)
+  config["intermediate_size"] = config["intermediate_size"].get<int>() +
+                                (gpt_oss ? 32 : 2);  // dense or expert width (MXFP4: whole blocks)
   std::ofstream(dir_ / "config.json") << config.dump();
   auto misshapen = Model::load(dir_.string(), *backend);
   ASSERT_FALSE(misshapen.is_ok());
@@ -370,16 +371,19 @@ TEST_P(FamilyModel, RandomWeightsBuildTheSameTensors) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, FamilyModel,
-                         ::testing::Values("qwen3_moe", "mixtral", "olmoe", "qwen2_moe", "gpt_oss"));
+                         ::testing::Values("qwen3_moe", "mixtral", "olmoe", "qwen2_moe",
+                                           "gpt_oss"));
 
 // A tensor of the wrong dtype is refused naming file and tensor: MXFP4 blocks must be U8, and a
 // U8 tensor where a float one belongs is no weight either.
 TEST(GptOssCheckpoint, WrongDtypeIsNamed) {
-  const auto dir = std::filesystem::temp_directory_path() / ("sy_gptoss_dtype_" + std::to_string(::getpid()));
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("sy_gptoss_dtype_" + std::to_string(::getpid()));
   const json config = tiny("gpt_oss");
   ASSERT_TRUE(parse_model_config(config).is_ok());
   auto listed = preset_tensors(config);
-  for (const char* swapped : {"model.layers.1.mlp.experts.gate_up_proj_blocks", "model.layers.1.mlp.router.bias"}) {
+  for (const char* swapped :
+       {"model.layers.1.mlp.experts.gate_up_proj_blocks", "model.layers.1.mlp.router.bias"}) {
     std::vector<TensorSpec> specs = listed;
     for (TensorSpec& spec : specs)
       if (spec.name == swapped) spec.dtype = spec.dtype == DType::kU8 ? DType::kBF16 : DType::kU8;
@@ -401,7 +405,8 @@ TEST(GptOssCheckpoint, WrongDtypeIsNamed) {
 // the same model, so the same logits (bit for bit: both are dequantised to f32 then multiplied
 // in one order) and routes.
 TEST(GptOssCheckpoint, Mxfp4AndItsBf16ExpansionRunTheSameModel) {
-  const auto dir = std::filesystem::temp_directory_path() / ("sy_gptoss_mx_" + std::to_string(::getpid()));
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("sy_gptoss_mx_" + std::to_string(::getpid()));
   const std::string bf16_dir = dir.string() + "_bf16";
   json config = tiny("gpt_oss");
   config["num_hidden_layers"] = 2;
@@ -435,8 +440,9 @@ TEST(GptOssCheckpoint, Mxfp4AndItsBf16ExpansionRunTheSameModel) {
       for (int64_t o = 0; o < out; ++o)
         for (int64_t i = 0; i < in; ++i) {
           const uint8_t byte = info.data[((e * out + o) * (in / 32) + i / 32) * 16 + (i % 32) / 2];
-          const double value = decode(i % 2 ? byte >> 4 : byte & 15) *
-                               std::pow(2.0, scales->data[(e * out + o) * (in / 32) + i / 32] - 127.0);
+          const double value =
+              decode(i % 2 ? byte >> 4 : byte & 15) *
+              std::pow(2.0, scales->data[(e * out + o) * (in / 32) + i / 32] - 127.0);
           dst[static_cast<size_t>((e * in + i) * out + o)] = f32_to_bf16(static_cast<float>(value));
         }
     specs.push_back({base, DType::kBF16, {E, in, out}});
@@ -460,8 +466,9 @@ TEST(GptOssCheckpoint, Mxfp4AndItsBf16ExpansionRunTheSameModel) {
   for (const std::string& folder : {dir.string(), bf16_dir}) {
     auto model = Model::load(folder, *backend);
     ASSERT_TRUE(model.is_ok()) << model.message();
-    EXPECT_EQ((*model)->config().experts.format, folder == bf16_dir ? moe::ExpertFormat::kTransposedInterleaved
-                                                                    : moe::ExpertFormat::kMxfp4Interleaved);
+    EXPECT_EQ((*model)->config().experts.format, folder == bf16_dir
+                                                     ? moe::ExpertFormat::kTransposedInterleaved
+                                                     : moe::ExpertFormat::kMxfp4Interleaved);
     Decoder decoder(*backend, KernelChoice{*registry.select("cpu-modular", {}), nullptr, 0}, 16);
     ASSERT_TRUE(decoder.allocate((*model)->config(), 8, {64, 1, 8, 64}).is_ok());
     StepInputs in;
@@ -535,8 +542,11 @@ class FeaturelessBackend final : public backend::Backend {
   void matmul(const Tensor&, const Tensor&, const Tensor*, Tensor&) override { std::abort(); }
   void add_inplace(Tensor&, const Tensor&) override { std::abort(); }
   void silu_mul(const Tensor&, const Tensor&, Tensor&) override { std::abort(); }
-  void rope(Tensor&, const backend::AttentionBatch&, const backend::RopeSpec&) override { std::abort(); }
-  void write_kv(const Tensor&, const Tensor&, Tensor&, Tensor&, const backend::AttentionBatch&) override {
+  void rope(Tensor&, const backend::AttentionBatch&, const backend::RopeSpec&) override {
+    std::abort();
+  }
+  void write_kv(const Tensor&, const Tensor&, Tensor&, Tensor&,
+                const backend::AttentionBatch&) override {
     std::abort();
   }
   void attention(const Tensor&, const Tensor&, const Tensor&, const backend::AttentionBatch&, float,
@@ -556,15 +566,18 @@ class FeaturelessBackend final : public backend::Backend {
 };
 
 TEST(Architectures, ABackendWithoutGptOssFeaturesRefusesItBeforeLoadingNamingThemAll) {
-  const auto dir = std::filesystem::temp_directory_path() / ("sy_gptoss_refuse_" + std::to_string(::getpid()));
-  ASSERT_TRUE(write_random_checkpoint(tiny("gpt_oss"), json::object(), dir.string(), 1, false).is_ok());
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("sy_gptoss_refuse_" + std::to_string(::getpid()));
+  ASSERT_TRUE(
+      write_random_checkpoint(tiny("gpt_oss"), json::object(), dir.string(), 1, false).is_ok());
   FeaturelessBackend backend;
   auto refused = Model::load(dir.string(), backend);
   ASSERT_FALSE(refused.is_ok());
   EXPECT_EQ(refused.status().code(), ErrorCode::kUnsupported);
-  for (const char* named : {"featureless", "gpt_oss", "sliding-window attention", "attention sinks", "YaRN",
-                            "MXFP4 expert weights"})
-    EXPECT_NE(refused.message().find(named), std::string::npos) << named << ": " << refused.message();
+  for (const char* named : {"featureless", "gpt_oss", "sliding-window attention", "attention sinks",
+                            "YaRN", "MXFP4 expert weights"})
+    EXPECT_NE(refused.message().find(named), std::string::npos)
+        << named << ": " << refused.message();
   auto random = Model::random((dir / "config.json").string(), backend, 1);
   ASSERT_FALSE(random.is_ok());
   EXPECT_EQ(random.status().code(), ErrorCode::kUnsupported);

@@ -154,9 +154,11 @@ void CpuBackend::rope(Tensor& x, const AttentionBatch& batch, const RopeSpec& sp
   // position * inv_freq; cos and sin times YaRN's attention factor.
   std::vector<float> inv_freq(static_cast<size_t>(half));
   for (int64_t i = 0; i < half; ++i)
-    inv_freq[i] = spec.inv_freq ? spec.inv_freq[i]
-                                : static_cast<float>(1.0 / std::pow(spec.theta, static_cast<double>(2 * i) /
-                                                                                    static_cast<double>(head_dim)));
+    inv_freq[i] =
+        spec.inv_freq
+            ? spec.inv_freq[i]
+            : static_cast<float>(1.0 / std::pow(spec.theta, static_cast<double>(2 * i) /
+                                                                static_cast<double>(head_dim)));
   const float factor = spec.attention_factor;
   const int32_t* positions = batch.positions.ptr<int32_t>();
   pool_.parallel_for(tokens, 16, [&](int64_t begin, int64_t end) {
@@ -209,8 +211,9 @@ void CpuBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor&
   std::vector<float> sinks;
   if (batch.sinks)
     for (int64_t h = 0; h < heads; ++h)
-      sinks.push_back(batch.sinks->dtype == DType::kBF16 ? bf16_to_f32(batch.sinks->ptr<uint16_t>()[h])
-                                                         : batch.sinks->ptr<float>()[h]);
+      sinks.push_back(batch.sinks->dtype == DType::kBF16
+                          ? bf16_to_f32(batch.sinks->ptr<uint16_t>()[h])
+                          : batch.sinks->ptr<float>()[h]);
   pool_.parallel_for(tokens * heads, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores;
     for (int64_t task = begin; task < end; ++task) {

@@ -70,8 +70,10 @@ void project(const float* x, int64_t rows, const ExpertMatrix& w, const float* b
       matmul_rows(x, w.in, rows, weights, bias ? bias + o0 : nullptr, out + o0, w.out, nullptr);
     }
   };
-  if (pool) pool->parallel_for(tiles, 1, body);
-  else body(0, tiles);
+  if (pool)
+    pool->parallel_for(tiles, 1, body);
+  else
+    body(0, tiles);
 }
 
 }  // namespace
@@ -91,20 +93,22 @@ void expert_forward(const float* x, int64_t rows, const moe::MoeLayerWeights& w,
   const int64_t inter = w.intermediate(spec.format);
   const bool interleaved = spec.format != moe::ExpertFormat::kStacked;
   // Hidden size: the down projection's output width.
-  const int64_t hidden = spec.format == moe::ExpertFormat::kTransposedInterleaved ? w.down.dim(2)
-                                                                                  : w.down.dim(1);
+  const int64_t hidden =
+      spec.format == moe::ExpertFormat::kTransposedInterleaved ? w.down.dim(2) : w.down.dim(1);
   const ExpertMatrix gate_up{&w.gate_up, &w.gate_up_scales, spec.format, e, 2 * inter, hidden};
   const ExpertMatrix down{&w.down, &w.down_scales, spec.format, e, hidden, inter};
   std::vector<float> gate_up_bias, down_bias;
   if (spec.has_biases) {
     gate_up_bias.resize(static_cast<size_t>(2 * inter));
     down_bias.resize(static_cast<size_t>(hidden));
-    for (int64_t i = 0; i < 2 * inter; ++i) gate_up_bias[i] = read_f32(w.gate_up_bias, e * 2 * inter + i);
+    for (int64_t i = 0; i < 2 * inter; ++i)
+      gate_up_bias[i] = read_f32(w.gate_up_bias, e * 2 * inter + i);
     for (int64_t i = 0; i < hidden; ++i) down_bias[i] = read_f32(w.down_bias, e * hidden + i);
   }
   std::vector<float> projected(static_cast<size_t>(rows * 2 * inter)),
       activated(static_cast<size_t>(rows * inter));
-  project(x, rows, gate_up, spec.has_biases ? gate_up_bias.data() : nullptr, projected.data(), pool);
+  project(x, rows, gate_up, spec.has_biases ? gate_up_bias.data() : nullptr, projected.data(),
+          pool);
   for (int64_t r = 0; r < rows; ++r) {
     const float* gu = projected.data() + r * 2 * inter;
     float* h = activated.data() + r * inter;

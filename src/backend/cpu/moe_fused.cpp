@@ -43,7 +43,8 @@ class FusedKernel final : public moe::ExpertsKernel {
 
     const std::vector<float> logit_bias = vector_f32(w.router_bias);
     if (args.spec.has_logit_bias && static_cast<int64_t>(logit_bias.size()) != experts)
-      return Status::error(ErrorCode::kInternal, "cpu-fused: the router spec needs a logit bias of num_experts");
+      return Status::error(ErrorCode::kInternal,
+                           "cpu-fused: the router spec needs a logit bias of num_experts");
     const bool after_topk = args.spec.softmax_after_topk;
 
     pool_.parallel_for(tokens, 1, [&](int64_t begin, int64_t end) {
@@ -88,7 +89,8 @@ class FusedKernel final : public moe::ExpertsKernel {
           float chosen_max = probs[chosen[0]];
           for (int64_t k = 1; k < top_k; ++k) chosen_max = std::max(chosen_max, probs[chosen[k]]);
           float sum = 0.0f;
-          for (int64_t k = 0; k < top_k; ++k) sum += gates[k] = std::exp(probs[chosen[k]] - chosen_max);
+          for (int64_t k = 0; k < top_k; ++k)
+            sum += gates[k] = std::exp(probs[chosen[k]] - chosen_max);
           for (int64_t k = 0; k < top_k; ++k) gate_sum += gates[k] /= sum;
         } else {
           for (int64_t k = 0; k < top_k; ++k) gate_sum += gates[k] = probs[chosen[k]];

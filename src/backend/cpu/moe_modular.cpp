@@ -29,15 +29,16 @@ class ModularKernel final : public moe::ExpertsKernel {
     const int64_t experts = args.spec.num_experts, top_k = args.spec.top_k;
 
     for (const Tensor* bias : {&w.router_bias, &w.selection_bias})
-      if (bias->data && ((bias->dtype != DType::kF32 && bias->dtype != DType::kBF16) ||
-                         bias->numel() != experts))
+      if (bias->data &&
+          ((bias->dtype != DType::kF32 && bias->dtype != DType::kBF16) || bias->numel() != experts))
         return Status::error(ErrorCode::kInternal,
                              "cpu-modular: router bias vectors must be f32/bf16 [num_experts]");
     const std::vector<float> logit_bias = vector_f32(w.router_bias),
                              selection_bias = vector_f32(w.selection_bias);
     if ((args.spec.has_logit_bias && logit_bias.empty()) ||
         (args.spec.has_selection_bias && selection_bias.empty()))
-      return Status::error(ErrorCode::kInternal, "cpu-modular: the router spec needs a bias the layer lacks");
+      return Status::error(ErrorCode::kInternal,
+                           "cpu-modular: the router spec needs a bias the layer lacks");
     // Gate.
     std::vector<float> logits(static_cast<size_t>(tokens * experts));
     matmul_rows(args.hidden.ptr<float>(), hidden, tokens, w.router, nullptr, logits.data(), experts, &pool_);
