@@ -178,8 +178,9 @@ json tiny_qwen2_moe() {
 }
 
 json tiny_gpt_oss() {
-  // The published gpt-oss-20b config.json spellings, shrunk: MXFP4 experts (hidden and expert
-  // width multiples of 32), head_dim 24 and 5 query heads (q width 120, not a multiple of 16) over
+  // The published gpt-oss-20b config.json spellings, shrunk: MXFP4 experts (hidden 64 and expert
+  // width 96: multiples of 32, and no two of H, I, 2I equal, so a transposed bf16 expert tensor
+  // cannot pass the shape checks), head_dim 24 and 5 query heads (q width 120, not a multiple of 16) over
   // one KV head, 6 experts top-2, a sliding window of 20 on alternate layers, YaRN over an
   // original context of 32 so short prompts reach the interpolated frequencies.
   return json{{"architectures", {"GptOssForCausalLM"}},
@@ -193,7 +194,7 @@ json tiny_gpt_oss() {
               {"hidden_size", 64},
               {"initial_context_length", 32},
               {"initializer_range", 0.02},
-              {"intermediate_size", 32},
+              {"intermediate_size", 96},
               {"layer_types", {"sliding_attention", "full_attention", "sliding_attention"}},
               // = YaRN factor x original context (transformers 4.5x derive the factor so).
               {"max_position_embeddings", 256},

@@ -126,7 +126,7 @@ TEST(Architectures, GptOssDescription) {
   const ModelConfig c = parsed(tiny("gpt_oss"));
   ASSERT_EQ(c.layers.size(), 3u);
   EXPECT_EQ(c.moe_layers(), (std::vector<int>{0, 1, 2}));
-  EXPECT_EQ(c.moe_intermediate_size, 32) << "gpt-oss's intermediate_size is the expert width";
+  EXPECT_EQ(c.moe_intermediate_size, 96) << "gpt-oss's intermediate_size is the expert width";
   EXPECT_EQ(c.widest_dense_mlp(), 0);
   for (size_t i = 0; i < c.layers.size(); ++i) {
     EXPECT_TRUE(c.layers[i].attention.sinks);

@@ -29,7 +29,8 @@ Mxfp4Config(dequantize=True), i.e. through transformers' own MXFP4 dequantisatio
 (integrations/mxfp4.py convert_moe_packed_tensors), then cast to float64 (exact: MXFP4 values are
 bf16 values). If that load path fails, the bf16 model is reloaded and its experts are replaced by
 convert_moe_packed_tensors of the MXFP4 files (fixture.json's "mxfp4_reference" says which).
-Sizes: hidden 64, expert width 32 (MXFP4 needs multiples of 32), head_dim 24 with 5 query heads
+Sizes: hidden 64, expert width 96 (MXFP4 needs multiples of 32; H, I and 2I all differ, so a
+transposed expert tensor cannot pass a shape check), head_dim 24 with 5 query heads
 (q width 120, not a multiple of 16) over 1 KV head, 6 experts top-2, sliding window 24 on layers
 0 and 2, YaRN (factor 8 over an original context of 32), swiglu_limit 7 with expert weights large
 enough that the clamp acts (checked).
@@ -393,7 +394,7 @@ def gpt_oss_config(seed_cls):
     # factor from that ratio, later versions from "factor"; both agree here (as in the published config).
     rope = {"rope_type": "yarn", "factor": 8.0, "beta_fast": 32.0, "beta_slow": 1.0,
             "original_max_position_embeddings": 32, "truncate": False}
-    kwargs = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=32, num_hidden_layers=3, num_attention_heads=5,
+    kwargs = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=5,
                   num_key_value_heads=1, head_dim=24, num_local_experts=6, num_experts_per_tok=2,
                   sliding_window=WINDOW, layer_types=["sliding_attention", "full_attention", "sliding_attention"],
                   attention_bias=True, swiglu_limit=7.0, rms_norm_eps=1e-5, max_position_embeddings=256,
@@ -409,13 +410,24 @@ def gpt_oss_config(seed_cls):
 
 
 def gpt_oss_experts_layout(experts, hidden, inter):
-    """(gate_up [E, H, 2I], down [E, I, H]) of GptOssExperts, whatever this transformers stores."""
+    """(gate_up [E, H, 2I], down [E, I, H]) of GptOssExperts, whatever this transformers stores
+    (H, I and 2I differ in these configs, so the shapes say which)."""
+    if len({hidden, inter, 2 * inter}) != 3:
+        fail(f"gpt_oss: hidden {hidden} and expert width {inter} make the expert layouts ambiguous")
     gu, dn = experts.gate_up_proj, experts.down_proj
     if tuple(gu.shape[1:]) == (hidden, 2 * inter) and tuple(dn.shape[1:]) == (inter, hidden):
         return gu, dn
     if tuple(gu.shape[1:]) == (2 * inter, hidden) and tuple(dn.shape[1:]) == (hidden, inter):
         return gu.transpose(1, 2), dn.transpose(1, 2)
     fail(f"gpt_oss: unexpected expert shapes gate_up {tuple(gu.shape)} down {tuple(dn.shape)}")
+
+
+def mlp_input_hook(store, i):
+    """A forward pre-hook keeping the MLP's input rows (positional or hidden_states=)."""
+    def fn(module, args, kwargs):
+        x = args[0] if args else kwargs["hidden_states"]
+        store[i] = x.reshape(-1, x.shape[-1]).detach().clone()
+    return fn
 
 
 class ForcedGptOssMlp(torch.nn.Module):
@@ -544,7 +556,7 @@ def make_gpt_oss():
             ex = layer.mlp.experts
             gu_w, dn_w = gpt_oss_experts_layout(ex, H, I)
             gu = torch.randn(E, 2 * I, H, generator=gen, dtype=torch.float64) * gate_up_std  # [E, out, in]
-            dn = torch.randn(E, H, I, generator=gen, dtype=torch.float64) * 0.08
+            dn = torch.randn(E, H, I, generator=gen, dtype=torch.float64) * 0.04
             quantized[i] = (mxfp4_quantize(gu.numpy()), mxfp4_quantize(dn.numpy()))
             gu_deq = torch.tensor(mxfp4_decode(*quantized[i][0]))  # [E, 2I, H]
             dn_deq = torch.tensor(mxfp4_decode(*quantized[i][1]))  # [E, H, I]
@@ -643,9 +655,8 @@ def gpt_oss_fixtures(model, d, name, tok, seed, extra):
     layers = model.model.layers
     moe_layers = list(range(cfg.num_hidden_layers))
     captured = {}
-    handles = [layer.mlp.register_forward_pre_hook(
-        lambda module, args, i=i: captured.__setitem__(i, args[0].reshape(-1, H).detach().clone()))
-        for i, layer in enumerate(layers)]
+    handles = [layer.mlp.register_forward_pre_hook(mlp_input_hook(captured, i), with_kwargs=True)
+               for i, layer in enumerate(layers)]
     fixture = {"name": name, "model_type": "gpt_oss", "moe_layers": moe_layers, "num_experts": E, "top_k": top_k,
                "reference_dtype": "float64", "sliding_window": cfg.sliding_window,
                "layer_types": list(cfg.layer_types), "prompts": [],
