@@ -293,6 +293,61 @@ TEST_P(FamilyModel, RunsAndPrefillEqualsDecodeBitForBit) {
   }
 }
 
+// Replay on both CPU kernels: the captured routes forced back give the same logits and routes;
+// other forced ids come back as given (poison-checked by finish_step) and change the logits.
+TEST_P(FamilyModel, ReplayReproducesCaptureAndHonoursForcedIds) {
+  for (const char* kernel : {"cpu-modular", "cpu-fused"}) {
+    auto run = start(dir_.string(), kernel);
+    ASSERT_TRUE(run);
+    const ModelConfig& c = run->model->config();
+    const int64_t L = c.num_hidden_layers, K = c.experts_per_token, n = 24;
+    const std::vector<int32_t> tokens = prompt(static_cast<int>(n));
+    auto forward = [&](const std::vector<int32_t>* forced, std::vector<float>& logits,
+                       std::vector<int32_t>& routes) {
+      StepInputs in;
+      for (int32_t p = 0; p < n; ++p) {
+        in.token_ids.push_back(tokens[static_cast<size_t>(p)]);
+        in.positions.push_back(p);
+        in.token_seq.push_back(0);
+        in.slot_mapping.push_back(p);
+        in.logits_rows.push_back(p);
+      }
+      in.num_seqs = 1;
+      in.max_blocks_per_seq = 2;
+      in.block_tables = {0, 1};
+      in.capture_routes = true;
+      if (forced) {
+        in.forced.assign(static_cast<size_t>(n), 1);
+        in.forced_routes = *forced;
+      }
+      StepOutputs out;
+      ASSERT_TRUE(run->decoder->forward(*run->model, in, out).is_ok());
+      Status finished = run->decoder->finish_step(*run->model, out);
+      ASSERT_TRUE(finished.is_ok()) << finished.message();
+      logits.resize(static_cast<size_t>(out.logits.numel()));
+      run->backend->download(out.logits, logits.data());
+      routes = out.routes;
+    };
+    std::vector<float> free_logits, replayed_logits, forced_logits;
+    std::vector<int32_t> routes, replayed, echoed;
+    forward(nullptr, free_logits, routes);
+    forward(&routes, replayed_logits, replayed);
+    EXPECT_EQ(replayed, routes) << kernel;
+    EXPECT_EQ(replayed_logits, free_logits) << kernel;
+    // Forced: each MoE row rotated to other experts (k distinct ids), dense rows 0.
+    std::vector<int32_t> forced(routes.size(), 0);
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t l = 0; l < L; ++l)
+        if (c.is_moe_layer(static_cast<int>(l)))
+          for (int64_t k = 0; k < K; ++k)
+            forced[static_cast<size_t>((t * L + l) * K + k)] =
+                static_cast<int32_t>((routes[static_cast<size_t>((t * L + l) * K)] + 1 + k) % c.num_experts);
+    forward(&forced, forced_logits, echoed);
+    EXPECT_EQ(echoed, forced) << kernel;
+    EXPECT_NE(forced_logits, free_logits) << kernel;
+  }
+}
+
 TEST_P(FamilyModel, ModularAndFusedKernelsAgree) {
   auto modular = start(dir_.string(), "cpu-modular"), fused = start(dir_.string(), "cpu-fused");
   ASSERT_TRUE(modular && fused);
