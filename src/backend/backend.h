@@ -35,6 +35,10 @@ struct AttentionBatch {
   // position; W > 0 only to positions p with position - p < W (transformers' sliding window).
   // Only backends that report BackendFeature::kSlidingWindow read it.
   int64_t sliding_window = 0;
+  // The layer's attention sinks (gpt-oss), [heads] f32 or bf16, or nullptr: one learned logit per
+  // head joins each query's softmax denominator (weights over the keys then sum to < 1). Only
+  // backends that report BackendFeature::kAttentionSinks read it.
+  const Tensor* sinks = nullptr;
 };
 
 // Operations added for architectures beyond Qwen3-MoE. A backend lists those it implements; the
@@ -42,11 +46,17 @@ struct AttentionBatch {
 enum class BackendFeature {
   kSlidingWindow,    // attention() honours AttentionBatch::sliding_window
   kSigmoidGatedAdd,  // add_sigmoid_gated (Qwen2-MoE's shared expert gate)
+  kAttentionSinks,   // attention() honours AttentionBatch::sinks (gpt-oss)
+  kScaledRope,       // rope() honours RopeSpec::inv_freq and attention_factor (YaRN)
+  kMxfp4Weights,     // load_weight() keeps U8 tensors (MXFP4 blocks and scales) as they are
 };
 inline const char* backend_feature_name(BackendFeature feature) {
   switch (feature) {
     case BackendFeature::kSlidingWindow: return "sliding-window attention";
     case BackendFeature::kSigmoidGatedAdd: return "sigmoid-gated shared expert";
+    case BackendFeature::kAttentionSinks: return "attention sinks";
+    case BackendFeature::kScaledRope: return "YaRN RoPE (scaled frequencies and attention factor)";
+    case BackendFeature::kMxfp4Weights: return "MXFP4 expert weights";
   }
   return "unknown feature";
 }
@@ -54,6 +64,11 @@ inline const char* backend_feature_name(BackendFeature feature) {
 struct RopeSpec {
   double theta = 10000.0;
   int64_t head_dim = 0;
+  // Scaled RoPE (YaRN; BackendFeature::kScaledRope): the head_dim / 2 inverse frequencies (host
+  // memory, f32, as transformers computes them) replacing theta's, and the factor cos and sin
+  // are multiplied by. nullptr / 1: plain RoPE of theta.
+  const float* inv_freq = nullptr;
+  float attention_factor = 1.0f;
 };
 
 // One step's sampling parameters, a row per sampled sequence (host side; a device backend

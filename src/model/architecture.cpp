@@ -10,6 +10,7 @@ const std::vector<Architecture>& architectures() {
       {"mixtral", "MixtralForCausalLM", parse_mixtral, build_mixtral},
       {"olmoe", "OlmoeForCausalLM", parse_olmoe, build_olmoe},
       {"qwen2_moe", "Qwen2MoeForCausalLM", parse_qwen2_moe, build_qwen2_moe},
+      {"gpt_oss", "GptOssForCausalLM", parse_gpt_oss, build_gpt_oss},
   };
   return table;
 }

@@ -100,6 +100,39 @@ int64_t ModelConfig::widest_dense_mlp() const {
 
 namespace {
 
+// YaRN's fields as transformers' _compute_yarn_parameters reads them (`key` names the object).
+Status parse_yarn(const json& rope, const char* key, ModelConfig& c) {
+  RopeScaling& y = c.rope_scaling;
+  y.kind = RopeKind::kYarn;
+  SY_ASSIGN(y.original_max_position_embeddings,
+            get_int(rope, {"original_max_position_embeddings"}, false, 0));
+  if (y.original_max_position_embeddings <= 0)
+    return Status::errorf(
+        "config.json: {}.original_max_position_embeddings must be a positive integer for yarn",
+        key);
+  // No factor: transformers takes max_position_embeddings / original_max_position_embeddings.
+  SY_ASSIGN(y.factor, get_number(rope, "factor", 0.0));
+  if (y.factor == 0.0)
+    y.factor = static_cast<double>(c.max_position_embeddings) /
+               static_cast<double>(y.original_max_position_embeddings);
+  if (!(y.factor > 0.0))
+    return Status::errorf("config.json: {}.factor must be > 0, got {}", key, y.factor);
+  // transformers: `beta_fast or 32`, `beta_slow or 1` (0 and null both mean the default).
+  SY_ASSIGN(y.beta_fast, get_number(rope, "beta_fast", 0.0));
+  SY_ASSIGN(y.beta_slow, get_number(rope, "beta_slow", 0.0));
+  if (y.beta_fast == 0.0) y.beta_fast = 32.0;
+  if (y.beta_slow == 0.0) y.beta_slow = 1.0;
+  SY_ASSIGN(y.truncate, get_bool(rope, "truncate", true));
+  SY_ASSIGN(y.attention_factor, get_number(rope, "attention_factor", 0.0));
+  SY_ASSIGN(y.mscale, get_number(rope, "mscale", 0.0));
+  SY_ASSIGN(y.mscale_all_dim, get_number(rope, "mscale_all_dim", 0.0));
+  SY_ASSIGN(double partial, get_number(rope, "partial_rotary_factor", 1.0));
+  if (partial != 1.0)
+    return Status::errorf("config.json: {}.partial_rotary_factor {} is not supported (only 1)", key,
+                          partial);
+  return Status::ok();
+}
+
 // The shapes every family shares (the adapter reads the rest).
 Status parse_shared_fields(const json& config, ModelConfig& c) {
   SY_ASSIGN(c.vocab_size, get_int(config, {"vocab_size"}, true));
@@ -134,11 +167,14 @@ Status parse_shared_fields(const json& config, ModelConfig& c) {
     for (const char* type_key : {"rope_type", "type"})
       if (auto t = it->find(type_key); t != it->end() && t->is_string())
         type = t->get<std::string>();
-    if (type != "default")
+    if (type == "yarn") {
+      SY_TRY(parse_yarn(*it, key, c));
+    } else if (type != "default") {
       return Status::errorf(
-          "config.json: {}.rope_type '{}' is not supported yet (supported: default)", key, type);
+          "config.json: {}.rope_type '{}' is not supported yet (supported: default, yarn)", key,
+          type);
+    }
   }
-
   for (const char* key : {"torch_dtype", "dtype"})
     if (auto it = config.find(key); it != config.end() && it->is_string()) {
       c.torch_dtype = it->get<std::string>();

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "model/description.h"
+#include "moe/expert_spec.h"
 #include "moe/router_spec.h"
 #include "util/status.h"
 
@@ -34,6 +35,7 @@ struct ModelConfig {
   std::vector<int> mlp_only_layers;
   float rms_norm_eps = 1e-6f;
   double rope_theta = 10000.0;
+  RopeScaling rope_scaling;
   int64_t max_position_embeddings = 0;
   bool attention_bias = false;
   bool tie_word_embeddings = false;
@@ -45,6 +47,7 @@ struct ModelConfig {
   NormPlacement norm_placement = NormPlacement::kPreNorm;
   std::vector<LayerSpec> layers;
   moe::RouterSpec router;
+  moe::ExpertSpec experts;  // how every MoE layer's experts compute and are stored
 
   bool is_moe_layer(int layer) const;
   std::vector<int> moe_layers() const;

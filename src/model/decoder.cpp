@@ -5,6 +5,7 @@
 #include <cstring>
 #include <string>
 
+#include "model/rope.h"
 #include "moe/router.h"
 
 namespace sy::model {
@@ -24,6 +25,7 @@ struct Decoder::Workspace {
   Tensor forced, forced_routes, route_out;
   Tensor x, normed, block_out, ffn_out, q, k, v, attn, gate, up, picked, picked_normed, logits;
   Tensor shared_out, shared_gate;  // MoE layers with a shared expert
+  RopeTable rope;                  // YaRN's frequencies (host), empty for plain RoPE
   std::vector<Tensor*> owned() {
     return {&pack,   &forced, &forced_routes, &route_out, &x,      &normed,        &block_out,
             &ffn_out, &q,     &k,             &v,         &attn,   &gate,          &up,
@@ -98,24 +100,15 @@ Status Decoder::allocate(const ModelConfig& c, int64_t num_blocks, const backend
                 c.moe_intermediate_size, c.widest_dense_mlp()});
   // What the description needs of the backend and the MoE kernels, refused before anything is
   // allocated with a message naming the missing piece.
-  bool windowed = false, gated_shared = false;
-  for (const LayerSpec& layer : c.layers) {
-    windowed |= layer.attention.sliding_window > 0;
-    gated_shared |= layer.shared_expert_gate;
-  }
-  for (auto [needed, feature] :
-       {std::pair{windowed, backend::BackendFeature::kSlidingWindow},
-        std::pair{gated_shared, backend::BackendFeature::kSigmoidGatedAdd}})
-    if (needed && !backend_.supports(feature))
-      return Status::error(
-          ErrorCode::kUnsupported,
-          fmt::format("the {} backend does not implement {} yet, which this {} model needs",
-                      backend_.name(), backend::backend_feature_name(feature), c.model_type));
+  bool gated_shared = false;
+  for (const LayerSpec& layer : c.layers) gated_shared |= layer.shared_expert_gate;
+  SY_TRY(check_backend_features(c, backend_));
   SY_TRY(backend_.reserve(full));
   const moe::RouterSpec spec = c.router_spec();
   for (moe::ExpertsKernel* kernel : {kernels_.large, kernels_.small})
     if (kernel && !c.moe_layers().empty()) {
       SY_TRY(kernel->supports(spec));
+      SY_TRY(kernel->supports_experts(c.experts));
       SY_TRY(kernel->reserve(limits.max_tokens, spec, c.hidden_size, c.moe_intermediate_size)
                  .with_context(fmt::format("MoE kernel {}: ", kernel->name())));
     }
@@ -139,6 +132,7 @@ Status Decoder::allocate(const ModelConfig& c, int64_t num_blocks, const backend
   auto ws = std::make_unique<Workspace>();
   ws->backend = &backend_;
   ws->limits = limits;
+  ws->rope = rope_table(c);
   const int64_t T = limits.max_tokens, R = limits.max_logits_rows;
   const int64_t L = c.num_hidden_layers, K = std::max<int64_t>(c.experts_per_token, 1);
   const int64_t hidden = c.hidden_size, heads = c.num_attention_heads, kv_heads = c.num_key_value_heads;
@@ -284,7 +278,9 @@ Status Decoder::forward(const Model& model, const StepInputs& in, StepOutputs& o
     Tensor block_out = ws.block_out.slice_rows(0, T), ffn_out = ws.ffn_out.slice_rows(0, T);
     Tensor q = ws.q.slice_rows(0, T), k = ws.k.slice_rows(0, T), vv = ws.v.slice_rows(0, T);
     Tensor attn = ws.attn.slice_rows(0, T);
-    const backend::RopeSpec rope{c.rope_theta, head_dim};
+    const backend::RopeSpec rope{c.rope_theta, head_dim,
+                                 ws.rope.inv_freq.empty() ? nullptr : ws.rope.inv_freq.data(),
+                                 ws.rope.attention_factor};
     const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
     (void)hidden, (void)heads, (void)kv_heads;
 
@@ -321,6 +317,7 @@ Status Decoder::forward(const Model& model, const StepInputs& in, StepOutputs& o
       const Tensor* q_norm = per_head ? &a.q_norm : nullptr;
       const Tensor* k_norm = per_head ? &a.k_norm : nullptr;
       batch.sliding_window = attention.sliding_window;
+      batch.sinks = attention.sinks ? &a.sinks : nullptr;
       if (!backend_.qk_prep_attention(q, k, vv, q_norm, k_norm, c.rms_norm_eps, batch, rope, k_cache_[layer],
                                       v_cache_[layer], scale, attn)) {
         backend_.qk_norm_rope_write_kv(q, k, vv, q_norm, k_norm, c.rms_norm_eps, batch, rope, k_cache_[layer],
@@ -349,6 +346,7 @@ Status Decoder::forward(const Model& model, const StepInputs& in, StepOutputs& o
         args.out = ffn_out;
         args.weights = &lw.moe;
         args.spec = c.router_spec();
+        args.experts = c.experts;
         args.routes = routes;
         Status status = kernel.forward(args);
         if (!status && layer_status)

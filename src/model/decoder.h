@@ -47,6 +47,11 @@ struct KernelChoice {
   }
 };
 
+// What the description needs of the backend (sliding window, attention sinks, YaRN, MXFP4, ...),
+// refused with kUnsupported naming the first missing feature. Model::load checks it before
+// reading weights; Decoder::allocate again before allocating.
+Status check_backend_features(const ModelConfig& config, const backend::Backend& backend);
+
 class Decoder {
  public:
   Decoder(backend::Backend& backend, KernelChoice kernels, int block_size);

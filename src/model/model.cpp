@@ -5,6 +5,7 @@
 #include <fstream>
 
 #include "model/architecture.h"
+#include "model/decoder.h"
 
 namespace sy::model {
 
@@ -19,6 +20,7 @@ Result<std::unique_ptr<Model>> Model::load(const std::string& model_dir, backend
   model->model_dir_ = model_dir;
   model->backend_ = &backend;
   SY_ASSIGN(model->config_, load_model_config(model_dir));
+  SY_TRY(check_backend_features(model->config_, backend));  // before reading any weight
   auto checkpoint = Checkpoint::open(model_dir);
   if (!checkpoint) return checkpoint.status();
   model->checkpoint_ = std::make_unique<Checkpoint>(std::move(checkpoint).value());
@@ -57,6 +59,7 @@ Result<std::unique_ptr<Model>> Model::random(const std::string& config_path, bac
   model->backend_ = &backend;
   model->config_ = *config;
   const ModelConfig& c = model->config_;
+  SY_TRY(check_backend_features(c, backend));
   SY_ASSIGN(const Architecture* arch, find_architecture(c.model_type, c.architecture));
   RandomSource source(backend, seed, c.hidden_size, model->owned_);
   auto weights = arch->build(c, source);

@@ -177,6 +177,58 @@ json tiny_qwen2_moe() {
               {"vocab_size", 151936}};
 }
 
+json tiny_gpt_oss() {
+  // The published gpt-oss-20b config.json spellings, shrunk: MXFP4 experts (hidden 64 and expert
+  // width 96: multiples of 32, and no two of H, I, 2I equal, so a transposed bf16 expert tensor
+  // cannot pass the shape checks), head_dim 24 and 5 query heads (q width 120, not a multiple of 16) over
+  // one KV head, 6 experts top-2, a sliding window of 20 on alternate layers, YaRN over an
+  // original context of 32 so short prompts reach the interpolated frequencies.
+  return json{{"architectures", {"GptOssForCausalLM"}},
+              {"attention_bias", true},
+              {"attention_dropout", 0.0},
+              {"bos_token_id", 151643},
+              {"eos_token_id", 151645},
+              {"experts_per_token", 2},
+              {"head_dim", 24},
+              {"hidden_act", "silu"},
+              {"hidden_size", 64},
+              {"initial_context_length", 32},
+              {"initializer_range", 0.02},
+              {"intermediate_size", 96},
+              {"layer_types", {"sliding_attention", "full_attention", "sliding_attention"}},
+              // = YaRN factor x original context (transformers 4.5x derive the factor so).
+              {"max_position_embeddings", 256},
+              {"model_type", "gpt_oss"},
+              {"num_attention_heads", 5},
+              {"num_experts_per_tok", 2},
+              {"num_hidden_layers", 3},
+              {"num_key_value_heads", 1},
+              {"num_local_experts", 6},
+              {"output_router_logits", false},
+              {"quantization_config",
+               {{"modules_to_not_convert",
+                 {"model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens",
+                  "lm_head"}},
+                {"quant_method", "mxfp4"}}},
+              {"rms_norm_eps", 1e-05},
+              {"rope_scaling",
+               {{"beta_fast", 32.0},
+                {"beta_slow", 1.0},
+                {"factor", 8.0},
+                {"original_max_position_embeddings", 32},
+                {"rope_type", "yarn"},
+                {"truncate", false}}},
+              {"rope_theta", 150000},
+              {"router_aux_loss_coef", 0.9},
+              {"sliding_window", 20},
+              {"swiglu_limit", 7.0},
+              {"tie_word_embeddings", false},
+              {"torch_dtype", "bfloat16"},
+              {"transformers_version", "4.55.0"},
+              {"use_cache", true},
+              {"vocab_size", 151936}};
+}
+
 // Deterministic per-tensor random numbers: xoshiro-style generator seeded from (seed, name).
 struct Rng {
   uint64_t state;
@@ -212,13 +264,17 @@ Result<json> preset_config(const std::string& arch, const std::string& preset, i
     else
       return Status::errorf(
           "--preset '{}' is unknown for qwen3_moe (supported: tiny, qwen3-30b-a3b)", preset);
-  } else if (arch == "mixtral" || arch == "olmoe" || arch == "qwen2_moe") {
+  } else if (arch == "mixtral" || arch == "olmoe" || arch == "qwen2_moe" || arch == "gpt_oss") {
     if (preset != "tiny")
       return Status::errorf("--preset '{}' is unknown for {} (supported: tiny)", preset, arch);
-    config = arch == "mixtral" ? tiny_mixtral() : arch == "olmoe" ? tiny_olmoe() : tiny_qwen2_moe();
+    config = arch == "mixtral"     ? tiny_mixtral()
+             : arch == "olmoe"     ? tiny_olmoe()
+             : arch == "qwen2_moe" ? tiny_qwen2_moe()
+                                   : tiny_gpt_oss();
   } else {
     return Status::errorf(
-        "--arch '{}' is not supported (supported: qwen3_moe, mixtral, olmoe, qwen2_moe)", arch);
+        "--arch '{}' is not supported (supported: qwen3_moe, mixtral, olmoe, qwen2_moe, gpt_oss)",
+        arch);
   }
   if (layers > 0) {
     if (layers > config["num_hidden_layers"].get<int>())
@@ -264,11 +320,21 @@ Status write_random_checkpoint(const json& config_json, const json& generation_c
 
   uint64_t total = 0, written = 0;
   for (const auto& spec : specs) {
-    uint64_t n = 2;
+    uint64_t n = dtype_size(spec.dtype);
     for (int64_t d : spec.shape) n *= static_cast<uint64_t>(d);
     total += n;
   }
   auto fill = [&](const TensorSpec& spec, uint8_t* out, size_t nbytes) {
+    if (spec.dtype == DType::kU8) {
+      // MXFP4: random codes in the blocks; scales 2^(117..120 - 127), weights ~ +-0.02.
+      Rng rng{XXH64(spec.name.data(), spec.name.size(), seed)};
+      const bool scales = listing.is_scales(spec.name);
+      for (size_t i = 0; i < nbytes; ++i)
+        out[i] =
+            scales ? static_cast<uint8_t>(117 + rng.next() % 4) : static_cast<uint8_t>(rng.next());
+      written += nbytes;
+      return;
+    }
     uint16_t* values = reinterpret_cast<uint16_t*>(out);
     const size_t count = nbytes / 2;
     const bool is_norm = spec.name.find("norm.weight") != std::string::npos;

@@ -1,5 +1,6 @@
 #include "model/weights.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include <fmt/format.h>
@@ -52,16 +53,35 @@ bool is_router_weight(const std::string& name) {
     return name.size() >= tail.size() &&
            name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
   };
-  return ends_with("mlp.gate.weight") || ends_with("block_sparse_moe.gate.weight");
+  return ends_with("mlp.gate.weight") || ends_with("block_sparse_moe.gate.weight") ||
+         ends_with("mlp.router.weight");
 }
 
 Result<Tensor> CheckpointSource::get(const std::string& name, const std::vector<int64_t>& shape) {
+  return load(name, shape, /*packed=*/false);
+}
+
+Result<Tensor> CheckpointSource::packed(const std::string& name, const std::vector<int64_t>& shape,
+                                        bool) {
+  return load(name, shape, /*packed=*/true);
+}
+
+Result<Tensor> CheckpointSource::load(const std::string& name, const std::vector<int64_t>& shape,
+                                      bool packed) {
   const TensorInfo* info = checkpoint_.find(name);
   if (!info)
     return Status::errorf("missing tensor '{}' (expected shape {})", name, shape_text(shape));
   if (info->shape != shape)
     return Status::errorf("tensor '{}' in {} has shape {}, expected {}", name, info->file,
                           shape_text(info->shape), shape_text(shape));
+  const bool is_float =
+      info->dtype == DType::kBF16 || info->dtype == DType::kF16 || info->dtype == DType::kF32;
+  if (packed && info->dtype != DType::kU8)
+    return Status::errorf("tensor '{}' in {} has dtype {}, expected U8 (MXFP4 blocks or scales)",
+                          name, info->file, dtype_name(info->dtype));
+  if (!packed && !is_float)
+    return Status::errorf("tensor '{}' in {} has dtype {}, expected BF16, F16 or F32", name,
+                          info->file, dtype_name(info->dtype));
   if (place_.into) {
     SY_ASSIGN(Tensor * target, next_target(name));
     if (target->numel() != view_of(*info).numel())
@@ -152,6 +172,33 @@ Result<Tensor> RandomSource::get(const std::string& name, const std::vector<int6
   return shaped;
 }
 
+Result<Tensor> RandomSource::packed(const std::string& name, const std::vector<int64_t>& shape,
+                                    bool scales) {
+  SY_TRY(check_rank(name, shape));
+  int64_t numel = 1;
+  for (int64_t d : shape) numel *= d;
+  Tensor tensor = backend_.alloc(DType::kU8, {numel});
+  if (!tensor.data && numel > 0)
+    return Status::error(ErrorCode::kResourceExhausted,
+                         fmt::format("out of memory for random weight '{}'", name));
+  owned_.push_back(tensor);
+  Tensor shaped = no_data(DType::kU8, shape);
+  shaped.data = tensor.data;
+  shaped.device = tensor.device;
+  // Bytes from the backend's f32 fill, made on the host: U8 tensors are small next to the rest.
+  // Scales 2^(117..120 - 127): e2m1 values up to 6 then give weights of about +-0.02.
+  const uint64_t seed = backend::random_fill_hash(seed_ * 1000003u + tensor_index_++);
+  std::vector<uint8_t> bytes(static_cast<size_t>(numel));
+  for (int64_t i = 0; i < numel; ++i) {
+    const float u = backend::random_fill_value(seed, static_cast<uint64_t>(i), 0.5f, 0.5f);
+    bytes[static_cast<size_t>(i)] = scales
+                                        ? static_cast<uint8_t>(117 + static_cast<int>(u * 3.999f))
+                                        : static_cast<uint8_t>(static_cast<int>(u * 255.999f));
+  }
+  backend_.upload(bytes.data(), shaped);
+  return shaped;
+}
+
 Result<Tensor> RandomSource::stacked(const std::vector<std::string>& names,
                                      const std::vector<int64_t>& shape) {
   return get(names.front(), with_count(names.size(), shape));
@@ -161,6 +208,18 @@ Result<Tensor> TensorListSource::get(const std::string& name, const std::vector<
   SY_TRY(check_rank(name, shape));
   tensors_.push_back({name, DType::kBF16, shape});
   return no_data(DType::kBF16, shape);
+}
+
+Result<Tensor> TensorListSource::packed(const std::string& name, const std::vector<int64_t>& shape,
+                                        bool scales) {
+  SY_TRY(check_rank(name, shape));
+  tensors_.push_back({name, DType::kU8, shape});
+  if (scales) scales_.push_back(name);
+  return no_data(DType::kU8, shape);
+}
+
+bool TensorListSource::is_scales(const std::string& name) const {
+  return std::find(scales_.begin(), scales_.end(), name) != scales_.end();
 }
 
 Result<Tensor> TensorListSource::stacked(const std::vector<std::string>& names,

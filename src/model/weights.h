@@ -18,6 +18,7 @@ struct AttentionWeights {
   Tensor q_proj, k_proj, v_proj, o_proj;  // [out, in]
   Tensor q_bias, k_bias, v_bias, o_bias;  // undefined unless the layer has them
   Tensor q_norm, k_norm;  // [head_dim] or [heads * head_dim]; undefined unless qk_norm
+  Tensor sinks;           // [heads]; undefined unless the layer has attention sinks
 };
 
 struct DenseMlpWeights {
@@ -45,7 +46,11 @@ class WeightSource {
  public:
   virtual ~WeightSource() = default;
   virtual bool has(const std::string& name) const = 0;
+  // A float tensor (BF16, F16 or F32 in a checkpoint).
   virtual Result<Tensor> get(const std::string& name, const std::vector<int64_t>& shape) = 0;
+  // A U8 tensor kept as stored: MXFP4 blocks (`scales` false) or their e8m0 scales (true).
+  virtual Result<Tensor> packed(const std::string& name, const std::vector<int64_t>& shape,
+                                bool scales) = 0;
   // Equally shaped tensors stacked into one [names.size(), shape...] tensor (per-expert
   // checkpoint tensors -> the stacked expert layout).
   virtual Result<Tensor> stacked(const std::vector<std::string>& names,
@@ -72,12 +77,15 @@ class CheckpointSource final : public WeightSource {
       : checkpoint_(checkpoint), backend_(backend), owned_(owned), place_(place) {}
   bool has(const std::string& name) const override { return checkpoint_.find(name) != nullptr; }
   Result<Tensor> get(const std::string& name, const std::vector<int64_t>& shape) override;
+  Result<Tensor> packed(const std::string& name, const std::vector<int64_t>& shape,
+                        bool scales) override;
   Result<Tensor> stacked(const std::vector<std::string>& names,
                          const std::vector<int64_t>& shape) override;
   Status finish() override;
 
  private:
   Result<Tensor*> next_target(const std::string& name);
+  Result<Tensor> load(const std::string& name, const std::vector<int64_t>& shape, bool packed);
   const Checkpoint& checkpoint_;
   backend::Backend& backend_;
   std::vector<Tensor>& owned_;
@@ -94,6 +102,9 @@ class RandomSource final : public WeightSource {
       : backend_(backend), seed_(seed), hidden_(hidden), owned_(owned) {}
   bool has(const std::string&) const override { return false; }
   Result<Tensor> get(const std::string& name, const std::vector<int64_t>& shape) override;
+  // Random blocks (every e2m1 code) and scales near 2^-8, so weights are ~0.02 like get()'s.
+  Result<Tensor> packed(const std::string& name, const std::vector<int64_t>& shape,
+                        bool scales) override;
   Result<Tensor> stacked(const std::vector<std::string>& names,
                          const std::vector<int64_t>& shape) override;
 
@@ -111,12 +122,17 @@ class TensorListSource final : public WeightSource {
  public:
   bool has(const std::string&) const override { return false; }
   Result<Tensor> get(const std::string& name, const std::vector<int64_t>& shape) override;
+  Result<Tensor> packed(const std::string& name, const std::vector<int64_t>& shape,
+                        bool scales) override;
   Result<Tensor> stacked(const std::vector<std::string>& names,
                          const std::vector<int64_t>& shape) override;
   const std::vector<TensorSpec>& tensors() const { return tensors_; }
+  // The names packed() recorded as e8m0 scales (make-model fills them as scales).
+  bool is_scales(const std::string& name) const;
 
  private:
   std::vector<TensorSpec> tensors_;
+  std::vector<std::string> scales_;
 };
 
 // Init scale by tensor role, shared by RandomSource and make-model: routers decisive.

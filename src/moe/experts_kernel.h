@@ -8,6 +8,7 @@
 #include <string_view>
 #include <vector>
 
+#include "moe/expert_spec.h"
 #include "moe/router_spec.h"
 #include "tensor/tensor.h"
 #include "util/status.h"
@@ -23,9 +24,16 @@ struct MoeLayerWeights {
   // [num_experts] f32, present when the RouterSpec says so (has_logit_bias / has_selection_bias).
   Tensor router_bias;
   Tensor selection_bias;
+  // ExpertSpec::has_biases: [E, 2I] (in gate_up's row order) and [E, H], bf16 or f32.
+  Tensor gate_up_bias, down_bias;
+  // ExpertFormat::kMxfp4Interleaved: gate_up / down hold the U8 blocks, these the U8 scales.
+  Tensor gate_up_scales, down_scales;
 
-  int64_t intermediate() const { return gate_up.dim(1) / 2; }
-  // Expert e's matrices as 2-D [out, in] views.
+  // (kTransposedInterleaved stores gate_up as [E, H, 2I]: the width is on axis 2.)
+  int64_t intermediate(ExpertFormat format = ExpertFormat::kStacked) const {
+    return (format == ExpertFormat::kTransposedInterleaved ? gate_up.dim(2) : gate_up.dim(1)) / 2;
+  }
+  // Expert e's matrices as 2-D [out, in] views (ExpertFormat::kStacked only).
   Tensor gate(int64_t e) const { return expert_rows(gate_up, e, 0, intermediate()); }
   Tensor up(int64_t e) const { return expert_rows(gate_up, e, intermediate(), intermediate()); }
   Tensor down_of(int64_t e) const { return expert_rows(down, e, 0, down.dim(1)); }
@@ -72,6 +80,7 @@ struct MoeForwardArgs {
   Tensor out;     // [T, hidden] f32, overwritten
   const MoeLayerWeights* weights = nullptr;
   RouterSpec spec;
+  ExpertSpec experts;
   RouteBuffers routes;
 };
 
@@ -92,6 +101,18 @@ class ExpertsKernel {
           ErrorCode::kUnsupported,
           fmt::format("MoE kernel {} does not implement router biases or group-limited top-k "
                       "(the model's router needs them; cpu-modular does)",
+                      name()));
+    return Status::ok();
+  }
+  // Whether this kernel computes experts of `spec` (activation, biases, storage); checked at
+  // start-up with supports(). Kernels written for Qwen3-MoE keep this default.
+  virtual Status supports_experts(const ExpertSpec& spec) const {
+    if (!spec.is_default())
+      return Status::error(
+          ErrorCode::kUnsupported,
+          fmt::format("MoE kernel {} does not implement expert biases, the clamped SwiGLU or "
+                      "interleaved/MXFP4 expert weights (the model's experts need them; "
+                      "cpu-modular and cpu-fused do)",
                       name()));
     return Status::ok();
   }

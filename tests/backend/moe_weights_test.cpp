@@ -124,6 +124,7 @@ struct Case {
   // cpu-modular only (the router options cpu-fused refuses):
   bool sigmoid = false;
   bool selection_bias = false;
+  // both kernels (gpt-oss's order):
   bool softmax_after_topk = false;
 };
 
@@ -255,7 +256,9 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"cpu-fused", false, 2.5f, false}, Case{"cpu-fused", false, 1.0f, true},
                       Case{"cpu-modular", true, 2.5f, false, true, true},
                       Case{"cpu-modular", true, 2.5f, true, true, true},
-                      Case{"cpu-modular", false, 1.0f, false, false, false, true}),
+                      Case{"cpu-modular", false, 1.0f, false, false, false, true},
+                      Case{"cpu-fused", false, 1.0f, false, false, false, true},
+                      Case{"cpu-fused", false, 1.0f, true, false, false, true}),
     [](const auto& info) {
       std::string name = info.param.kernel;
       std::replace(name.begin(), name.end(), '-', '_');

@@ -6,8 +6,10 @@
 
 #include <unistd.h>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 
 #include <nlohmann/json.hpp>
@@ -22,6 +24,17 @@ namespace sy::model {
 namespace {
 
 using nlohmann::json;
+
+// The tensors a configuration's checkpoint holds (names, dtypes, shapes), as make-model lists them.
+std::vector<TensorSpec> preset_tensors(const json& config) {
+  auto c = parse_model_config(config);
+  EXPECT_TRUE(c.is_ok()) << c.message();
+  TensorListSource listing;
+  auto arch = find_architecture(c->model_type, c->architecture);
+  EXPECT_TRUE(arch.is_ok());
+  EXPECT_TRUE((*arch)->build(*c, listing).is_ok());
+  return listing.tensors();
+}
 
 json tiny(const std::string& arch) {
   auto config = preset_config(arch, "tiny", 0);
@@ -107,6 +120,68 @@ TEST(Architectures, Qwen2MoeDescription) {
   step["mlp_only_layers"] = json::array();
   step["decoder_sparse_step"] = 2;
   EXPECT_EQ(parsed(step).moe_layers(), (std::vector<int>{1}));
+}
+
+TEST(Architectures, GptOssDescription) {
+  const ModelConfig c = parsed(tiny("gpt_oss"));
+  ASSERT_EQ(c.layers.size(), 3u);
+  EXPECT_EQ(c.moe_layers(), (std::vector<int>{0, 1, 2}));
+  EXPECT_EQ(c.moe_intermediate_size, 96) << "gpt-oss's intermediate_size is the expert width";
+  EXPECT_EQ(c.widest_dense_mlp(), 0);
+  for (size_t i = 0; i < c.layers.size(); ++i) {
+    EXPECT_TRUE(c.layers[i].attention.sinks);
+    EXPECT_TRUE(c.layers[i].attention.qkv_bias);
+    EXPECT_EQ(c.layers[i].attention.sliding_window, i == 1 ? 0 : 20) << "layer " << i;
+  }
+  EXPECT_TRUE(c.router.softmax_after_topk && c.router.has_logit_bias);
+  EXPECT_FALSE(c.router.renormalize || c.router.has_selection_bias);
+  EXPECT_EQ(c.experts.activation, moe::ExpertActivation::kClampedSwiGlu);
+  EXPECT_EQ(c.experts.limit, 7.0f);
+  EXPECT_TRUE(c.experts.has_biases);
+  EXPECT_EQ(c.experts.format, moe::ExpertFormat::kMxfp4Interleaved)
+      << "quantization_config decides";
+  EXPECT_EQ(c.rope_scaling.kind, RopeKind::kYarn);
+  EXPECT_EQ(c.rope_scaling.factor, 8.0);
+  EXPECT_EQ(c.rope_scaling.original_max_position_embeddings, 32);
+  EXPECT_FALSE(c.rope_scaling.truncate);
+
+  json bf16 = tiny("gpt_oss");
+  bf16.erase("quantization_config");
+  bf16["swiglu_limit"] = 5.5;
+  const ModelConfig b = parsed(bf16);
+  EXPECT_EQ(b.experts.format, moe::ExpertFormat::kTransposedInterleaved);
+  EXPECT_EQ(b.experts.limit, 5.5f);
+  json defaults = tiny("gpt_oss");
+  defaults.erase("layer_types");
+  defaults.erase("sliding_window");
+  const ModelConfig d = parsed(defaults);
+  EXPECT_EQ(d.layers[0].attention.sliding_window, 128) << "GptOssConfig's defaults";
+  EXPECT_EQ(d.layers[1].attention.sliding_window, 0);
+  EXPECT_EQ(d.layers[2].attention.sliding_window, 128);
+
+  auto refused = [&](json config, const std::string& field) {
+    auto c = parse_model_config(config);
+    ASSERT_FALSE(c.is_ok()) << field;
+    EXPECT_NE(c.message().find(field), std::string::npos) << c.message();
+  };
+  json other_quant = tiny("gpt_oss");
+  other_quant["quantization_config"]["quant_method"] = "fp8";
+  refused(other_quant, "quant_method");
+  json odd = tiny("gpt_oss");
+  odd["intermediate_size"] = 40;
+  refused(odd, "multiple of 32");
+  json no_original = tiny("gpt_oss");
+  no_original["rope_scaling"].erase("original_max_position_embeddings");
+  refused(no_original, "original_max_position_embeddings");
+  json longrope = tiny("gpt_oss");
+  longrope["rope_scaling"]["rope_type"] = "longrope";
+  refused(longrope, "longrope");
+  // transformers 5 spells it rope_parameters.
+  json v5 = tiny("gpt_oss");
+  v5["rope_parameters"] = v5["rope_scaling"];
+  v5["rope_parameters"]["rope_theta"] = 150000;
+  v5.erase("rope_scaling");
+  EXPECT_EQ(parsed(v5).rope_scaling.kind, RopeKind::kYarn);
 }
 
 TEST(Architectures, Qwen3MoeDescriptionIsUnchanged) {
@@ -218,6 +293,61 @@ TEST_P(FamilyModel, RunsAndPrefillEqualsDecodeBitForBit) {
   }
 }
 
+// Replay on both CPU kernels: the captured routes forced back give the same logits and routes;
+// other forced ids come back as given (poison-checked by finish_step) and change the logits.
+TEST_P(FamilyModel, ReplayReproducesCaptureAndHonoursForcedIds) {
+  for (const char* kernel : {"cpu-modular", "cpu-fused"}) {
+    auto run = start(dir_.string(), kernel);
+    ASSERT_TRUE(run);
+    const ModelConfig& c = run->model->config();
+    const int64_t L = c.num_hidden_layers, K = c.experts_per_token, n = 24;
+    const std::vector<int32_t> tokens = prompt(static_cast<int>(n));
+    auto forward = [&](const std::vector<int32_t>* forced, std::vector<float>& logits,
+                       std::vector<int32_t>& routes) {
+      StepInputs in;
+      for (int32_t p = 0; p < n; ++p) {
+        in.token_ids.push_back(tokens[static_cast<size_t>(p)]);
+        in.positions.push_back(p);
+        in.token_seq.push_back(0);
+        in.slot_mapping.push_back(p);
+        in.logits_rows.push_back(p);
+      }
+      in.num_seqs = 1;
+      in.max_blocks_per_seq = 2;
+      in.block_tables = {0, 1};
+      in.capture_routes = true;
+      if (forced) {
+        in.forced.assign(static_cast<size_t>(n), 1);
+        in.forced_routes = *forced;
+      }
+      StepOutputs out;
+      ASSERT_TRUE(run->decoder->forward(*run->model, in, out).is_ok());
+      Status finished = run->decoder->finish_step(*run->model, out);
+      ASSERT_TRUE(finished.is_ok()) << finished.message();
+      logits.resize(static_cast<size_t>(out.logits.numel()));
+      run->backend->download(out.logits, logits.data());
+      routes = out.routes;
+    };
+    std::vector<float> free_logits, replayed_logits, forced_logits;
+    std::vector<int32_t> routes, replayed, echoed;
+    forward(nullptr, free_logits, routes);
+    forward(&routes, replayed_logits, replayed);
+    EXPECT_EQ(replayed, routes) << kernel;
+    EXPECT_EQ(replayed_logits, free_logits) << kernel;
+    // Forced: each MoE row rotated to other experts (k distinct ids), dense rows 0.
+    std::vector<int32_t> forced(routes.size(), 0);
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t l = 0; l < L; ++l)
+        if (c.is_moe_layer(static_cast<int>(l)))
+          for (int64_t k = 0; k < K; ++k)
+            forced[static_cast<size_t>((t * L + l) * K + k)] =
+                static_cast<int32_t>((routes[static_cast<size_t>((t * L + l) * K)] + 1 + k) % c.num_experts);
+    forward(&forced, forced_logits, echoed);
+    EXPECT_EQ(echoed, forced) << kernel;
+    EXPECT_NE(forced_logits, free_logits) << kernel;
+  }
+}
+
 TEST_P(FamilyModel, ModularAndFusedKernelsAgree) {
   auto modular = start(dir_.string(), "cpu-modular"), fused = start(dir_.string(), "cpu-fused");
   ASSERT_TRUE(modular && fused);
@@ -256,6 +386,7 @@ TEST_P(FamilyModel, SlidingWindowHidesTokensOutsideIt) {
 
 TEST_P(FamilyModel, MissingAndMisshapenTensorsAreNamed) {
   json config = tiny(GetParam());
+  const bool gpt_oss = std::string(GetParam()) == "gpt_oss";
   const std::string experts_key =
       config.contains("num_local_experts") ? "num_local_experts" : "num_experts";
   config[experts_key] = config[experts_key].get<int>() + 1;
@@ -263,11 +394,12 @@ TEST_P(FamilyModel, MissingAndMisshapenTensorsAreNamed) {
   auto backend = backend::make_cpu_backend({1});
   auto missing = Model::load(dir_.string(), *backend);
   ASSERT_FALSE(missing.is_ok());
-  EXPECT_NE(missing.message().find("gate.weight"), std::string::npos) << missing.message();
+  EXPECT_NE(missing.message().find(gpt_oss ? "router.weight" : "gate.weight"), std::string::npos)
+      << missing.message();
   EXPECT_NE(missing.message().find("shape"), std::string::npos) << missing.message();
   config = tiny(GetParam());
-  config["intermediate_size"] =
-      config["intermediate_size"].get<int>() + 2;  // dense or expert width
+  config["intermediate_size"] = config["intermediate_size"].get<int>() +
+                                (gpt_oss ? 32 : 2);  // dense or expert width (MXFP4: whole blocks)
   std::ofstream(dir_ / "config.json") << config.dump();
   auto misshapen = Model::load(dir_.string(), *backend);
   ASSERT_FALSE(misshapen.is_ok());
@@ -294,7 +426,130 @@ TEST_P(FamilyModel, RandomWeightsBuildTheSameTensors) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, FamilyModel,
-                         ::testing::Values("qwen3_moe", "mixtral", "olmoe", "qwen2_moe"));
+                         ::testing::Values("qwen3_moe", "mixtral", "olmoe", "qwen2_moe",
+                                           "gpt_oss"));
+
+// A tensor of the wrong dtype is refused naming file and tensor: MXFP4 blocks must be U8, and a
+// U8 tensor where a float one belongs is no weight either.
+TEST(GptOssCheckpoint, WrongDtypeIsNamed) {
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("sy_gptoss_dtype_" + std::to_string(::getpid()));
+  const json config = tiny("gpt_oss");
+  ASSERT_TRUE(parse_model_config(config).is_ok());
+  auto listed = preset_tensors(config);
+  for (const char* swapped :
+       {"model.layers.1.mlp.experts.gate_up_proj_blocks", "model.layers.1.mlp.router.bias"}) {
+    std::vector<TensorSpec> specs = listed;
+    for (TensorSpec& spec : specs)
+      if (spec.name == swapped) spec.dtype = spec.dtype == DType::kU8 ? DType::kBF16 : DType::kU8;
+    auto zeros = [](const TensorSpec&, uint8_t* out, size_t n) { std::memset(out, 0, n); };
+    ASSERT_TRUE(write_checkpoint(dir.string(), specs, zeros).is_ok());
+    std::ofstream(dir / "config.json") << config.dump();
+    auto backend = backend::make_cpu_backend({1});
+    auto refused = Model::load(dir.string(), *backend);
+    ASSERT_FALSE(refused.is_ok()) << swapped;
+    EXPECT_NE(refused.message().find(swapped), std::string::npos) << refused.message();
+    EXPECT_NE(refused.message().find("model.safetensors"), std::string::npos) << refused.message();
+    EXPECT_NE(refused.message().find("has dtype"), std::string::npos) << refused.message();
+  }
+  std::filesystem::remove_all(dir);
+}
+
+// The MXFP4 checkpoint and the bf16 checkpoint transformers would save from it (gate_up
+// [E, H, 2I] with gate/up interleaved columns, down [E, I, H]), decoded here by the e2m1 formula:
+// the same model, so the same logits (bit for bit: both are dequantised to f32 then multiplied
+// in one order) and routes.
+TEST(GptOssCheckpoint, Mxfp4AndItsBf16ExpansionRunTheSameModel) {
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("sy_gptoss_mx_" + std::to_string(::getpid()));
+  const std::string bf16_dir = dir.string() + "_bf16";
+  json config = tiny("gpt_oss");
+  config["num_hidden_layers"] = 2;
+  config["layer_types"] = {"sliding_attention", "full_attention"};
+  ASSERT_TRUE(write_random_checkpoint(config, json::object(), dir.string(), 9, false).is_ok());
+  auto checkpoint = Checkpoint::open(dir.string());
+  ASSERT_TRUE(checkpoint.is_ok()) << checkpoint.message();
+  auto decode = [](uint8_t code) {
+    const double sign = (code & 8) ? -1.0 : 1.0;
+    const int exponent = (code >> 1) & 3, mantissa = code & 1;
+    return sign * (exponent == 0 ? 0.5 * mantissa : std::ldexp(1.0 + 0.5 * mantissa, exponent - 1));
+  };
+  // Decoded [E, out, in] of a blocks/scales pair, written transposed as bf16 [E, in, out].
+  std::map<std::string, std::vector<uint16_t>> expanded;
+  std::vector<TensorSpec> specs;
+  for (const TensorInfo& info : checkpoint->tensors()) {
+    const std::string& name = info.name;
+    if (name.find("_scales") != std::string::npos) continue;
+    const auto blocks_at = name.find("_blocks");
+    if (blocks_at == std::string::npos) {
+      specs.push_back({name, info.dtype, info.shape});
+      continue;
+    }
+    const std::string base = name.substr(0, blocks_at);
+    const TensorInfo* scales = checkpoint->find(base + "_scales");
+    ASSERT_NE(scales, nullptr);
+    const int64_t E = info.shape[0], out = info.shape[1], in = info.shape[2] * 32;
+    std::vector<uint16_t>& dst = expanded[base];
+    dst.resize(static_cast<size_t>(E * out * in));
+    for (int64_t e = 0; e < E; ++e)
+      for (int64_t o = 0; o < out; ++o)
+        for (int64_t i = 0; i < in; ++i) {
+          const uint8_t byte = info.data[((e * out + o) * (in / 32) + i / 32) * 16 + (i % 32) / 2];
+          const double value =
+              decode(i % 2 ? byte >> 4 : byte & 15) *
+              std::pow(2.0, scales->data[(e * out + o) * (in / 32) + i / 32] - 127.0);
+          dst[static_cast<size_t>((e * in + i) * out + o)] = f32_to_bf16(static_cast<float>(value));
+        }
+    specs.push_back({base, DType::kBF16, {E, in, out}});
+  }
+  auto fill = [&](const TensorSpec& spec, uint8_t* out, size_t nbytes) {
+    if (auto it = expanded.find(spec.name); it != expanded.end())
+      std::memcpy(out, it->second.data(), nbytes);
+    else
+      std::memcpy(out, checkpoint->find(spec.name)->data, nbytes);
+  };
+  ASSERT_TRUE(write_checkpoint(bf16_dir, specs, fill).is_ok());
+  json bf16 = config;
+  bf16.erase("quantization_config");
+  std::ofstream(bf16_dir + "/config.json") << bf16.dump();
+
+  auto backend = backend::make_cpu_backend({2});
+  moe::ExpertsKernelRegistry registry;
+  backend->register_kernels(registry);
+  std::vector<std::vector<float>> logits;
+  std::vector<std::vector<int32_t>> routes;
+  for (const std::string& folder : {dir.string(), bf16_dir}) {
+    auto model = Model::load(folder, *backend);
+    ASSERT_TRUE(model.is_ok()) << model.message();
+    EXPECT_EQ((*model)->config().experts.format, folder == bf16_dir
+                                                     ? moe::ExpertFormat::kTransposedInterleaved
+                                                     : moe::ExpertFormat::kMxfp4Interleaved);
+    Decoder decoder(*backend, KernelChoice{*registry.select("cpu-modular", {}), nullptr, 0}, 16);
+    ASSERT_TRUE(decoder.allocate((*model)->config(), 8, {64, 1, 8, 64}).is_ok());
+    StepInputs in;
+    for (int32_t p = 0; p < 30; ++p) {
+      in.token_ids.push_back(100 + (p * 7919) % 3000);
+      in.positions.push_back(p);
+      in.token_seq.push_back(0);
+      in.slot_mapping.push_back(p);
+      in.logits_rows.push_back(p);
+    }
+    in.num_seqs = 1;
+    in.max_blocks_per_seq = 2;
+    in.block_tables = {0, 1};
+    in.capture_routes = true;
+    StepOutputs out;
+    ASSERT_TRUE(decoder.forward(**model, in, out).is_ok());
+    ASSERT_TRUE(decoder.finish_step(**model, out).is_ok());
+    logits.emplace_back(static_cast<size_t>(out.logits.numel()));
+    backend->download(out.logits, logits.back().data());
+    routes.push_back(out.routes);
+  }
+  EXPECT_EQ(routes[0], routes[1]);
+  EXPECT_EQ(logits[0], logits[1]);
+  std::filesystem::remove_all(dir);
+  std::filesystem::remove_all(bf16_dir);
+}
 
 // A kernel that predates the extended router options refuses a spec that uses them.
 class LegacyKernel final : public moe::ExpertsKernel {
@@ -315,6 +570,73 @@ TEST(Architectures, KernelsWithoutTheExtendedRouterRefuseIt) {
   Status refused = kernel.supports(spec);
   EXPECT_EQ(refused.code(), ErrorCode::kUnsupported);
   EXPECT_NE(refused.message().find("legacy"), std::string::npos);
+  // gpt-oss's experts (biases, clamped SwiGLU, MXFP4) likewise.
+  EXPECT_TRUE(kernel.supports_experts(moe::ExpertSpec{}).is_ok());
+  Status experts = kernel.supports_experts(parsed(tiny("gpt_oss")).experts);
+  EXPECT_EQ(experts.code(), ErrorCode::kUnsupported);
+  EXPECT_NE(experts.message().find("legacy"), std::string::npos);
+  EXPECT_NE(experts.message().find("MXFP4"), std::string::npos);
+}
+
+// A backend with none of the optional features (as the CUDA backend is today): only name() and
+// supports() may be called before the refusal.
+class FeaturelessBackend final : public backend::Backend {
+ public:
+  std::string name() const override { return "featureless"; }
+  Device device() const override { return Device::kCpu; }
+  Tensor alloc(DType, std::initializer_list<int64_t>) override { std::abort(); }
+  void free_buffer(Tensor&) override { std::abort(); }
+  Result<Tensor> load_weight(const Tensor&) override { std::abort(); }
+  Result<Tensor> load_stacked(const std::vector<Tensor>&) override { std::abort(); }
+  void fill_random(Tensor&, uint64_t, float, float) override { std::abort(); }
+  void upload(const void*, Tensor&) override { std::abort(); }
+  void download(const Tensor&, void*) override { std::abort(); }
+  void fill_i32(Tensor&, int32_t) override { std::abort(); }
+  void embedding(const Tensor&, const Tensor&, Tensor&) override { std::abort(); }
+  void rms_norm(const Tensor&, const Tensor&, float, Tensor&) override { std::abort(); }
+  void matmul(const Tensor&, const Tensor&, const Tensor*, Tensor&) override { std::abort(); }
+  void add_inplace(Tensor&, const Tensor&) override { std::abort(); }
+  void silu_mul(const Tensor&, const Tensor&, Tensor&) override { std::abort(); }
+  void rope(Tensor&, const backend::AttentionBatch&, const backend::RopeSpec&) override {
+    std::abort();
+  }
+  void write_kv(const Tensor&, const Tensor&, Tensor&, Tensor&,
+                const backend::AttentionBatch&) override {
+    std::abort();
+  }
+  void attention(const Tensor&, const Tensor&, const Tensor&, const backend::AttentionBatch&, float,
+                 Tensor&) override {
+    std::abort();
+  }
+  void gather_rows(const Tensor&, const Tensor&, Tensor&) override { std::abort(); }
+  void sample(const Tensor&, const std::vector<backend::SamplingRow>&,
+              std::vector<backend::SampledToken>&) override {
+    std::abort();
+  }
+  void score_tokens(const Tensor&, const std::vector<int32_t>&, int,
+                    std::vector<backend::SampledToken>&) override {
+    std::abort();
+  }
+  void register_kernels(moe::ExpertsKernelRegistry&) override {}
+};
+
+TEST(Architectures, ABackendWithoutGptOssFeaturesRefusesItBeforeLoadingNamingThemAll) {
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("sy_gptoss_refuse_" + std::to_string(::getpid()));
+  ASSERT_TRUE(
+      write_random_checkpoint(tiny("gpt_oss"), json::object(), dir.string(), 1, false).is_ok());
+  FeaturelessBackend backend;
+  auto refused = Model::load(dir.string(), backend);
+  ASSERT_FALSE(refused.is_ok());
+  EXPECT_EQ(refused.status().code(), ErrorCode::kUnsupported);
+  for (const char* named : {"featureless", "gpt_oss", "sliding-window attention", "attention sinks",
+                            "YaRN", "MXFP4 expert weights"})
+    EXPECT_NE(refused.message().find(named), std::string::npos)
+        << named << ": " << refused.message();
+  auto random = Model::random((dir / "config.json").string(), backend, 1);
+  ASSERT_FALSE(random.is_ok());
+  EXPECT_EQ(random.status().code(), ErrorCode::kUnsupported);
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

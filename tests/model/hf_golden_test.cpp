@@ -1,6 +1,7 @@
 // The CPU reference engine against HF transformers: logits, greedy tokens, routes, and replay.
 // Qwen3-MoE goldens by tools/gpu/model_goldens.py (transformers 5.17, f32 reference); Mixtral,
-// OLMoE and Qwen2-MoE goldens by tools/gpu/family_goldens.py (float64 reference), each under
+// OLMoE, Qwen2-MoE and gpt-oss (MXFP4 and bf16) goldens by tools/gpu/family_goldens.py (float64
+// reference), each under
 // tests/golden/hf_<family>/<checkpoint>/. A family whose folder is not committed yet is skipped
 // with a message naming the folder.
 #include <gtest/gtest.h>
@@ -17,6 +18,7 @@
 #include "backend/backend.h"
 #include "engine/engine.h"
 #include "model/decoder.h"
+#include "model/rope.h"
 #include "util/npy.h"
 
 namespace sy {
@@ -29,7 +31,9 @@ const char* kCheckpoints[] = {"hf_qwen3_moe/qwen3moe_sharded",
                               "hf_qwen3_moe/qwen3moe_sparse_step",
                               "hf_mixtral/mixtral_window",
                               "hf_olmoe/olmoe_nonorm",
-                              "hf_qwen2_moe/qwen2moe_shared_window"};
+                              "hf_qwen2_moe/qwen2moe_shared_window",
+                              "hf_gpt_oss/gptoss_mxfp4",
+                              "hf_gpt_oss/gptoss_bf16"};
 
 nlohmann::json read_json(const std::string& path) {
   std::ifstream in(path);
@@ -163,6 +167,15 @@ TEST_P(HfGolden, LogitsAndRoutesMatchTransformers) {
   const nlohmann::json fixture = read_json(dir() + "/fixture.json");
   Harness harness(dir());
   const int64_t layers = harness.model->config().num_hidden_layers, top_k = fixture["top_k"];
+  if (fixture.contains("rope_inv_freq")) {
+    // The frequencies transformers used (YaRN for gpt-oss) against ours, before any logits.
+    const model::RopeTable rope = model::rope_table(harness.model->config());
+    const std::vector<float> theirs = fixture["rope_inv_freq"].get<std::vector<float>>();
+    ASSERT_EQ(rope.inv_freq.size(), theirs.size());
+    for (size_t i = 0; i < theirs.size(); ++i)
+      EXPECT_NEAR(rope.inv_freq[i], theirs[i], 1e-6 * std::fabs(theirs[i])) << "inv_freq " << i;
+    EXPECT_NEAR(rope.attention_factor, fixture["rope_attention_scaling"].get<double>(), 1e-6);
+  }
   int64_t compared_rows = 0, excluded_rows = 0, set_rows = 0;
   float worst_logits = 0.0f;
   for (size_t p = 0; p < fixture["prompts"].size(); ++p) {

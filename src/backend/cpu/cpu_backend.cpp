@@ -27,7 +27,9 @@ void CpuBackend::free_buffer(Tensor& tensor) {
 }
 
 Result<Tensor> CpuBackend::load_weight(const Tensor& host) {
-  if (host.dtype == DType::kBF16 || host.dtype == DType::kF32) return host;
+  // BF16/F32 as they are; U8 (MXFP4 blocks and scales) too: the experts kernels read it packed.
+  if (host.dtype == DType::kBF16 || host.dtype == DType::kF32 || host.dtype == DType::kU8)
+    return host;
   if (host.dtype == DType::kF16) {
     Tensor converted = host;
     converted.dtype = DType::kF32;
@@ -148,10 +150,16 @@ void CpuBackend::silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) {
 
 void CpuBackend::rope(Tensor& x, const AttentionBatch& batch, const RopeSpec& spec) {
   const int64_t tokens = x.dim(0), heads = x.dim(1), head_dim = x.dim(2), half = head_dim / 2;
-  // As transformers computes it in f32: inv_freq = 1 / theta^(2i/d), angle = position * inv_freq.
+  // As transformers computes it in f32: inv_freq = 1 / theta^(2i/d) (or YaRN's, given), angle =
+  // position * inv_freq; cos and sin times YaRN's attention factor.
   std::vector<float> inv_freq(static_cast<size_t>(half));
   for (int64_t i = 0; i < half; ++i)
-    inv_freq[i] = static_cast<float>(1.0 / std::pow(spec.theta, static_cast<double>(2 * i) / static_cast<double>(head_dim)));
+    inv_freq[i] =
+        spec.inv_freq
+            ? spec.inv_freq[i]
+            : static_cast<float>(1.0 / std::pow(spec.theta, static_cast<double>(2 * i) /
+                                                                static_cast<double>(head_dim)));
+  const float factor = spec.attention_factor;
   const int32_t* positions = batch.positions.ptr<int32_t>();
   pool_.parallel_for(tokens, 16, [&](int64_t begin, int64_t end) {
     std::vector<float> cos_v(static_cast<size_t>(half)), sin_v(static_cast<size_t>(half));
@@ -161,6 +169,10 @@ void CpuBackend::rope(Tensor& x, const AttentionBatch& batch, const RopeSpec& sp
         float angle = position * inv_freq[i];
         cos_v[i] = std::cos(angle);
         sin_v[i] = std::sin(angle);
+        if (factor != 1.0f) {
+          cos_v[i] *= factor;
+          sin_v[i] *= factor;
+        }
       }
       for (int64_t h = 0; h < heads; ++h) {
         float* v = x.ptr<float>() + (t * heads + h) * head_dim;
@@ -195,6 +207,13 @@ void CpuBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor&
   const int32_t* tables = batch.block_tables.ptr<int32_t>();
   const int block_size = batch.block_size;
   const int64_t window = batch.sliding_window;
+  // Attention sinks: one more logit per head in each softmax, whose value weights nothing.
+  std::vector<float> sinks;
+  if (batch.sinks)
+    for (int64_t h = 0; h < heads; ++h)
+      sinks.push_back(batch.sinks->dtype == DType::kBF16
+                          ? bf16_to_f32(batch.sinks->ptr<uint16_t>()[h])
+                          : batch.sinks->ptr<float>()[h]);
   pool_.parallel_for(tokens * heads, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores;
     for (int64_t task = begin; task < end; ++task) {
@@ -213,8 +232,10 @@ void CpuBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor&
         scores[p] = dot * scale;
         max_score = std::max(max_score, scores[p]);
       }
+      if (!sinks.empty()) max_score = std::max(max_score, sinks[h]);
       float sum = 0.0f;
       for (int64_t p = first; p < context; ++p) sum += scores[p] = std::exp(scores[p] - max_score);
+      if (!sinks.empty()) sum += std::exp(sinks[h] - max_score);
       float* dst = out.ptr<float>() + (t * heads + h) * head_dim;
       std::fill_n(dst, head_dim, 0.0f);
       for (int64_t p = first; p < context; ++p) {

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <memory>
+#include <vector>
 
 #include "backend/backend.h"
 #include "util/thread_pool.h"
@@ -56,5 +57,11 @@ std::unique_ptr<moe::ExpertsKernel> make_fused_kernel(ThreadPool& pool);
 // Shared by the kernels: one expert's SwiGLU MLP for `rows` token rows of x (stride hidden).
 void expert_mlp(const float* x, int64_t rows, const Tensor& gate, const Tensor& up,
                 const Tensor& down, float* out, ThreadPool* pool);
+// Expert e of a layer for any ExpertSpec (moe/expert_spec.h): expert_mlp for the default, else
+// biases, the clamped SwiGLU and interleaved / MXFP4 weights read as stored (moe_experts.cpp).
+void expert_forward(const float* x, int64_t rows, const moe::MoeLayerWeights& weights, int64_t e,
+                    const moe::ExpertSpec& spec, float* out, ThreadPool* pool);
+// A bf16 or f32 tensor's values as f32 (empty when undefined).
+std::vector<float> vector_f32(const Tensor& tensor);
 
 }  // namespace sy::backend::cpu

@@ -21,6 +21,7 @@ class ModularKernel final : public moe::ExpertsKernel {
   Status supports(const moe::RouterSpec&) const override {
     return Status::ok();
   }  // the reference router
+  Status supports_experts(const moe::ExpertSpec&) const override { return Status::ok(); }
 
   Status forward(const moe::MoeForwardArgs& args) override {
     const moe::MoeLayerWeights& w = *args.weights;
@@ -28,9 +29,16 @@ class ModularKernel final : public moe::ExpertsKernel {
     const int64_t experts = args.spec.num_experts, top_k = args.spec.top_k;
 
     for (const Tensor* bias : {&w.router_bias, &w.selection_bias})
-      if (bias->data && (bias->dtype != DType::kF32 || bias->numel() != experts))
+      if (bias->data &&
+          ((bias->dtype != DType::kF32 && bias->dtype != DType::kBF16) || bias->numel() != experts))
         return Status::error(ErrorCode::kInternal,
-                             "cpu-modular: router bias vectors must be f32 [num_experts]");
+                             "cpu-modular: router bias vectors must be f32/bf16 [num_experts]");
+    const std::vector<float> logit_bias = vector_f32(w.router_bias),
+                             selection_bias = vector_f32(w.selection_bias);
+    if ((args.spec.has_logit_bias && logit_bias.empty()) ||
+        (args.spec.has_selection_bias && selection_bias.empty()))
+      return Status::error(ErrorCode::kInternal,
+                           "cpu-modular: the router spec needs a bias the layer lacks");
     // Gate.
     std::vector<float> logits(static_cast<size_t>(tokens * experts));
     matmul_rows(args.hidden.ptr<float>(), hidden, tokens, w.router, nullptr, logits.data(), experts, &pool_);
@@ -39,8 +47,8 @@ class ModularKernel final : public moe::ExpertsKernel {
     std::vector<int32_t> ids(static_cast<size_t>(tokens * top_k));
     std::vector<float> weights(static_cast<size_t>(tokens * top_k));
     std::vector<float> scratch(static_cast<size_t>(moe::router_scratch_floats(args.spec)));
-    const moe::RouterBiases biases{w.router_bias.data ? w.router_bias.ptr<float>() : nullptr,
-                                   w.selection_bias.data ? w.selection_bias.ptr<float>() : nullptr};
+    const moe::RouterBiases biases{logit_bias.empty() ? nullptr : logit_bias.data(),
+                                   selection_bias.empty() ? nullptr : selection_bias.data()};
     const int64_t layers = args.routes.sink.data      ? args.routes.sink.dim(1)
                            : args.routes.weights.data ? args.routes.weights.dim(1)
                            : args.routes.source.data  ? args.routes.source.dim(1)
@@ -80,7 +88,7 @@ class ModularKernel final : public moe::ExpertsKernel {
         const float* src = args.hidden.ptr<float>() + (slots[r] / top_k) * hidden;
         std::copy(src, src + hidden, rows_in.data() + r * hidden);
       }
-      expert_mlp(rows_in.data(), count, w.gate(e), w.up(e), w.down_of(e), rows_out.data(), &pool_);
+      expert_forward(rows_in.data(), count, w, e, args.experts, rows_out.data(), &pool_);
       for (int64_t r = 0; r < count; ++r)
         std::copy(rows_out.data() + r * hidden, rows_out.data() + (r + 1) * hidden,
                   expert_out.data() + slots[r] * hidden);

@@ -1,0 +1,33 @@
+#include <fmt/format.h>
+
+#include "model/decoder.h"
+
+namespace sy::model {
+
+Status check_backend_features(const ModelConfig& c, const backend::Backend& backend) {
+  bool windowed = false, gated_shared = false, sinks = false;
+  for (const LayerSpec& layer : c.layers) {
+    windowed |= layer.attention.sliding_window > 0;
+    gated_shared |= layer.shared_expert_gate;
+    sinks |= layer.attention.sinks;
+  }
+  const bool mxfp4 = c.experts.format == moe::ExpertFormat::kMxfp4Interleaved;
+  const bool yarn = c.rope_scaling.kind == RopeKind::kYarn;
+  std::string missing;
+  for (auto [needed, feature] : {std::pair{windowed, backend::BackendFeature::kSlidingWindow},
+                                 std::pair{gated_shared, backend::BackendFeature::kSigmoidGatedAdd},
+                                 std::pair{sinks, backend::BackendFeature::kAttentionSinks},
+                                 std::pair{yarn, backend::BackendFeature::kScaledRope},
+                                 std::pair{mxfp4, backend::BackendFeature::kMxfp4Weights}})
+    if (needed && !backend.supports(feature))
+      missing +=
+          fmt::format("{}{}", missing.empty() ? "" : ", ", backend::backend_feature_name(feature));
+  if (!missing.empty())
+    return Status::error(
+        ErrorCode::kUnsupported,
+        fmt::format("the {} backend does not implement {} yet, which this {} model needs",
+                    backend.name(), missing, c.model_type));
+  return Status::ok();
+}
+
+}  // namespace sy::model
