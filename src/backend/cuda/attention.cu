@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <vector>
 
 #include "backend/cuda/attention.h"
 
@@ -82,7 +83,20 @@ struct KernelArgs {
   // row itself (into the cache and its tile). p.q is then unused.
   QkvPrepParams prep;
   RopeTable rope;  // prep only
+  unsigned long long* stamps = nullptr;  // SY_ATTN_STAMPS=1 (experiments): [blocks, kAttnStamps]
 };
+
+// Phase timer of the one-token decode launches (SY_ATTN_STAMPS=1, no graphs): thread 0 of each
+// block writes %globaltimer at each phase; a phase a block never reaches stays 0.
+constexpr int kAttnStamps = 9;
+__device__ __forceinline__ void attn_stamp(const KernelArgs& a, int phase) {
+  if (a.stamps && threadIdx.x == 0) {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    const unsigned block = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+    a.stamps[block * kAttnStamps + phase] = t;
+  }
+}
 
 // ---- PTX wrappers (sm_80+: cp.async, ldmatrix, mma.sync bf16) ----
 
@@ -329,6 +343,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const __grid_consta
   // MT = 1 runs decode only (prefill launches MT = 4): decode as a compile-time fact there keeps
   // the prefill code out of the small decode kernel (its instruction-cache misses cost latency).
   const bool decode = MT == 1 || a.decode;
+  attn_stamp(a, 0);
   if (!decode) overlap_prologue();
   __shared__ int s_pos[L::kRows], s_token[L::kRows], s_head[L::kRows];
   __shared__ int64_t s_key_offset[2][kKeys];  // element offset of each tile key's row, -1 = none
@@ -398,6 +413,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const __grid_consta
     }
   }
   __syncthreads();
+  attn_stamp(a, 1);
 
   const int context = s_context;
   KeyRange range{0, context};
@@ -545,6 +561,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const __grid_consta
 
   plan_tile(0, 0);
   __syncthreads();
+  attn_stamp(a, 2);
   if (decode) {
     // This step's key (the token's own position, context - 1) was written by the previous
     // kernel; every other key by an earlier step. Request those now, then wait, then the rest.
@@ -553,6 +570,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const __grid_consta
     load_tile(0, skip);
     cp_async_commit();
     overlap_prologue();
+    attn_stamp(a, 3);
     if (a.prep.q) {
       const int own = context - 1;  // this step's key, written by the split that holds it
       prep_rows(tiles > 0 && own >= range.begin && own < range.end, skip);
@@ -560,6 +578,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const __grid_consta
       load_q();
       if (skip >= 0) load_key(0, skip);
     }
+    attn_stamp(a, 4);
   } else {
     load_tile(0, -1);
   }
@@ -662,6 +681,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const __grid_consta
   }
   cp_async_wait<0>();
   __syncthreads();  // s_out overwrites the K/V tiles
+  attn_stamp(a, 5);
 
   // Each warp leaves (max, sum, unnormalised acc) per row; the block then merges its key slices
   // (decode, MT = 1) and writes out or, for a decode split, the partial.
@@ -726,6 +746,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const __grid_consta
     __shared__ float s_split_weight[kWarps][kMaxSplits];
     __threadfence();
     __syncthreads();
+    attn_stamp(a, 6);
     const int written = ceil_div(context, split_chunk(context, a.splits, kKeys));
     if (tid == 0) {
       int* arrivals = a.arrivals + static_cast<int64_t>(t0) * gridDim.y + blockIdx.y;
@@ -734,10 +755,13 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const __grid_consta
       if (done == written) *arrivals = 0;  // ready for the next launch (graphs replay this one)
     }
     __syncthreads();
+    attn_stamp(a, 7);
     if (!s_last) return;
     __threadfence();
     for (int r = warp; r < rows; r += kWarps)
       combine_split_row(a, static_cast<int64_t>(s_token[r]) * p.heads + s_head[r], written, s_split_weight[warp]);
+    __syncthreads();
+    attn_stamp(a, 8);
   }
 }
 
@@ -838,6 +862,73 @@ int launch_for_head_dim(const KernelArgs& args, dim3 grid, cudaStream_t stream) 
   return launch_tiled<256, MT>(args, grid, stream);
 }
 
+// SY_ATTN_STAMPS=1: the phase stamps of every one-token decode launch outside graph capture,
+// summarised at exit: per phase, over the blocks that reached it, the median and the latest
+// block, in microseconds since the grid's first block started.
+class AttentionStamps {
+ public:
+  static AttentionStamps* get() {
+    static AttentionStamps* instance = [] {
+      const char* value = std::getenv("SY_ATTN_STAMPS");
+      return value && value[0] == '1' ? new AttentionStamps() : nullptr;
+    }();
+    return instance;
+  }
+  // The buffer for a launch of `blocks` on `stream`, or nullptr (capturing, or too many blocks).
+  unsigned long long* begin(int64_t blocks, cudaStream_t stream) {
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    cudaStreamIsCapturing(stream, &capturing);
+    if (capturing != cudaStreamCaptureStatusNone || blocks > kMaxBlocks) return nullptr;
+    if (!buffer_ && cudaMalloc(&buffer_, sizeof(unsigned long long) * kMaxBlocks * kAttnStamps) != cudaSuccess)
+      return buffer_ = nullptr;
+    SY_CUDA_CHECK(cudaMemsetAsync(buffer_, 0, sizeof(unsigned long long) * blocks * kAttnStamps, stream));
+    return buffer_;
+  }
+  void end(int64_t blocks, cudaStream_t stream) {
+    std::vector<unsigned long long> host(static_cast<size_t>(blocks) * kAttnStamps);
+    SY_CUDA_CHECK(cudaMemcpyAsync(host.data(), buffer_, host.size() * 8, cudaMemcpyDeviceToHost, stream));
+    SY_CUDA_CHECK(cudaStreamSynchronize(stream));
+    unsigned long long start = ~0ull;
+    for (int64_t b = 0; b < blocks; ++b) start = std::min(start, host[static_cast<size_t>(b) * kAttnStamps]);
+    for (int ph = 0; ph < kAttnStamps; ++ph) {
+      std::vector<double> t;
+      for (int64_t b = 0; b < blocks; ++b) {
+        const unsigned long long v = host[static_cast<size_t>(b) * kAttnStamps + ph];
+        if (v != 0 && (ph == 0 || host[static_cast<size_t>(b) * kAttnStamps + 2] != 0))  // blocks with keys
+          t.push_back(static_cast<double>(v - start) * 1e-3);
+      }
+      if (t.empty()) continue;
+      std::sort(t.begin(), t.end());
+      median_[ph] += t[t.size() / 2];
+      max_[ph] += t.back();
+      count_[ph] += static_cast<double>(t.size());
+    }
+    ++launches_;
+  }
+  ~AttentionStamps() = default;
+
+ private:
+  static constexpr int64_t kMaxBlocks = 4096;
+  AttentionStamps() {
+    std::atexit([] {
+      AttentionStamps* s = get();
+      if (!s || s->launches_ == 0) return;
+      std::fprintf(stderr,
+                   "decode attention phase stamps over %d one-token launches (us since the first block started; "
+                   "median / last block with keys; blocks):\n",
+                   s->launches_);
+      const char* names[kAttnStamps] = {"start", "context known", "tile 0 planned", "wait released", "q prepped",
+                                        "keys done", "partial written", "arrival counted", "merged"};
+      for (int ph = 0; ph < kAttnStamps; ++ph)
+        std::fprintf(stderr, "  %-16s %8.2f %8.2f %8.1f\n", names[ph], s->median_[ph] / s->launches_,
+                     s->max_[ph] / s->launches_, s->count_[ph] / s->launches_);
+    });
+  }
+  unsigned long long* buffer_ = nullptr;
+  double median_[kAttnStamps] = {}, max_[kAttnStamps] = {}, count_[kAttnStamps] = {};
+  int launches_ = 0;
+};
+
 int max_decode_splits(int64_t tokens) {
   const int64_t by_budget = kSplitBudget / std::max<int64_t>(tokens, 1);
   return static_cast<int>(std::clamp<int64_t>(by_budget, 1, kMaxSplits));
@@ -937,8 +1028,12 @@ bool launch_attention_impl(const AttentionParams& params, const QkvPrepParams* p
   const dim3 grid(static_cast<unsigned>(tokens),
                   static_cast<unsigned>(params.kv_heads * args.row_chunks),
                   static_cast<unsigned>(args.splits));
+  AttentionStamps* stamps = tokens == 1 ? AttentionStamps::get() : nullptr;
+  const int64_t blocks = static_cast<int64_t>(grid.x) * grid.y * grid.z;
+  if (stamps) args.stamps = stamps->begin(blocks, stream);
   if (mt == 1) launch_for_head_dim<1>(args, grid, stream);
   else launch_for_head_dim<4>(args, grid, stream);
+  if (args.stamps) stamps->end(blocks, stream);
   return true;
 }
 }  // namespace

@@ -74,7 +74,7 @@ struct FusedLaunch {
   unsigned long long* stamps = nullptr;  // SY_FUSED_STAMPS=1: [grid, kStamps] %globaltimer per phase
   bool general_grouping = false;  // SY_FUSED_GENERAL_GROUPING=1 (experiments): no few-pairs path
 };
-constexpr int kStamps = 9;
+constexpr int kStamps = 11;
 
 __device__ __forceinline__ void stamp(const FusedLaunch& a, int phase) {
   if (a.stamps && threadIdx.x == 0) {
@@ -468,7 +468,8 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
     const int32_t* forced = a.forced && a.forced[0] ? a.source : nullptr;
     stamp(a, 7);
-    route_select_block(scores, a.route, forced, cursor, ids, weights);  // cursor: scratch until grouping
+    route_select_block(scores, a.route, forced, cursor, ids, weights,  // cursor: scratch until grouping
+                       [&](int phase) { stamp(a, 9 + phase); });
     stamp(a, 8);
   } else {
     for (int t = warp; t < T; t += kWarps) {
@@ -862,7 +863,7 @@ class FusedKernel final : public moe::ExpertsKernel {
     std::fprintf(stderr, "cuda-fused phase stamps over %d one-token launches (us since the first block started; median block / last block):\n",
                  stamp_launches_);
     const char* names[kStamps] = {"start", "router logits", "barrier 1", "route+group", "gate_up", "barrier 2",
-                                  "down+combine", "(logits read)", "(selected)"};
+                                  "down+combine", "(logits read)", "(selected)", "(scored)", "(ranked)"};
     for (int p = 0; p < kStamps; ++p)
       std::fprintf(stderr, "  %-14s %8.2f %8.2f\n", names[p], stamp_median_[p] / stamp_launches_, stamp_max_[p] / stamp_launches_);
   }

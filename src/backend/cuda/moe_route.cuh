@@ -193,12 +193,19 @@ __device__ __forceinline__ void route_select_warp(float* scores, const RoutePara
 // number of experts ordered before it; ranks < K are the choices, in order) instead of K serial
 // rounds, then warp 0 computes the weights. `slots` is K ints of shared scratch. All threads
 // call it; ids/weights are valid after it returns (it ends with a barrier).
+// `on_phase(0)` runs after the scores, `on_phase(1)` after the ranking (phase timers).
+struct NoPhase {
+  __device__ void operator()(int) const {}
+};
+template <typename OnPhase = NoPhase>
 __device__ __forceinline__ void route_select_block(float* scores, const RouteParams& p, const int32_t* forced,
-                                                   int32_t* slots, int32_t* ids, float* weights) {
+                                                   int32_t* slots, int32_t* ids, float* weights,
+                                                   OnPhase on_phase = {}) {
   const int E = p.num_experts, K = p.top_k;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (warp == 0) route_scores_warp(scores, p);
   __syncthreads();
+  on_phase(0);
   if (forced) {
     if (threadIdx.x < K) slots[threadIdx.x] = forced[threadIdx.x];
   } else {
@@ -221,6 +228,7 @@ __device__ __forceinline__ void route_select_block(float* scores, const RoutePar
     }
   }
   __syncthreads();
+  on_phase(1);
   if (warp == 0) route_weights_warp(scores, p, lane < K ? slots[lane] : -1, ids, weights);
   __syncthreads();
 }
