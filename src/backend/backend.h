@@ -49,6 +49,7 @@ enum class BackendFeature {
   kAttentionSinks,   // attention() honours AttentionBatch::sinks (gpt-oss)
   kScaledRope,       // rope() honours RopeSpec::inv_freq and attention_factor (YaRN)
   kMxfp4Weights,     // load_weight() keeps U8 tensors (MXFP4 blocks and scales) as they are
+  kLatentAttention,  // latent_attention (DeepSeek-V3's multi-head latent attention)
 };
 inline const char* backend_feature_name(BackendFeature feature) {
   switch (feature) {
@@ -57,6 +58,7 @@ inline const char* backend_feature_name(BackendFeature feature) {
     case BackendFeature::kAttentionSinks: return "attention sinks";
     case BackendFeature::kScaledRope: return "YaRN RoPE (scaled frequencies and attention factor)";
     case BackendFeature::kMxfp4Weights: return "MXFP4 expert weights";
+    case BackendFeature::kLatentAttention: return "multi-head latent attention (MLA)";
   }
   return "unknown feature";
 }
@@ -254,6 +256,25 @@ class Backend {
     (void)q, (void)k, (void)v, (void)q_norm, (void)k_norm, (void)eps, (void)batch, (void)rope, (void)k_cache,
         (void)v_cache, (void)scale, (void)out;
     return false;
+  }
+  // Multi-head latent attention (BackendFeature::kLatentAttention), after the projections:
+  // kv_latent [T, kv_lora + rope] (kv_a_proj's output) has its latent RMSNormed by kv_norm and
+  // its k_pe roped; that row goes into the layer's cache [slots, 1, kv_lora + rope] at
+  // batch.slot_mapping. q [T, heads, nope + rope] has its last `rope` dims roped (pairs (2i,
+  // 2i+1) with `interleave`, else (i, i + rope/2)), both in place. Then causal attention of
+  // each head over its sequence's cached rows, k = [kv_b_k(latent) | k_pe] and v = kv_b_v(latent)
+  // per head (kv_b_proj [heads * (nope + v_dim), kv_lora]: each head's nope k rows, then its
+  // v_dim v rows); out [T, heads * v_dim].
+  struct LatentShape {
+    int64_t kv_lora_rank = 0, nope = 0, rope = 0, v_dim = 0;
+    bool interleave = true;
+  };
+  virtual void latent_attention(Tensor& q, Tensor& kv_latent, const Tensor& kv_norm, float eps,
+                                const Tensor& kv_b_proj, const LatentShape& shape,
+                                const AttentionBatch& batch, const RopeSpec& rope, Tensor& cache,
+                                float scale, Tensor& out) {
+    (void)q, (void)kv_latent, (void)kv_norm, (void)eps, (void)kv_b_proj, (void)shape, (void)batch,
+        (void)rope, (void)cache, (void)scale, (void)out;
   }
   // out[r] = x[rows[r]].
   virtual void gather_rows(const Tensor& x, const Tensor& rows, Tensor& out) = 0;

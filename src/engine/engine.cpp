@@ -97,7 +97,7 @@ class EngineImpl final : public Engine {
                                (max_model_len_ + config.block_size_tokens - 1) / config.block_size_tokens, max_rows};
     int64_t kv_tokens = config.kv_cache_tokens;
     if (kv_tokens <= 0) {
-      const int64_t per_token = 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim *
+      const int64_t per_token = c.kv_cache_values_per_token() *
                                 static_cast<int64_t>(dtype_size(backend_->kv_cache_dtype()));
       int64_t budget = 0;
       if (backend_->device() == Device::kCpu) {

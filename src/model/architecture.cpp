@@ -11,6 +11,9 @@ const std::vector<Architecture>& architectures() {
       {"olmoe", "OlmoeForCausalLM", parse_olmoe, build_olmoe},
       {"qwen2_moe", "Qwen2MoeForCausalLM", parse_qwen2_moe, build_qwen2_moe},
       {"gpt_oss", "GptOssForCausalLM", parse_gpt_oss, build_gpt_oss},
+      {"deepseek_v3", "DeepseekV3ForCausalLM", parse_deepseek_v3, build_deepseek_v3},
+      // Kimi-K2 checkpoints: DeepSeek-V3's architecture under their own model_type.
+      {"kimi_k2", "DeepseekV3ForCausalLM", parse_deepseek_v3, build_deepseek_v3},
   };
   return table;
 }

@@ -44,6 +44,8 @@ Status parse_qwen2_moe(const nlohmann::json& json, ModelConfig& config);
 Result<DecoderWeights> build_qwen2_moe(const ModelConfig& config, WeightSource& source);
 Status parse_gpt_oss(const nlohmann::json& json, ModelConfig& config);
 Result<DecoderWeights> build_gpt_oss(const ModelConfig& config, WeightSource& source);
+Status parse_deepseek_v3(const nlohmann::json& json, ModelConfig& config);
+Result<DecoderWeights> build_deepseek_v3(const ModelConfig& config, WeightSource& source);
 
 // Blocks adapters share (model/adapter_blocks.cpp).
 namespace blocks {

@@ -76,6 +76,14 @@ bool sparse_step_layer(const ModelConfig& c, int layer) {
   return (layer + 1) % c.decoder_sparse_step == 0;
 }
 
+int64_t ModelConfig::kv_cache_values_per_token() const {
+  int64_t values = 0;
+  for (const LayerSpec& layer : layers)
+    values += layer.attention.latent ? latent_attention.cache_row()
+                                     : 2 * num_key_value_heads * head_dim;
+  return values;
+}
+
 bool ModelConfig::is_moe_layer(int layer) const {
   return layer >= 0 && layer < static_cast<int>(layers.size()) &&
          layers[static_cast<size_t>(layer)].mlp == MlpKind::kMoe;

@@ -48,7 +48,15 @@ struct ModelConfig {
   std::vector<LayerSpec> layers;
   moe::RouterSpec router;
   moe::ExpertSpec experts;  // how every MoE layer's experts compute and are stored
+  LatentAttentionSpec latent_attention;  // layers with attention.latent (DeepSeek-V3)
+  double attention_scale = 0.0;          // softmax scale; 0: 1 / sqrt(head_dim)
+  // The dims RoPE rotates: head_dim, or qk_rope_head_dim under latent attention.
+  int64_t rope_dim() const {
+    return latent_attention.qk_rope_head_dim > 0 ? latent_attention.qk_rope_head_dim : head_dim;
+  }
 
+  // Values the KV cache holds per token over all layers (K and V, or MLA's latent + k_pe).
+  int64_t kv_cache_values_per_token() const;
   bool is_moe_layer(int layer) const;
   std::vector<int> moe_layers() const;
   moe::RouterSpec router_spec() const { return router; }

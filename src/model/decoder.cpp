@@ -25,11 +25,12 @@ struct Decoder::Workspace {
   Tensor forced, forced_routes, route_out;
   Tensor x, normed, block_out, ffn_out, q, k, v, attn, gate, up, picked, picked_normed, logits;
   Tensor shared_out, shared_gate;  // MoE layers with a shared expert
+  Tensor q_latent, kv_latent;      // latent attention: q_a_proj's and kv_a_proj's outputs
   RopeTable rope;                  // YaRN's frequencies (host), empty for plain RoPE
   std::vector<Tensor*> owned() {
     return {&pack,   &forced, &forced_routes, &route_out, &x,      &normed,        &block_out,
             &ffn_out, &q,     &k,             &v,         &attn,   &gate,          &up,
-            &picked, &picked_normed, &logits,  &shared_out, &shared_gate};
+            &picked, &picked_normed, &logits,  &shared_out, &shared_gate, &q_latent, &kv_latent};
   }
   ~Workspace() {
     for (Tensor* t : owned())
@@ -95,9 +96,13 @@ Status Decoder::allocate(const ModelConfig& c, int64_t num_blocks, const backend
   full.vocab_size = c.vocab_size;
   full.num_heads = c.num_attention_heads;
   full.head_dim = c.head_dim;
+  const LatentAttentionSpec& mla = c.latent_attention;
+  bool latent = false;
+  for (const LayerSpec& layer : c.layers) latent |= layer.attention.latent;
   full.max_feature_dim =
       std::max({c.hidden_size, c.num_attention_heads * c.head_dim, c.intermediate_size,
-                c.moe_intermediate_size, c.widest_dense_mlp()});
+                c.moe_intermediate_size, c.widest_dense_mlp(), mla.q_lora_rank, mla.cache_row(),
+                c.num_attention_heads * mla.v_head_dim});
   // What the description needs of the backend and the MoE kernels, refused before anything is
   // allocated with a message naming the missing piece.
   bool gated_shared = false;
@@ -118,8 +123,15 @@ Status Decoder::allocate(const ModelConfig& c, int64_t num_blocks, const backend
   // Zero-filled now, so the whole cache is resident from the start: memory use does not creep
   // up later as the prefix cache reaches blocks never touched before.
   for (int64_t layer = 0; layer < c.num_hidden_layers; ++layer) {
+    // A latent-attention layer caches one row of latent + k_pe per token (k_cache_; its v_cache_
+    // is a placeholder).
+    const bool latent_layer = c.layers[static_cast<size_t>(layer)].attention.latent;
     for (auto* cache : {&k_cache_, &v_cache_}) {
-      cache->push_back(backend_.alloc(kv_dtype, {slots, c.num_key_value_heads, c.head_dim}));
+      if (latent_layer)
+        cache->push_back(cache == &k_cache_ ? backend_.alloc(DType::kF32, {slots, 1, mla.cache_row()})
+                                            : backend_.alloc(DType::kF32, {1, 1, 1}));
+      else
+        cache->push_back(backend_.alloc(kv_dtype, {slots, c.num_key_value_heads, c.head_dim}));
       if (!cache->back().data) return Status::error(ErrorCode::kResourceExhausted, "out of memory for the KV cache");
       Tensor as_i32 = cache->back();
       as_i32.dtype = DType::kI32;
@@ -151,7 +163,11 @@ Status Decoder::allocate(const ModelConfig& c, int64_t num_blocks, const backend
   ws->q = backend_.alloc(DType::kF32, {T, heads, c.head_dim});
   ws->k = backend_.alloc(DType::kF32, {T, kv_heads, c.head_dim});
   ws->v = backend_.alloc(DType::kF32, {T, kv_heads, c.head_dim});
-  ws->attn = backend_.alloc(DType::kF32, {T, heads * c.head_dim});
+  ws->attn = backend_.alloc(DType::kF32, {T, heads * std::max(c.head_dim, mla.v_head_dim)});
+  if (latent) {
+    if (mla.q_lora_rank > 0) ws->q_latent = backend_.alloc(DType::kF32, {T, mla.q_lora_rank});
+    ws->kv_latent = backend_.alloc(DType::kF32, {T, mla.cache_row()});
+  }
   if (const int64_t widest = c.widest_dense_mlp(); widest > 0) {
     ws->gate = backend_.alloc(DType::kF32, {T, widest});
     ws->up = backend_.alloc(DType::kF32, {T, widest});
@@ -278,10 +294,11 @@ Status Decoder::forward(const Model& model, const StepInputs& in, StepOutputs& o
     Tensor block_out = ws.block_out.slice_rows(0, T), ffn_out = ws.ffn_out.slice_rows(0, T);
     Tensor q = ws.q.slice_rows(0, T), k = ws.k.slice_rows(0, T), vv = ws.v.slice_rows(0, T);
     Tensor attn = ws.attn.slice_rows(0, T);
-    const backend::RopeSpec rope{c.rope_theta, head_dim,
+    const backend::RopeSpec rope{c.rope_theta, c.rope_dim(),
                                  ws.rope.inv_freq.empty() ? nullptr : ws.rope.inv_freq.data(),
                                  ws.rope.attention_factor};
-    const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+    const float scale = c.attention_scale > 0.0 ? static_cast<float>(c.attention_scale)
+                                                : 1.0f / std::sqrt(static_cast<float>(head_dim));
     (void)hidden, (void)heads, (void)kv_heads;
 
     backend_.embedding(wt.embed_tokens, v.ids, x);
@@ -296,6 +313,31 @@ Status Decoder::forward(const Model& model, const StepInputs& in, StepOutputs& o
       // Attention block: q, k, v of input_norm(x + pending).
       const LayerSpec& spec = c.layers[static_cast<size_t>(layer)];
       const AttentionSpec& attention = spec.attention;
+      if (attention.latent) {
+        // Multi-head latent attention: q (through the low-rank path where there is one) and the
+        // compressed kv row of input_norm(x + pending); the backend op does the rest.
+        if (pending) backend_.add_rms_norm(x, *pending, lw.input_norm, c.rms_norm_eps, normed);
+        else backend_.rms_norm(x, lw.input_norm, c.rms_norm_eps, normed);
+        pending = nullptr;
+        const LatentAttentionSpec& mla = c.latent_attention;
+        Tensor q_rows = q.reshaped({T, heads * head_dim});
+        if (a.q_a_proj.data) {
+          Tensor q_latent = ws.q_latent.slice_rows(0, T);
+          backend_.matmul(normed, a.q_a_proj, nullptr, q_latent);
+          backend_.rms_norm(q_latent, a.q_a_norm, c.rms_norm_eps, q_latent);
+          backend_.matmul(q_latent, a.q_proj, nullptr, q_rows);
+        } else {
+          backend_.matmul(normed, a.q_proj, nullptr, q_rows);
+        }
+        Tensor kv_latent = ws.kv_latent.slice_rows(0, T);
+        backend_.matmul(normed, a.kv_a_proj, nullptr, kv_latent);
+        const backend::Backend::LatentShape shape{mla.kv_lora_rank, mla.qk_nope_head_dim,
+                                                  mla.qk_rope_head_dim, mla.v_head_dim, mla.interleave};
+        Tensor latent_out(attn.data, DType::kF32, {T, heads * mla.v_head_dim}, attn.device);
+        backend_.latent_attention(q, kv_latent, a.kv_a_norm, c.rms_norm_eps, a.kv_b_proj, shape, batch, rope,
+                                  k_cache_[layer], scale, latent_out);
+        backend_.matmul(latent_out, a.o_proj, nullptr, block_out);
+      } else {
       const std::vector<backend::Backend::MatmulPart> qkv = {
           {&a.q_proj, a.q_bias.data ? &a.q_bias : nullptr, &q},
           {&a.k_proj, a.k_bias.data ? &a.k_bias : nullptr, &k},
@@ -325,6 +367,7 @@ Status Decoder::forward(const Model& model, const StepInputs& in, StepOutputs& o
         backend_.attention(q, k_cache_[layer], v_cache_[layer], batch, scale, attn);
       }
       backend_.matmul(attn, a.o_proj, a.o_bias.data ? &a.o_bias : nullptr, block_out);
+      }
       // Feed-forward block on post_attention_norm(x + pending + block_out): dense MLP or MoE.
       moe::MoeForwardArgs args;
       // (A shared expert reads the normed input and adds into the output: not fused.)

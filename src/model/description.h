@@ -11,12 +11,27 @@ namespace sy::model {
 // projection before the heads are split (OLMoE: q_norm [heads * head_dim]).
 enum class QkNorm { kNone, kPerHead, kWholeProjection };
 
+// Multi-head latent attention (DeepSeek-V3): q from a low-rank path (q_a_proj -> RMSNorm ->
+// q_b_proj) or q_proj; k and v from one compressed latent per token (kv_a_proj_with_mqa ->
+// [kv_lora_rank | qk_rope_head_dim], the latent RMSNormed) expanded per head by kv_b_proj. RoPE
+// on the last qk_rope_head_dim dims of q and on the shared k_pe only; `interleave` rotates the
+// pairs (2i, 2i+1) (transformers' rope_interleave: de-interleave, then rotate-half), otherwise
+// (i, i + d/2). The KV cache stores the normed latent and the roped k_pe per token.
+struct LatentAttentionSpec {
+  int64_t q_lora_rank = 0;  // 0: q_proj straight from the hidden state
+  int64_t kv_lora_rank = 0;
+  int64_t qk_nope_head_dim = 0, qk_rope_head_dim = 0, v_head_dim = 0;
+  bool interleave = true;
+  int64_t cache_row() const { return kv_lora_rank + qk_rope_head_dim; }
+};
+
 struct AttentionSpec {
   bool qkv_bias = false;  // q/k/v projections have biases (an o_proj bias is loaded where present)
   QkNorm qk_norm = QkNorm::kNone;
   int64_t sliding_window = 0;  // 0: full causal attention; W: positions p with pos - p < W
   bool sinks =
       false;  // a learned per-head logit in the softmax denominator (gpt-oss: self_attn.sinks)
+  bool latent = false;  // multi-head latent attention (ModelConfig::latent_attention)
 };
 
 // RoPE's frequencies: plain (theta^(-2i/d)) or YaRN (rope_scaling / rope_parameters of type

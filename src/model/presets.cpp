@@ -229,6 +229,64 @@ json tiny_gpt_oss() {
               {"vocab_size", 151936}};
 }
 
+json tiny_deepseek_v3() {
+  // The published DeepSeek-V3 config.json spellings, shrunk: hidden 72, 3 heads, q through a
+  // rank-40 path, kv latent of rank 24 (the ranks differ so a swapped q/kv tensor fails the
+  // shape checks), q/k heads of 12 nope + 10 rope dims, v heads of 14 (no two alike, none a
+  // multiple of 16); layer 0 dense (first_k_dense_replace), layers 1-3 MoE with 12 experts in 4
+  // groups, 2 groups kept, top-3, 2 shared experts; YaRN over an original context of 32 with
+  // mscale != mscale_all_dim, so both the cos/sin factor and the softmax scale's correction
+  // matter.
+  return json{{"architectures", {"DeepseekV3ForCausalLM"}},
+              {"attention_bias", false},
+              {"attention_dropout", 0.0},
+              {"bos_token_id", 151643},
+              {"eos_token_id", 151645},
+              {"first_k_dense_replace", 1},
+              {"hidden_act", "silu"},
+              {"hidden_size", 72},
+              {"initializer_range", 0.02},
+              {"intermediate_size", 88},
+              {"kv_lora_rank", 24},
+              {"max_position_embeddings", 128},
+              {"model_type", "deepseek_v3"},
+              {"moe_intermediate_size", 20},
+              {"moe_layer_freq", 1},
+              {"n_group", 4},
+              {"n_routed_experts", 12},
+              {"n_shared_experts", 2},
+              {"norm_topk_prob", true},
+              {"num_attention_heads", 3},
+              {"num_experts_per_tok", 3},
+              {"num_hidden_layers", 4},
+              {"num_key_value_heads", 3},
+              {"num_nextn_predict_layers", 0},
+              {"q_lora_rank", 40},
+              {"qk_nope_head_dim", 12},
+              {"qk_rope_head_dim", 10},
+              {"rms_norm_eps", 1e-06},
+              {"rope_interleave", true},
+              {"rope_scaling",
+               {{"beta_fast", 32.0},
+                {"beta_slow", 1.0},
+                {"factor", 4.0},
+                {"mscale", 1.0},
+                {"mscale_all_dim", 0.8},
+                {"original_max_position_embeddings", 32},
+                {"rope_type", "yarn"}}},
+              {"rope_theta", 10000.0},
+              {"routed_scaling_factor", 2.5},
+              {"scoring_func", "sigmoid"},
+              {"tie_word_embeddings", false},
+              {"topk_group", 2},
+              {"topk_method", "noaux_tc"},
+              {"torch_dtype", "bfloat16"},
+              {"transformers_version", "4.57.0"},
+              {"use_cache", true},
+              {"v_head_dim", 14},
+              {"vocab_size", 151936}};
+}
+
 // Deterministic per-tensor random numbers: xoshiro-style generator seeded from (seed, name).
 struct Rng {
   uint64_t state;
@@ -249,6 +307,8 @@ struct Rng {
 float init_std(const std::string& name, const ModelConfig& config) {
   if (is_router_weight(name))
     return 3.0f / std::sqrt(static_cast<float>(config.hidden_size));  // decisive routing
+  // DeepSeek-V3's correction bias, large enough beside the sigmoid scores to change selections.
+  if (name.ends_with("e_score_correction_bias")) return 0.3f;
   return 0.02f;
 }
 
@@ -264,16 +324,19 @@ Result<json> preset_config(const std::string& arch, const std::string& preset, i
     else
       return Status::errorf(
           "--preset '{}' is unknown for qwen3_moe (supported: tiny, qwen3-30b-a3b)", preset);
-  } else if (arch == "mixtral" || arch == "olmoe" || arch == "qwen2_moe" || arch == "gpt_oss") {
+  } else if (arch == "mixtral" || arch == "olmoe" || arch == "qwen2_moe" || arch == "gpt_oss" ||
+             arch == "deepseek_v3") {
     if (preset != "tiny")
       return Status::errorf("--preset '{}' is unknown for {} (supported: tiny)", preset, arch);
     config = arch == "mixtral"     ? tiny_mixtral()
              : arch == "olmoe"     ? tiny_olmoe()
              : arch == "qwen2_moe" ? tiny_qwen2_moe()
-                                   : tiny_gpt_oss();
+             : arch == "gpt_oss"   ? tiny_gpt_oss()
+                                   : tiny_deepseek_v3();
   } else {
     return Status::errorf(
-        "--arch '{}' is not supported (supported: qwen3_moe, mixtral, olmoe, qwen2_moe, gpt_oss)",
+        "--arch '{}' is not supported (supported: qwen3_moe, mixtral, olmoe, qwen2_moe, gpt_oss, "
+        "deepseek_v3)",
         arch);
   }
   if (layers > 0) {

@@ -5,11 +5,12 @@
 namespace sy::model {
 
 Status check_backend_features(const ModelConfig& c, const backend::Backend& backend) {
-  bool windowed = false, gated_shared = false, sinks = false;
+  bool windowed = false, gated_shared = false, sinks = false, latent = false;
   for (const LayerSpec& layer : c.layers) {
     windowed |= layer.attention.sliding_window > 0;
     gated_shared |= layer.shared_expert_gate;
     sinks |= layer.attention.sinks;
+    latent |= layer.attention.latent;
   }
   const bool mxfp4 = c.experts.format == moe::ExpertFormat::kMxfp4Interleaved;
   const bool yarn = c.rope_scaling.kind == RopeKind::kYarn;
@@ -18,7 +19,8 @@ Status check_backend_features(const ModelConfig& c, const backend::Backend& back
                                  std::pair{gated_shared, backend::BackendFeature::kSigmoidGatedAdd},
                                  std::pair{sinks, backend::BackendFeature::kAttentionSinks},
                                  std::pair{yarn, backend::BackendFeature::kScaledRope},
-                                 std::pair{mxfp4, backend::BackendFeature::kMxfp4Weights}})
+                                 std::pair{mxfp4, backend::BackendFeature::kMxfp4Weights},
+                                 std::pair{latent, backend::BackendFeature::kLatentAttention}})
     if (needed && !backend.supports(feature))
       missing +=
           fmt::format("{}{}", missing.empty() ? "" : ", ", backend::backend_feature_name(feature));

@@ -21,7 +21,7 @@ RopeTable rope_table(const ModelConfig& c) {
   RopeTable table;
   const RopeScaling& y = c.rope_scaling;
   if (y.kind != RopeKind::kYarn) return table;
-  const int64_t dim = c.head_dim, half = dim / 2;
+  const int64_t dim = c.rope_dim(), half = dim / 2;
   const double base = c.rope_theta;
   table.attention_factor = static_cast<float>(y.attention_factor > 0.0 ? y.attention_factor
                                               : (y.mscale != 0.0 && y.mscale_all_dim != 0.0)

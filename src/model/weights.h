@@ -19,6 +19,11 @@ struct AttentionWeights {
   Tensor q_bias, k_bias, v_bias, o_bias;  // undefined unless the layer has them
   Tensor q_norm, k_norm;  // [head_dim] or [heads * head_dim]; undefined unless qk_norm
   Tensor sinks;           // [heads]; undefined unless the layer has attention sinks
+  // Multi-head latent attention (q_proj is q_b_proj when q_a_proj is defined).
+  Tensor q_a_proj, q_a_norm;  // [q_lora_rank, hidden], [q_lora_rank]; undefined without q_lora
+  Tensor kv_a_proj;           // [kv_lora_rank + qk_rope_head_dim, hidden]
+  Tensor kv_a_norm;           // [kv_lora_rank]
+  Tensor kv_b_proj;           // [heads * (qk_nope_head_dim + v_head_dim), kv_lora_rank]
 };
 
 struct DenseMlpWeights {

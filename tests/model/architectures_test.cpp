@@ -192,6 +192,69 @@ TEST(Architectures, Qwen3MoeDescriptionIsUnchanged) {
   EXPECT_FALSE(c.router.uses_extended_options());
 }
 
+TEST(Architectures, DeepseekV3Description) {
+  const ModelConfig c = parsed(tiny("deepseek_v3"));
+  EXPECT_EQ(c.model_type, "deepseek_v3");
+  ASSERT_EQ(c.layers.size(), 4u);
+  EXPECT_EQ(c.layers[0].mlp, MlpKind::kDense) << "first_k_dense_replace 1";
+  for (int layer = 1; layer < 4; ++layer) {
+    EXPECT_EQ(c.layers[static_cast<size_t>(layer)].mlp, MlpKind::kMoe);
+    EXPECT_TRUE(c.layers[static_cast<size_t>(layer)].shared_expert);
+    EXPECT_FALSE(c.layers[static_cast<size_t>(layer)].shared_expert_gate);
+  }
+  for (const LayerSpec& layer : c.layers) EXPECT_TRUE(layer.attention.latent);
+  EXPECT_EQ(c.head_dim, 22) << "nope 12 + rope 10";
+  EXPECT_EQ(c.num_key_value_heads, c.num_attention_heads);
+  EXPECT_EQ(c.rope_dim(), 10);
+  EXPECT_EQ(c.latent_attention.q_lora_rank, 40);
+  EXPECT_EQ(c.latent_attention.cache_row(), 34);
+  EXPECT_TRUE(c.latent_attention.interleave);
+  EXPECT_EQ(c.shared_expert_intermediate_size, 40) << "2 shared experts of 20";
+  EXPECT_EQ(c.kv_cache_values_per_token(), 4 * 34) << "latent + k_pe per layer, not K/V";
+  // Softmax scale: 1/sqrt(22) times yarn_mscale(4, 0.8)^2 = (0.1 * 0.8 * ln 4 + 1)^2.
+  const double m = 0.1 * 0.8 * std::log(4.0) + 1.0;
+  EXPECT_NEAR(c.attention_scale, m * m / std::sqrt(22.0), 1e-12);
+  EXPECT_EQ(c.router.scoring, moe::RouterScoring::kSigmoid);
+  EXPECT_TRUE(c.router.has_selection_bias);
+  EXPECT_EQ(c.router.num_groups, 4);
+  EXPECT_EQ(c.router.topk_groups, 2);
+  EXPECT_EQ(c.router.group_scoring, moe::GroupScoring::kTopTwoSum);
+  EXPECT_TRUE(c.router.renormalize);
+  EXPECT_FLOAT_EQ(c.router.routed_scaling_factor, 2.5f);
+
+  json variant = tiny("deepseek_v3");
+  variant["q_lora_rank"] = nullptr;  // Moonlight / DeepSeek-V2-Lite: q_proj straight
+  variant["moe_layer_freq"] = 2;
+  variant["rope_scaling"] = nullptr;
+  variant["model_type"] = "kimi_k2";
+  const ModelConfig v = parsed(variant);
+  EXPECT_EQ(v.model_type, "kimi_k2");
+  EXPECT_EQ(v.latent_attention.q_lora_rank, 0);
+  EXPECT_EQ(v.moe_layers(), (std::vector<int>{2})) << "layer >= 1 and layer % 2 == 0";
+  EXPECT_NEAR(v.attention_scale, 1.0 / std::sqrt(22.0), 1e-12);
+  bool q_proj = false;
+  for (const TensorSpec& t : preset_tensors(variant)) {
+    q_proj |= t.name == "model.layers.0.self_attn.q_proj.weight";
+    EXPECT_EQ(t.name.find("q_a_proj"), std::string::npos) << t.name;
+  }
+  EXPECT_TRUE(q_proj);
+  bool bias = false, kv_b = false;
+  for (const TensorSpec& t : preset_tensors(tiny("deepseek_v3"))) {
+    bias |= t.name == "model.layers.1.mlp.gate.e_score_correction_bias";
+    if (t.name == "model.layers.0.self_attn.kv_b_proj.weight") {
+      kv_b = true;
+      EXPECT_EQ(t.shape, (std::vector<int64_t>{3 * (12 + 14), 24}));
+    }
+  }
+  EXPECT_TRUE(bias && kv_b);
+
+  json fp8 = tiny("deepseek_v3");
+  fp8["quantization_config"] = {{"quant_method", "fp8"}, {"weight_block_size", {128, 128}}};
+  auto refused = parse_model_config(fp8);
+  ASSERT_FALSE(refused.is_ok());
+  EXPECT_NE(refused.message().find("fp8"), std::string::npos) << refused.message();
+}
+
 // A family's tiny checkpoint written by make-model's writer, on the CPU backend.
 class FamilyModel : public ::testing::TestWithParam<const char*> {
  protected:
@@ -203,6 +266,8 @@ class FamilyModel : public ::testing::TestWithParam<const char*> {
     ASSERT_TRUE(written.is_ok()) << written.message();
   }
   void TearDown() override { std::filesystem::remove_all(dir_); }
+  // cpu-fused runs every family's router but DeepSeek-V3's (selection bias, groups).
+  static bool fused_runs_family() { return std::string(GetParam()) != "deepseek_v3"; }
 
   struct Run {
     std::unique_ptr<backend::Backend> backend = backend::make_cpu_backend({2});
@@ -297,6 +362,7 @@ TEST_P(FamilyModel, RunsAndPrefillEqualsDecodeBitForBit) {
 // other forced ids come back as given (poison-checked by finish_step) and change the logits.
 TEST_P(FamilyModel, ReplayReproducesCaptureAndHonoursForcedIds) {
   for (const char* kernel : {"cpu-modular", "cpu-fused"}) {
+    if (!fused_runs_family() && std::string(kernel) == "cpu-fused") continue;  // refuses it
     auto run = start(dir_.string(), kernel);
     ASSERT_TRUE(run);
     const ModelConfig& c = run->model->config();
@@ -349,6 +415,20 @@ TEST_P(FamilyModel, ReplayReproducesCaptureAndHonoursForcedIds) {
 }
 
 TEST_P(FamilyModel, ModularAndFusedKernelsAgree) {
+  if (!fused_runs_family()) {
+    // DeepSeek-V3's correction bias and groups: cpu-fused refuses the router at allocation.
+    auto run = std::make_unique<Run>();
+    run->backend->register_kernels(run->registry);
+    auto loaded = Model::load(dir_.string(), *run->backend);
+    ASSERT_TRUE(loaded.is_ok()) << loaded.message();
+    auto fused = run->registry.select("cpu-fused", {Device::kCpu, true, true});
+    ASSERT_TRUE(fused.is_ok());
+    Decoder decoder(*run->backend, KernelChoice{*fused, nullptr, 0}, 16);
+    Status allocated = decoder.allocate((*loaded)->config(), 16, {128, 1, 16, 128});
+    ASSERT_FALSE(allocated.is_ok());
+    EXPECT_NE(allocated.message().find("cpu-fused"), std::string::npos) << allocated.message();
+    return;
+  }
   auto modular = start(dir_.string(), "cpu-modular"), fused = start(dir_.string(), "cpu-fused");
   ASSERT_TRUE(modular && fused);
   std::vector<float> a, b;
@@ -387,9 +467,12 @@ TEST_P(FamilyModel, SlidingWindowHidesTokensOutsideIt) {
 TEST_P(FamilyModel, MissingAndMisshapenTensorsAreNamed) {
   json config = tiny(GetParam());
   const bool gpt_oss = std::string(GetParam()) == "gpt_oss";
-  const std::string experts_key =
-      config.contains("num_local_experts") ? "num_local_experts" : "num_experts";
-  config[experts_key] = config[experts_key].get<int>() + 1;
+  const std::string experts_key = config.contains("num_local_experts")  ? "num_local_experts"
+                                  : config.contains("n_routed_experts") ? "n_routed_experts"
+                                                                        : "num_experts";
+  // One more expert (one more group of them where the router groups experts).
+  config[experts_key] =
+      config[experts_key].get<int>() + (config.contains("n_group") ? config["n_group"].get<int>() : 1);
   std::ofstream(dir_ / "config.json") << config.dump();
   auto backend = backend::make_cpu_backend({1});
   auto missing = Model::load(dir_.string(), *backend);
@@ -427,7 +510,7 @@ TEST_P(FamilyModel, RandomWeightsBuildTheSameTensors) {
 
 INSTANTIATE_TEST_SUITE_P(Families, FamilyModel,
                          ::testing::Values("qwen3_moe", "mixtral", "olmoe", "qwen2_moe",
-                                           "gpt_oss"));
+                                           "gpt_oss", "deepseek_v3"));
 
 // A tensor of the wrong dtype is refused naming file and tensor: MXFP4 blocks must be U8, and a
 // U8 tensor where a float one belongs is no weight either.
@@ -636,6 +719,27 @@ TEST(Architectures, ABackendWithoutGptOssFeaturesRefusesItBeforeLoadingNamingThe
   auto random = Model::random((dir / "config.json").string(), backend, 1);
   ASSERT_FALSE(random.is_ok());
   EXPECT_EQ(random.status().code(), ErrorCode::kUnsupported);
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace sy::model
+
+namespace sy::model {
+namespace {
+
+TEST(Architectures, ABackendWithoutLatentAttentionRefusesDeepseekV3BeforeLoading) {
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("sy_dsv3_refuse_" + std::to_string(::getpid()));
+  ASSERT_TRUE(
+      write_random_checkpoint(tiny("deepseek_v3"), json::object(), dir.string(), 1, false).is_ok());
+  FeaturelessBackend backend;
+  auto refused = Model::load(dir.string(), backend);
+  ASSERT_FALSE(refused.is_ok());
+  EXPECT_EQ(refused.status().code(), ErrorCode::kUnsupported);
+  for (const char* named : {"featureless", "deepseek_v3", "multi-head latent attention", "YaRN"})
+    EXPECT_NE(refused.message().find(named), std::string::npos)
+        << named << ": " << refused.message();
   std::filesystem::remove_all(dir);
 }
 

@@ -248,6 +248,105 @@ void CpuBackend::attention(const Tensor& q, const Tensor& k_cache, const Tensor&
   });
 }
 
+void CpuBackend::latent_attention(Tensor& q, Tensor& kv_latent, const Tensor& kv_norm, float eps,
+                                  const Tensor& kv_b_proj, const LatentShape& shape,
+                                  const AttentionBatch& batch, const RopeSpec& rope_spec,
+                                  Tensor& cache, float scale, Tensor& out) {
+  const int64_t tokens = q.dim(0), heads = q.dim(1);
+  const int64_t lora = shape.kv_lora_rank, nope = shape.nope, rope = shape.rope,
+                v_dim = shape.v_dim, half = rope / 2;
+  const int64_t q_row = nope + rope, cache_row = lora + rope, b_rows = nope + v_dim;
+  const int32_t* positions = batch.positions.ptr<int32_t>();
+  const int32_t* slots = batch.slot_mapping.ptr<int32_t>();
+  std::vector<float> inv_freq(static_cast<size_t>(half));
+  for (int64_t i = 0; i < half; ++i)
+    inv_freq[i] = rope_spec.inv_freq ? rope_spec.inv_freq[i]
+                                     : static_cast<float>(1.0 / std::pow(rope_spec.theta,
+                                                                         static_cast<double>(2 * i) /
+                                                                             static_cast<double>(rope)));
+  // Rotates `rope` values in place at `position`: pair i is (2i, 2i+1) interleaved (transformers
+  // de-interleaves, then rotates halves: the same pairs, a permuted output order that every dot
+  // product ignores), else (i, i + half).
+  auto rotate = [&](float* v, float position) {
+    for (int64_t i = 0; i < half; ++i) {
+      const float angle = position * inv_freq[i];
+      const float c = std::cos(angle) * rope_spec.attention_factor,
+                  s = std::sin(angle) * rope_spec.attention_factor;
+      const int64_t ia = shape.interleave ? 2 * i : i, ib = shape.interleave ? 2 * i + 1 : i + half;
+      const float a = v[ia], b = v[ib];
+      v[ia] = a * c - b * s;
+      v[ib] = b * c + a * s;
+    }
+  };
+  // Latent RMSNorm, RoPE of k_pe and q's rope part, the latent row into the cache.
+  for (int64_t t = 0; t < tokens; ++t) {
+    float* row = kv_latent.ptr<float>() + t * cache_row;
+    float sum_squares = 0.0f;
+    for (int64_t i = 0; i < lora; ++i) sum_squares += row[i] * row[i];
+    const float norm = 1.0f / std::sqrt(sum_squares / static_cast<float>(lora) + eps);
+    for (int64_t i = 0; i < lora; ++i) {
+      const float w = kv_norm.dtype == DType::kBF16 ? bf16_to_f32(kv_norm.ptr<uint16_t>()[i])
+                                                    : kv_norm.ptr<float>()[i];
+      row[i] = w * (row[i] * norm);
+    }
+    const float position = static_cast<float>(positions[t]);
+    rotate(row + lora, position);
+    for (int64_t h = 0; h < heads; ++h) rotate(q.ptr<float>() + (t * heads + h) * q_row + nope, position);
+    if (slots[t] >= 0) std::memcpy(cache.ptr<float>() + slots[t] * cache_row, row, cache_row * sizeof(float));
+  }
+  // kv_b_proj in f32 (bf16 weights are widened once per call).
+  std::vector<float> kv_b(static_cast<size_t>(kv_b_proj.numel()));
+  for (int64_t i = 0; i < kv_b_proj.numel(); ++i)
+    kv_b[i] = kv_b_proj.dtype == DType::kBF16 ? bf16_to_f32(kv_b_proj.ptr<uint16_t>()[i]) : kv_b_proj.ptr<float>()[i];
+  const int64_t max_blocks = batch.block_tables.dim(1);
+  const int32_t* token_seq = batch.token_seq.ptr<int32_t>();
+  const int32_t* tables = batch.block_tables.ptr<int32_t>();
+  const int block_size = batch.block_size;
+  // Attention in the latent space (the up-projections absorbed): score = (W_k^T q_nope) . latent
+  // + q_pe . k_pe, the output W_v (sum of weights x latent). Floor: 2 * context * (lora + rope)
+  // FLOPs per head and token, plus 2 * lora * (nope + v_dim) for the two absorptions.
+  pool_.parallel_for(tokens * heads, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores, q_latent(static_cast<size_t>(lora)), o_latent(static_cast<size_t>(lora));
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t t = task / heads, h = task % heads;
+      const int64_t context = positions[t] + 1;
+      const int32_t* table = tables + token_seq[t] * max_blocks;
+      const float* qv = q.ptr<float>() + (t * heads + h) * q_row;
+      const float* w_k = kv_b.data() + h * b_rows * lora;
+      const float* w_v = w_k + nope * lora;
+      std::fill(q_latent.begin(), q_latent.end(), 0.0f);
+      for (int64_t j = 0; j < nope; ++j)
+        for (int64_t l = 0; l < lora; ++l) q_latent[l] += qv[j] * w_k[j * lora + l];
+      scores.resize(static_cast<size_t>(context));
+      float max_score = -INFINITY;
+      for (int64_t p = 0; p < context; ++p) {
+        const int64_t slot = static_cast<int64_t>(table[p / block_size]) * block_size + p % block_size;
+        const float* kv = cache.ptr<float>() + slot * cache_row;
+        float dot = 0.0f;
+        for (int64_t l = 0; l < lora; ++l) dot += q_latent[l] * kv[l];
+        for (int64_t i = 0; i < rope; ++i) dot += qv[nope + i] * kv[lora + i];
+        scores[p] = dot * scale;
+        max_score = std::max(max_score, scores[p]);
+      }
+      float sum = 0.0f;
+      for (int64_t p = 0; p < context; ++p) sum += scores[p] = std::exp(scores[p] - max_score);
+      std::fill(o_latent.begin(), o_latent.end(), 0.0f);
+      for (int64_t p = 0; p < context; ++p) {
+        const int64_t slot = static_cast<int64_t>(table[p / block_size]) * block_size + p % block_size;
+        const float* kv = cache.ptr<float>() + slot * cache_row;
+        const float weight = scores[p] / sum;
+        for (int64_t l = 0; l < lora; ++l) o_latent[l] += weight * kv[l];
+      }
+      float* dst = out.ptr<float>() + (t * heads + h) * v_dim;
+      for (int64_t i = 0; i < v_dim; ++i) {
+        float value = 0.0f;
+        for (int64_t l = 0; l < lora; ++l) value += w_v[i * lora + l] * o_latent[l];
+        dst[i] = value;
+      }
+    }
+  });
+}
+
 void CpuBackend::add_sigmoid_gated(Tensor& out, const Tensor& y, const Tensor& gate_logit) {
   const int64_t rows = out.dim(0), width = out.numel() / rows;
   for (int64_t r = 0; r < rows; ++r) {

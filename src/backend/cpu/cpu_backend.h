@@ -39,6 +39,10 @@ class CpuBackend final : public Backend {
                 const AttentionBatch& batch) override;
   void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                  const AttentionBatch& batch, float scale, Tensor& out) override;
+  void latent_attention(Tensor& q, Tensor& kv_latent, const Tensor& kv_norm, float eps,
+                        const Tensor& kv_b_proj, const LatentShape& shape,
+                        const AttentionBatch& batch, const RopeSpec& rope, Tensor& cache,
+                        float scale, Tensor& out) override;
   void gather_rows(const Tensor& x, const Tensor& rows, Tensor& out) override;
   void sample(const Tensor& logits, const std::vector<SamplingRow>& rows,
               std::vector<SampledToken>& out) override;
