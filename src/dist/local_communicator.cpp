@@ -10,17 +10,22 @@ namespace sy::dist {
 int64_t collective_bytes(DType dtype, int64_t count) {
   switch (dtype) {
     case DType::kF32:
-    case DType::kI32: return 4 * count;
-    case DType::kBF16: return 2 * count;
-    case DType::kU8: return count;
-    default: return 0;
+    case DType::kI32:
+      return 4 * count;
+    case DType::kBF16:
+      return 2 * count;
+    case DType::kU8:
+      return count;
+    default:
+      return 0;
   }
 }
 
 namespace {
 
 // dst[i] = sum over parts, in part order (f32 accumulation; bf16 rounded once at the end).
-void sum_parts(const std::vector<const void*>& parts, int64_t offset, int64_t count, DType dtype, void* dst) {
+void sum_parts(const std::vector<const void*>& parts, int64_t offset, int64_t count, DType dtype,
+               void* dst) {
   if (dtype == DType::kF32) {
     float* out = static_cast<float*>(dst);
     for (int64_t i = 0; i < count; ++i) {
@@ -93,14 +98,16 @@ class LocalCommunicator final : public Communicator {
       if (static_cast<int>(sent->size()) != n || static_cast<int>(recv_counts.size()) != n)
         status = Status::errorf("all_to_all: {} counts for a group of {}", sent->size(), n);
       else if ((*sent)[rank_] != recv_counts[s])
-        status = Status::errorf("all_to_all: rank {} sends {} elements to rank {}, which expects {}", s,
-                                (*sent)[rank_], rank_, recv_counts[s]);
+        status =
+            Status::errorf("all_to_all: rank {} sends {} elements to rank {}, which expects {}", s,
+                           (*sent)[rank_], rank_, recv_counts[s]);
     }
     // Every rank learns whether any rank found a mismatch before anyone copies.
     group_.flags_[rank_] = !status.is_ok();
     group_.barrier_.arrive_and_wait();
     for (int r = 0; r < n; ++r)
-      if (group_.flags_[r] && status.is_ok()) status = Status::errorf("all_to_all: counts disagree (seen by rank {})", r);
+      if (group_.flags_[r] && status.is_ok())
+        status = Status::errorf("all_to_all: counts disagree (seen by rank {})", r);
     if (status.is_ok()) {
       uint8_t* dst = static_cast<uint8_t*>(out);
       for (int s = 0; s < n; ++s) {
@@ -108,7 +115,8 @@ class LocalCommunicator final : public Communicator {
         int64_t offset = 0;
         for (int d = 0; d < rank_; ++d) offset += (*from.send_counts)[d];
         const int64_t bytes = collective_bytes(dtype, recv_counts[s]);
-        std::memcpy(dst, static_cast<const uint8_t*>(from.in) + collective_bytes(dtype, offset), bytes);
+        std::memcpy(dst, static_cast<const uint8_t*>(from.in) + collective_bytes(dtype, offset),
+                    bytes);
         dst += bytes;
       }
     }
@@ -146,13 +154,15 @@ class LocalCommunicator final : public Communicator {
   // The same verdict on every rank: every rank compares every slot with rank 0's.
   Status agree(const char* op, bool sum) const {
     const LocalGroup::Slot& first = group_.slots_[0];
-    if (collective_bytes(first.dtype, 1) == 0 || (sum && first.dtype != DType::kF32 && first.dtype != DType::kBF16))
+    if (collective_bytes(first.dtype, 1) == 0 ||
+        (sum && first.dtype != DType::kF32 && first.dtype != DType::kBF16))
       return Status::errorf("{}: dtype {} is not supported", op, dtype_name(first.dtype));
     for (int r = 1; r < size(); ++r) {
       const LocalGroup::Slot& s = group_.slots_[r];
       if (s.count != first.count || s.dtype != first.dtype || s.root != first.root)
-        return Status::errorf("{}: rank {} passed {} x {} (root {}), rank 0 {} x {} (root {})", op, r, s.count,
-                              dtype_name(s.dtype), s.root, first.count, dtype_name(first.dtype), first.root);
+        return Status::errorf("{}: rank {} passed {} x {} (root {}), rank 0 {} x {} (root {})", op,
+                              r, s.count, dtype_name(s.dtype), s.root, first.count,
+                              dtype_name(first.dtype), first.root);
     }
     return Status::ok();
   }

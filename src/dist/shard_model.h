@@ -16,7 +16,8 @@ namespace sy::dist {
 // count). kUnsupported, naming it, for what this sharding does not cover yet (a q/k norm over
 // the whole projection, expert biases or packed expert layouts). `full` must be host-readable
 // (loaded on the CPU backend).
-Result<std::unique_ptr<model::Model>> shard_model(const model::Model& full, const ParallelConfig& parallel,
-                                                  int rank, backend::Backend& backend);
+Result<std::unique_ptr<model::Model>> shard_model(const model::Model& full,
+                                                  const ParallelConfig& parallel, int rank,
+                                                  backend::Backend& backend);
 
 }  // namespace sy::dist

@@ -35,7 +35,8 @@ struct RankShard {
 };
 
 // kInvalidArgument naming the dimension that the group size does not divide.
-Result<RankShard> shard_for_rank(const model::ModelConfig& config, const ParallelConfig& parallel, int rank);
+Result<RankShard> shard_for_rank(const model::ModelConfig& config, const ParallelConfig& parallel,
+                                 int rank);
 
 // The rank that owns logical expert `expert` when `num_experts` are split in contiguous blocks.
 int expert_owner(int64_t expert, int64_t num_experts, int ranks);
@@ -53,7 +54,7 @@ struct ExpertDispatch {
   std::vector<int64_t> send_counts(int source_rank, int64_t token_begin, int64_t token_end) const;
 };
 // ids: [tokens, top_k] logical expert ids (a layer's slice of the route buffer).
-Result<ExpertDispatch> plan_dispatch(const int32_t* ids, int64_t tokens, int64_t top_k, int64_t num_experts,
-                                     int ranks);
+Result<ExpertDispatch> plan_dispatch(const int32_t* ids, int64_t tokens, int64_t top_k,
+                                     int64_t num_experts, int ranks);
 
 }  // namespace sy::dist

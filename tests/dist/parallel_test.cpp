@@ -62,13 +62,15 @@ TEST(LocalGroup, GatherScatterAllToAllBroadcast) {
     int32_t mine[2] = {10 * r, 10 * r + 1};
     std::vector<int32_t> all(6);
     SY_TRY(comm.all_gather(mine, all.data(), 2, DType::kI32));
-    expect(all == std::vector<int32_t>({0, 1, 10, 11, 20, 21}), "all_gather on rank " + std::to_string(r));
+    expect(all == std::vector<int32_t>({0, 1, 10, 11, 20, 21}),
+           "all_gather on rank " + std::to_string(r));
     // reduce_scatter: block b of rank r holds r + b; rank r gets sum over ranks of block r.
     std::vector<float> blocks(6);
     for (int b = 0; b < 3; ++b) blocks[2 * b] = blocks[2 * b + 1] = static_cast<float>(r + b);
     float out[2];
     SY_TRY(comm.reduce_scatter_sum(blocks.data(), out, 2, DType::kF32));
-    expect(out[0] == 3.0f * r + 3.0f && out[1] == out[0], "reduce_scatter on rank " + std::to_string(r));
+    expect(out[0] == 3.0f * r + 3.0f && out[1] == out[0],
+           "reduce_scatter on rank " + std::to_string(r));
     // all_to_all: rank s sends s + d + 1 elements of value 100 s + d to rank d.
     std::vector<int64_t> send(n), recv(n);
     std::vector<int32_t> in;
@@ -77,7 +79,8 @@ TEST(LocalGroup, GatherScatterAllToAllBroadcast) {
       recv[d] = d + r + 1;
       in.insert(in.end(), static_cast<size_t>(send[d]), 100 * r + d);
     }
-    std::vector<int32_t> got(static_cast<size_t>(std::accumulate(recv.begin(), recv.end(), int64_t{0})));
+    std::vector<int32_t> got(
+        static_cast<size_t>(std::accumulate(recv.begin(), recv.end(), int64_t{0})));
     SY_TRY(comm.all_to_all(in.data(), send, got.data(), recv, DType::kI32));
     std::vector<int32_t> want;
     for (int s = 0; s < n; ++s) want.insert(want.end(), static_cast<size_t>(recv[s]), 100 * s + r);
@@ -115,7 +118,8 @@ TEST(RouteAgreement, CatchesAnInjectedDisagreement) {
   LocalGroup group(3);
   const int64_t layers = 2, top_k = 2;
   std::vector<int32_t> routes = {1, 2, 3, 4, 5, 6, 7, 8};  // 2 tokens
-  Status agreed = group.run([&](Communicator& comm) { return check_routes_agree(comm, routes, layers, top_k); });
+  Status agreed = group.run(
+      [&](Communicator& comm) { return check_routes_agree(comm, routes, layers, top_k); });
   EXPECT_TRUE(agreed.is_ok()) << agreed.message();
   Status disagreed = group.run([&](Communicator& comm) {
     std::vector<int32_t> mine = routes;
@@ -124,7 +128,8 @@ TEST(RouteAgreement, CatchesAnInjectedDisagreement) {
   });
   ASSERT_FALSE(disagreed.is_ok());
   EXPECT_EQ(disagreed.code(), ErrorCode::kInternal);
-  EXPECT_NE(disagreed.message().find("token row 1, layer 1, slot 1: rank 2 chose expert 0, rank 0 expert 8"),
+  EXPECT_NE(disagreed.message().find(
+                "token row 1, layer 1, slot 1: rank 2 chose expert 0, rank 0 expert 8"),
             std::string::npos)
       << disagreed.message();
 }
@@ -149,7 +154,8 @@ TEST(Sharding, PlanSplitsHeadsExpertsAndRefusesWhatDoesNotDivide) {
   EXPECT_EQ(ep->moe_columns.count, 16);
   auto bad = shard_for_rank(c, {3, false}, 0);
   ASSERT_FALSE(bad.is_ok());
-  EXPECT_NE(bad.message().find("--tensor-parallel 3 does not divide num_attention_heads (8)"), std::string::npos);
+  EXPECT_NE(bad.message().find("--tensor-parallel 3 does not divide num_attention_heads (8)"),
+            std::string::npos);
 
   const int32_t ids[] = {0, 7, 3, 4, 5, 1};  // 3 tokens, top-2, 8 experts over 2 ranks
   auto plan = plan_dispatch(ids, 3, 2, 8, 2);
@@ -166,16 +172,18 @@ TEST(Sharding, PlanSplitsHeadsExpertsAndRefusesWhatDoesNotDivide) {
 class ParallelModel : public ::testing::TestWithParam<const char*> {
  protected:
   void SetUp() override {
-    dir_ = std::filesystem::temp_directory_path() / ("sy_dist_" + std::string(GetParam()) + "_" + std::to_string(::getpid()));
+    dir_ = std::filesystem::temp_directory_path() /
+           ("sy_dist_" + std::string(GetParam()) + "_" + std::to_string(::getpid()));
     auto config = model::preset_config(GetParam(), "tiny", 0);
     ASSERT_TRUE(config.is_ok()) << config.message();
-    Status written = model::write_random_checkpoint(*config, nlohmann::json::object(), dir_.string(), 11, false);
+    Status written =
+        model::write_random_checkpoint(*config, nlohmann::json::object(), dir_.string(), 11, false);
     ASSERT_TRUE(written.is_ok()) << written.message();
   }
   void TearDown() override { std::filesystem::remove_all(dir_); }
 
   struct Outputs {
-    std::vector<std::vector<float>> logits;   // per step
+    std::vector<std::vector<float>> logits;    // per step
     std::vector<std::vector<int32_t>> routes;  // per step
   };
   // A 37-token prefill, then 5 decode steps, on `parallel.tensor_parallel` ranks (1: no
@@ -194,15 +202,18 @@ class ParallelModel : public ::testing::TestWithParam<const char*> {
         SY_ASSIGN(shard, shard_model(*full, parallel, rank, *backend));
       }
       const model::Model& m = comm ? *shard : *full;
-      SY_ASSIGN(moe::ExpertsKernel * kernel, registry.select("cpu-modular", {Device::kCpu, true, true}));
+      SY_ASSIGN(moe::ExpertsKernel * kernel,
+                registry.select("cpu-modular", {Device::kCpu, true, true}));
       model::Decoder decoder(*backend, model::KernelChoice{kernel, nullptr, 0}, 16);
       SY_TRY(decoder.allocate(m.config(), 8, {64, 1, 8, 64}));
       if (comm)
-        decoder.set_all_reduce([comm](Tensor& t) { return comm->all_reduce_sum(t.data, t.numel(), t.dtype); });
+        decoder.set_all_reduce(
+            [comm](Tensor& t) { return comm->all_reduce_sum(t.data, t.numel(), t.dtype); });
       const int64_t vocab = m.config().vocab_size;
       std::vector<int32_t> tokens;
       for (int i = 0; i < 42; ++i) tokens.push_back(500 + (i * 7919) % 3000);
-      for (auto [from, to] : std::vector<std::pair<int, int>>{{0, 37}, {37, 38}, {38, 39}, {39, 40}, {40, 41}, {41, 42}}) {
+      for (auto [from, to] : std::vector<std::pair<int, int>>{
+               {0, 37}, {37, 38}, {38, 39}, {39, 40}, {40, 41}, {41, 42}}) {
         model::StepInputs in;
         for (int p = from; p < to; ++p) {
           in.token_ids.push_back(tokens[p]);
@@ -219,7 +230,8 @@ class ParallelModel : public ::testing::TestWithParam<const char*> {
         SY_TRY(decoder.forward(m, in, out));
         SY_TRY(decoder.finish_step(m, out));
         if (comm && check_agreement)
-          SY_TRY(check_routes_agree(*comm, out.routes, m.config().num_hidden_layers, m.config().experts_per_token));
+          SY_TRY(check_routes_agree(*comm, out.routes, m.config().num_hidden_layers,
+                                    m.config().experts_per_token));
         std::vector<float> logits(static_cast<size_t>((to - from) * vocab));
         backend->download(out.logits, logits.data());
         per_rank[rank].logits.push_back(std::move(logits));
@@ -242,7 +254,8 @@ class ParallelModel : public ::testing::TestWithParam<const char*> {
     return Status::ok();
   }
 
-  static void expect_same(const Outputs& reference, const Outputs& parallel, const std::string& what) {
+  static void expect_same(const Outputs& reference, const Outputs& parallel,
+                          const std::string& what) {
     ASSERT_EQ(reference.logits.size(), parallel.logits.size());
     double worst = 0.0, largest = 0.0;
     for (size_t s = 0; s < reference.logits.size(); ++s) {
@@ -256,7 +269,7 @@ class ParallelModel : public ::testing::TestWithParam<const char*> {
     // The shards add the same products in another order (per-rank partial sums, then the
     // all-reduce): f32 rounding only.
     EXPECT_LE(worst, 1e-5 * std::max(1.0, largest)) << what << ": largest |logit| " << largest;
-    RecordProperty(what + "_max_abs_logit_diff", std::to_string(worst));
+    RecordProperty(what + "_max_abs_logit_diff", fmt::format("{:.3g}", worst));
   }
 
   std::filesystem::path dir_;
@@ -273,18 +286,22 @@ TEST_P(ParallelModel, TensorAndExpertParallelMatchOneRank) {
   ASSERT_TRUE(status.is_ok()) << status.message();
   expect_same(reference, tp2_ep, "tp2_ep");
   // The TP=2 run really was sharded: its logits are not TP=1's bit for bit everywhere.
-  EXPECT_NE(reference.logits, tp2.logits) << "a TP=2 run identical to TP=1 bit for bit suggests nothing was split";
+  EXPECT_NE(reference.logits, tp2.logits)
+      << "a TP=2 run identical to TP=1 bit for bit suggests nothing was split";
 }
 
-INSTANTIATE_TEST_SUITE_P(Families, ParallelModel, ::testing::Values("qwen3_moe", "mixtral", "qwen2_moe"));
+INSTANTIATE_TEST_SUITE_P(Families, ParallelModel,
+                         ::testing::Values("qwen3_moe", "mixtral", "qwen2_moe"));
 
 TEST(ParallelModelRefusals, OlmoeWholeProjectionNormAndGptOssExpertsAreNamed) {
   for (const char* arch : {"olmoe", "gpt_oss"}) {
-    const auto dir = std::filesystem::temp_directory_path() / ("sy_dist_refuse_" + std::string(arch) + "_" +
-                                                               std::to_string(::getpid()));
+    const auto dir = std::filesystem::temp_directory_path() /
+                     ("sy_dist_refuse_" + std::string(arch) + "_" + std::to_string(::getpid()));
     auto config = model::preset_config(arch, "tiny", 0);
     ASSERT_TRUE(config.is_ok());
-    ASSERT_TRUE(model::write_random_checkpoint(*config, nlohmann::json::object(), dir.string(), 3, false).is_ok());
+    ASSERT_TRUE(
+        model::write_random_checkpoint(*config, nlohmann::json::object(), dir.string(), 3, false)
+            .is_ok());
     auto backend = backend::make_cpu_backend({1});
     auto full = model::Model::load(dir.string(), *backend);
     ASSERT_TRUE(full.is_ok()) << full.message();
