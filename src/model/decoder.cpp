@@ -211,7 +211,7 @@ Status Decoder::forward(const Model& model, const StepInputs& in, StepOutputs& o
   bool decode = tokens == seqs && rows == tokens;
   for (int64_t i = 0; decode && i < rows; ++i) decode = in.logits_rows[i] == i && in.token_seq[i] == i;
   const int64_t bucket = graph_bucket(tokens);
-  const bool graph = graphs_enabled_ && backend_.supports_graphs() && decode && bucket > 0 &&
+  const bool graph = graphs_enabled_ && !all_reduce_ && backend_.supports_graphs() && decode && bucket > 0 &&
                      bucket <= ws.limits.max_tokens && bucket <= ws.limits.max_seqs &&
                      bucket <= ws.limits.max_logits_rows;
   const int64_t T = graph ? bucket : tokens;
@@ -305,7 +305,14 @@ Status Decoder::forward(const Model& model, const StepInputs& in, StepOutputs& o
     // The residual stream x lags by `pending` (the last feed-forward output, not yet added)
     // where a backend or kernel fuses the residual add and norm into the op that consumes
     // them; the sums are the same f32 adds in the same order as add_rms_norm's.
-    const bool fuse_moe_norm = kernel.fuses_input_norm(T);
+    const bool fuse_moe_norm = kernel.fuses_input_norm(T) && !all_reduce_;
+    // Tensor parallel: sums the ranks' partial outputs (the first failure is kept; every rank
+    // still issues every collective, so none waits forever on a peer that stopped).
+    auto reduce = [&](Tensor& partial) {
+      if (!all_reduce_) return;
+      Status status = all_reduce_(partial);
+      if (!status && layer_status) layer_status = status.with_context("tensor-parallel all-reduce: ");
+    };
     const Tensor* pending = nullptr;
     for (int64_t layer = 0; layer < layers; ++layer) {
       const LayerWeights& lw = wt.layers[static_cast<size_t>(layer)];
@@ -368,6 +375,7 @@ Status Decoder::forward(const Model& model, const StepInputs& in, StepOutputs& o
       }
       backend_.matmul(attn, a.o_proj, a.o_bias.data ? &a.o_bias : nullptr, block_out);
       }
+      reduce(block_out);
       // Feed-forward block on post_attention_norm(x + pending + block_out): dense MLP or MoE.
       moe::MoeForwardArgs args;
       // (A shared expert reads the normed input and adds into the output: not fused.)
@@ -391,7 +399,11 @@ Status Decoder::forward(const Model& model, const StepInputs& in, StepOutputs& o
         args.spec = c.router_spec();
         args.experts = c.experts;
         args.routes = routes;
-        Status status = kernel.forward(args);
+        Status status = lw.moe.local_experts >= 0 && !kernel.computes_expert_subset()
+                            ? Status::error(ErrorCode::kUnsupported,
+                                            "expert parallel needs a kernel that computes an expert subset "
+                                            "(cpu-modular)")
+                            : kernel.forward(args);
         if (!status && layer_status)
           layer_status = status.with_context(fmt::format("MoE layer {} (kernel {}): ", layer, kernel.name()));
         if (spec.shared_expert) {
@@ -424,6 +436,7 @@ Status Decoder::forward(const Model& model, const StepInputs& in, StepOutputs& o
         backend_.silu_mul(g, u, g);
         backend_.matmul(g, lw.mlp.down_proj, nullptr, ffn_out);
       }
+      reduce(ffn_out);
       pending = fused_norm ? nullptr : &ffn_out;  // a fused-norm kernel adds its output into x itself
     }
     if (pending) backend_.add_inplace(x, *pending);

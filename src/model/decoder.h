@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "backend/backend.h"
@@ -66,6 +67,13 @@ class Decoder {
   const KernelChoice& kernels() const { return kernels_; }
   // Graph recording of decode steps (backends that support it); on by default.
   void set_graphs_enabled(bool enabled) { graphs_enabled_ = enabled; }
+  // Tensor parallel (dist/): the model is one rank's shard and `all_reduce` sums a [T, hidden]
+  // f32 buffer over the group in place, giving every rank the same bits. Called after each
+  // attention output projection and each feed-forward block (dense, MoE and shared expert
+  // together), in layer order, on every rank. Turns off the fusions that add a partial sum
+  // into the residual stream (fused MoE input norm) and graph recording.
+  using AllReduce = std::function<Status(Tensor&)>;
+  void set_all_reduce(AllReduce all_reduce) { all_reduce_ = std::move(all_reduce); }
 
   // Enqueues one step; on a device, the step may still be running when this returns. Logits
   // are usable by the backend's next operations (sampling).
@@ -81,6 +89,7 @@ class Decoder {
   KernelChoice kernels_;
   int block_size_;
   bool graphs_enabled_ = true;
+  AllReduce all_reduce_;
   std::vector<Tensor> k_cache_, v_cache_;
   std::unique_ptr<Workspace> ws_;
   // The step in flight (between forward and finish_step).

@@ -14,6 +14,17 @@ Model::~Model() {
     for (Tensor& tensor : owned_) backend_->free_buffer(tensor);
 }
 
+std::unique_ptr<Model> Model::from_parts(ModelConfig config, DecoderWeights weights, std::vector<Tensor> owned,
+                                         backend::Backend& backend, std::string model_dir) {
+  std::unique_ptr<Model> model(new Model());
+  model->config_ = std::move(config);
+  model->weights_ = std::move(weights);
+  model->owned_ = std::move(owned);
+  model->backend_ = &backend;
+  model->model_dir_ = std::move(model_dir);
+  return model;
+}
+
 Result<std::unique_ptr<Model>> Model::load(const std::string& model_dir, backend::Backend& backend,
                                            const LoadProgress& progress) {
   std::unique_ptr<Model> model(new Model());

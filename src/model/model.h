@@ -28,6 +28,10 @@ class Model {
   // full-size models need not fit on disk). Router rows are scaled so routing is decisive.
   static Result<std::unique_ptr<Model>> random(const std::string& config_json_path,
                                                backend::Backend& backend, uint64_t seed);
+  // A model of given parts (a tensor-parallel shard, dist/shard_model.h): `owned` are backend
+  // buffers freed with the model; other weight tensors must outlive it.
+  static std::unique_ptr<Model> from_parts(ModelConfig config, DecoderWeights weights, std::vector<Tensor> owned,
+                                           backend::Backend& backend, std::string model_dir);
   const ModelConfig& config() const { return config_; }
   const DecoderWeights& weights() const { return weights_; }
   const std::string& model_dir() const { return model_dir_; }

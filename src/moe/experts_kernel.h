@@ -28,6 +28,12 @@ struct MoeLayerWeights {
   Tensor gate_up_bias, down_bias;
   // ExpertFormat::kMxfp4Interleaved: gate_up / down hold the U8 blocks, these the U8 scales.
   Tensor gate_up_scales, down_scales;
+  // Expert parallel (dist/shard_model.h): gate_up and down hold only the experts
+  // [first_expert, first_expert + local_experts) of this rank; a kernel that
+  // computes_expert_subset() runs those and leaves the other pairs to their owners (the
+  // decoder's all-reduce sums the ranks' partial combines). -1: every expert is here.
+  int64_t first_expert = 0;
+  int64_t local_experts = -1;
 
   // (kTransposedInterleaved stores gate_up as [E, H, 2I]: the width is on axis 2.)
   int64_t intermediate(ExpertFormat format = ExpertFormat::kStacked) const {
@@ -93,6 +99,8 @@ class ExpertsKernel {
   virtual bool captures_routes() const = 0;  // writes RouteBuffers::sink
   virtual bool replays_routes() const = 0;   // honours RouteBuffers::source
   virtual bool captures_weights() const { return false; }  // writes RouteBuffers::weights
+  // Honours MoeLayerWeights::local_experts (expert parallel); others refuse such weights.
+  virtual bool computes_expert_subset() const { return false; }
   // Whether this kernel runs `spec`; checked at start-up before reserve. Kernels written for
   // Qwen3-MoE's router keep this default and refuse the options they predate.
   virtual Status supports(const RouterSpec& spec) const {

@@ -18,6 +18,7 @@ class ModularKernel final : public moe::ExpertsKernel {
   bool captures_routes() const override { return true; }
   bool replays_routes() const override { return true; }
   bool captures_weights() const override { return true; }
+  bool computes_expert_subset() const override { return true; }
   Status supports(const moe::RouterSpec&) const override {
     return Status::ok();
   }  // the reference router
@@ -78,7 +79,10 @@ class ModularKernel final : public moe::ExpertsKernel {
     for (int64_t i = 0; i < tokens * top_k; ++i) assigned[ids[i]].push_back(i);
     std::vector<float> expert_out(static_cast<size_t>(tokens * top_k * hidden));
     std::vector<float> rows_in, rows_out;
-    for (int64_t e = 0; e < experts; ++e) {
+    // Expert parallel: only this rank's experts; the other pairs add nothing here.
+    const int64_t first = w.first_expert, last = w.local_experts < 0 ? experts : first + w.local_experts;
+    auto owned = [&](int32_t e) { return e >= first && e < last; };
+    for (int64_t e = first; e < last; ++e) {
       const auto& slots = assigned[e];
       if (slots.empty()) continue;
       const int64_t count = static_cast<int64_t>(slots.size());
@@ -88,7 +92,7 @@ class ModularKernel final : public moe::ExpertsKernel {
         const float* src = args.hidden.ptr<float>() + (slots[r] / top_k) * hidden;
         std::copy(src, src + hidden, rows_in.data() + r * hidden);
       }
-      expert_forward(rows_in.data(), count, w, e, args.experts, rows_out.data(), &pool_);
+      expert_forward(rows_in.data(), count, w, e - first, args.experts, rows_out.data(), &pool_);
       for (int64_t r = 0; r < count; ++r)
         std::copy(rows_out.data() + r * hidden, rows_out.data() + (r + 1) * hidden,
                   expert_out.data() + slots[r] * hidden);
@@ -99,6 +103,7 @@ class ModularKernel final : public moe::ExpertsKernel {
       float* dst = args.out.ptr<float>() + t * hidden;
       std::fill_n(dst, hidden, 0.0f);
       for (int64_t k = 0; k < top_k; ++k) {
+        if (!owned(ids[t * top_k + k])) continue;
         const float* y = expert_out.data() + (t * top_k + k) * hidden;
         const float weight = weights[t * top_k + k];
         for (int64_t i = 0; i < hidden; ++i) dst[i] += weight * y[i];
