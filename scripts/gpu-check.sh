@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU machine's whole visit, run as it is from the repo root there, after scripts/gpu-pack.sh
 # here (carry gpu-carry/). Stages (default: all but profile): ceilings ops golden engine bench8
-# bench48 crossover serve-e2e serve; stamps (cuda-fused phase timer, STAMP_VARIANTS); ab (knob A/B, AB_VARIANTS); family-goldens; moe-stalls (ncu stall reasons of cuda-fused); attn-detail (ncu full + SASS stalls of decode attention); profile (ncu per-kernel times of one decode and one prefill step;
+# bench48 crossover serve-e2e serve; stamps (cuda-fused phase timer, STAMP_VARIANTS); ab (knob A/B, AB_VARIANTS); family-goldens (GOLDEN_FAMILIES; then the golden tests on them); moe-stalls (ncu stall reasons of cuda-fused); attn-detail (ncu full + SASS stalls of decode attention); profile (ncu per-kernel times of one decode and one prefill step;
 # PROFILE_STEPS=decode for one), moe-detail (ncu's full sections on one cuda-fused launch).
 # Everything it prints also goes to $OUT/gpu-check.log; JSON results land in $OUT.
 #   scripts/gpu-check.sh [stage ...]
@@ -122,14 +122,19 @@ fi
 if want family-goldens; then
   # Mixtral, OLMoE and Qwen2-MoE goldens from transformers (tools/gpu/family_goldens.py).
   section "family goldens (transformers, float64)"
-  run family-goldens timeout 400 python3 tools/gpu/family_goldens.py "$OUT/goldens"
+  # GOLDEN_FAMILIES: a subset (e.g. "gpt_oss"). The new goldens are then installed into this
+  # copy's tests/golden/ and the golden tests run against them on CUDA and on the CPU.
+  run family-goldens timeout 400 python3 tools/gpu/family_goldens.py "$OUT/goldens" ${GOLDEN_FAMILIES:-}
+  cp -r "$OUT"/goldens/hf_* tests/golden/ 2>/dev/null
+  SY_TEST_DEVICE=cuda run family-golden-cuda timeout 300 "$carry/test_model" --gtest_filter='*HfGolden*' --gtest_brief=1
+  run family-golden-cpu timeout 300 "$carry/test_model" --gtest_filter='*HfGolden*' --gtest_brief=1
 fi
 if want stamps; then
-  # cuda-fused phase timer (SY_FUSED_STAMPS=1): per-phase times of the batch-1 launches, 8-layer cut.
+  # Phase timers of cuda-fused (SY_FUSED_STAMPS=1) and decode attention (SY_ATTN_STAMPS=1), batch 1, 8-layer cut.
   section "cuda-fused phase stamps, batch 1, 8-layer cut"
   for variant in ${STAMP_VARIANTS:--}; do
     echo "--- variant: $variant"
-    env SY_FUSED_STAMPS=1 ${variant#-} "$carry/step_bench" --device cuda --random-weights "$carry/qwen3-30b-a3b-8l/config.json" \
+    env SY_FUSED_STAMPS=1 SY_ATTN_STAMPS=1 ${variant#-} "$carry/step_bench" --device cuda --random-weights "$carry/qwen3-30b-a3b-8l/config.json" \
       --no-graphs --kernel cuda-fused --batches 1 --context 1024 --steps 32 --ab-pairs 0 --prefill 0 || failed+=(stamps)
   done
 fi

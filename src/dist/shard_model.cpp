@@ -117,6 +117,11 @@ Result<std::unique_ptr<model::Model>> shard_model(const model::Model& full,
     model::LayerWeights& lw = w.layers[layer];
     model::AttentionWeights& a = lw.attention;
     const model::AttentionSpec& spec = c.layers[layer].attention;
+    if (spec.latent)
+      return Status::error(ErrorCode::kUnsupported,
+                           fmt::format("tensor parallel: layer {} uses multi-head latent attention "
+                                       "(DeepSeek-V3), which is not sharded yet",
+                                       layer));
     if (spec.qk_norm == model::QkNorm::kWholeProjection && n > 1)
       return Status::error(
           ErrorCode::kUnsupported,

@@ -293,8 +293,8 @@ TEST_P(ParallelModel, TensorAndExpertParallelMatchOneRank) {
 INSTANTIATE_TEST_SUITE_P(Families, ParallelModel,
                          ::testing::Values("qwen3_moe", "mixtral", "qwen2_moe"));
 
-TEST(ParallelModelRefusals, OlmoeWholeProjectionNormAndGptOssExpertsAreNamed) {
-  for (const char* arch : {"olmoe", "gpt_oss"}) {
+TEST(ParallelModelRefusals, OlmoeGptOssAndDeepSeekLatentAttentionAreNamed) {
+  for (const char* arch : {"olmoe", "gpt_oss", "deepseek_v3"}) {
     const auto dir = std::filesystem::temp_directory_path() /
                      ("sy_dist_refuse_" + std::string(arch) + "_" + std::to_string(::getpid()));
     auto config = model::preset_config(arch, "tiny", 0);
