@@ -93,6 +93,21 @@ Result<std::unique_ptr<model::Model>> shard_model(const model::Model& full,
         ErrorCode::kUnsupported,
         "tensor parallel: expert layouts other than stacked gate/up + down without biases "
         "(gpt-oss) are not sharded yet");
+  // What cannot be sharded at all is named before any size is checked for divisibility.
+  for (size_t layer = 0; layer < c.layers.size(); ++layer) {
+    const model::AttentionSpec& spec = c.layers[layer].attention;
+    if (spec.latent)
+      return Status::error(ErrorCode::kUnsupported,
+                           fmt::format("tensor parallel: layer {} uses multi-head latent attention "
+                                       "(DeepSeek-V3), which is not sharded yet",
+                                       layer));
+    if (spec.qk_norm == model::QkNorm::kWholeProjection && parallel.tensor_parallel > 1)
+      return Status::error(
+          ErrorCode::kUnsupported,
+          fmt::format("tensor parallel: layer {} normalises q/k over the whole projection "
+                      "(OLMoE), which needs an all-reduce inside attention (not implemented)",
+                      layer));
+  }
   SY_ASSIGN(const RankShard shard, shard_for_rank(c, parallel, rank));
   model::ModelConfig sc = c;
   sc.num_attention_heads = shard.heads.count;
@@ -116,18 +131,6 @@ Result<std::unique_ptr<model::Model>> shard_model(const model::Model& full,
   for (size_t layer = 0; layer < w.layers.size(); ++layer) {
     model::LayerWeights& lw = w.layers[layer];
     model::AttentionWeights& a = lw.attention;
-    const model::AttentionSpec& spec = c.layers[layer].attention;
-    if (spec.latent)
-      return Status::error(ErrorCode::kUnsupported,
-                           fmt::format("tensor parallel: layer {} uses multi-head latent attention "
-                                       "(DeepSeek-V3), which is not sharded yet",
-                                       layer));
-    if (spec.qk_norm == model::QkNorm::kWholeProjection && n > 1)
-      return Status::error(
-          ErrorCode::kUnsupported,
-          fmt::format("tensor parallel: layer {} normalises q/k over the whole projection "
-                      "(OLMoE), which needs an all-reduce inside attention (not implemented)",
-                      layer));
     const int64_t q0 = shard.heads.begin * hd, qn = shard.heads.count * hd;
     const int64_t k0 = shard.kv_heads.begin * hd, kn = shard.kv_heads.count * hd;
     a.q_proj = slice.rows(a.q_proj, 1, a.q_proj.dim(0), q0, qn);

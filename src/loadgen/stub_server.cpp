@@ -54,10 +54,13 @@ struct StubServer::Impl {
     try {
       for (;;) {
         http::request<http::string_body> request;
-        co_await http::async_read(stream, buffer, request, asio::redirect_error(asio::use_awaitable, ec));
+        co_await http::async_read(stream, buffer, request,
+                                  asio::redirect_error(asio::use_awaitable, ec));
         if (ec) break;
-        const bool keep_alive = co_await respond(stream, request);
+        // Counted before the answer is written, so a client that has read the answer sees the count
+        // (counting afterwards raced with the client finishing its run).
         ++owner.requests_served_;
+        const bool keep_alive = co_await respond(stream, request);
         if (!keep_alive) break;
       }
     } catch (const std::exception&) {
@@ -80,7 +83,8 @@ struct StubServer::Impl {
   std::string make_routes(int prompt_tokens, int completion_tokens, bool flat_int32) {
     int64_t rows = std::max(0, prompt_tokens + completion_tokens - 1);
     const long serial = ++routed_responses;
-    if (options.corrupt_routes_every > 0 && serial % options.corrupt_routes_every == 0 && rows > 0) {
+    if (options.corrupt_routes_every > 0 && serial % options.corrupt_routes_every == 0 &&
+        rows > 0) {
       --rows;  // deliberately wrong, so the client's check can be seen to fail
     }
     const int64_t layers = options.route_layers, top_k = options.route_top_k;
@@ -94,7 +98,8 @@ struct StubServer::Impl {
       }
     }
     if (flat_int32) {
-      return base64_encode(std::string_view(reinterpret_cast<const char*>(ids.data()), ids.size() * 4));
+      return base64_encode(
+          std::string_view(reinterpret_cast<const char*>(ids.data()), ids.size() * 4));
     }
     const std::vector<int64_t> shape{rows, layers, top_k};
     if (options.route_num_experts <= 256) {
@@ -132,13 +137,15 @@ struct StubServer::Impl {
     const bool chat = target == "/v1/chat/completions";
     const bool generate = target == "/generate";
     if (request.method() != http::verb::post || !(completions || chat || generate)) {
-      co_return co_await send_simple(stream, request, http::status::not_found,
-                                     R"({"error":{"message":"not found","type":"NotFoundError","code":404}})");
+      co_return co_await send_simple(
+          stream, request, http::status::not_found,
+          R"({"error":{"message":"not found","type":"NotFoundError","code":404}})");
     }
     json body = json::parse(request.body(), nullptr, false);
     if (body.is_discarded() || !body.is_object()) {
-      co_return co_await send_simple(stream, request, http::status::bad_request,
-                                     R"({"error":{"message":"body is not a JSON object","type":"BadRequestError","code":400}})");
+      co_return co_await send_simple(
+          stream, request, http::status::bad_request,
+          R"({"error":{"message":"body is not a JSON object","type":"BadRequestError","code":400}})");
     }
 
     int tokens = options.default_tokens;
@@ -146,7 +153,8 @@ struct StubServer::Impl {
     if (generate) {
       const json sampling = body.value("sampling_params", json::object());
       tokens = sampling.value("max_new_tokens", tokens);
-      prompt_tokens = count_prompt_tokens(body.contains("input_ids") ? body["input_ids"] : body.value("text", json()));
+      prompt_tokens = count_prompt_tokens(body.contains("input_ids") ? body["input_ids"]
+                                                                     : body.value("text", json()));
     } else if (chat) {
       tokens = body.value("max_completion_tokens", body.value("max_tokens", tokens));
       for (const json& message : body.value("messages", json::array())) {
@@ -166,8 +174,10 @@ struct StubServer::Impl {
       std::string text;
       for (int i = 0; i < tokens; ++i) text += " tok";
       if (generate) {
-        answer = {{"text", text}, {"meta_info", {{"prompt_tokens", prompt_tokens}, {"completion_tokens", tokens}}}};
-        if (routed) answer["meta_info"]["routed_experts"] = make_routes(prompt_tokens, tokens, true);
+        answer = {{"text", text},
+                  {"meta_info", {{"prompt_tokens", prompt_tokens}, {"completion_tokens", tokens}}}};
+        if (routed)
+          answer["meta_info"]["routed_experts"] = make_routes(prompt_tokens, tokens, true);
       } else {
         json choice = {{"index", 0}, {"finish_reason", "length"}};
         if (chat) {
@@ -176,10 +186,14 @@ struct StubServer::Impl {
           choice["text"] = text;
         }
         if (routed) choice["routed_experts"] = make_routes(prompt_tokens, tokens, false);
-        answer = {{"id", "stub-1"}, {"object", chat ? "chat.completion" : "text_completion"},
-                  {"model", model}, {"choices", json::array({choice})},
-                  {"usage", {{"prompt_tokens", prompt_tokens}, {"completion_tokens", tokens},
-                             {"total_tokens", prompt_tokens + tokens}}}};
+        answer = {{"id", "stub-1"},
+                  {"object", chat ? "chat.completion" : "text_completion"},
+                  {"model", model},
+                  {"choices", json::array({choice})},
+                  {"usage",
+                   {{"prompt_tokens", prompt_tokens},
+                    {"completion_tokens", tokens},
+                    {"total_tokens", prompt_tokens + tokens}}}};
       }
       co_return co_await send_simple(stream, request, http::status::ok, answer.dump());
     }
@@ -196,16 +210,22 @@ struct StubServer::Impl {
     // Middle tokens of completions and chat are the same bytes every time: build them once, so
     // the stub spends its time writing, not formatting JSON.
     auto completion_chunk = [&](bool first, bool last) {
-      json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", last ? json("length") : json()}};
+      json choice = {
+          {"index", 0}, {"logprobs", nullptr}, {"finish_reason", last ? json("length") : json()}};
       if (chat) {
-        choice["delta"] = first ? json{{"role", "assistant"}, {"content", " tok"}} : json{{"content", " tok"}};
+        choice["delta"] =
+            first ? json{{"role", "assistant"}, {"content", " tok"}} : json{{"content", " tok"}};
       } else {
         choice["text"] = " tok";
       }
       if (last && routed) choice["routed_experts"] = make_routes(prompt_tokens, tokens, false);
       return "data: " +
-             json{{"id", "stub-1"}, {"object", chat ? "chat.completion.chunk" : "text_completion"},
-                  {"created", 0}, {"model", model}, {"choices", json::array({choice})}}.dump() +
+             json{{"id", "stub-1"},
+                  {"object", chat ? "chat.completion.chunk" : "text_completion"},
+                  {"created", 0},
+                  {"model", model},
+                  {"choices", json::array({choice})}}
+                 .dump() +
              "\n\n";
     };
     const std::string middle_chunk = generate ? std::string() : completion_chunk(false, false);
@@ -214,8 +234,11 @@ struct StubServer::Impl {
       const bool last = i + 1 == tokens;
       if (generate) {
         cumulative_text += " tok";
-        json meta = {{"id", "stub"}, {"prompt_tokens", prompt_tokens}, {"completion_tokens", i + 1},
-                     {"finish_reason", last ? json{{"type", "length"}, {"length", tokens}} : json()}};
+        json meta = {
+            {"id", "stub"},
+            {"prompt_tokens", prompt_tokens},
+            {"completion_tokens", i + 1},
+            {"finish_reason", last ? json{{"type", "length"}, {"length", tokens}} : json()}};
         if (last && routed) meta["routed_experts"] = make_routes(prompt_tokens, tokens, true);
         event = "data: " + json{{"text", cumulative_text}, {"meta_info", meta}}.dump() + "\n\n";
       } else if (i == 0 || last) {
@@ -232,10 +255,16 @@ struct StubServer::Impl {
     }
     if (!generate) {
       event = "data: " +
-              json{{"id", "stub-1"}, {"object", chat ? "chat.completion.chunk" : "text_completion"},
-                   {"created", 0}, {"model", model}, {"choices", json::array()},
-                   {"usage", {{"prompt_tokens", prompt_tokens}, {"completion_tokens", tokens},
-                              {"total_tokens", prompt_tokens + tokens}}}}.dump() +
+              json{{"id", "stub-1"},
+                   {"object", chat ? "chat.completion.chunk" : "text_completion"},
+                   {"created", 0},
+                   {"model", model},
+                   {"choices", json::array()},
+                   {"usage",
+                    {{"prompt_tokens", prompt_tokens},
+                     {"completion_tokens", tokens},
+                     {"total_tokens", prompt_tokens + tokens}}}}
+                  .dump() +
               "\n\n";
       co_await write_event(stream, event, tokens);
     }
@@ -244,16 +273,20 @@ struct StubServer::Impl {
     co_return request.keep_alive();
   }
 
-  asio::awaitable<void> write_event(beast::tcp_stream& stream, const std::string& event, int serial) {
+  asio::awaitable<void> write_event(beast::tcp_stream& stream, const std::string& event,
+                                    int serial) {
     if (!options.split_events || event.size() < 2) {
-      co_await asio::async_write(stream, http::make_chunk(asio::buffer(event)), asio::use_awaitable);
+      co_await asio::async_write(stream, http::make_chunk(asio::buffer(event)),
+                                 asio::use_awaitable);
       co_return;
     }
     // Cut somewhere different each time, including inside "data:" and inside the "\n\n".
     const size_t cut = 1 + static_cast<size_t>(serial * 7919) % (event.size() - 1);
-    co_await asio::async_write(stream, http::make_chunk(asio::buffer(event.data(), cut)), asio::use_awaitable);
-    co_await asio::async_write(stream, http::make_chunk(asio::buffer(event.data() + cut, event.size() - cut)),
+    co_await asio::async_write(stream, http::make_chunk(asio::buffer(event.data(), cut)),
                                asio::use_awaitable);
+    co_await asio::async_write(
+        stream, http::make_chunk(asio::buffer(event.data() + cut, event.size() - cut)),
+        asio::use_awaitable);
   }
 };
 
@@ -274,7 +307,8 @@ Result<std::unique_ptr<StubServer>> StubServer::start(const StubServerOptions& o
   if (!ec) impl.acceptor.set_option(tcp::acceptor::reuse_address(true), ec);
   if (!ec) impl.acceptor.bind(endpoint, ec);
   if (!ec) impl.acceptor.listen(4096, ec);  // thousands of clients may connect at once
-  if (ec) return Status::errorf("cannot listen on {}:{}: {}", options.host, options.port, ec.message());
+  if (ec)
+    return Status::errorf("cannot listen on {}:{}: {}", options.host, options.port, ec.message());
   server->port_ = impl.acceptor.local_endpoint().port();
   asio::co_spawn(impl.io, impl.accept_loop(), asio::detached);
   for (int i = 0; i < options.threads; ++i) {
@@ -295,6 +329,8 @@ void StubServer::stop() {
   impl_.reset();
 }
 
-StubServer::~StubServer() { stop(); }
+StubServer::~StubServer() {
+  stop();
+}
 
 }  // namespace sy::loadgen

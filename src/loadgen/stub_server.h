@@ -15,11 +15,11 @@ namespace sy::loadgen {
 
 struct StubServerOptions {
   std::string host = "127.0.0.1";
-  int port = 0;               // 0: any free port
+  int port = 0;  // 0: any free port
   int threads = 1;
-  int default_tokens = 16;    // when the request names no max_tokens
+  int default_tokens = 16;      // when the request names no max_tokens
   double token_interval_s = 0;  // pause between tokens (0: as fast as possible)
-  bool split_events = false;  // write each SSE event as two HTTP chunks, cut mid-JSON
+  bool split_events = false;    // write each SSE event as two HTTP chunks, cut mid-JSON
   // Routes for return_routed_experts: (N-1, layers, top_k), ids < num_experts.
   int route_layers = 4, route_top_k = 8, route_num_experts = 128;
   int corrupt_routes_every = 0;  // every k-th routed response has one row too few (0: never)
@@ -34,7 +34,9 @@ class StubServer {
   StubServer& operator=(const StubServer&) = delete;
 
   int port() const { return port_; }
-  long requests_served() const { return requests_served_.load(); }
+  long requests_served() const {
+    return requests_served_.load();
+  }  // requests read and answered (or being answered)
   int peak_open_connections() const { return peak_open_.load(); }
   // Stops accepting, closes connections and joins the threads.
   void stop();
