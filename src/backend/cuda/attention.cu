@@ -84,6 +84,7 @@ struct KernelArgs {
   QkvPrepParams prep;
   RopeTable rope;  // prep only
   unsigned long long* stamps = nullptr;  // SY_ATTN_STAMPS=1 (experiments): [blocks, kAttnStamps]
+  bool merge_batched = false;            // SY_ATTN_MERGE_BATCHED=1 (experiments)
 };
 
 // Phase timer of the one-token decode launches (SY_ATTN_STAMPS=1, no graphs): thread 0 of each
@@ -312,17 +313,38 @@ __device__ void combine_split_row(const KernelArgs& a, int64_t pair, int written
   for (int o = 16; o > 0; o >>= 1) row_sum += __shfl_xor_sync(0xffffffffu, row_sum, o);
   const float inv = row_sum > 0.0f ? 1.0f / row_sum : 0.0f;
   __syncwarp();
+  constexpr int kBatch = 16;
   for (int d = lane * 4; d < head_dim; d += 128) {
     float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    // 16 splits' loads in flight at once (a short context writes about that many).
+    if (!a.merge_batched) {
+      // 16 splits' loads in flight at once (a short context writes about that many).
 #pragma unroll 16
-    for (int s = 0; s < written; ++s) {
-      const float w = weight[s] * inv;
-      const float4 part = __ldcg(reinterpret_cast<const float4*>(partial + s * head_dim + d));
-      o.x += part.x * w;
-      o.y += part.y * w;
-      o.z += part.z * w;
-      o.w += part.w * w;
+      for (int s = 0; s < written; ++s) {
+        const float w = weight[s] * inv;
+        const float4 part = __ldcg(reinterpret_cast<const float4*>(partial + s * head_dim + d));
+        o.x += part.x * w;
+        o.y += part.y * w;
+        o.z += part.z * w;
+        o.w += part.w * w;
+      }
+    }
+    // SY_ATTN_MERGE_BATCHED=1 (experiment): the partials in predicated batches of kBatch splits,
+    // every load of a batch issued before any is used. Same sums in the same order.
+    for (int s0 = 0; a.merge_batched && s0 < written; s0 += kBatch) {
+      float4 part[kBatch];
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i) {
+        const float4* src = reinterpret_cast<const float4*>(partial + (s0 + i) * head_dim + d);
+        part[i] = s0 + i < written ? __ldcg(src) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      }
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i) {
+        const float w = s0 + i < written ? weight[s0 + i] * inv : 0.0f;
+        o.x += part[i].x * w;
+        o.y += part[i].y * w;
+        o.z += part[i].z * w;
+        o.w += part[i].w * w;
+      }
     }
     *reinterpret_cast<float4*>(p.out + pair * head_dim + d) = o;
   }
@@ -344,6 +366,15 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const __grid_consta
   // the prefill code out of the small decode kernel (its instruction-cache misses cost latency).
   const bool decode = MT == 1 || a.decode;
   attn_stamp(a, 0);
+  // Decode: the block's token is blockIdx.x. Its sequence, position and slot are requested here,
+  // together, so that the block-table lookup below waits for one round trip, not a chain of them.
+  int own_seq = 0, own_pos = 0;
+  int32_t own_slot = -1;
+  if (decode) {
+    own_seq = a.p.token_seq[blockIdx.x];
+    own_pos = a.p.positions[blockIdx.x];
+    if (a.prep.q) own_slot = a.prep.slot_mapping[blockIdx.x];
+  }
   if (!decode) overlap_prologue();
   __shared__ int s_pos[L::kRows], s_token[L::kRows], s_head[L::kRows];
   __shared__ int64_t s_key_offset[2][kKeys];  // element offset of each tile key's row, -1 = none
@@ -430,8 +461,8 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const __grid_consta
     }
   }
   const int tiles = range.end > range.begin ? ceil_div(range.end - range.begin, kKeys) : 0;
-  const int32_t* table =
-      p.block_tables + static_cast<int64_t>(p.token_seq[t0]) * p.block_table_stride;
+  const int seq = decode ? own_seq : p.token_seq[t0];
+  const int32_t* table = p.block_tables + static_cast<int64_t>(seq) * p.block_table_stride;
   const int64_t slot_elems = static_cast<int64_t>(p.kv_heads) * head_dim;
   const int64_t head_elems = static_cast<int64_t>(kv_head) * head_dim;
 
@@ -466,13 +497,13 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const __grid_consta
   };
   // Fused prep: this token's RoPE cos/sin, before the wait (position and table are inputs).
   float2 cs[kPrepPairs];
-  if (a.prep.q) rope_cs(a.rope, head_dim, static_cast<float>(p.positions[t0]), cs);
+  if (a.prep.q) rope_cs(a.rope, head_dim, static_cast<float>(own_pos), cs);  // prep: decode only
   // Fused prep (decode, MT = 1): q rows from the raw projection, normed and rotated as
   // qk_norm_rope_write_kv_kernel does (prep_head), a warp per row; padding rows and columns zero.
   // With `own`, the last warp also makes this token's K/V row for kv_head: into the cache at its
   // slot, and into tile 0's row `skip` when it is there (else a later tile load reads it from the
   // cache: fenced here). Every row's loads (q rows, own k and v) go out before any arithmetic.
-  const int32_t own_slot = a.prep.q ? a.prep.slot_mapping[t0] : -1;  // an input: before the wait
+  // own_slot (above): this token's KV slot, an input, read before the wait.
   auto prep_rows = [&](bool own, int skip) {
     for (int c = tid; c < L::kRows * L::kChunks; c += kThreads) {
       const int r = c / L::kChunks, col = c % L::kChunks;
@@ -1015,6 +1046,11 @@ bool launch_attention_impl(const AttentionParams& params, const QkvPrepParams* p
     return value ? std::atoi(value) : 0;
   }();
   if (forced_splits > 0) wanted = forced_splits;
+  static const bool merge_batched = [] {
+    const char* value = std::getenv("SY_ATTN_MERGE_BATCHED");
+    return value && value[0] == '1';
+  }();
+  args.merge_batched = merge_batched;
   args.splits =
       scratch && arrivals ? static_cast<int>(std::clamp<int64_t>(wanted, 1, max_decode_splits(params.tokens)))
               : 1;
