@@ -88,7 +88,7 @@ struct KernelArgs {
 
 // Phase timer of the one-token decode launches (SY_ATTN_STAMPS=1, no graphs): thread 0 of each
 // block writes %globaltimer at each phase; a phase a block never reaches stays 0.
-constexpr int kAttnStamps = 9;
+constexpr int kAttnStamps = 12;
 __device__ __forceinline__ void attn_stamp(const KernelArgs& a, int phase) {
   if (a.stamps && threadIdx.x == 0) {
     unsigned long long t;
@@ -282,7 +282,8 @@ __device__ void find_prefill_tile(const AttentionParams& p, int tile_tokens, int
 // the max and the sum (warp reductions), each split's weight goes to shared memory, then the
 // partials are summed with four loads in flight per lane. The partials come from other blocks:
 // loads bypass L1 (__ldcg). Floor: (head_dim + 2) * 4 bytes read per written split.
-__device__ void combine_split_row(const KernelArgs& a, int64_t pair, int written, float* weight) {
+__device__ void combine_split_row(const KernelArgs& a, int64_t pair, int written, float* weight,
+                                  bool first_row) {
   const AttentionParams& p = a.p;
   const int lane = threadIdx.x & 31, head_dim = p.head_dim;
   const float2* ml = a.partial_ml + pair * a.splits;
@@ -311,6 +312,7 @@ __device__ void combine_split_row(const KernelArgs& a, int64_t pair, int written
   }
   for (int o = 16; o > 0; o >>= 1) row_sum += __shfl_xor_sync(0xffffffffu, row_sum, o);
   const float inv = row_sum > 0.0f ? 1.0f / row_sum : 0.0f;
+  if (first_row) attn_stamp(a, 9);
   __syncwarp();
   // The partials: 16 splits' loads in flight at once (a short context writes about that many).
   // Measured against fewer in flight (unroll 4: +1.0% per batch-1 step, unroll 1: +6.6%) and
@@ -328,6 +330,7 @@ __device__ void combine_split_row(const KernelArgs& a, int64_t pair, int written
     }
     *reinterpret_cast<float4*>(p.out + pair * head_dim + d) = o;
   }
+  if (first_row) attn_stamp(a, 10);
   __syncwarp();
 }
 
@@ -769,10 +772,12 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const __grid_consta
     attn_stamp(a, 7);
     if (!s_last) return;
     __threadfence();
-    for (int r = warp; r < rows; r += kWarps)
-      combine_split_row(a, static_cast<int64_t>(s_token[r]) * p.heads + s_head[r], written, s_split_weight[warp]);
-    __syncthreads();
     attn_stamp(a, 8);
+    for (int r = warp; r < rows; r += kWarps)
+      combine_split_row(a, static_cast<int64_t>(s_token[r]) * p.heads + s_head[r], written, s_split_weight[warp],
+                        r == warp);
+    __syncthreads();
+    attn_stamp(a, 11);
   }
 }
 
@@ -929,7 +934,8 @@ class AttentionStamps {
                    "median / last block with keys; blocks):\n",
                    s->launches_);
       const char* names[kAttnStamps] = {"start", "context known", "tile 0 planned", "wait released", "q prepped",
-                                        "keys done", "partial written", "arrival counted", "merged"};
+                                        "keys done", "partial written", "arrival counted", "merge fenced",
+                                        "row 0 weighed", "row 0 written", "merged"};
       for (int ph = 0; ph < kAttnStamps; ++ph)
         std::fprintf(stderr, "  %-16s %8.2f %8.2f %8.1f\n", names[ph], s->median_[ph] / s->launches_,
                      s->max_[ph] / s->launches_, s->count_[ph] / s->launches_);
