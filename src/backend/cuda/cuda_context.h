@@ -80,7 +80,13 @@ void launch_overlapped(void (*kernel)(Params...), dim3 grid, dim3 block, size_t 
   attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attribute[0].val.programmaticStreamSerializationAllowed = 1;
   config.attrs = attribute;
-  config.numAttrs = 1;
+  // SY_NO_PDL=1 (experiments): plain stream order, so that a kernel's phases can be timed without
+  // the next kernel's pre-wait loads beside them.
+  static const bool no_pdl = [] {
+    const char* value = std::getenv("SY_NO_PDL");
+    return value && value[0] == '1';
+  }();
+  config.numAttrs = no_pdl ? 0 : 1;
   SY_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
 }
 
