@@ -10,7 +10,9 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 DEBIAN_PACKAGES=(build-essential cmake ninja-build pkg-config git curl ca-certificates
   nlohmann-json3-dev libboost-dev libcli11-dev libfmt-dev libspdlog-dev libonig-dev
   libutf8proc-dev libxxhash-dev libgtest-dev libgmock-dev libbenchmark-dev
-  clang-14 libclang-rt-14-dev nodejs npm)
+  clang-14 libclang-rt-14-dev nodejs npm
+  openmpi-bin libopenmpi-dev  # mpirun + MPI: multi-process tensor/expert parallel (docs/multi-gpu.md)
+  ccache)                     # scripts/test.sh's builds reuse objects a previous run compiled
 
 missing=()
 for p in "${DEBIAN_PACKAGES[@]}"; do

@@ -128,6 +128,9 @@ class Backend {
   // tokens (crossover measured per backend); empty: none.
   virtual std::string small_batch_kernel() const { return ""; }
   virtual int64_t small_batch_max_tokens() const { return 0; }
+  // The device queue the backend's work goes to (a cudaStream_t on CUDA), for a communicator
+  // whose collectives must be ordered with that work; nullptr on the CPU.
+  virtual void* native_stream() const { return nullptr; }
   virtual bool supports(BackendFeature feature) const {
     (void)feature;
     return false;

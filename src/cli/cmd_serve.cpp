@@ -84,6 +84,8 @@ int run_serve(ServeOptions options) {
   if (config.served_model_name.empty()) config.served_model_name = options.engine.model_dir;
   options.engine.capture_routes = config.enable_return_routed_experts;
   options.engine.enable_prefix_caching = !options.no_prefix_caching;
+  // Ranks 1..N-1 serve no HTTP: they run the forward pass of the steps rank 0 plans.
+  if (options.engine.world.rank > 0) return run_parallel_follower(options.engine, "serve");
 
   Result<engine::SamplingParams> defaults = engine::load_generation_defaults(options.engine.model_dir);
   if (!defaults) {
@@ -137,8 +139,9 @@ int run_serve(ServeOptions options) {
 
 }  // namespace
 
-void add_serve_command(CLI::App& app, int& exit_code) {
+void add_serve_command(CLI::App& app, int& exit_code, const dist::MpiWorld& world) {
   auto options = std::make_shared<ServeOptions>();
+  options->device.world = world;
   auto* command = app.add_subcommand("serve", "OpenAI/vLLM/SGLang-compatible HTTP server");
   server::ServerConfig& s = options->server;
   engine::EngineConfig& e = options->engine;
