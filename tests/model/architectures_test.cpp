@@ -854,6 +854,16 @@ TEST(Architectures, ABackendWithoutPartialRotaryRefusesGlm4MoeBeforeLoading) {
     EXPECT_NE(refused.message().find(named), std::string::npos)
         << named << ": " << refused.message();
   std::filesystem::remove_all(dir);
+  // FP8 block-quantised weights likewise (the CPU dequantises them into host buffers).
+  json fp8 = tiny("glm4_moe");
+  fp8["partial_rotary_factor"] = 1.0;
+  fp8["quantization_config"] = {{"quant_method", "fp8"}, {"weight_block_size", {128, 128}}};
+  Status fp8_refused = check_backend_features(parsed(fp8), backend);
+  EXPECT_EQ(fp8_refused.code(), ErrorCode::kUnsupported);
+  EXPECT_NE(fp8_refused.message().find("FP8 block-quantised weights"), std::string::npos)
+      << fp8_refused.message();
+  EXPECT_EQ(fp8_refused.message().find("partial rotary"), std::string::npos)
+      << "partial_rotary_factor 1 rotates whole heads";
 }
 
 TEST(Architectures, ABackendWithoutLatentAttentionRefusesDeepseekV3BeforeLoading) {
