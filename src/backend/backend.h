@@ -50,6 +50,8 @@ enum class BackendFeature {
   kScaledRope,       // rope() honours RopeSpec::inv_freq and attention_factor (YaRN)
   kMxfp4Weights,     // load_weight() keeps U8 tensors (MXFP4 blocks and scales) as they are
   kLatentAttention,  // latent_attention (DeepSeek-V3's multi-head latent attention)
+  kPartialRotary,    // rope() turns only the first RopeSpec::head_dim dims of wider heads (GLM)
+  kFp8BlockWeights,  // alloc() is host memory: FP8 weights are dequantised to bf16 into it
 };
 inline const char* backend_feature_name(BackendFeature feature) {
   switch (feature) {
@@ -59,12 +61,20 @@ inline const char* backend_feature_name(BackendFeature feature) {
     case BackendFeature::kScaledRope: return "YaRN RoPE (scaled frequencies and attention factor)";
     case BackendFeature::kMxfp4Weights: return "MXFP4 expert weights";
     case BackendFeature::kLatentAttention: return "multi-head latent attention (MLA)";
+    case BackendFeature::kPartialRotary:
+      return "partial rotary embedding (partial_rotary_factor)";
+    case BackendFeature::kFp8BlockWeights:
+      return "FP8 block-quantised weights (weight_scale_inv)";
   }
   return "unknown feature";
 }
 
 struct RopeSpec {
   double theta = 10000.0;
+  // The dims RoPE rotates and its frequencies span (theta^(-2i/head_dim)): every dim of a head,
+  // or (BackendFeature::kPartialRotary) the first head_dim dims of wider heads, rotate-half
+  // over those dims (pairs (i, i + head_dim/2)), the rest passed through (transformers'
+  // partial_rotary_factor).
   int64_t head_dim = 0;
   // Scaled RoPE (YaRN; BackendFeature::kScaledRope): the head_dim / 2 inverse frequencies (host
   // memory, f32, as transformers computes them) replacing theta's, and the factor cos and sin
@@ -227,7 +237,8 @@ class Backend {
   }
   // out = silu(gate) * up, element-wise.
   virtual void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) = 0;
-  // Rotary embedding (rotate-half) on x [T, heads, head_dim] at the batch's positions.
+  // Rotary embedding (rotate-half) on x [T, heads, head_dim] at the batch's positions, over the
+  // first spec.head_dim dims of each head (all of them unless partial rotary).
   virtual void rope(Tensor& x, const AttentionBatch& batch, const RopeSpec& spec) = 0;
   // Writes this step's K/V ([T, kv_heads, head_dim]) into the layer's cache
   // ([slots, kv_heads, head_dim]) at batch.slot_mapping; a slot of -1 (padding) is skipped.

@@ -14,6 +14,7 @@ const std::vector<Architecture>& architectures() {
       {"deepseek_v3", "DeepseekV3ForCausalLM", parse_deepseek_v3, build_deepseek_v3},
       // Kimi-K2 checkpoints: DeepSeek-V3's architecture under their own model_type.
       {"kimi_k2", "DeepseekV3ForCausalLM", parse_deepseek_v3, build_deepseek_v3},
+      {"glm4_moe", "Glm4MoeForCausalLM", parse_glm4_moe, build_glm4_moe},
   };
   return table;
 }

@@ -50,7 +50,8 @@ Result<std::unique_ptr<Model>> Model::load(const std::string& model_dir, backend
   SY_ASSIGN(const Architecture* arch,
             find_architecture(model->config_.model_type, model->config_.architecture));
   CheckpointSource source(*model->checkpoint_, backend, model->owned_,
-                          WeightPlacement{&model->load_order_, nullptr, false});
+                          WeightPlacement{&model->load_order_, nullptr, false},
+                          model->config_.fp8_blocks);
   auto weights = arch->build(model->config_, source);
   if (!weights) return weights.status().with_context(model_dir + ": ");
   model->weights_ = std::move(weights).value();
@@ -105,11 +106,13 @@ Status Model::reload_in_place(const std::string& model_dir) {
   SY_ASSIGN(const Architecture* arch,
             find_architecture(incoming->config_.model_type, incoming->config_.architecture));
   CheckpointSource check(*incoming->checkpoint_, *backend_, unused,
-                         WeightPlacement{nullptr, &load_order_, true});
+                         WeightPlacement{nullptr, &load_order_, true},
+                         incoming->config_.fp8_blocks);
   auto checked = arch->build(incoming->config_, check);
   if (!checked) return checked.status().with_context(model_dir + ": ");
   CheckpointSource copy(*incoming->checkpoint_, *backend_, unused,
-                        WeightPlacement{nullptr, &load_order_, false});
+                        WeightPlacement{nullptr, &load_order_, false},
+                        incoming->config_.fp8_blocks);
   auto copied = arch->build(incoming->config_, copy);
   if (!copied)
     return copied.status().with_context(model_dir + ": the weights are now partly updated (load them again): ");

@@ -5,22 +5,26 @@
 namespace sy::model {
 
 Status check_backend_features(const ModelConfig& c, const backend::Backend& backend) {
-  bool windowed = false, gated_shared = false, sinks = false, latent = false;
+  bool windowed = false, gated_shared = false, sinks = false, latent = false, partial = false;
   for (const LayerSpec& layer : c.layers) {
     windowed |= layer.attention.sliding_window > 0;
     gated_shared |= layer.shared_expert_gate;
     sinks |= layer.attention.sinks;
     latent |= layer.attention.latent;
+    partial |= !layer.attention.latent && c.rope_dim() < c.head_dim;
   }
   const bool mxfp4 = c.experts.format == moe::ExpertFormat::kMxfp4Interleaved;
   const bool yarn = c.rope_scaling.kind == RopeKind::kYarn;
+  const bool fp8 = c.fp8_blocks.enabled();
   std::string missing;
   for (auto [needed, feature] : {std::pair{windowed, backend::BackendFeature::kSlidingWindow},
                                  std::pair{gated_shared, backend::BackendFeature::kSigmoidGatedAdd},
                                  std::pair{sinks, backend::BackendFeature::kAttentionSinks},
                                  std::pair{yarn, backend::BackendFeature::kScaledRope},
                                  std::pair{mxfp4, backend::BackendFeature::kMxfp4Weights},
-                                 std::pair{latent, backend::BackendFeature::kLatentAttention}})
+                                 std::pair{latent, backend::BackendFeature::kLatentAttention},
+                                 std::pair{partial, backend::BackendFeature::kPartialRotary},
+                                 std::pair{fp8, backend::BackendFeature::kFp8BlockWeights}})
     if (needed && !backend.supports(feature))
       missing +=
           fmt::format("{}{}", missing.empty() ? "" : ", ", backend::backend_feature_name(feature));
