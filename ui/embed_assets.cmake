@@ -16,7 +16,7 @@ foreach(name ${files})
   math(EXPR index "${index} + 1")
 endforeach()
 if(index EQUAL 0)
-  message(FATAL_ERROR "ui/dist is empty: build the page (cd ui && npm ci && npm run build)")
+  message(FATAL_ERROR "ui/dist is empty: build the page (cd ui && npm install && npm run build)")
 endif()
 file(WRITE ${OUT} "// Generated from ui/dist by ui/embed_assets.cmake: do not edit.
 #include \"server/ui.h\"

@@ -5,7 +5,7 @@ import { join, relative } from "node:path";
 import { fileURLToPath } from "node:url";
 
 const root = fileURLToPath(new URL(".", import.meta.url));
-const inputs = ["index.html", "package.json", "package-lock.json", "tsconfig.json", "vite.config.ts", "src"];
+const inputs = ["index.html", "package.json", "tsconfig.json", "vite.config.ts", "src"];
 
 function files(path) {
   if (!statSync(path).isDirectory()) return [path];

@@ -117,7 +117,7 @@ const { chromium } = await import(pathToFileURL(playwrightEntry).href);
 const { sourceHash } = await import(pathToFileURL(join(root, "ui", "source_hash.mjs")).href);
 const builtFrom = readFileSync(join(root, "ui", "dist-source.sha256"), "utf8").trim();
 check(sourceHash() === builtFrom, "ui/dist is built from the current ui/ sources",
-  "rebuild it: cd ui && npm ci && npm run build, and commit ui/dist and ui/dist-source.sha256");
+  "rebuild it: cd ui && npm install && npm run build, and commit ui/dist and ui/dist-source.sha256");
 
 mkdirSync(work, { recursive: true });
 const model = join(work, "ui_inspector_tiny");
@@ -226,6 +226,15 @@ try {
   });
   const changed = [...expected].filter(([k, v]) => v !== baseline.get(k)).length;
   check(grown.ok && changed > 0, "some heatmap cells changed", String(changed));
+  // And the counts themselves are the server's: /metrics' Prometheus counters, cell by cell.
+  const metrics = await (await fetch(`${base}/metrics`, { headers: auth })).text();
+  const prometheus = new Map();
+  for (const m of metrics.matchAll(/^switchyard:expert_load_tokens_total\{[^}]*layer="(\d+)",expert="(\d+)"\} (\d+)$/gm))
+    prometheus.set(key(Number(m[1]), Number(m[2])), Number(m[3]));
+  const shownNow = await cells();
+  const differ = shownNow.filter((c) => prometheus.get(key(c.layer, c.expert)) !== c.count);
+  check(prometheus.size === moeLayers.length * experts && differ.length === 0,
+    "every heatmap cell equals its /metrics counter", JSON.stringify(differ.slice(0, 5)));
 
   // The token × layer table shows the ids of the array given to it.
   async function tableMatches(what, layerSet) {
@@ -303,5 +312,6 @@ try {
   clearTimeout(watchdog);
 }
 if (failures.length) console.error(serverOutput.slice(-3000));
-console.log(`ui inspector: ${passed} passed, ${failures.length} failed (screenshot: ${join(work, "ui_inspector.png")})`);
+const seconds = (performance.now() / 1000).toFixed(1);
+console.log(`ui inspector: ${passed} passed, ${failures.length} failed in ${seconds} s (screenshot: ${join(work, "ui_inspector.png")})`);
 process.exit(failures.length ? 1 : 0);
