@@ -285,6 +285,12 @@ try {
   await page.click('[data-testid="lookup"]');
   await page.waitForFunction(() => document.querySelector('[data-testid="routes-status"]').dataset.state === "error");
   check((await page.textContent('[data-testid="routes-status"]')).includes("no routes stored"), "an unknown id shows the server's 404 message");
+  // "Tokens in the last second": the cells keep their totals, the tooltips add the rate.
+  await page.check('input[name="load-mode"][value="rate"]');
+  await until("rate mode shows per-second figures", async () => {
+    const titles = await page.$$eval("td.load", (els) => els.map((e) => e.title));
+    return { ok: titles.length > 0 && titles.every((t) => t.endsWith("/s now")), detail: titles[0] };
+  });
   check(pageErrors.length === 0, "no errors in the page's console", pageErrors.join("; "));
 
   // The store keeps the last STORE requests: the first one is gone after STORE more.
