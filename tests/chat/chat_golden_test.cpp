@@ -63,7 +63,8 @@ const Golden& golden() {
   static const Golden g = [] {
     Golden out;
     out.rows = read_json(kChatDir + "/chat_goldens.json")["renders"];
-    for (const char* file : {"/conversations.json", "/generated_conversations.json"}) {
+    for (const char* file : {"/conversations.json", "/generated_conversations.json",
+                             "/generated_harmony_conversations.json"}) {
       const ordered_json conversations = read_json(kChatDir + file);
       for (const auto& c : conversations["cases"]) out.cases[c["name"].get<std::string>()] = c;
     }
