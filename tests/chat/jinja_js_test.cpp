@@ -198,8 +198,8 @@ std::vector<ordered_json> harmony_conversations(int count, uint32_t seed) {
         ordered_json properties = ordered_json::object(), required = ordered_json::array();
         const int count_params = 1 + pick(4);
         for (int p = 0; p < count_params; ++p) {
-          const std::string name = kParamNames[pick(static_cast<int>(std::size(kParamNames)))] +
-                                   std::string(p ? "_" + std::to_string(p) : "");
+          std::string name = kParamNames[pick(static_cast<int>(std::size(kParamNames)))];
+          if (p > 0) name.append(1, '_').append(std::to_string(p));
           properties[name] =
               ordered_json::parse(kParams[pick(static_cast<int>(std::size(kParams)))]);
           if (pick(2)) required.push_back(name);
