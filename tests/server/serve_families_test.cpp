@@ -119,10 +119,13 @@ TEST_P(ServeFamily, ModelCardAndRoutesEqualGenerate) {
   const int prompt_tokens = 27, max_tokens = 6;
   const std::vector<int> prompt = token_prompt(prompt_tokens, family.name[0]);
   std::string ids;
-  for (int t : prompt) ids += (ids.empty() ? "" : ",") + std::to_string(t);
+  for (int t : prompt) {
+    if (!ids.empty()) ids.push_back(',');
+    ids.append(std::to_string(t));
+  }
   const std::string routes_path = dir + "/generate_routes.npy";
   std::string generate = shell_quote(switchyard_binary()) + " generate";
-  for (const std::string& w : weights) generate += " " + shell_quote(w);
+  for (const std::string& w : weights) generate.append(1, ' ').append(shell_quote(w));
   CommandResult g = run_command(generate + " --prompt-ids " + ids + " --max-tokens " +
                                 std::to_string(max_tokens) +
                                 " --temperature 0 --ignore-eos --json --routes-out " +
@@ -170,13 +173,16 @@ TEST_P(ServeFamily, ModelCardAndRoutesEqualGenerate) {
         chosen.insert(id);
         used.insert(id);
       }
-      if (moe) EXPECT_EQ(static_cast<int64_t>(chosen.size()), top_k) << "row " << row;
+      if (moe) {
+        EXPECT_EQ(static_cast<int64_t>(chosen.size()), top_k) << "row " << row;
+      }
     }
   // Routing that is not degenerate: many experts get tokens (a wire format that truncated ids
   // above 255 would show here for the > 256-expert model).
   EXPECT_GE(static_cast<int64_t>(used.size()), std::min<int64_t>(experts, 2 * top_k));
-  if (experts > 256)
+  if (experts > 256) {
     EXPECT_GT(*std::max_element(used.begin(), used.end()), 255) << "ids above 255 were routed";
+  }
 
   // The "moe" layout is the same routes with the dense layers left out.
   request["routed_experts_layers"] = "moe";
@@ -193,6 +199,7 @@ TEST_P(ServeFamily, ModelCardAndRoutesEqualGenerate) {
                   values[(row * layers + moe_layers[m]) * top_k + k])
             << "row " << row << " moe layer " << moe_layers[m];
   EXPECT_EQ(serve.terminate(), 0) << serve.output();
+  fs::remove_all(dir);
 }
 
 // A gpt-oss model folder as published (gpt-oss's tokenizer, its harmony chat_template.jinja):
@@ -285,6 +292,7 @@ TEST(ServeGptOssChat, RenderChatAndServeUseTheHarmonyTemplate) {
                                                 config["num_hidden_layers"].get<int64_t>(),
                                                 config["num_experts_per_tok"].get<int64_t>()}));
   EXPECT_EQ(serve.terminate(), 0) << serve.output();
+  fs::remove_all(dir);
 }
 
 INSTANTIATE_TEST_SUITE_P(
