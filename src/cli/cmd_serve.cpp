@@ -192,7 +192,7 @@ void add_serve_command(CLI::App& app, int& exit_code, const dist::MpiWorld& worl
       ->capture_default_str();
   command
       ->add_option("--kv-cache-tokens", e.kv_cache_tokens,
-                   "KV cache size in tokens (0 = from memory)")
+                   "KV cache size in tokens (0 = from memory; on the CPU at most 1 GiB)")
       ->capture_default_str();
   command->add_option("--block-size", e.block_size_tokens, "KV block size in tokens")
       ->capture_default_str();

@@ -105,7 +105,11 @@ class EngineImpl final : public Engine {
                                 static_cast<int64_t>(dtype_size(backend_->kv_cache_dtype()));
       int64_t budget = 0;
       if (backend_->device() == Device::kCpu) {
-        budget = std::min<int64_t>(available_memory_bytes() / 4, int64_t{8} << 30);
+        // The CPU is the reference, not where rollouts run: 1 GiB (half a million tokens of the
+        // tiny model), like the few GiB CPU engines default to. The cache is zero-filled at
+        // start, so every GiB here costs a start-up's page faults (seconds under load);
+        // --kv-cache-tokens sets more.
+        budget = std::min<int64_t>(available_memory_bytes() / 4, int64_t{1} << 30);
       } else {
         // What the device has left after the weights, less room for the step workspace (the
         // largest buffer is the logits, [rows, vocab] f32, held twice) and the kernels' scratch.

@@ -143,7 +143,7 @@ struct EngineConfig {
   // Prompt positions scored for prompt_logprobs per step: each is a [vocab] f32 logits row
   // (151936 x 4 B = 0.6 MB for Qwen3), so such prompts are chunked to this many tokens a step.
   int max_prompt_logprob_rows = 256;
-  int64_t kv_cache_tokens = 0;        // 0 = size from memory
+  int64_t kv_cache_tokens = 0;        // 0 = from memory (CPU: a quarter of it, at most 1 GiB)
   int block_size_tokens = 16;
   int64_t max_model_len = 0;          // 0 = from config.json
   bool enable_prefix_caching = true;

@@ -32,6 +32,8 @@ struct Family {
   json config_edits;
   DType wire_dtype;
 };
+// Names the parameter in test listings (else gtest prints its bytes, pointers included).
+void PrintTo(const Family& family, std::ostream* out) { *out << family.name; }
 
 // The MoE layers by each family's own rule, from config.json as published checkpoints spell it.
 std::vector<int> expected_moe_layers(const json& config) {
