@@ -5,12 +5,15 @@
 namespace sy::model {
 
 Status check_backend_features(const ModelConfig& c, const backend::Backend& backend) {
-  bool windowed = false, gated_shared = false, sinks = false, latent = false;
+  bool windowed = false, gated_shared = false, sinks = false, latent = false, linear = false,
+       output_gate = false;
   for (const LayerSpec& layer : c.layers) {
     windowed |= layer.attention.sliding_window > 0;
     gated_shared |= layer.shared_expert_gate;
     sinks |= layer.attention.sinks;
     latent |= layer.attention.latent;
+    linear |= layer.attention.linear;
+    output_gate |= layer.attention.output_gate;
   }
   const bool mxfp4 = c.experts.format == moe::ExpertFormat::kMxfp4Interleaved;
   const bool yarn = c.rope_scaling.kind == RopeKind::kYarn;
@@ -20,7 +23,9 @@ Status check_backend_features(const ModelConfig& c, const backend::Backend& back
                                  std::pair{sinks, backend::BackendFeature::kAttentionSinks},
                                  std::pair{yarn, backend::BackendFeature::kScaledRope},
                                  std::pair{mxfp4, backend::BackendFeature::kMxfp4Weights},
-                                 std::pair{latent, backend::BackendFeature::kLatentAttention}})
+                                 std::pair{latent, backend::BackendFeature::kLatentAttention},
+                                 std::pair{linear, backend::BackendFeature::kGatedDeltaNet},
+                                 std::pair{output_gate, backend::BackendFeature::kGatedAttention}})
     if (needed && !backend.supports(feature))
       missing +=
           fmt::format("{}{}", missing.empty() ? "" : ", ", backend::backend_feature_name(feature));

@@ -33,7 +33,8 @@ const char* kCheckpoints[] = {"hf_qwen3_moe/qwen3moe_sharded",
                               "hf_olmoe/olmoe_nonorm",
                               "hf_qwen2_moe/qwen2moe_shared_window",
                               "hf_gpt_oss/gptoss_mxfp4",
-                              "hf_gpt_oss/gptoss_bf16"};
+                              "hf_gpt_oss/gptoss_bf16",
+                              "hf_qwen3_5_moe/qwen35moe_hybrid"};
 
 nlohmann::json read_json(const std::string& path) {
   std::ifstream in(path);
@@ -122,6 +123,8 @@ struct Harness {
     in.max_blocks_per_seq = (n + 15) / 16;
     for (int b = 0; b < in.max_blocks_per_seq; ++b) in.block_tables.push_back(b);
     in.capture_routes = true;
+    if (decoder->state_buffers() > 0)
+      in.state_read = {0}, in.state_write = {1};  // linear attention
     if (forced) {
       in.forced.assign(static_cast<size_t>(n), 1);
       in.forced_routes = *forced;
