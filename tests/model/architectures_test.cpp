@@ -759,3 +759,60 @@ TEST(Architectures, ABackendWithoutLatentAttentionRefusesDeepseekV3BeforeLoading
 
 }  // namespace
 }  // namespace sy::model
+
+namespace sy::model {
+namespace {
+
+TEST(Architectures, ABackendWithoutGatedDeltaNetRefusesQwen35BeforeLoading) {
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("sy_qwen35_refuse_" + std::to_string(::getpid()));
+  ASSERT_TRUE(
+      write_random_checkpoint(tiny("qwen3_5_moe"), json::object(), dir.string(), 1, false).is_ok());
+  FeaturelessBackend backend;
+  auto refused = Model::load(dir.string(), backend);
+  ASSERT_FALSE(refused.is_ok());
+  EXPECT_EQ(refused.status().code(), ErrorCode::kUnsupported);
+  for (const char* named :
+       {"featureless", "qwen3_5_moe", "gated DeltaNet", "gated attention", "sigmoid-gated"})
+    EXPECT_NE(refused.message().find(named), std::string::npos)
+        << named << ": " << refused.message();
+  std::filesystem::remove_all(dir);
+}
+
+// Qwen3.5's config: the text model from text_config (or flat for Qwen3_5MoeForCausalLM), layer
+// types given or by full_attention_interval, partial rotary, and clear refusals.
+TEST(Architectures, Qwen35ConfigLayerTypesPartialRotaryAndRefusals) {
+  const json wrapper = tiny("qwen3_5_moe");
+  const ModelConfig c = parsed(wrapper);
+  EXPECT_EQ(c.model_type, "qwen3_5_moe");
+  EXPECT_EQ(c.hidden_size, 72);
+  EXPECT_TRUE(c.layers[0].attention.linear && c.layers[1].attention.linear);
+  EXPECT_TRUE(!c.layers[2].attention.linear && c.layers[2].attention.output_gate);
+  EXPECT_EQ(c.layers[2].attention.rotary_dim, 6);  // int(24 * 0.25)
+  EXPECT_EQ(c.linear_attention.conv_dim(), 2 * 2 * 12 + 4 * 10);
+  EXPECT_TRUE(c.router.renormalize);
+  EXPECT_EQ(c.kv_cache_values_per_token(), 2 * 2 * 24) << "only the full-attention layer has KV";
+  // The text model alone, flat, without layer_types: every 4th layer full.
+  json flat = wrapper["text_config"];
+  flat.erase("layer_types");
+  flat["num_hidden_layers"] = 8;
+  const ModelConfig f = parsed(flat);
+  EXPECT_EQ(f.model_type, "qwen3_5_moe_text");
+  for (int layer = 0; layer < 8; ++layer)
+    EXPECT_EQ(f.layers[layer].attention.linear, layer % 4 != 3) << layer;
+  auto refused = [](json config, const std::string& key, json value, const char* named) {
+    config[key] = value;
+    auto result = parse_model_config(config);
+    ASSERT_FALSE(result.is_ok()) << key;
+    EXPECT_NE(result.message().find(named), std::string::npos) << result.message();
+  };
+  json text = wrapper["text_config"];
+  refused(text, "linear_num_value_heads", 3, "linear_num_value_heads");
+  refused(text, "layer_types", json{"linear_attention", "sliding_attention", "full_attention", "linear_attention"},
+          "layer_types[1]");
+  refused(text, "rope_parameters", json{{"rope_type", "default"}, {"partial_rotary_factor", 0.01}},
+          "partial_rotary_factor");
+}
+
+}  // namespace
+}  // namespace sy::model

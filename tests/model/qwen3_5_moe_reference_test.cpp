@@ -431,8 +431,9 @@ TEST_F(Qwen35MoeReference, ChunkedPrefillCarriesTheStateAndPositionZeroStartsFre
         // A failed step is rerun from the same read buffer: the same result.
         StepOutputs again_out;
         const std::vector<float> again =
-            step(*dec, bounds[i], bounds[i + 1], read, write, again_out);
+            step(*dec, bounds[i], bounds[i + 1], read, write, again_out, true);
         EXPECT_EQ(again, part);
+        EXPECT_EQ(again_out.routes, out.routes);
       }
       logits.insert(logits.end(), part.begin(), part.end());
       routes.insert(routes.end(), out.routes.begin(), out.routes.end());
