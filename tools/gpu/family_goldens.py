@@ -307,8 +307,6 @@ def make_family(kind, folder, name, seed, cfg):
             again = model(torch.tensor([forced_input])).logits[0].numpy()
             if np.abs(again - full_logits).max() > 1e-12:
                 fail(f"{name}: restoring the sliding window did not restore the logits")
-        if kind == "qwen3_5_moe":
-            hybrid_checks(name, model, forced_input, full_logits)
         rec = {"text": text, "prompt_ids": ids, "continuation_ids": continuation, "sequence_ids": forced_input}
         np.save(os.path.join(d, f"p{pi}_logits_last.npy"), logits_last.astype(np.float32))
         np.save(os.path.join(d, f"p{pi}_logits_all.npy"), full_logits.astype(np.float32))
@@ -321,6 +319,8 @@ def make_family(kind, folder, name, seed, cfg):
             gaps.extend((srt[:, top_k - 1] - srt[:, top_k]).tolist())
             np.save(os.path.join(d, f"p{pi}_router_logits_l{li}.npy"), r_logits.numpy().astype(np.float32))
             np.save(os.path.join(d, f"p{pi}_topk_l{li}.npy"), topk.numpy().astype(np.int32))
+        if kind == "qwen3_5_moe":  # after the router inputs above were used (its passes refill them)
+            hybrid_checks(name, model, forced_input, full_logits)
         fixture["prompts"].append(rec)
     for h in handles:
         h.remove()
