@@ -128,6 +128,20 @@ class EngineImpl final : public Engine {
           "switchyard: prefix caching is off for this model: its linear-attention layers keep "
           "per-sequence state that the prefix cache does not store\n");
     }
+    if (hybrid_) {
+      // Beside the KV cache (and not counted in its budget): two state buffers per sequence.
+      int64_t linear_layers = 0;
+      for (const model::LayerSpec& layer : c.layers)
+        linear_layers += layer.attention.linear ? 1 : 0;
+      const model::LinearAttentionSpec& lin = c.linear_attention;
+      const double state_bytes =
+          2.0 * config.max_num_seqs * static_cast<double>(linear_layers) *
+          static_cast<double>(lin.conv_state_values() + lin.recurrent_state_values()) * 4;
+      std::fprintf(
+          stderr,
+          "switchyard: linear-attention state: %.1f MB (2 buffers x %d sequences x %lld layers)\n",
+          state_bytes / 1e6, config.max_num_seqs, static_cast<long long>(linear_layers));
+    }
     scheduler_ = std::make_unique<Scheduler>(
         SchedulerConfig{config.max_num_seqs, config.max_num_batched_tokens,
                         config.max_prompt_logprob_rows, prefix_caching, config.capture_routes,
