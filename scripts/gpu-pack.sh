@@ -9,8 +9,9 @@ cd "$root"
 jobs=${JOBS:-$(nproc)}
 # GPU_PACK_TARGETS: a shorter list for a visit that needs fewer (the device's upload limit).
 read -r -a targets <<< "${GPU_PACK_TARGETS:-switchyard step_bench cuda_op_harness test_model test_engine test_server}"
+# One GPU: no MPI (the GPU image has no OpenMPI; a multi-GPU visit must carry it: docs/multi-gpu.md).
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DSWITCHYARD_NATIVE=OFF -DSWITCHYARD_MARCH=x86-64-v3 \
-  -DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc >/dev/null
+  -DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc -DSWITCHYARD_MPI=${GPU_PACK_MPI:-OFF} >/dev/null
 ninja -C build-gpu -j "$jobs" "${targets[@]}"
 rm -rf gpu-carry && mkdir -p gpu-carry/lib
 # What the binaries were built from (the device's copy of .git may be stale): commit + dirty flag.

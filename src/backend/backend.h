@@ -52,6 +52,8 @@ enum class BackendFeature {
   kLatentAttention,  // latent_attention (DeepSeek-V3's multi-head latent attention)
   kGatedDeltaNet,    // gated_delta_net (Qwen3.5's linear-attention layers)
   kGatedAttention,   // gated_attention (Qwen3.5's output-gated, partially rotary attention)
+  kPartialRotary,    // rope() turns only the first RopeSpec::head_dim dims of wider heads (GLM)
+  kFp8BlockWeights,  // alloc() is host memory: FP8 weights are dequantised to bf16 into it
 };
 inline const char* backend_feature_name(BackendFeature feature) {
   switch (feature) {
@@ -65,12 +67,20 @@ inline const char* backend_feature_name(BackendFeature feature) {
       return "gated DeltaNet linear attention";
     case BackendFeature::kGatedAttention:
       return "gated attention (sigmoid output gate, partial rotary)";
+    case BackendFeature::kPartialRotary:
+      return "partial rotary embedding (partial_rotary_factor)";
+    case BackendFeature::kFp8BlockWeights:
+      return "FP8 block-quantised weights (weight_scale_inv)";
   }
   return "unknown feature";
 }
 
 struct RopeSpec {
   double theta = 10000.0;
+  // The dims RoPE rotates and its frequencies span (theta^(-2i/head_dim)): every dim of a head,
+  // or (BackendFeature::kPartialRotary) the first head_dim dims of wider heads, rotate-half
+  // over those dims (pairs (i, i + head_dim/2)), the rest passed through (transformers'
+  // partial_rotary_factor).
   int64_t head_dim = 0;
   // Scaled RoPE (YaRN; BackendFeature::kScaledRope): the head_dim / 2 inverse frequencies (host
   // memory, f32, as transformers computes them) replacing theta's, and the factor cos and sin
@@ -134,6 +144,9 @@ class Backend {
   // tokens (crossover measured per backend); empty: none.
   virtual std::string small_batch_kernel() const { return ""; }
   virtual int64_t small_batch_max_tokens() const { return 0; }
+  // The device queue the backend's work goes to (a cudaStream_t on CUDA), for a communicator
+  // whose collectives must be ordered with that work; nullptr on the CPU.
+  virtual void* native_stream() const { return nullptr; }
   virtual bool supports(BackendFeature feature) const {
     (void)feature;
     return false;
@@ -230,7 +243,8 @@ class Backend {
   }
   // out = silu(gate) * up, element-wise.
   virtual void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) = 0;
-  // Rotary embedding (rotate-half) on x [T, heads, head_dim] at the batch's positions.
+  // Rotary embedding (rotate-half) on x [T, heads, head_dim] at the batch's positions, over the
+  // first spec.head_dim dims of each head (all of them unless partial rotary).
   virtual void rope(Tensor& x, const AttentionBatch& batch, const RopeSpec& spec) = 0;
   // Writes this step's K/V ([T, kv_heads, head_dim]) into the layer's cache
   // ([slots, kv_heads, head_dim]) at batch.slot_mapping; a slot of -1 (padding) is skipped.

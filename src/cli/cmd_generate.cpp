@@ -101,6 +101,7 @@ int run(Options o) {
   config.show_progress = true;
   config.num_threads = o.threads;
   config.enable_prefix_caching = false;
+  if (config.world.rank > 0) return run_parallel_follower(config, "generate");
 
   engine::GenerationRequest request;
   std::optional<tokenizer::Tokenizer> tok;
@@ -145,6 +146,9 @@ int run(Options o) {
   request.sampling.seed = o.seed;
   request.sampling.ignore_eos = o.ignore_eos;
   request.return_routes = config.capture_routes;
+  // One request: a KV cache of its length, not one sized from the machine's memory (that many
+  // gigabytes of pages cost seconds to fault in, on every rank of a parallel run).
+  config.kv_cache_tokens = static_cast<int64_t>(request.prompt_ids.size()) + o.max_tokens + config.block_size_tokens;
 
   auto created = engine::create_engine(config);
   if (!created) return fail(created.message());
@@ -189,8 +193,9 @@ int run(Options o) {
 
 }  // namespace
 
-void add_generate_command(CLI::App& app, int& exit_code) {
+void add_generate_command(CLI::App& app, int& exit_code, const dist::MpiWorld& world) {
   auto o = std::make_shared<Options>();
+  o->device.world = world;
   auto* command = app.add_subcommand("generate", "Generate from one prompt; write or replay routed experts");
   command->add_option("--model", o->model, "Model folder (Hugging Face format)");
   add_device_options(command, o->device);

@@ -84,6 +84,8 @@ int run_serve(ServeOptions options) {
   if (config.served_model_name.empty()) config.served_model_name = options.engine.model_dir;
   options.engine.capture_routes = config.enable_return_routed_experts;
   options.engine.enable_prefix_caching = !options.no_prefix_caching;
+  // Ranks 1..N-1 serve no HTTP: they run the forward pass of the steps rank 0 plans.
+  if (options.engine.world.rank > 0) return run_parallel_follower(options.engine, "serve");
 
   Result<engine::SamplingParams> defaults = engine::load_generation_defaults(options.engine.model_dir);
   if (!defaults) {
@@ -127,6 +129,10 @@ int run_serve(ServeOptions options) {
       config.served_model_name.c_str(), info.architecture.c_str(),
       static_cast<long long>(info.num_hidden_layers), static_cast<long long>(info.num_experts),
       static_cast<long long>(info.top_k), config.enable_return_routed_experts ? "captured" : "off");
+  if (config.ui) {
+    std::printf("switchyard serve: routing inspector at http://%s:%u/ui/\n", config.host.c_str(),
+                static_cast<unsigned>(server.port()));
+  }
   std::fflush(stdout);
 
   server.wait();  // returns after SIGTERM/SIGINT and the drain
@@ -137,8 +143,9 @@ int run_serve(ServeOptions options) {
 
 }  // namespace
 
-void add_serve_command(CLI::App& app, int& exit_code) {
+void add_serve_command(CLI::App& app, int& exit_code, const dist::MpiWorld& world) {
   auto options = std::make_shared<ServeOptions>();
+  options->device.world = world;
   auto* command = app.add_subcommand("serve", "OpenAI/vLLM/SGLang-compatible HTTP server");
   server::ServerConfig& s = options->server;
   engine::EngineConfig& e = options->engine;
@@ -159,6 +166,15 @@ void add_serve_command(CLI::App& app, int& exit_code) {
       "--return-routed-experts-default", s.return_routed_experts_default,
       "with capture on, return routes to requests that leave return_routed_experts out "
       "(default: only to those that ask)");
+  command->add_flag(
+      "--ui", s.ui,
+      "serve the routing inspector page at /ui/ (expert-load heatmap, routes viewer)");
+  command
+      ->add_option("--ui-route-store", s.ui_route_store_requests,
+                   "with --ui and capture on: finished requests whose routes /ui/api/routes/ID "
+                   "keeps (newest first, within 256 MiB; 0 = none)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20))
+      ->capture_default_str();
   command->add_option("--moe-kernel", e.moe_kernel, "MoE kernel: auto or a name")
       ->capture_default_str();
   command->add_option("--max-num-seqs", e.max_num_seqs, "sequences per step")

@@ -20,6 +20,15 @@ void add_device_options(CLI::App* command, DeviceOptions& options) {
                       "files; the tokenizer is read from the config's folder)");
   command->add_option("--random-seed", options.random_seed, "Seed of --random-weights")->capture_default_str();
   command->add_flag("--no-cuda-graphs", options.no_cuda_graphs, "Run decode steps without recorded graphs");
+  command
+      ->add_option("--tensor-parallel", options.tensor_parallel,
+                   "Ranks to shard the model over (start with mpirun -np N; rank 0 serves)")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  command->add_flag("--expert-parallel", options.expert_parallel,
+                    "With --tensor-parallel: give each rank whole experts instead of a slice of each");
+  command->add_flag("--check-routes-agree", options.check_routes_agree,
+                    "Debug: every step, compare all ranks' routes; a disagreement fails the step");
 }
 
 Status apply_device_options(const DeviceOptions& options, engine::EngineConfig& config) {
@@ -27,6 +36,12 @@ Status apply_device_options(const DeviceOptions& options, engine::EngineConfig& 
   config.random_weights_config = options.random_weights;
   config.random_weights_seed = options.random_seed;
   config.cuda_graphs = !options.no_cuda_graphs;
+  config.parallel.tensor_parallel = options.tensor_parallel;
+  config.parallel.expert_parallel = options.expert_parallel;
+  config.check_routes_agree = options.check_routes_agree;
+  config.world = options.world;
+  if (options.expert_parallel && options.tensor_parallel < 2)
+    return Status::error("--expert-parallel needs --tensor-parallel N with N >= 2");
   if (!options.random_weights.empty() && config.model_dir.empty()) {
     namespace fs = std::filesystem;
     config.model_dir = fs::path(options.random_weights).parent_path().string();
@@ -34,6 +49,14 @@ Status apply_device_options(const DeviceOptions& options, engine::EngineConfig& 
   }
   if (config.model_dir.empty()) return Status::error("--model is required (or --random-weights CONFIG.json)");
   return Status::ok();
+}
+
+int run_parallel_follower(const engine::EngineConfig& config, const char* command) {
+  Status status = engine::run_engine_follower(config);
+  if (status) return 0;
+  std::fprintf(stderr, "switchyard %s (rank %d): %s\n", command, config.world.rank,
+               status.message().c_str());
+  dist::mpi_abort(config.world, 1);
 }
 
 std::string default_tokenizer_dir() {

@@ -2,7 +2,42 @@
 
 #include <algorithm>
 
+#include "tensor/dtype.h"
+
 namespace sy::dist {
+
+int64_t collective_bytes(DType dtype, int64_t count) {
+  switch (dtype) {
+    case DType::kF32:
+    case DType::kI32:
+      return 4 * count;
+    case DType::kBF16:
+      return 2 * count;
+    case DType::kU8:
+      return count;
+    default:
+      return 0;
+  }
+}
+
+void sum_in_rank_order(const std::vector<const void*>& parts, int64_t offset, int64_t count,
+                       DType dtype, void* dst) {
+  if (dtype == DType::kF32) {
+    float* out = static_cast<float*>(dst);
+    for (int64_t i = 0; i < count; ++i) {
+      float acc = 0.0f;
+      for (const void* p : parts) acc += static_cast<const float*>(p)[offset + i];
+      out[i] = acc;
+    }
+  } else {
+    uint16_t* out = static_cast<uint16_t*>(dst);
+    for (int64_t i = 0; i < count; ++i) {
+      float acc = 0.0f;
+      for (const void* p : parts) acc += bf16_to_f32(static_cast<const uint16_t*>(p)[offset + i]);
+      out[i] = f32_to_bf16(acc);
+    }
+  }
+}
 
 Status check_routes_agree(Communicator& comm, const std::vector<int32_t>& routes, int64_t layers,
                           int64_t top_k) {

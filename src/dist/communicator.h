@@ -1,7 +1,8 @@
 // Communicator: the collectives tensor and expert parallelism need, over buffers of one dtype,
-// issued by every rank of a group in the same order. Two implementations: LocalGroup (N ranks as
-// N threads of one process, host memory; CPU tests of the sharding) and NcclCommunicator (one
-// process per GPU, device memory, ranks found through MPI).
+// issued by every rank of a group in the same order. Three implementations: LocalGroup (N ranks
+// as N threads of one process, host memory; CPU tests of the sharding and the step plan),
+// MpiCommunicator (one process per rank launched by mpirun, host memory: the CPU backend) and
+// NcclCommunicator (one process per GPU, device memory, ranks found through MPI).
 #pragma once
 
 #include <cstdint>
@@ -41,6 +42,12 @@ class Communicator {
 // Bytes of `count` elements of the dtypes the collectives carry (f32, bf16, i32, u8); 0 for
 // other dtypes, which the collectives refuse.
 int64_t collective_bytes(DType dtype, int64_t count);
+
+// dst[i] = sum over parts of part[offset + i], in part (rank) order, f32 accumulation (bf16
+// rounded once at the end): host-memory communicators sum this way so that every rank gets the
+// same bits. dtype f32 or bf16.
+void sum_in_rank_order(const std::vector<const void*>& parts, int64_t offset, int64_t count,
+                       DType dtype, void* dst);
 
 // Debug check of the routing contract: every rank computed the same routes for the step. Gathers
 // each rank's routes to every rank and compares them with rank 0's; a difference is kInternal

@@ -7,44 +7,6 @@
 
 namespace sy::dist {
 
-int64_t collective_bytes(DType dtype, int64_t count) {
-  switch (dtype) {
-    case DType::kF32:
-    case DType::kI32:
-      return 4 * count;
-    case DType::kBF16:
-      return 2 * count;
-    case DType::kU8:
-      return count;
-    default:
-      return 0;
-  }
-}
-
-namespace {
-
-// dst[i] = sum over parts, in part order (f32 accumulation; bf16 rounded once at the end).
-void sum_parts(const std::vector<const void*>& parts, int64_t offset, int64_t count, DType dtype,
-               void* dst) {
-  if (dtype == DType::kF32) {
-    float* out = static_cast<float*>(dst);
-    for (int64_t i = 0; i < count; ++i) {
-      float acc = 0.0f;
-      for (const void* p : parts) acc += static_cast<const float*>(p)[offset + i];
-      out[i] = acc;
-    }
-  } else {
-    uint16_t* out = static_cast<uint16_t*>(dst);
-    for (int64_t i = 0; i < count; ++i) {
-      float acc = 0.0f;
-      for (const void* p : parts) acc += bf16_to_f32(static_cast<const uint16_t*>(p)[offset + i]);
-      out[i] = f32_to_bf16(acc);
-    }
-  }
-}
-
-}  // namespace
-
 class LocalCommunicator final : public Communicator {
  public:
   LocalCommunicator(LocalGroup& group, int rank) : group_(group), rank_(rank) {}
@@ -58,7 +20,7 @@ class LocalCommunicator final : public Communicator {
     std::vector<uint8_t> result;
     if (status.is_ok()) {
       result.resize(collective_bytes(dtype, count));
-      sum_parts(inputs(), 0, count, dtype, result.data());
+      sum_in_rank_order(inputs(), 0, count, dtype, result.data());
     }
     group_.barrier_.arrive_and_wait();
     if (status.is_ok()) std::memcpy(data, result.data(), result.size());
@@ -80,7 +42,7 @@ class LocalCommunicator final : public Communicator {
   Status reduce_scatter_sum(const void* in, void* out, int64_t count, DType dtype) override {
     post({in, out, count, dtype});
     Status status = agree("reduce_scatter_sum", true);
-    if (status.is_ok()) sum_parts(inputs(), rank_ * count, count, dtype, out);
+    if (status.is_ok()) sum_in_rank_order(inputs(), rank_ * count, count, dtype, out);
     group_.barrier_.arrive_and_wait();
     return status;
   }

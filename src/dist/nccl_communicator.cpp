@@ -1,7 +1,5 @@
 #include "dist/nccl_communicator.h"
 
-#include <cstdlib>
-
 #include <fmt/format.h>
 
 #if SWITCHYARD_HAVE_MPI
@@ -14,44 +12,8 @@
 
 namespace sy::dist {
 
-bool have_mpi() {
-  return SWITCHYARD_HAVE_MPI != 0;
-}
 bool have_nccl() {
   return SWITCHYARD_HAVE_NCCL != 0;
-}
-
-MpiWorld mpi_init(int* argc, char*** argv) {
-  // The device notes require NVLink multicast (NVLS) off on these machines: forced here so no
-  // launch (mpirun, a script, a bare run) can forget it.
-  setenv("NCCL_NVLS_ENABLE", "0", 1);
-  MpiWorld world;
-#if SWITCHYARD_HAVE_MPI
-  // Only when started by a launcher: a plain `switchyard generate` stays a one-process program.
-  const bool launched =
-      std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") || std::getenv("PMIX_RANK");
-  if (!launched) return world;
-  int provided = 0;
-  MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
-  MPI_Comm_rank(MPI_COMM_WORLD, &world.rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &world.size);
-  MPI_Comm local;
-  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, world.rank, MPI_INFO_NULL, &local);
-  MPI_Comm_rank(local, &world.local_rank);
-  MPI_Comm_free(&local);
-  world.initialised = true;
-#else
-  (void)argc, (void)argv;
-#endif
-  return world;
-}
-
-void mpi_finalize(const MpiWorld& world) {
-#if SWITCHYARD_HAVE_MPI
-  if (world.initialised) MPI_Finalize();
-#else
-  (void)world;
-#endif
 }
 
 #if SWITCHYARD_HAVE_NCCL && SWITCHYARD_HAVE_MPI

@@ -8,23 +8,11 @@
 #include <memory>
 
 #include "dist/communicator.h"
+#include "dist/mpi_communicator.h"
 
 namespace sy::dist {
 
-// The MPI world this process runs in. Without MPI, or when not started by mpirun, size is 1.
-struct MpiWorld {
-  int rank = 0;
-  int size = 1;
-  int local_rank = 0;  // rank among the processes of this host (the GPU to use)
-  bool initialised = false;
-};
-// MPI_Init where this build has MPI (every rank calls it first, before parsing arguments into
-// a server); a no-op world of size 1 otherwise. Sets NCCL_NVLS_ENABLE=0 (NVLink multicast off)
-// for every launch path.
-MpiWorld mpi_init(int* argc, char*** argv);
-void mpi_finalize(const MpiWorld& world);
-// True where this build has MPI / NCCL.
-bool have_mpi();
+// True where this build has NCCL (and MPI, which carries its id).
 bool have_nccl();
 
 // The NCCL communicator of all MPI ranks, on GPU world.local_rank, its collectives issued on

@@ -17,9 +17,12 @@
 #include <thread>
 #include <unordered_map>
 
+#include "dist/nccl_communicator.h"
+#include "dist/shard_model.h"
 #include "engine/kv_cache.h"
 #include "engine/scheduler.h"
 #include "engine/sequence.h"
+#include "engine/step_plan.h"
 #include "model/decoder.h"
 #include "moe/router.h"
 
@@ -38,9 +41,12 @@ class EngineImpl final : public Engine {
       if (t->data) backend_->free_buffer(*t);
   }
 
-  Status init(const EngineConfig& config) {
+  // follower: a rank > 0 of a parallel run (no engine thread; follow() runs the plan).
+  Status init(const EngineConfig& config, bool follower = false) {
     config_ = config;
-    SY_ASSIGN(backend_, backend::make_backend({config.device, config.num_threads, 0}));
+    follower_ = follower;
+    SY_ASSIGN(backend_, backend::make_backend({config.device, config.num_threads, config.world.local_rank}));
+    SY_TRY(join_group());
     backend_->register_kernels(registry_);
     if (config.register_extra_kernels) config.register_extra_kernels(registry_);
     moe::KernelNeeds needs{backend_->device(), config.capture_routes, config.require_replay};
@@ -82,11 +88,9 @@ class EngineImpl final : public Engine {
           "--enable-return-routed-experts";
     capture_weights_ = weights_unavailable_.empty();
     // The guard runs before loading, so a refused kernel costs no load time.
-    if (!config.random_weights_config.empty()) {
-      SY_ASSIGN(model_, model::Model::random(config.random_weights_config, *backend_, config.random_weights_seed));
-    } else {
-      SY_ASSIGN(model_, model::Model::load(config.model_dir, *backend_, progress_printer(config.show_progress)));
-    }
+    SY_ASSIGN(RankModel loaded, load_rank_model(config.random_weights_config.empty() ? config.model_dir : ""));
+    full_model_ = std::move(loaded.full);
+    model_ = std::move(loaded.model);
     const model::ModelConfig& c = model_->config();
     config_at_start_ = c;  // shapes never change (weight updates must keep them)
     max_model_len_ = config.max_model_len > 0 ? config.max_model_len : c.max_position_embeddings;
@@ -111,9 +115,16 @@ class EngineImpl final : public Engine {
       }
       kv_tokens = std::clamp<int64_t>(budget / per_token, 4096, int64_t{4} << 20);
     }
-    const int64_t blocks = std::max<int64_t>(2, (kv_tokens + config.block_size_tokens - 1) / config.block_size_tokens);
+    int64_t blocks = std::max<int64_t>(2, (kv_tokens + config.block_size_tokens - 1) / config.block_size_tokens);
     decoder_ = std::make_unique<model::Decoder>(*backend_, kernels, config.block_size_tokens);
     decoder_->set_graphs_enabled(config.cuda_graphs);
+    if (comm_) {
+      // Rank 0's plan names KV slots: every rank holds the same number of blocks (the fewest).
+      SY_ASSIGN(blocks, agree_on_blocks(blocks));
+      decoder_->set_all_reduce([comm = comm_](Tensor& partial) {
+        return comm->all_reduce_sum(partial.data, partial.numel(), partial.dtype);
+      });
+    }
     SY_TRY(decoder_->allocate(c, blocks, limits));
     kv_ = std::make_unique<KvCache>(blocks, config.block_size_tokens,
                                     RoutePacking(c.num_hidden_layers, c.experts_per_token, c.num_experts, c.moe_layers()));
@@ -153,8 +164,37 @@ class EngineImpl final : public Engine {
     if (config.capture_routes)
       metrics_.expert_load_tokens.assign(
           metrics_.moe_layers.size() * static_cast<size_t>(c.num_experts), 0);
-    thread_ = std::thread([this] { loop(); });
+    if (!follower_) thread_ = std::thread([this] { loop(); });
     return Status::ok();
+  }
+
+  // A follower's life: run each planned step's forward pass (the all-reduces meet rank 0's),
+  // reload weights when told, return when rank 0 stops. A step that fails here failed the same
+  // way on rank 0 (same inputs, same checks), which then reschedules: carry on.
+  Status follow() {
+    for (;;) {
+      SY_ASSIGN(PlanMessage message, receive_plan(*comm_));
+      switch (message.kind) {
+        case PlanKind::kStop:
+          return Status::ok();
+        case PlanKind::kReloadWeights:
+          (void)reload_rank_model(message.model_dir);  // rank 0 reports the verdict
+          break;
+        case PlanKind::kStep: {
+          model::StepOutputs out;
+          Status status = decoder_->forward(*model_, message.step, out);
+          if (status) status = decoder_->finish_step(*model_, out);
+          if (message.step.capture_routes && config_.check_routes_agree) {
+            Status agree = dist::check_routes_agree(*comm_, out.routes, model_->config().num_hidden_layers,
+                                                    model_->config().experts_per_token);
+            if (status) status = agree;
+          }
+          if (!status)
+            std::fprintf(stderr, "rank %d: step failed: %s\n", comm_->rank(), status.message().c_str());
+          break;
+        }
+      }
+    }
   }
 
   Result<RequestId> submit(GenerationRequest request, EventCallback on_event) override {
@@ -212,6 +252,13 @@ class EngineImpl final : public Engine {
 
   Status update_weights_from_disk(const std::string& model_dir) override {
     return run_on_engine_thread([this, model_dir]() -> Status {
+      if (comm_) {
+        SY_TRY(send_reload_weights(*comm_, model_dir));
+        SY_TRY(reload_rank_model(model_dir));
+        backend_->clear_graphs();
+        kv_->flush();
+        return Status::ok();
+      }
       // In place where the backend can (a GPU has no room for a second copy), else a new model.
       if (Status in_place = model_->reload_in_place(model_dir); in_place.code() != ErrorCode::kUnsupported) {
         SY_TRY(in_place);
@@ -252,6 +299,84 @@ class EngineImpl final : public Engine {
       std::fprintf(stderr, "\rloading: %zu/%zu tensors, %.1f/%.1f MB", done, total, bytes / 1e6, total_bytes / 1e6);
       if (done == total) std::fprintf(stderr, "\n");
     };
+  }
+
+  // Joins the tensor-parallel group, if the config asks for one.
+  Status join_group() {
+    const int ranks = config_.parallel.tensor_parallel;
+    if (ranks < 1) return Status::errorf("--tensor-parallel must be >= 1, got {}", ranks);
+    if (!config_.communicator && config_.world.size != ranks)
+      return Status::errorf(
+          "--tensor-parallel {} but {} process(es) were started: they must match (mpirun -np {} "
+          "switchyard ... --tensor-parallel {})",
+          ranks, config_.world.size, ranks, ranks);
+    if (ranks == 1) return Status::ok();
+    comm_ = config_.communicator;
+    if (!comm_) {
+      auto made = backend_->device() == Device::kCpu
+                      ? dist::make_mpi_communicator(config_.world)
+                      : dist::make_nccl_communicator(config_.world, backend_->native_stream());
+      if (!made) return made.status();
+      owned_comm_ = std::move(made).value();
+      comm_ = owned_comm_.get();
+    }
+    if (comm_->size() != ranks)
+      return Status::errorf("--tensor-parallel {} in a group of {} ranks", ranks, comm_->size());
+    return Status::ok();
+  }
+
+  // This rank's model: the whole checkpoint, or with tensor parallel its shard, cut from the
+  // whole model loaded on the host (the CPU backend maps the checkpoint; replicated tensors of
+  // the shard are views of it, so `full` lives as long as the shard).
+  struct RankModel {
+    std::unique_ptr<model::Model> full;
+    std::unique_ptr<model::Model> model;
+  };
+  // model_dir empty: --random-weights.
+  Result<RankModel> load_rank_model(const std::string& model_dir) {
+    backend::Backend* host = backend_.get();
+    if (comm_ && backend_->device() != Device::kCpu) {
+      if (!host_backend_) {
+        SY_ASSIGN(host_backend_, backend::make_backend({Device::kCpu, config_.num_threads, 0}));
+      }
+      host = host_backend_.get();
+    }
+    RankModel loaded;
+    if (model_dir.empty()) {
+      SY_ASSIGN(loaded.model, model::Model::random(config_.random_weights_config, *host, config_.random_weights_seed));
+    } else {
+      SY_ASSIGN(loaded.model, model::Model::load(model_dir, *host, progress_printer(config_.show_progress && !follower_)));
+    }
+    if (!comm_) return loaded;
+    loaded.full = std::move(loaded.model);
+    SY_ASSIGN(loaded.model, dist::shard_model(*loaded.full, config_.parallel, comm_->rank(), *backend_));
+    return loaded;
+  }
+
+  // A weight update on every rank: each loads its new shard, then all learn whether every rank
+  // did; only then does any rank swap (a rank that failed would otherwise leave a mix).
+  Status reload_rank_model(const std::string& model_dir) {
+    auto fresh = load_rank_model(model_dir);
+    Status status = fresh.status();
+    // The whole models carry the checkpoints' shapes (a shard is built from parts).
+    if (status)
+      status = full_model_->check_same_shapes(*fresh->full).with_context(model_dir + ": not the same shapes: ");
+    std::vector<int32_t> failed(static_cast<size_t>(comm_->size()));
+    const int32_t mine = status ? 0 : 1;
+    SY_TRY(comm_->all_gather(&mine, failed.data(), 1, DType::kI32));
+    if (!status) return status;
+    for (int r = 0; r < comm_->size(); ++r)
+      if (failed[r]) return Status::errorf("rank {} could not load {}; the old weights stay", r, model_dir);
+    model_ = std::move(fresh->model);
+    full_model_ = std::move(fresh->full);
+    return Status::ok();
+  }
+
+  Result<int64_t> agree_on_blocks(int64_t blocks) {
+    std::vector<int32_t> all(static_cast<size_t>(comm_->size()));
+    const int32_t mine = static_cast<int32_t>(std::min<int64_t>(blocks, INT32_MAX));
+    SY_TRY(comm_->all_gather(&mine, all.data(), 1, DType::kI32));
+    return *std::min_element(all.begin(), all.end());
   }
 
   std::string weight_kernel_names() const {
@@ -360,6 +485,10 @@ class EngineImpl final : public Engine {
       publish_metrics();
     }
     for (auto& seq : scheduler_->remove_all()) finish(*seq, FinishReason::kAbort, Status::ok());
+    if (comm_) {
+      if (Status stop = send_stop(*comm_); !stop)
+        std::fprintf(stderr, "engine: could not tell the other ranks to stop: %s\n", stop.message().c_str());
+    }
     for (auto& task : pending_tasks_) task.run();
     std::lock_guard lock(mutex_);
     for (auto& task : tasks_) task.run();
@@ -489,6 +618,7 @@ class EngineImpl final : public Engine {
     }
 
     model::StepOutputs out;
+    if (comm_) SY_TRY(send_step(*comm_, in));
     Status status = decoder_->forward(*model_, in, out);
 
     // Prompt logprobs (score the next prompt token) and sampling (the last position), enqueued
@@ -516,6 +646,13 @@ class EngineImpl final : public Engine {
         backend_->score_tokens(gather_logits(out.logits, result.score_uses), score_targets, max_prompt_top, result.scored);
       if (!rows.empty()) backend_->sample(gather_logits(out.logits, sample_logit_rows), rows, result.sampled);
       status = decoder_->finish_step(*model_, out);
+    }
+    if (comm_ && in.capture_routes && config_.check_routes_agree) {
+      // Every rank checks whatever its step gave (an empty log on a failed step: the sizes differ
+      // or agree the same way on every rank, so no rank waits alone).
+      Status agree = dist::check_routes_agree(*comm_, out.routes, model_->config().num_hidden_layers,
+                                              model_->config().experts_per_token);
+      if (status) status = agree;
     }
     result.routes = std::move(out.routes);
     result.weights = std::move(out.weights);
@@ -759,7 +896,12 @@ class EngineImpl final : public Engine {
   };
 
   EngineConfig config_;
+  bool follower_ = false;
   std::unique_ptr<backend::Backend> backend_;
+  std::unique_ptr<backend::Backend> host_backend_;  // tensor parallel on a device: the full model
+  std::unique_ptr<dist::Communicator> owned_comm_;
+  dist::Communicator* comm_ = nullptr;  // tensor parallel: the group (else null)
+  std::unique_ptr<model::Model> full_model_;  // tensor parallel: what the shard views
   moe::ExpertsKernelRegistry registry_;
   moe::ExpertsKernel* kernel_ = nullptr;
   std::unique_ptr<model::Model> model_;
@@ -801,6 +943,12 @@ Result<std::unique_ptr<Engine>> create_engine(const EngineConfig& config) {
   auto engine = std::make_unique<EngineImpl>();
   SY_TRY(engine->init(config));
   return std::unique_ptr<Engine>(std::move(engine));
+}
+
+Status run_engine_follower(const EngineConfig& config) {
+  auto engine = std::make_unique<EngineImpl>();
+  SY_TRY(engine->init(config, /*follower=*/true));
+  return engine->follow();
 }
 
 }  // namespace sy::engine

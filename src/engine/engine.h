@@ -9,6 +9,9 @@
 #include <string>
 #include <vector>
 
+#include "dist/communicator.h"
+#include "dist/mpi_communicator.h"
+#include "dist/sharding.h"
 #include "moe/experts_kernel.h"
 #include "tensor/tensor.h"
 #include "moe/route_log.h"
@@ -150,6 +153,16 @@ struct EngineConfig {
   bool require_replay = false;        // the run replays routes (generate --routes-in): guard on it
   // Extra MoE kernels to offer besides the backend's (tests use it for deliberately broken ones).
   std::function<void(moe::ExpertsKernelRegistry&)> register_extra_kernels;
+
+  // Tensor / expert parallel (--tensor-parallel N, --expert-parallel): one process per rank,
+  // started by mpirun (`world`); rank 0 runs the engine (scheduler, sampling, HTTP) and sends
+  // each step's plan to the others, which run run_engine_follower. The group's collectives go
+  // through `communicator` when set (tests: a LocalGroup rank), else one made for the backend
+  // (MPI over host memory on the CPU, NCCL on CUDA).
+  dist::ParallelConfig parallel;
+  dist::MpiWorld world;
+  dist::Communicator* communicator = nullptr;
+  bool check_routes_agree = false;  // debug: every step, all ranks' routes must be equal
 };
 
 class Engine {
@@ -171,7 +184,11 @@ class Engine {
   virtual void shutdown(int64_t timeout_ms) = 0;
 };
 
-// Loads the model and starts the engine thread.
+// Loads the model and starts the engine thread (on rank 0 of a parallel run).
 Result<std::unique_ptr<Engine>> create_engine(const EngineConfig& config);
+
+// Ranks 1..N-1 of a parallel run: loads this rank's shard and runs the forward pass of every
+// step rank 0's engine plans, until rank 0 shuts down (returns ok) or a step fails here.
+Status run_engine_follower(const EngineConfig& config);
 
 }  // namespace sy::engine

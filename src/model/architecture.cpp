@@ -18,6 +18,7 @@ const std::vector<Architecture>& architectures() {
       // text model alone (transformers saves Qwen3_5MoeForCausalLM as qwen3_5_moe_text).
       {"qwen3_5_moe", "Qwen3_5MoeForConditionalGeneration", parse_qwen3_5_moe, build_qwen3_5_moe},
       {"qwen3_5_moe_text", "Qwen3_5MoeForCausalLM", parse_qwen3_5_moe, build_qwen3_5_moe},
+      {"glm4_moe", "Glm4MoeForCausalLM", parse_glm4_moe, build_glm4_moe},
   };
   return table;
 }

@@ -48,6 +48,12 @@ Status parse_deepseek_v3(const nlohmann::json& json, ModelConfig& config);
 Result<DecoderWeights> build_deepseek_v3(const ModelConfig& config, WeightSource& source);
 Status parse_qwen3_5_moe(const nlohmann::json& json, ModelConfig& config);
 Result<DecoderWeights> build_qwen3_5_moe(const ModelConfig& config, WeightSource& source);
+Status parse_glm4_moe(const nlohmann::json& json, ModelConfig& config);
+Result<DecoderWeights> build_glm4_moe(const ModelConfig& config, WeightSource& source);
+// quantization_config of an FP8 block-quantised checkpoint (quant_method fp8, e4m3,
+// weight_block_size) into config.fp8_blocks; none leaves it off; anything else is refused
+// (deepseek_v3.cpp, shared with glm4_moe).
+Status parse_fp8_block_quantization(const nlohmann::json& json, ModelConfig& config);
 
 // Blocks adapters share (model/adapter_blocks.cpp).
 namespace blocks {

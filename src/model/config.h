@@ -16,6 +16,15 @@
 
 namespace sy::model {
 
+// FP8 block-quantised checkpoints (quantization_config quant_method fp8, DeepSeek-V3 and GLM
+// publish them): an F8_E4M3 weight [out, in] comes with `<weight>_scale_inv` F32
+// [ceil(out/rows), ceil(in/cols)]; the loader dequantises it per block to bf16
+// (model/weights.h: CheckpointSource). rows 0: none.
+struct Fp8BlockQuantization {
+  int64_t rows = 0, cols = 0;
+  bool enabled() const { return rows > 0 && cols > 0; }
+};
+
 struct ModelConfig {
   std::string architecture;  // "Qwen3MoeForCausalLM"
   std::string model_type;    // "qwen3_moe"
@@ -58,9 +67,15 @@ struct ModelConfig {
     return false;
   }
   double attention_scale = 0.0;          // softmax scale; 0: 1 / sqrt(head_dim)
-  // The dims RoPE rotates: head_dim, or qk_rope_head_dim under latent attention.
+  Fp8BlockQuantization fp8_blocks;       // FP8 block-quantised checkpoint weights
+  // Partial rotary (partial_rotary_factor < 1, GLM-4.5): RoPE on the first rotary_dim dims of
+  // each q/k head only; 0: every dim (model/rope.h: partial_rotary_dim reads it).
+  int64_t rotary_dim = 0;
+  // The dims RoPE rotates: head_dim, rotary_dim under partial rotary, or qk_rope_head_dim under
+  // latent attention.
   int64_t rope_dim() const {
-    return latent_attention.qk_rope_head_dim > 0 ? latent_attention.qk_rope_head_dim : head_dim;
+    if (latent_attention.qk_rope_head_dim > 0) return latent_attention.qk_rope_head_dim;
+    return rotary_dim > 0 ? rotary_dim : head_dim;
   }
 
   // Values the KV cache holds per token over all layers (K and V, or MLA's latent + k_pe).

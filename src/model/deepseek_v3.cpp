@@ -5,6 +5,7 @@
 // group-limited top-k (a group ranks by its two best biased scores), weights from the unbiased
 // scores, renormalised with norm_topk_prob, times routed_scaling_factor; n_shared_experts
 // ungated shared experts. Multi-token-prediction layers (index num_hidden_layers) are not loaded.
+// FP8 block-quantised checkpoints are dequantised to bf16 at load (parse_fp8_block_quantization).
 #include <cmath>
 
 #include <fmt/format.h>
@@ -31,12 +32,43 @@ double yarn_mscale(double scale, double mscale) {
 
 }  // namespace
 
-Status parse_deepseek_v3(const nlohmann::json& json, ModelConfig& c) {
-  if (auto q = json.find("quantization_config"); q != json.end() && !q->is_null())
+Status parse_fp8_block_quantization(const nlohmann::json& json, ModelConfig& c) {
+  auto q = json.find("quantization_config");
+  if (q == json.end() || q->is_null()) return Status::ok();
+  if (!q->is_object()) return Status::error("config.json: quantization_config must be an object");
+  auto method = q->find("quant_method");
+  if (method == q->end() || *method != "fp8")
     return Status::errorf(
-        "config.json: quantization_config {} is not supported for deepseek_v3 yet (FP8 block "
-        "scales, weight_scale_inv); convert the checkpoint to bf16",
-        q->dump());
+        "config.json: quantization_config.quant_method {} is not supported for {} (supported: "
+        "fp8 with weight_block_size, as DeepSeek-V3 publishes it)",
+        method == q->end() ? "(absent)" : method->dump(), c.model_type);
+  if (auto fmt = q->find("fmt"); fmt != q->end() && !fmt->is_null() && *fmt != "e4m3")
+    return Status::errorf(
+        "config.json: quantization_config.fmt {} is not supported (supported: e4m3)", fmt->dump());
+  // Static activation scales would be per-layer input scales; dynamic ones are made on the fly
+  // by FP8 kernels. We dequantise the weights and keep activations in f32, so only the weights'
+  // scales matter.
+  if (auto scheme = q->find("activation_scheme");
+      scheme != q->end() && !scheme->is_null() && *scheme != "dynamic")
+    return Status::errorf(
+        "config.json: quantization_config.activation_scheme {} is not supported (supported: "
+        "dynamic)",
+        scheme->dump());
+  auto block = q->find("weight_block_size");
+  if (block == q->end() || !block->is_array() || block->size() != 2 ||
+      !(*block)[0].is_number_integer() || !(*block)[1].is_number_integer() ||
+      (*block)[0].get<int64_t>() <= 0 || (*block)[1].get<int64_t>() <= 0)
+    return Status::errorf(
+        "config.json: quantization_config.weight_block_size must be two positive integers "
+        "([128, 128] in published checkpoints), got {}",
+        block == q->end() ? "(absent)" : block->dump());
+  c.fp8_blocks.rows = (*block)[0].get<int64_t>();
+  c.fp8_blocks.cols = (*block)[1].get<int64_t>();
+  return Status::ok();
+}
+
+Status parse_deepseek_v3(const nlohmann::json& json, ModelConfig& c) {
+  SY_TRY(parse_fp8_block_quantization(json, c));
   SY_ASSIGN(bool attention_bias, get_bool(json, "attention_bias", false));
   if (attention_bias)
     return Status::error("config.json: attention_bias true is not supported for deepseek_v3");

@@ -50,7 +50,8 @@ Result<std::unique_ptr<Model>> Model::load(const std::string& model_dir, backend
   SY_ASSIGN(const Architecture* arch,
             find_architecture(model->config_.model_type, model->config_.architecture));
   CheckpointSource source(*model->checkpoint_, backend, model->owned_,
-                          WeightPlacement{&model->load_order_, nullptr, false});
+                          WeightPlacement{&model->load_order_, nullptr, false},
+                          model->config_.fp8_blocks);
   auto weights = arch->build(model->config_, source);
   if (!weights) return weights.status().with_context(model_dir + ": ");
   model->weights_ = std::move(weights).value();
@@ -79,7 +80,56 @@ Result<std::unique_ptr<Model>> Model::random(const std::string& config_path, bac
   return model;
 }
 
+namespace {
+
+// Counts the parameters an adapter declares, as transformers counts them: an MXFP4 block byte
+// holds two weights and the e8m0 scales are not parameters (gpt-oss-20b: 20,914,757,184, where
+// the stored elements number about 12.1 billion). `has` answers as the checkpoint does, so
+// optional tensors (an untied head, an o_proj bias) count exactly when they were loaded.
+class ParameterCounter final : public WeightSource {
+ public:
+  explicit ParameterCounter(const Checkpoint* checkpoint) : checkpoint_(checkpoint) {}
+  bool has(const std::string& name) const override {
+    return checkpoint_ && checkpoint_->find(name) != nullptr;
+  }
+  Result<Tensor> get(const std::string&, const std::vector<int64_t>& shape) override {
+    return counted(DType::kBF16, shape, 1);
+  }
+  Result<Tensor> packed(const std::string&, const std::vector<int64_t>& shape,
+                        bool scales) override {
+    return counted(DType::kU8, shape, scales ? 0 : 2);
+  }
+  Result<Tensor> stacked(const std::vector<std::string>& names,
+                         const std::vector<int64_t>& shape) override {
+    std::vector<int64_t> all = shape;
+    all.insert(all.begin(), static_cast<int64_t>(names.size()));
+    return counted(DType::kBF16, all, 1);
+  }
+  Result<Tensor> zero_centred_norm(const std::string&, const std::vector<int64_t>& shape) override {
+    return counted(DType::kF32, shape, 1);
+  }
+  int64_t count() const { return count_; }
+
+ private:
+  Tensor counted(DType dtype, const std::vector<int64_t>& shape, int64_t per_element) {
+    Tensor tensor;  // shape only: adapters reshape what they get, never read it
+    tensor.dtype = dtype;
+    tensor.rank = static_cast<int>(shape.size());
+    for (size_t i = 0; i < shape.size(); ++i) tensor.shape[i] = shape[i];
+    count_ += tensor.numel() * per_element;
+    return tensor;
+  }
+  const Checkpoint* checkpoint_;
+  int64_t count_ = 0;
+};
+
+}  // namespace
+
 int64_t Model::parameter_count() const {
+  auto arch = find_architecture(config_.model_type, config_.architecture);
+  ParameterCounter counter(checkpoint_.get());
+  if (arch && (*arch)->build(config_, counter)) return counter.count();
+  // Unreachable for a model that loaded (its adapter built it); the stored elements otherwise.
   int64_t count = 0;
   if (!checkpoint_) {
     for (const Tensor& tensor : owned_) count += tensor.numel();
@@ -105,11 +155,13 @@ Status Model::reload_in_place(const std::string& model_dir) {
   SY_ASSIGN(const Architecture* arch,
             find_architecture(incoming->config_.model_type, incoming->config_.architecture));
   CheckpointSource check(*incoming->checkpoint_, *backend_, unused,
-                         WeightPlacement{nullptr, &load_order_, true});
+                         WeightPlacement{nullptr, &load_order_, true},
+                         incoming->config_.fp8_blocks);
   auto checked = arch->build(incoming->config_, check);
   if (!checked) return checked.status().with_context(model_dir + ": ");
   CheckpointSource copy(*incoming->checkpoint_, *backend_, unused,
-                        WeightPlacement{nullptr, &load_order_, false});
+                        WeightPlacement{nullptr, &load_order_, false},
+                        incoming->config_.fp8_blocks);
   auto copied = arch->build(incoming->config_, copy);
   if (!copied)
     return copied.status().with_context(model_dir + ": the weights are now partly updated (load them again): ");

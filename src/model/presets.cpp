@@ -338,6 +338,78 @@ json tiny_qwen3_5_moe() {
               {"transformers_version", "5.2.0"}};
 }
 
+json tiny_glm4_moe() {
+  // The published GLM-4.5-Air config.json spellings (transformers 4.54), shrunk: hidden 72, 6
+  // query heads of 20 over 2 KV heads (q width 120: no multiple of 16), partial rotary 0.5 (RoPE
+  // on the first 10 dims of each head), q/k/v biases and q/k norm (GLM-4.5's; Air has no norm),
+  // layer 0 dense, layers 1-2 MoE with 12 experts top-3 and one shared expert,
+  // routed_scaling_factor 2.5 (GLM-4.5's), rope_theta 10000 so a short prompt turns every
+  // rotary pair; one multi-token-prediction layer whose tensors make-model writes (index 3) and
+  // the loader leaves alone.
+  return json{{"architectures", {"Glm4MoeForCausalLM"}},
+              {"attention_bias", true},
+              {"attention_dropout", 0.0},
+              {"bos_token_id", 151643},
+              {"eos_token_id", 151645},
+              {"first_k_dense_replace", 1},
+              {"head_dim", 20},
+              {"hidden_act", "silu"},
+              {"hidden_size", 72},
+              {"initializer_range", 0.02},
+              {"intermediate_size", 88},
+              {"max_position_embeddings", 4096},
+              {"model_type", "glm4_moe"},
+              {"moe_intermediate_size", 20},
+              {"n_group", 1},
+              {"n_routed_experts", 12},
+              {"n_shared_experts", 1},
+              {"norm_topk_prob", true},
+              {"num_attention_heads", 6},
+              {"num_experts_per_tok", 3},
+              {"num_hidden_layers", 3},
+              {"num_key_value_heads", 2},
+              {"num_nextn_predict_layers", 1},
+              {"partial_rotary_factor", 0.5},
+              {"rms_norm_eps", 1e-05},
+              {"rope_scaling", nullptr},
+              {"rope_theta", 10000.0},
+              {"routed_scaling_factor", 2.5},
+              {"tie_word_embeddings", false},
+              {"topk_group", 1},
+              {"torch_dtype", "bfloat16"},
+              {"transformers_version", "4.54.0"},
+              {"use_cache", true},
+              {"use_qk_norm", true},
+              {"vocab_size", 151936}};
+}
+
+// The tensors of `num_nextn_predict_layers` multi-token-prediction layers (DeepSeek-V3, GLM):
+// layer num_hidden_layers + i is a decoder layer of its own plus eh_proj, enorm, hnorm and
+// shared_head.norm (the vocabulary-sized shared_head.head and embed_tokens some checkpoints
+// also hold are left out: they only make the file bigger). The loader never reads them.
+Result<std::vector<TensorSpec>> mtp_tensors(const json& config, const Architecture& arch) {
+  std::vector<TensorSpec> specs;
+  auto it = config.find("num_nextn_predict_layers");
+  if (it == config.end() || !it->is_number_integer() || it->get<int64_t>() <= 0) return specs;
+  const int64_t layers = config["num_hidden_layers"].get<int64_t>(), extra = it->get<int64_t>();
+  json deeper = config;
+  deeper["num_hidden_layers"] = layers + extra;
+  SY_ASSIGN(ModelConfig c, parse_model_config(deeper));
+  TensorListSource listing;
+  auto declared = arch.build(c, listing);
+  if (!declared) return declared.status();
+  const int64_t H = c.hidden_size;
+  for (int64_t layer = layers; layer < layers + extra; ++layer) {
+    const std::string p = "model.layers." + std::to_string(layer) + ".";
+    for (const TensorSpec& spec : listing.tensors())
+      if (spec.name.starts_with(p)) specs.push_back(spec);
+    specs.push_back({p + "eh_proj.weight", DType::kBF16, {H, 2 * H}});
+    for (const char* norm : {"enorm.weight", "hnorm.weight", "shared_head.norm.weight"})
+      specs.push_back({p + norm, DType::kBF16, {H}});
+  }
+  return specs;
+}
+
 // Deterministic per-tensor random numbers: xoshiro-style generator seeded from (seed, name).
 struct Rng {
   uint64_t state;
@@ -380,14 +452,15 @@ Result<json> preset_config(const std::string& arch, const std::string& preset, i
       return Status::errorf(
           "--preset '{}' is unknown for qwen3_moe (supported: tiny, qwen3-30b-a3b)", preset);
   } else if (arch == "mixtral" || arch == "olmoe" || arch == "qwen2_moe" || arch == "gpt_oss" ||
-             arch == "deepseek_v3") {
+             arch == "deepseek_v3" || arch == "glm4_moe") {
     if (preset != "tiny")
       return Status::errorf("--preset '{}' is unknown for {} (supported: tiny)", preset, arch);
-    config = arch == "mixtral"     ? tiny_mixtral()
-             : arch == "olmoe"     ? tiny_olmoe()
-             : arch == "qwen2_moe" ? tiny_qwen2_moe()
-             : arch == "gpt_oss"   ? tiny_gpt_oss()
-                                   : tiny_deepseek_v3();
+    config = arch == "mixtral"       ? tiny_mixtral()
+             : arch == "olmoe"       ? tiny_olmoe()
+             : arch == "qwen2_moe"   ? tiny_qwen2_moe()
+             : arch == "gpt_oss"     ? tiny_gpt_oss()
+             : arch == "deepseek_v3" ? tiny_deepseek_v3()
+                                     : tiny_glm4_moe();
   } else if (arch == "qwen3_5_moe") {
     if (preset != "tiny")
       return Status::errorf("--preset '{}' is unknown for {} (supported: tiny)", preset, arch);
@@ -395,7 +468,7 @@ Result<json> preset_config(const std::string& arch, const std::string& preset, i
   } else {
     return Status::errorf(
         "--arch '{}' is not supported (supported: qwen3_moe, mixtral, olmoe, qwen2_moe, gpt_oss, "
-        "deepseek_v3, qwen3_5_moe)",
+        "deepseek_v3, glm4_moe, qwen3_5_moe)",
         arch);
   }
   // A multimodal wrapper's text model is in text_config.
@@ -440,7 +513,9 @@ Status write_random_checkpoint(const json& config_json, const json& generation_c
   TensorListSource listing;
   auto declared = arch->build(c, listing);
   if (!declared) return declared.status();
-  const std::vector<TensorSpec>& specs = listing.tensors();
+  std::vector<TensorSpec> specs = listing.tensors();
+  SY_ASSIGN(std::vector<TensorSpec> mtp, mtp_tensors(config_json, *arch));
+  specs.insert(specs.end(), mtp.begin(), mtp.end());
 
   uint64_t total = 0, written = 0;
   for (const auto& spec : specs) {

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "model/config_json.h"
+
 namespace sy::model {
 namespace {
 
@@ -53,6 +55,27 @@ RopeTable rope_table(const ModelConfig& c) {
         interpolation * (1.0f - extrapolation_share) + extrapolation * extrapolation_share;
   }
   return table;
+}
+
+Result<int64_t> partial_rotary_dim(const nlohmann::json& config, int64_t head_dim,
+                                   double default_factor) {
+  double factor = default_factor;
+  const char* where = "partial_rotary_factor";
+  SY_ASSIGN(factor, config_json::get_number(config, "partial_rotary_factor", factor));
+  if (auto it = config.find("rope_parameters"); it != config.end() && it->is_object()) {
+    SY_ASSIGN(factor, config_json::get_number(*it, "partial_rotary_factor", factor));
+    if (it->contains("partial_rotary_factor")) where = "rope_parameters.partial_rotary_factor";
+  }
+  // Python's int() of the product (truncation), as transformers' rope init takes it.
+  const double product = static_cast<double>(head_dim) * factor;
+  const int64_t dim = product >= 0.0 && product <= static_cast<double>(head_dim)
+                          ? static_cast<int64_t>(product)
+                          : -1;
+  if (!(factor > 0.0) || dim <= 0 || dim % 2)
+    return Status::errorf(
+        "config.json: {} {} gives {} rotary dims of head_dim {}; they must be even and in (0, {}]",
+        where, factor, product, head_dim, head_dim);
+  return dim;
 }
 
 }  // namespace sy::model

@@ -21,9 +21,11 @@ using nlohmann::json;
 constexpr uint64_t kMaxHeaderBytes = 100'000'000;
 // A valid header nests three levels ({name: {shape: [..]}}); anything much deeper is hostile.
 constexpr int kMaxJsonDepth = 16;
-// U8: MXFP4 blocks and e8m0 scales (gpt-oss); each adapter says which tensors may be U8.
-constexpr DType kLoadableDTypes[] = {DType::kBF16, DType::kF16, DType::kF32, DType::kU8};
-constexpr std::string_view kLoadableNames = "BF16, F16, F32, U8";
+// U8: MXFP4 blocks and e8m0 scales (gpt-oss); F8_E4M3: FP8 block-quantised weights (DeepSeek-V3,
+// GLM), loaded only with their block scales. Each adapter says which tensors may be which.
+constexpr DType kLoadableDTypes[] = {DType::kBF16, DType::kF16, DType::kF32, DType::kU8,
+                                     DType::kF8E4M3};
+constexpr std::string_view kLoadableNames = "BF16, F16, F32, U8, F8_E4M3";
 constexpr std::string_view kAllDTypeNames =
     "BOOL, U8, I8, U16, I16, U32, I32, U64, I64, F16, BF16, F32, F64, C64, F8_E4M3, F8_E5M2, "
     "F8_E8M0, F8_E4M3FNUZ, F8_E5M2FNUZ, F4, F6_E2M3, F6_E3M2";

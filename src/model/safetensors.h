@@ -57,8 +57,9 @@ class SafetensorsFile {
 };
 
 // A model folder: model.safetensors, or shards listed by model.safetensors.index.json.
-// Only BF16, F16, F32 and U8 (MXFP4 blocks and scales) tensors are accepted for now; the
-// architecture adapter checks each tensor's dtype (WeightSource::get / packed).
+// Only BF16, F16, F32, U8 (MXFP4 blocks and scales) and F8_E4M3 (FP8 block-quantised weights)
+// tensors are accepted for now; the architecture adapter checks each tensor's dtype
+// (WeightSource::get / packed).
 class Checkpoint {
  public:
   static Result<Checkpoint> open(const std::string& model_dir);

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <limits>
 
 #include <fmt/format.h>
 
@@ -66,6 +68,72 @@ Result<Tensor> CheckpointSource::packed(const std::string& name, const std::vect
   return load(name, shape, /*packed=*/true);
 }
 
+float fp8_e4m3_to_f32(uint8_t bits) {
+  const int exponent = (bits >> 3) & 15, mantissa = bits & 7;
+  if (exponent == 15 && mantissa == 7) return std::numeric_limits<float>::quiet_NaN();
+  const float magnitude =
+      exponent == 0 ? std::ldexp(static_cast<float>(mantissa) / 8.0f, -6)
+                    : std::ldexp(1.0f + static_cast<float>(mantissa) / 8.0f, exponent - 7);
+  return bits & 0x80 ? -magnitude : magnitude;
+}
+
+Result<std::vector<uint16_t>> CheckpointSource::dequantize_fp8(const TensorInfo& weight) const {
+  if (!fp8_.enabled())
+    return Status::errorf(
+        "tensor '{}' in {} has dtype F8_E4M3, but config.json has no FP8 quantization_config "
+        "(quant_method fp8 with weight_block_size)",
+        weight.name, weight.file);
+  if (weight.shape.size() != 2)
+    return Status::errorf("FP8 tensor '{}' in {} has shape {}; block scales need a matrix",
+                          weight.name, weight.file, shape_text(weight.shape));
+  const std::string scale_name = weight.name + "_scale_inv";
+  const TensorInfo* scale = checkpoint_.find(scale_name);
+  if (!scale)
+    return Status::errorf("FP8 tensor '{}' in {} has no block scales '{}'", weight.name,
+                          weight.file, scale_name);
+  const int64_t rows = weight.shape[0], cols = weight.shape[1];
+  const int64_t grid_rows = (rows + fp8_.rows - 1) / fp8_.rows,
+                grid_cols = (cols + fp8_.cols - 1) / fp8_.cols;
+  if (scale->shape != std::vector<int64_t>{grid_rows, grid_cols})
+    return Status::errorf(
+        "block scales '{}' in {} have shape {}, expected {} (weight {} in blocks of [{}, {}])",
+        scale_name, scale->file, shape_text(scale->shape), shape_text({grid_rows, grid_cols}),
+        shape_text(weight.shape), fp8_.rows, fp8_.cols);
+  if (scale->dtype != DType::kF32 && scale->dtype != DType::kBF16)
+    return Status::errorf("block scales '{}' in {} have dtype {}, expected F32 or BF16", scale_name,
+                          scale->file, dtype_name(scale->dtype));
+  std::vector<float> scales(static_cast<size_t>(grid_rows * grid_cols));
+  for (size_t i = 0; i < scales.size(); ++i) {
+    float value;
+    if (scale->dtype == DType::kF32) {
+      std::memcpy(&value, scale->data + i * 4, 4);
+    } else {
+      uint16_t bits;
+      std::memcpy(&bits, scale->data + i * 2, 2);
+      value = bf16_to_f32(bits);
+    }
+    if (!std::isfinite(value))
+      return Status::errorf("block scales '{}' in {}: entry {} is not finite", scale_name,
+                            scale->file, i);
+    scales[i] = value;
+  }
+  float table[256];
+  for (int code = 0; code < 256; ++code) table[code] = fp8_e4m3_to_f32(static_cast<uint8_t>(code));
+  // As transformers dequantises: the f32 product of value and block scale, rounded to bf16.
+  std::vector<uint16_t> out(static_cast<size_t>(rows * cols));
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* scale_row = scales.data() + (r / fp8_.rows) * grid_cols;
+    for (int64_t c = 0; c < cols; ++c) {
+      const uint8_t code = weight.data[r * cols + c];
+      if ((code & 0x7f) == 0x7f)
+        return Status::errorf("FP8 tensor '{}' in {}: element [{}, {}] is NaN", weight.name,
+                              weight.file, r, c);
+      out[static_cast<size_t>(r * cols + c)] = f32_to_bf16(table[code] * scale_row[c / fp8_.cols]);
+    }
+  }
+  return out;
+}
+
 Result<Tensor> CheckpointSource::load(const std::string& name, const std::vector<int64_t>& shape,
                                       bool packed) {
   const TensorInfo* info = checkpoint_.find(name);
@@ -74,14 +142,48 @@ Result<Tensor> CheckpointSource::load(const std::string& name, const std::vector
   if (info->shape != shape)
     return Status::errorf("tensor '{}' in {} has shape {}, expected {}", name, info->file,
                           shape_text(info->shape), shape_text(shape));
+  if (!packed && info->dtype == DType::kF8E4M3) {
+    SY_ASSIGN(std::vector<uint16_t> values, dequantize_fp8(*info));
+    Tensor host = no_data(DType::kBF16, shape);
+    host.data = values.data();
+    if (place_.into) {
+      SY_ASSIGN(Tensor * target, next_target(name));
+      if (target->numel() != host.numel())
+        return Status::errorf("tensor '{}' has {} elements, the loaded model {}", name,
+                              host.numel(), target->numel());
+      if (!place_.check_only)
+        SY_TRY(backend_.load_weight_into(host, *target)
+                   .with_context(fmt::format("tensor '{}': ", name)));
+      return *target;
+    }
+    // The backend keeps host bf16 weights as views (kFp8BlockWeights): the values go into a
+    // buffer of its own, which the model frees with the other converted tensors.
+    if (!backend_.supports(backend::BackendFeature::kFp8BlockWeights))
+      return Status::error(ErrorCode::kUnsupported,
+                           fmt::format("tensor '{}': the {} backend does not load FP8 block-"
+                                       "quantised weights",
+                                       name, backend_.name()));
+    Tensor buffer = backend_.alloc(DType::kBF16, {host.numel()});
+    if (!buffer.data)
+      return Status::error(ErrorCode::kResourceExhausted,
+                           fmt::format("out of memory dequantising '{}'", name));
+    std::memcpy(buffer.data, values.data(), values.size() * sizeof(uint16_t));
+    owned_.push_back(buffer);
+    Tensor shaped = no_data(DType::kBF16, shape);
+    shaped.data = buffer.data;
+    shaped.device = buffer.device;
+    if (place_.order) place_.order->push_back(shaped);
+    return shaped;
+  }
   const bool is_float =
       info->dtype == DType::kBF16 || info->dtype == DType::kF16 || info->dtype == DType::kF32;
   if (packed && info->dtype != DType::kU8)
     return Status::errorf("tensor '{}' in {} has dtype {}, expected U8 (MXFP4 blocks or scales)",
                           name, info->file, dtype_name(info->dtype));
   if (!packed && !is_float)
-    return Status::errorf("tensor '{}' in {} has dtype {}, expected BF16, F16 or F32", name,
-                          info->file, dtype_name(info->dtype));
+    return Status::errorf(
+        "tensor '{}' in {} has dtype {}, expected BF16, F16 or F32 (or F8_E4M3 with block scales)",
+        name, info->file, dtype_name(info->dtype));
   if (place_.into) {
     SY_ASSIGN(Tensor * target, next_target(name));
     if (target->numel() != view_of(*info).numel())
@@ -114,6 +216,16 @@ Result<Tensor> CheckpointSource::stacked(const std::vector<std::string>& names,
                             dtype_name(info->dtype), names.front(),
                             dtype_name(parts.front().dtype));
     parts.push_back(view_of(*info));
+  }
+  // FP8 experts: each part dequantised to bf16 on the host, then stacked like bf16 parts.
+  std::vector<std::vector<uint16_t>> dequantized;
+  if (parts.front().dtype == DType::kF8E4M3) {
+    for (size_t i = 0; i < parts.size(); ++i) {
+      SY_ASSIGN(std::vector<uint16_t> values, dequantize_fp8(*checkpoint_.find(names[i])));
+      dequantized.push_back(std::move(values));
+      parts[i].dtype = DType::kBF16;
+      parts[i].data = dequantized.back().data();
+    }
   }
   if (place_.into) {
     SY_ASSIGN(Tensor * target, next_target(names.front()));

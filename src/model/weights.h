@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "model/config.h"
 #include "model/safetensors.h"
 #include "moe/experts_kernel.h"
 
@@ -92,12 +93,16 @@ struct WeightPlacement {
 };
 
 // Tensors from a checkpoint: a missing tensor or a wrong shape is an error naming the tensor
-// (and its file). Tensors the backend converted are appended to `owned`.
+// (and its file). Tensors the backend converted are appended to `owned`. With `fp8` on, a float
+// tensor stored as F8_E4M3 is dequantised per block with its `<name>_scale_inv` into a bf16
+// buffer of the backend (BackendFeature::kFp8BlockWeights); the scale grid must be
+// [ceil(out/rows), ceil(in/cols)].
 class CheckpointSource final : public WeightSource {
  public:
   CheckpointSource(const Checkpoint& checkpoint, backend::Backend& backend,
-                   std::vector<Tensor>& owned, const WeightPlacement& place = {})
-      : checkpoint_(checkpoint), backend_(backend), owned_(owned), place_(place) {}
+                   std::vector<Tensor>& owned, const WeightPlacement& place = {},
+                   Fp8BlockQuantization fp8 = {})
+      : checkpoint_(checkpoint), backend_(backend), owned_(owned), place_(place), fp8_(fp8) {}
   bool has(const std::string& name) const override { return checkpoint_.find(name) != nullptr; }
   Result<Tensor> get(const std::string& name, const std::vector<int64_t>& shape) override;
   Result<Tensor> packed(const std::string& name, const std::vector<int64_t>& shape,
@@ -111,10 +116,13 @@ class CheckpointSource final : public WeightSource {
  private:
   Result<Tensor*> next_target(const std::string& name);
   Result<Tensor> load(const std::string& name, const std::vector<int64_t>& shape, bool packed);
+  // An F8_E4M3 weight's values as bf16 (row-major, its shape), scales checked.
+  Result<std::vector<uint16_t>> dequantize_fp8(const TensorInfo& weight) const;
   const Checkpoint& checkpoint_;
   backend::Backend& backend_;
   std::vector<Tensor>& owned_;
   WeightPlacement place_;
+  Fp8BlockQuantization fp8_;
   size_t next_ = 0;
 };
 
@@ -170,5 +178,9 @@ class TensorListSource final : public WeightSource {
 
 // Init scale by tensor role, shared by RandomSource and make-model: routers decisive.
 bool is_router_weight(const std::string& name);
+
+// An OCP FP8 E4M3 (torch.float8_e4m3fn) value: bias 7, subnormals, no infinities, NaN at
+// S.1111.111.
+float fp8_e4m3_to_f32(uint8_t bits);
 
 }  // namespace sy::model

@@ -22,7 +22,9 @@
 
 #include "server/api.h"
 #include "server/metrics.h"
+#include "server/route_store.h"
 #include "server/server.h"
+#include "server/ui.h"
 
 namespace sy::server {
 
@@ -56,11 +58,13 @@ double seconds_between(Clock::time_point from, Clock::time_point to) {
   return std::chrono::duration<double>(to - from).count();
 }
 
+// `extra_headers`: whole header lines, each ending in \r\n.
 std::string http_head(int status, std::string_view content_type, size_t content_length,
-                      bool keep_alive, bool chunked) {
+                      bool keep_alive, bool chunked, std::string_view extra_headers = "") {
   std::string head = fmt::format("HTTP/1.1 {} {}\r\n", status,
                                  std::string(http::obsolete_reason(http::int_to_status(status))));
   head += "Server: switchyard\r\n";
+  head += extra_headers;
   if (!content_type.empty()) head += fmt::format("Content-Type: {}\r\n", content_type);
   if (chunked) {
     head += "Transfer-Encoding: chunked\r\nCache-Control: no-cache\r\n";
@@ -109,6 +113,8 @@ struct ChoiceSlot {
   int64_t streamed_text_bytes = 0;
   Clock::time_point first_token_at{};
   ChoiceResult result;
+  // For the UI's route store: every row, all layers, whatever the request asked for.
+  std::optional<moe::RouteArray> stored_routes;
 };
 
 }  // namespace
@@ -117,7 +123,12 @@ struct Job;
 class Session;
 
 struct Server::Impl {
-  explicit Impl(ServerConfig c) : config(std::move(c)), acceptor(ioc), signals(ioc) {}
+  explicit Impl(ServerConfig c) : config(std::move(c)), acceptor(ioc), signals(ioc) {
+    if (config.ui && config.enable_return_routed_experts && config.ui_route_store_requests > 0) {
+      route_store =
+          std::make_unique<RouteStore>(config.ui_route_store_requests, config.ui_route_store_bytes);
+    }
+  }
 
   ServerConfig config;
   net::io_context ioc;
@@ -133,6 +144,7 @@ struct Server::Impl {
   std::atomic<bool> draining{false};
   std::atomic<int64_t> jobs_alive{0};
   ServerMetrics metrics;
+  std::unique_ptr<RouteStore> route_store;  // null unless --ui with capture on
 
   std::mutex jobs_mutex;
   std::unordered_map<std::string, std::weak_ptr<Job>> jobs_by_id;
@@ -200,8 +212,11 @@ class Session : public std::enable_shared_from_this<Session> {
   void handle_detokenize(const json& body);
   void handle_abort(const json& body);
   void handle_blocking(std::function<Status(engine::Engine&)> work, std::string ok_message);
+  void handle_ui(const http::request<http::string_body>& request, const std::string& path);
+  void store_routes(const Job& job, const std::vector<ChoiceResult>& results);
 
-  void send(int status, std::string_view content_type, std::string body);
+  void send(int status, std::string_view content_type, std::string body,
+            std::string_view extra_headers = "");
   void send_json(int status, const json& body) {
     send(status, "application/json", dump_json(body));
   }
@@ -315,7 +330,11 @@ void Session::handle(http::request<http::string_body> request) {
   bool get = request.method() == http::verb::get;
   bool post = request.method() == http::verb::post;
 
-  if (!server_.config.api_key.empty() && path != "/health") {
+  // The inspector page's files hold no data, and a browser cannot send a bearer header when it
+  // navigates to a page: they are public; its data endpoints (/ui/api/) need the key like any.
+  const bool ui_path = server_.config.ui && (path == "/ui" || path.starts_with("/ui/"));
+  const bool public_path = path == "/health" || (ui_path && !path.starts_with("/ui/api/"));
+  if (!server_.config.api_key.empty() && !public_path) {
     std::string expected = "Bearer " + server_.config.api_key;
     auto given = request[http::field::authorization];
     if (given != expected) {
@@ -323,6 +342,8 @@ void Session::handle(http::request<http::string_body> request) {
           401, "invalid or missing API key: send the header 'Authorization: Bearer <key>'");
     }
   }
+
+  if (ui_path) return handle_ui(request, path);
 
   struct Route {
     const char* path;
@@ -422,6 +443,49 @@ void Session::handle_blocking(std::function<Status(engine::Engine&)> work, std::
       }
     });
   });
+}
+
+void Session::handle_ui(const http::request<http::string_body>& request, const std::string& path) {
+  if (request.method() != http::verb::get) {
+    return send_error(405, fmt::format("method {} not allowed on {}",
+                                       std::string(request.method_string()), path));
+  }
+  if (path == "/ui") return send(308, "", "", "Location: /ui/\r\n");
+  constexpr std::string_view kApi = "/ui/api/";
+  if (!path.starts_with(kApi)) {
+    std::optional<UiFile> file = find_ui_file(path);
+    if (!file) return send_error(404, fmt::format("route {} not found", path));
+    return send(200, file->content_type, std::string(file->body),
+                "Cache-Control: no-cache\r\nX-Content-Type-Options: nosniff\r\n"
+                "Content-Security-Policy: default-src 'self'; img-src 'self' data:; "
+                "frame-ancestors 'none'; base-uri 'none'; form-action 'none'\r\n");
+  }
+  engine::Engine* engine = server_.engine.load();
+  if (!engine) return send_error(503, "model is loading; retry when /health answers 200");
+  if (path == "/ui/api/expert_load") {
+    return send_json(200, expert_load_json(server_.config, server_.model, engine->metrics(),
+                                           server_.route_store.get()));
+  }
+  constexpr std::string_view kRoutes = "/ui/api/routes/";
+  if (!path.starts_with(kRoutes)) return send_error(404, fmt::format("route {} not found", path));
+  std::optional<std::string> id = percent_decode(std::string_view(path).substr(kRoutes.size()));
+  if (!id)
+    return send_error(400, "the request id in the path is not validly percent-encoded", "id");
+  if (!server_.route_store) {
+    return send_error(404,
+                      "the route store is off: it keeps routes only when the server captures them "
+                      "(--enable-return-routed-experts) and --ui-route-store is above 0",
+                      "id");
+  }
+  std::optional<StoredRoutes> stored = server_.route_store->get(*id);
+  if (!stored) {
+    return send_error(404,
+                      fmt::format("no routes stored for request id '{}': the route store keeps "
+                                  "the last {} finished requests",
+                                  *id, server_.route_store->max_requests()),
+                      "id");
+  }
+  send_json(200, stored_routes_json(*stored, server_.config, server_.model, *server_.codec.load()));
 }
 
 void Session::handle_tokenize(const json& body) {
@@ -557,7 +621,9 @@ void Session::handle_generation(const http::request<http::string_body>& http_req
     generation.sampling = request.sampling;
     if (request.sampling.seed) generation.sampling.seed = *request.sampling.seed + (i % request.n);
     generation.replay = request.replay;
-    generation.return_routes = request.routes.return_routes;
+    // The route store keeps every request's routes, asked for or not (the response still
+    // carries them only when asked).
+    generation.return_routes = request.routes.return_routes || server_.route_store != nullptr;
     generation.stream_routes = request.routes.return_routes && request.routes.stream;
     generation.return_route_weights = request.routes.return_routes && request.routes.weights;
     // Runs on the engine thread: detokenize, look for stop strings, hand off to the strand.
@@ -611,6 +677,29 @@ void Session::on_update(const std::shared_ptr<Job>& job, ChoiceUpdate& update) {
   result.logprobs.insert(result.logprobs.end(), update.logprobs.begin(), update.logprobs.end());
   if (!update.prompt_logprobs.empty()) result.prompt_logprobs = std::move(update.prompt_logprobs);
   if (update.cached_prompt_tokens > 0) result.cached_prompt_tokens = update.cached_prompt_tokens;
+  if (server_.route_store) {
+    // Streamed pieces arrive in order; a gap (never expected) drops the choice from the store.
+    if (update.new_routes) {
+      const moe::RouteArray& piece = *update.new_routes;
+      moe::RouteArray& kept =
+          slot.stored_routes ? *slot.stored_routes : slot.stored_routes.emplace();
+      if (kept.rows == 0) {
+        kept.layers = piece.layers;
+        kept.top_k = piece.top_k;
+      }
+      if (piece.first_row == kept.rows && piece.layers == kept.layers &&
+          piece.top_k == kept.top_k) {
+        kept.ids.insert(kept.ids.end(), piece.ids.begin(), piece.ids.end());
+        kept.rows += piece.rows;
+      } else {
+        kept.rows = -1;
+      }
+    }
+    if (update.routes) {
+      slot.stored_routes = *update.routes;
+      slot.stored_routes->weights.clear();
+    }
+  }
   // Encoding waits for stream_update / finish_job: here, on the strand, never the engine thread.
   if (update.new_routes && job->request.routes.stream)
     update.new_routes = select_routes(*update.new_routes, job->request.routes, server_.model);
@@ -695,6 +784,28 @@ void Session::stream_update(Job& job, ChoiceSlot& slot, size_t index, const Choi
   enqueue(http_chunk(sse_event(chunk)));
 }
 
+void Session::store_routes(const Job& job, const std::vector<ChoiceResult>& results) {
+  StoredRoutes stored;
+  stored.id = job.id;
+  stored.created = job.created;
+  bool any = false;
+  for (size_t i = 0; i < job.choices.size(); ++i) {
+    StoredChoice choice;
+    const std::optional<moe::RouteArray>& routes = job.choices[i].stored_routes;
+    if (routes && routes->rows >= 0 &&
+        routes->ids.size() == static_cast<size_t>(routes->rows * routes->layers * routes->top_k)) {
+      choice.rows = routes->rows;
+      choice.routed_experts = encode_routes_npy_base64(*routes, server_.model.num_experts);
+      choice.token_ids = job.request.prompts[i / static_cast<size_t>(job.request.n)].ids;
+      choice.token_ids.insert(choice.token_ids.end(), results[i].token_ids.begin(),
+                              results[i].token_ids.end());
+      any = true;
+    }
+    stored.choices.push_back(std::move(choice));
+  }
+  if (any) server_.route_store->put(std::move(stored));
+}
+
 void Session::finish_job(const std::shared_ptr<Job>& job) {
   job->done = true;
   ResponseContext context = response_context(*job);
@@ -702,6 +813,7 @@ void Session::finish_job(const std::shared_ptr<Job>& job) {
   results.reserve(job->choices.size());
   for (ChoiceSlot& slot : job->choices) results.push_back(std::move(slot.result));
   const ApiRequest& request = job->request;
+  if (server_.route_store && !job->failure) store_routes(*job, results);
   if (request.stream) {
     if (job->failure) {
       enqueue(http_chunk(sse_event(error_body(*job->failure))));
@@ -786,10 +898,11 @@ void Session::watch_for_close() {
 // ---------------------------------------------------------------------------------------------
 // Writing.
 
-void Session::send(int status, std::string_view content_type, std::string body) {
+void Session::send(int status, std::string_view content_type, std::string body,
+                   std::string_view extra_headers) {
   server_.metrics.record_http_status(status);
   bool keep = keep_alive_ && !close_after_write_;
-  std::string data = http_head(status, content_type, body.size(), keep, false);
+  std::string data = http_head(status, content_type, body.size(), keep, false, extra_headers);
   data += body;
   response_done_ = true;
   enqueue(std::move(data));

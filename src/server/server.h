@@ -25,6 +25,12 @@ struct ServerConfig {
   // The default of a request's `return_routed_experts` when capture is on (capture itself runs
   // for every request either way, so the prefix cache keeps every block's routes).
   bool return_routed_experts_default = false;
+  // --ui: the routing inspector page at /ui/ and its data endpoints under /ui/api/ (docs/api.md).
+  bool ui = false;
+  // With --ui and capture on: finished requests whose routes /ui/api/routes/{id} can still give,
+  // newest kept, within a byte budget (base64 routes plus token ids).
+  int64_t ui_route_store_requests = 64;
+  int64_t ui_route_store_bytes = int64_t{256} << 20;
   int64_t max_request_bytes = int64_t{64} << 20;  // 413 beyond; a 32k-token replay fits
   int64_t max_header_bytes = 64 << 10;            // 431 beyond
   double shutdown_timeout_s = 30.0;

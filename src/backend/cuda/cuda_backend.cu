@@ -75,6 +75,7 @@ class CudaBackend final : public Backend {
     return static_cast<int64_t>(free_bytes);
   }
   std::string small_batch_kernel() const override { return "cuda-fused"; }
+  void* native_stream() const override { return context_.stream; }
   int64_t small_batch_max_tokens() const override { return kFusedMaxTokens; }
 
   Status reserve(const StepLimits& limits) override {
