@@ -50,6 +50,8 @@ enum class BackendFeature {
   kScaledRope,       // rope() honours RopeSpec::inv_freq and attention_factor (YaRN)
   kMxfp4Weights,     // load_weight() keeps U8 tensors (MXFP4 blocks and scales) as they are
   kLatentAttention,  // latent_attention (DeepSeek-V3's multi-head latent attention)
+  kGatedDeltaNet,    // gated_delta_net (Qwen3.5's linear-attention layers)
+  kGatedAttention,   // gated_attention (Qwen3.5's output-gated, partially rotary attention)
   kPartialRotary,    // rope() turns only the first RopeSpec::head_dim dims of wider heads (GLM)
   kFp8BlockWeights,  // alloc() is host memory: FP8 weights are dequantised to bf16 into it
 };
@@ -61,6 +63,10 @@ inline const char* backend_feature_name(BackendFeature feature) {
     case BackendFeature::kScaledRope: return "YaRN RoPE (scaled frequencies and attention factor)";
     case BackendFeature::kMxfp4Weights: return "MXFP4 expert weights";
     case BackendFeature::kLatentAttention: return "multi-head latent attention (MLA)";
+    case BackendFeature::kGatedDeltaNet:
+      return "gated DeltaNet linear attention";
+    case BackendFeature::kGatedAttention:
+      return "gated attention (sigmoid output gate, partial rotary)";
     case BackendFeature::kPartialRotary:
       return "partial rotary embedding (partial_rotary_factor)";
     case BackendFeature::kFp8BlockWeights:
@@ -289,6 +295,47 @@ class Backend {
                                 float scale, Tensor& out) {
     (void)q, (void)kv_latent, (void)kv_norm, (void)eps, (void)kv_b_proj, (void)shape, (void)batch,
         (void)rope, (void)cache, (void)scale, (void)out;
+  }
+  // Gated full attention (BackendFeature::kGatedAttention), after the projections: q_gate
+  // [T, heads, 2 * head_dim] holds per head the query, then its output gate. The query goes to
+  // q [T, heads, head_dim]; q and k [T, kv_heads, head_dim] are RMSNormed per head (q_norm,
+  // k_norm), the first rope.head_dim dims of each head roped (rotate-half over those dims, the
+  // rest passed through: partial rotary), k and v written to the cache; then attention() and out
+  // [T, heads * head_dim] multiplied by sigmoid(gate).
+  virtual void gated_attention(const Tensor& q_gate, Tensor& q, Tensor& k, const Tensor& v,
+                               const Tensor& q_norm, const Tensor& k_norm, float eps,
+                               const AttentionBatch& batch, const RopeSpec& rope, Tensor& k_cache,
+                               Tensor& v_cache, float scale, Tensor& out) {
+    (void)q_gate, (void)q, (void)k, (void)v, (void)q_norm, (void)k_norm, (void)eps, (void)batch,
+        (void)rope, (void)k_cache, (void)v_cache, (void)scale, (void)out;
+  }
+  // Gated DeltaNet (BackendFeature::kGatedDeltaNet; model/description.h LinearAttentionSpec),
+  // after the input projections: qkv [T, conv_dim], z [T, value_dim], b and a [T, value_heads];
+  // out [T, value_dim] (before out_proj). Each sequence's tokens run in order through its
+  // states: conv_state [buffers, conv_dim, kernel - 1] (the conv inputs of its last kernel - 1
+  // tokens, oldest first) and recurrent [buffers, value_heads, key_head_dim, value_head_dim]. A
+  // step reads sequence s's states from buffer state.read[s] and writes them to state.write[s]
+  // (another buffer: a step that fails and reruns reads what the first attempt read); a sequence
+  // whose first token in the step is at position 0 starts from zeros.
+  struct LinearShape {
+    int64_t key_heads = 0, value_heads = 0, key_head_dim = 0, value_head_dim = 0, kernel = 0;
+  };
+  struct LinearWeights {
+    const Tensor* conv1d = nullptr;   // [conv_dim, 1, kernel]
+    const Tensor* a_log = nullptr;    // [value_heads]
+    const Tensor* dt_bias = nullptr;  // [value_heads]
+    const Tensor* norm = nullptr;     // [value_head_dim]
+  };
+  struct LinearState {
+    Tensor read, write;  // [S] int32 buffer indices per sequence of the step (-1: padding)
+    Tensor* conv = nullptr;
+    Tensor* recurrent = nullptr;
+  };
+  virtual void gated_delta_net(const Tensor& qkv, const Tensor& z, const Tensor& b, const Tensor& a,
+                               const LinearWeights& weights, const LinearShape& shape, float eps,
+                               const AttentionBatch& batch, const LinearState& state, Tensor& out) {
+    (void)qkv, (void)z, (void)b, (void)a, (void)weights, (void)shape, (void)eps, (void)batch,
+        (void)state, (void)out;
   }
   // out[r] = x[rows[r]].
   virtual void gather_rows(const Tensor& x, const Tensor& rows, Tensor& out) = 0;

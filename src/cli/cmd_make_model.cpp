@@ -22,7 +22,8 @@ void add_make_model_command(CLI::App& app, int& exit_code) {
   auto* command = app.add_subcommand("make-model", "Write a random-weight checkpoint in Hugging Face format");
   command->add_option(
       "--arch", options->arch,
-      "Architecture: qwen3_moe, mixtral, olmoe, qwen2_moe, gpt_oss, deepseek_v3, glm4_moe");
+      "Architecture: qwen3_moe, mixtral, olmoe, qwen2_moe, gpt_oss, deepseek_v3, glm4_moe, "
+      "qwen3_5_moe");
   command->add_option("--preset", options->preset, "tiny (every arch) | qwen3-30b-a3b (qwen3_moe)");
   command->add_option("--layers", options->layers, "Cut the preset to this many layers");
   command->add_option("--out", options->out, "Output folder")->required();

@@ -101,6 +101,11 @@ Result<std::unique_ptr<model::Model>> shard_model(const model::Model& full,
                            fmt::format("tensor parallel: layer {} uses multi-head latent attention "
                                        "(DeepSeek-V3), which is not sharded yet",
                                        layer));
+    if (spec.linear || spec.output_gate)
+      return Status::error(ErrorCode::kUnsupported,
+                           fmt::format("tensor parallel: layer {} uses Qwen3.5's gated DeltaNet or "
+                                       "gated attention, which is not sharded yet",
+                                       layer));
     if (spec.qk_norm == model::QkNorm::kWholeProjection && parallel.tensor_parallel > 1)
       return Status::error(
           ErrorCode::kUnsupported,

@@ -132,9 +132,35 @@ class EngineImpl final : public Engine {
     SY_TRY(decoder_->allocate(c, blocks, limits));
     kv_ = std::make_unique<KvCache>(blocks, config.block_size_tokens,
                                     RoutePacking(c.num_hidden_layers, c.experts_per_token, c.num_experts, c.moe_layers()));
+    // Linear-attention layers keep per-sequence state, not KV: a prefix-cache hit would need
+    // that state at the block boundary, which the cache does not keep, so the cache is off.
+    hybrid_ = c.has_linear_attention();
+    bool prefix_caching = config.enable_prefix_caching;
+    if (hybrid_ && prefix_caching) {
+      prefix_caching = false;
+      std::fprintf(
+          stderr,
+          "switchyard: prefix caching is off for this model: its linear-attention layers keep "
+          "per-sequence state that the prefix cache does not store\n");
+    }
+    if (hybrid_) {
+      // Beside the KV cache (and not counted in its budget): two state buffers per sequence.
+      int64_t linear_layers = 0;
+      for (const model::LayerSpec& layer : c.layers)
+        linear_layers += layer.attention.linear ? 1 : 0;
+      const model::LinearAttentionSpec& lin = c.linear_attention;
+      const double state_bytes =
+          2.0 * config.max_num_seqs * static_cast<double>(linear_layers) *
+          static_cast<double>(lin.conv_state_values() + lin.recurrent_state_values()) * 4;
+      std::fprintf(
+          stderr,
+          "switchyard: linear-attention state: %.1f MB (2 buffers x %d sequences x %lld layers)\n",
+          state_bytes / 1e6, config.max_num_seqs, static_cast<long long>(linear_layers));
+    }
     scheduler_ = std::make_unique<Scheduler>(
-        SchedulerConfig{config.max_num_seqs, config.max_num_batched_tokens, config.max_prompt_logprob_rows,
-                        config.enable_prefix_caching, config.capture_routes, row_ints_},
+        SchedulerConfig{config.max_num_seqs, config.max_num_batched_tokens,
+                        config.max_prompt_logprob_rows, prefix_caching, config.capture_routes,
+                        row_ints_, hybrid_},
         *kv_);
     eos_ids_ = c.eos_token_ids;
     metrics_.moe_layers = c.moe_layers();
@@ -563,6 +589,10 @@ class EngineImpl final : public Engine {
       const Scheduled& s = batch[i];
       Sequence& seq = *s.seq;
       std::copy(seq.blocks.begin(), seq.blocks.end(), in.block_tables.begin() + i * in.max_blocks_per_seq);
+      if (hybrid_) {
+        in.state_read.push_back(seq.state_read_buffer());
+        in.state_write.push_back(seq.state_write_buffer());
+      }
       for (int64_t p = s.begin; p < s.begin + s.count; ++p) {
         const int32_t t = static_cast<int32_t>(in.token_ids.size());
         in.token_ids.push_back(seq.tokens[p]);
@@ -673,6 +703,9 @@ class EngineImpl final : public Engine {
       for (size_t i = 0; i < load.size(); ++i) metrics_.expert_load_tokens[i] += load[i];
     }
     for (const auto& s : batch) scheduler_->computed(*s.seq, s.begin + s.count);
+    // The step wrote each sequence's linear-attention state into its other buffer.
+    if (hybrid_)
+      for (const auto& s : batch) s.seq->state_parity ^= 1;
     {
       std::lock_guard lock(metrics_mutex_);
       for (const auto& s : batch) {
@@ -881,6 +914,7 @@ class EngineImpl final : public Engine {
   std::unique_ptr<KvCache> kv_;
   int64_t max_model_len_ = 0;
   int64_t row_ints_ = 0;
+  bool hybrid_ = false;  // linear-attention layers: per-sequence state slots, no prefix cache
   std::vector<int32_t> eos_ids_;
   bool capture_weights_ = false;
   std::string weights_unavailable_;

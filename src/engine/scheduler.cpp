@@ -65,6 +65,11 @@ std::vector<ScheduledChunk> Scheduler::schedule(bool admission_paused,
     }
     take(seq, count);
     seq.started = true;
+    if (config_.state_slots) {  // running_ < max_num_seqs: a slot is free
+      seq.state_slot = free_state_slots_.back();
+      seq.state_parity = 0;
+      free_state_slots_.pop_back();
+    }
     running_.push_back(std::move(waiting_.front()));
     waiting_.pop_front();
   }
@@ -146,6 +151,11 @@ void Scheduler::free_blocks(Sequence& seq) {
   for (auto it = seq.blocks.rbegin(); it != seq.blocks.rend(); ++it) kv_.release(*it);
   seq.blocks.clear();
   seq.published_blocks = 0;
+  // The linear-attention state goes with the KV: what remains of the sequence restarts at 0.
+  if (seq.state_slot >= 0) {
+    free_state_slots_.push_back(seq.state_slot);
+    seq.state_slot = -1;
+  }
 }
 
 // Positions of full block `index` whose route the request gave (its replay).

@@ -21,6 +21,9 @@ struct SchedulerConfig {
   bool enable_prefix_caching = true;
   bool capture_routes = false;  // cached blocks then carry routes; a hit restores them
   int64_t route_row_ints = 0;   // num_hidden_layers * top_k
+  // Models with linear attention: a state slot per running sequence (slots 0 .. max_num_seqs-1,
+  // Sequence::state_slot), taken at admission and given back with the blocks.
+  bool state_slots = false;
 };
 
 // Positions [begin, begin + count) of `seq` run this step.
@@ -37,7 +40,11 @@ struct SchedulerStats {
 
 class Scheduler {
  public:
-  Scheduler(SchedulerConfig config, KvCache& kv) : config_(config), kv_(kv) {}
+  Scheduler(SchedulerConfig config, KvCache& kv) : config_(config), kv_(kv) {
+    if (config_.state_slots)
+      for (int32_t slot = config_.max_num_seqs - 1; slot >= 0; --slot)
+        free_state_slots_.push_back(slot);
+  }
 
   void add(std::unique_ptr<Sequence> seq) { waiting_.push_back(std::move(seq)); }
   // This step's chunks: running sequences first (oldest first; when blocks run out the newest
@@ -85,6 +92,7 @@ class Scheduler {
   KvCache& kv_;
   std::deque<std::unique_ptr<Sequence>> waiting_;  // preempted ones at the front
   std::vector<std::unique_ptr<Sequence>> running_;
+  std::vector<int32_t> free_state_slots_;  // never fewer than max_num_seqs - running
   SchedulerStats stats_;
 };
 

@@ -46,6 +46,14 @@ struct Sequence {
   bool prefix_lookup_done = false;
   bool prefix_counted = false;  // cached_prompt_tokens and the prefix-cache metrics, once
   bool started = false;         // admitted once: a weight update waits for it to finish
+  // Models with linear attention: the state slot held while running (-1: none) and which of its
+  // two buffers holds the state after positions [0, num_computed) (a step reads that one and
+  // writes the other; a successful step flips it). Preemption gives the slot back: the
+  // recompute starts at position 0, from zeros.
+  int32_t state_slot = -1;
+  int32_t state_parity = 0;
+  int32_t state_read_buffer() const { return 2 * state_slot + state_parity; }
+  int32_t state_write_buffer() const { return 2 * state_slot + 1 - state_parity; }
 
   int64_t output_len() const { return static_cast<int64_t>(tokens.size()) - prompt_len; }
 };

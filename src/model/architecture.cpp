@@ -14,6 +14,10 @@ const std::vector<Architecture>& architectures() {
       {"deepseek_v3", "DeepseekV3ForCausalLM", parse_deepseek_v3, build_deepseek_v3},
       // Kimi-K2 checkpoints: DeepSeek-V3's architecture under their own model_type.
       {"kimi_k2", "DeepseekV3ForCausalLM", parse_deepseek_v3, build_deepseek_v3},
+      // Qwen3.5: the published multimodal wrapper (text_config, model.language_model.) and the
+      // text model alone (transformers saves Qwen3_5MoeForCausalLM as qwen3_5_moe_text).
+      {"qwen3_5_moe", "Qwen3_5MoeForConditionalGeneration", parse_qwen3_5_moe, build_qwen3_5_moe},
+      {"qwen3_5_moe_text", "Qwen3_5MoeForCausalLM", parse_qwen3_5_moe, build_qwen3_5_moe},
       {"glm4_moe", "Glm4MoeForCausalLM", parse_glm4_moe, build_glm4_moe},
   };
   return table;

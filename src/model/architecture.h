@@ -46,6 +46,8 @@ Status parse_gpt_oss(const nlohmann::json& json, ModelConfig& config);
 Result<DecoderWeights> build_gpt_oss(const ModelConfig& config, WeightSource& source);
 Status parse_deepseek_v3(const nlohmann::json& json, ModelConfig& config);
 Result<DecoderWeights> build_deepseek_v3(const ModelConfig& config, WeightSource& source);
+Status parse_qwen3_5_moe(const nlohmann::json& json, ModelConfig& config);
+Result<DecoderWeights> build_qwen3_5_moe(const ModelConfig& config, WeightSource& source);
 Status parse_glm4_moe(const nlohmann::json& json, ModelConfig& config);
 Result<DecoderWeights> build_glm4_moe(const ModelConfig& config, WeightSource& source);
 // quantization_config of an FP8 block-quantised checkpoint (quant_method fp8, e4m3,

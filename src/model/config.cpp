@@ -79,8 +79,9 @@ bool sparse_step_layer(const ModelConfig& c, int layer) {
 int64_t ModelConfig::kv_cache_values_per_token() const {
   int64_t values = 0;
   for (const LayerSpec& layer : layers)
-    values += layer.attention.latent ? latent_attention.cache_row()
-                                     : 2 * num_key_value_heads * head_dim;
+    values += layer.attention.linear   ? 0
+              : layer.attention.latent ? latent_attention.cache_row()
+                                       : 2 * num_key_value_heads * head_dim;
   return values;
 }
 
@@ -260,8 +261,16 @@ Result<ModelConfig> parse_model_config(const json& config) {
   SY_ASSIGN(const Architecture* arch, find_architecture(c.model_type, c.architecture));
   c.model_type = std::string(arch->model_type);
   if (c.architecture.empty()) c.architecture = std::string(arch->class_name);
-  SY_TRY(parse_shared_fields(config, c));
-  SY_TRY(arch->parse(config, c));
+  // A multimodal wrapper (Qwen3.5) keeps the text model's fields in text_config: those, over the
+  // wrapper's own (tie_word_embeddings, token ids), describe the model served.
+  json fields = config;
+  if (auto text = config.find("text_config"); text != config.end() && text->is_object()) {
+    fields.erase("text_config");
+    fields.erase("vision_config");
+    for (auto it = text->begin(); it != text->end(); ++it) fields[it.key()] = it.value();
+  }
+  SY_TRY(parse_shared_fields(fields, c));
+  SY_TRY(arch->parse(fields, c));
   SY_TRY(check_description(c));
   return c;
 }

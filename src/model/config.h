@@ -58,6 +58,14 @@ struct ModelConfig {
   moe::RouterSpec router;
   moe::ExpertSpec experts;  // how every MoE layer's experts compute and are stored
   LatentAttentionSpec latent_attention;  // layers with attention.latent (DeepSeek-V3)
+  LinearAttentionSpec linear_attention;  // layers with attention.linear (Qwen3.5)
+  // Some layers keep per-sequence state instead of KV (linear attention): such a model cannot
+  // resume from a prefix-cache hit, whose blocks hold KV only.
+  bool has_linear_attention() const {
+    for (const LayerSpec& layer : layers)
+      if (layer.attention.linear) return true;
+    return false;
+  }
   double attention_scale = 0.0;          // softmax scale; 0: 1 / sqrt(head_dim)
   Fp8BlockQuantization fp8_blocks;       // FP8 block-quantised checkpoint weights
   // Partial rotary (partial_rotary_factor < 1, GLM-4.5): RoPE on the first rotary_dim dims of

@@ -26,11 +26,14 @@ struct Decoder::Workspace {
   Tensor x, normed, block_out, ffn_out, q, k, v, attn, gate, up, picked, picked_normed, logits;
   Tensor shared_out, shared_gate;  // MoE layers with a shared expert
   Tensor q_latent, kv_latent;      // latent attention: q_a_proj's and kv_a_proj's outputs
+  // Linear attention's projections and output; gated attention's q_proj output.
+  Tensor lin_qkv, lin_z, lin_b, lin_a, lin_out, q_gate;
   RopeTable rope;                  // YaRN's frequencies (host), empty for plain RoPE
   std::vector<Tensor*> owned() {
-    return {&pack,   &forced, &forced_routes, &route_out, &x,      &normed,        &block_out,
-            &ffn_out, &q,     &k,             &v,         &attn,   &gate,          &up,
-            &picked, &picked_normed, &logits,  &shared_out, &shared_gate, &q_latent, &kv_latent};
+    return {&pack,    &forced,  &forced_routes, &route_out,  &x,           &normed,   &block_out,
+            &ffn_out, &q,       &k,             &v,          &attn,        &gate,     &up,
+            &picked,  &picked_normed, &logits,  &shared_out, &shared_gate, &q_latent, &kv_latent,
+            &lin_qkv, &lin_z,   &lin_b,         &lin_a,      &lin_out,     &q_gate};
   }
   ~Workspace() {
     for (Tensor* t : owned())
@@ -41,6 +44,7 @@ struct Decoder::Workspace {
   // Views of the packed inputs for a step of (tokens, logits rows, seqs, block-table stride).
   struct Views {
     Tensor ids, positions, token_seq, slot_mapping, logits_rows, block_tables;
+    Tensor state_read, state_write;  // [seqs]
     int64_t ints = 0;
   };
   Views views(int64_t tokens, int64_t rows, int64_t seqs, int64_t stride) const {
@@ -57,6 +61,8 @@ struct Decoder::Workspace {
     v.slot_mapping = take(tokens);
     v.logits_rows = take(rows);
     v.block_tables = take(seqs * stride).reshaped({seqs, stride});
+    v.state_read = take(seqs);
+    v.state_write = take(seqs);
     return v;
   }
 };
@@ -86,6 +92,9 @@ Decoder::~Decoder() {
   ws_.reset();
   for (Tensor& tensor : k_cache_) backend_.free_buffer(tensor);
   for (Tensor& tensor : v_cache_) backend_.free_buffer(tensor);
+  for (auto* states : {&conv_state_, &recurrent_state_})
+    for (Tensor& tensor : *states)
+      if (tensor.data) backend_.free_buffer(tensor);
 }
 
 Status Decoder::allocate(const ModelConfig& c, int64_t num_blocks, const backend::StepLimits& limits) {
@@ -99,10 +108,15 @@ Status Decoder::allocate(const ModelConfig& c, int64_t num_blocks, const backend
   const LatentAttentionSpec& mla = c.latent_attention;
   bool latent = false;
   for (const LayerSpec& layer : c.layers) latent |= layer.attention.latent;
+  const LinearAttentionSpec& lin = c.linear_attention;
+  const bool linear = c.has_linear_attention();
+  bool output_gate = false;
+  for (const LayerSpec& layer : c.layers) output_gate |= layer.attention.output_gate;
   full.max_feature_dim =
       std::max({c.hidden_size, c.num_attention_heads * c.head_dim, c.intermediate_size,
                 c.moe_intermediate_size, c.widest_dense_mlp(), mla.q_lora_rank, mla.cache_row(),
-                c.num_attention_heads * mla.v_head_dim});
+                c.num_attention_heads * mla.v_head_dim, lin.conv_dim(), lin.value_dim(),
+                output_gate ? 2 * c.num_attention_heads * c.head_dim : 0});
   // What the description needs of the backend and the MoE kernels, refused before anything is
   // allocated with a message naming the missing piece.
   bool gated_shared = false;
@@ -126,8 +140,11 @@ Status Decoder::allocate(const ModelConfig& c, int64_t num_blocks, const backend
     // A latent-attention layer caches one row of latent + k_pe per token (k_cache_; its v_cache_
     // is a placeholder).
     const bool latent_layer = c.layers[static_cast<size_t>(layer)].attention.latent;
+    const bool linear_layer = c.layers[static_cast<size_t>(layer)].attention.linear;
     for (auto* cache : {&k_cache_, &v_cache_}) {
-      if (latent_layer)
+      if (linear_layer)  // per-sequence state instead (below); placeholders keep the indexing
+        cache->push_back(backend_.alloc(DType::kF32, {1, 1, 1}));
+      else if (latent_layer)
         cache->push_back(cache == &k_cache_ ? backend_.alloc(DType::kF32, {slots, 1, mla.cache_row()})
                                             : backend_.alloc(DType::kF32, {1, 1, 1}));
       else
@@ -141,6 +158,32 @@ Status Decoder::allocate(const ModelConfig& c, int64_t num_blocks, const backend
     }
   }
 
+  // Linear-attention state: two buffers per sequence a step can hold (a step reads one and
+  // writes the other), allocated once and zero-filled.
+  state_buffers_ = linear ? 2 * limits.max_seqs : 0;
+  for (int64_t layer = 0; layer < c.num_hidden_layers; ++layer) {
+    const bool linear_layer = c.layers[static_cast<size_t>(layer)].attention.linear;
+    conv_state_.push_back(
+        linear_layer
+            ? backend_.alloc(DType::kF32, {state_buffers_, lin.conv_dim(), lin.conv_kernel - 1})
+            : Tensor());
+    recurrent_state_.push_back(
+        linear_layer ? backend_.alloc(DType::kF32, {state_buffers_, lin.num_value_heads,
+                                                    lin.key_head_dim, lin.value_head_dim})
+                     : Tensor());
+    for (Tensor* state : {&conv_state_.back(), &recurrent_state_.back()}) {
+      if (!linear_layer) continue;
+      if (!state->data)
+        return Status::error(ErrorCode::kResourceExhausted,
+                             "out of memory for the linear-attention state");
+      Tensor as_i32 = *state;
+      as_i32.dtype = DType::kI32;
+      as_i32.rank = 1;
+      as_i32.shape = {static_cast<int64_t>(state->nbytes() / 4), 0, 0, 0};
+      backend_.fill_i32(as_i32, 0);
+    }
+  }
+
   auto ws = std::make_unique<Workspace>();
   ws->backend = &backend_;
   ws->limits = limits;
@@ -148,7 +191,7 @@ Status Decoder::allocate(const ModelConfig& c, int64_t num_blocks, const backend
   const int64_t T = limits.max_tokens, R = limits.max_logits_rows;
   const int64_t L = c.num_hidden_layers, K = std::max<int64_t>(c.experts_per_token, 1);
   const int64_t hidden = c.hidden_size, heads = c.num_attention_heads, kv_heads = c.num_key_value_heads;
-  ws->pack_ints = 4 * T + R + limits.max_seqs * limits.max_blocks_per_seq;
+  ws->pack_ints = 4 * T + R + limits.max_seqs * (limits.max_blocks_per_seq + 2);
   ws->pack = backend_.alloc(DType::kI32, {ws->pack_ints});
   ws->pack_host = static_cast<int32_t*>(backend_.alloc_host(static_cast<size_t>(ws->pack_ints) * 4));
   ws->routes_host =
@@ -168,6 +211,14 @@ Status Decoder::allocate(const ModelConfig& c, int64_t num_blocks, const backend
     if (mla.q_lora_rank > 0) ws->q_latent = backend_.alloc(DType::kF32, {T, mla.q_lora_rank});
     ws->kv_latent = backend_.alloc(DType::kF32, {T, mla.cache_row()});
   }
+  if (linear) {
+    ws->lin_qkv = backend_.alloc(DType::kF32, {T, lin.conv_dim()});
+    ws->lin_z = backend_.alloc(DType::kF32, {T, lin.value_dim()});
+    ws->lin_b = backend_.alloc(DType::kF32, {T, lin.num_value_heads});
+    ws->lin_a = backend_.alloc(DType::kF32, {T, lin.num_value_heads});
+    ws->lin_out = backend_.alloc(DType::kF32, {T, lin.value_dim()});
+  }
+  if (output_gate) ws->q_gate = backend_.alloc(DType::kF32, {T, 2 * heads * c.head_dim});
   if (const int64_t widest = c.widest_dense_mlp(); widest > 0) {
     ws->gate = backend_.alloc(DType::kF32, {T, widest});
     ws->up = backend_.alloc(DType::kF32, {T, widest});
@@ -206,6 +257,20 @@ Status Decoder::forward(const Model& model, const StepInputs& in, StepOutputs& o
                                      "blocks is outside the workspace's limits",
                                      tokens, rows, seqs, in.max_blocks_per_seq));
 
+  if (state_buffers_ > 0) {
+    bool valid = static_cast<int64_t>(in.state_read.size()) == seqs &&
+                 static_cast<int64_t>(in.state_write.size()) == seqs;
+    for (int64_t s = 0; valid && s < seqs; ++s)
+      valid = in.state_read[s] >= 0 && in.state_read[s] < state_buffers_ &&
+              in.state_write[s] >= 0 && in.state_write[s] < state_buffers_ &&
+              in.state_read[s] != in.state_write[s];
+    if (!valid)
+      return Status::error(
+          ErrorCode::kInternal,
+          "decoder: a step of a model with linear attention needs a read and a distinct "
+          "write state buffer per sequence");
+  }
+
   // A pure decode step (one token per sequence, every row's logits) on a graph-capable backend
   // is padded to its bucket and replayed from a recorded graph.
   bool decode = tokens == seqs && rows == tokens;
@@ -238,6 +303,8 @@ Status Decoder::forward(const Model& model, const StepInputs& in, StepOutputs& o
   for (int64_t s = 0; s < seqs; ++s)
     std::copy_n(in.block_tables.begin() + s * in.max_blocks_per_seq, in.max_blocks_per_seq, pack + at + s * stride);
   at += S * stride;
+  put(in.state_read, S, [](int64_t) { return -1; });  // padding sequences: no state
+  put(in.state_write, S, [](int64_t) { return -1; });
   Tensor packed = ws.pack.slice_rows(0, at);
   backend_.upload(pack, packed);
 
@@ -320,7 +387,52 @@ Status Decoder::forward(const Model& model, const StepInputs& in, StepOutputs& o
       // Attention block: q, k, v of input_norm(x + pending).
       const LayerSpec& spec = c.layers[static_cast<size_t>(layer)];
       const AttentionSpec& attention = spec.attention;
-      if (attention.latent) {
+      if (attention.linear) {
+        // Gated DeltaNet: the four input projections of input_norm(x + pending), then the op
+        // (conv, delta rule over the sequences' states, gated norm), then out_proj.
+        if (pending)
+          backend_.add_rms_norm(x, *pending, lw.input_norm, c.rms_norm_eps, normed);
+        else
+          backend_.rms_norm(x, lw.input_norm, c.rms_norm_eps, normed);
+        pending = nullptr;
+        const LinearAttentionWeights& la = lw.linear_attention;
+        const LinearAttentionSpec& lin = c.linear_attention;
+        Tensor lin_qkv = ws.lin_qkv.slice_rows(0, T), lin_z = ws.lin_z.slice_rows(0, T);
+        Tensor lin_b = ws.lin_b.slice_rows(0, T), lin_a = ws.lin_a.slice_rows(0, T);
+        Tensor lin_out = ws.lin_out.slice_rows(0, T);
+        backend_.matmul_parts(normed, {{&la.in_proj_qkv, nullptr, &lin_qkv},
+                                       {&la.in_proj_z, nullptr, &lin_z},
+                                       {&la.in_proj_b, nullptr, &lin_b},
+                                       {&la.in_proj_a, nullptr, &lin_a}});
+        const backend::Backend::LinearShape shape{lin.num_key_heads, lin.num_value_heads,
+                                                  lin.key_head_dim, lin.value_head_dim,
+                                                  lin.conv_kernel};
+        const backend::Backend::LinearWeights weights{&la.conv1d, &la.a_log, &la.dt_bias, &la.norm};
+        const backend::Backend::LinearState state{v.state_read, v.state_write, &conv_state_[layer],
+                                                  &recurrent_state_[layer]};
+        backend_.gated_delta_net(lin_qkv, lin_z, lin_b, lin_a, weights, shape, c.rms_norm_eps,
+                                 batch, state, lin_out);
+        backend_.matmul(lin_out, la.out_proj, nullptr, block_out);
+      } else if (attention.output_gate) {
+        // Gated attention: q_proj emits query and output gate per head; the op splits them,
+        // norms and (partially) ropes q and k, attends, and gates the output.
+        if (pending)
+          backend_.add_rms_norm(x, *pending, lw.input_norm, c.rms_norm_eps, normed);
+        else
+          backend_.rms_norm(x, lw.input_norm, c.rms_norm_eps, normed);
+        pending = nullptr;
+        Tensor q_gate = ws.q_gate.slice_rows(0, T);
+        backend_.matmul_parts(normed, {{&a.q_proj, a.q_bias.data ? &a.q_bias : nullptr, &q_gate},
+                                       {&a.k_proj, a.k_bias.data ? &a.k_bias : nullptr, &k},
+                                       {&a.v_proj, a.v_bias.data ? &a.v_bias : nullptr, &vv}});
+        backend::RopeSpec partial = rope;
+        partial.head_dim = attention.rotary_dim > 0 ? attention.rotary_dim : head_dim;
+        batch.sliding_window = 0;
+        batch.sinks = nullptr;
+        backend_.gated_attention(q_gate, q, k, vv, a.q_norm, a.k_norm, c.rms_norm_eps, batch,
+                                 partial, k_cache_[layer], v_cache_[layer], scale, attn);
+        backend_.matmul(attn, a.o_proj, a.o_bias.data ? &a.o_bias : nullptr, block_out);
+      } else if (attention.latent) {
         // Multi-head latent attention: q (through the low-rank path where there is one) and the
         // compressed kv row of input_norm(x + pending); the backend op does the rest.
         if (pending) backend_.add_rms_norm(x, *pending, lw.input_norm, c.rms_norm_eps, normed);
@@ -345,35 +457,37 @@ Status Decoder::forward(const Model& model, const StepInputs& in, StepOutputs& o
                                   k_cache_[layer], scale, latent_out);
         backend_.matmul(latent_out, a.o_proj, nullptr, block_out);
       } else {
-      const std::vector<backend::Backend::MatmulPart> qkv = {
-          {&a.q_proj, a.q_bias.data ? &a.q_bias : nullptr, &q},
-          {&a.k_proj, a.k_bias.data ? &a.k_bias : nullptr, &k},
-          {&a.v_proj, a.v_bias.data ? &a.v_bias : nullptr, &vv}};
-      if (!backend_.norm_matmul_parts(x, pending, lw.input_norm, c.rms_norm_eps, qkv)) {
-        if (pending) backend_.add_rms_norm(x, *pending, lw.input_norm, c.rms_norm_eps, normed);
-        else backend_.rms_norm(x, lw.input_norm, c.rms_norm_eps, normed);
-        pending = nullptr;
-        backend_.matmul_parts(normed, qkv);
-      }
-      const bool per_head = attention.qk_norm == QkNorm::kPerHead;
-      if (attention.qk_norm == QkNorm::kWholeProjection) {
-        // One RMSNorm over each token's whole q (and k) row, before the heads are split.
-        Tensor q_rows = q.reshaped({T, heads * head_dim}),
-               k_rows = k.reshaped({T, kv_heads * head_dim});
-        backend_.rms_norm(q_rows, a.q_norm, c.rms_norm_eps, q_rows);
-        backend_.rms_norm(k_rows, a.k_norm, c.rms_norm_eps, k_rows);
-      }
-      const Tensor* q_norm = per_head ? &a.q_norm : nullptr;
-      const Tensor* k_norm = per_head ? &a.k_norm : nullptr;
-      batch.sliding_window = attention.sliding_window;
-      batch.sinks = attention.sinks ? &a.sinks : nullptr;
-      if (!backend_.qk_prep_attention(q, k, vv, q_norm, k_norm, c.rms_norm_eps, batch, rope, k_cache_[layer],
-                                      v_cache_[layer], scale, attn)) {
-        backend_.qk_norm_rope_write_kv(q, k, vv, q_norm, k_norm, c.rms_norm_eps, batch, rope, k_cache_[layer],
-                                       v_cache_[layer]);
-        backend_.attention(q, k_cache_[layer], v_cache_[layer], batch, scale, attn);
-      }
-      backend_.matmul(attn, a.o_proj, a.o_bias.data ? &a.o_bias : nullptr, block_out);
+        const std::vector<backend::Backend::MatmulPart> qkv = {
+            {&a.q_proj, a.q_bias.data ? &a.q_bias : nullptr, &q},
+            {&a.k_proj, a.k_bias.data ? &a.k_bias : nullptr, &k},
+            {&a.v_proj, a.v_bias.data ? &a.v_bias : nullptr, &vv}};
+        if (!backend_.norm_matmul_parts(x, pending, lw.input_norm, c.rms_norm_eps, qkv)) {
+          if (pending)
+            backend_.add_rms_norm(x, *pending, lw.input_norm, c.rms_norm_eps, normed);
+          else
+            backend_.rms_norm(x, lw.input_norm, c.rms_norm_eps, normed);
+          pending = nullptr;
+          backend_.matmul_parts(normed, qkv);
+        }
+        const bool per_head = attention.qk_norm == QkNorm::kPerHead;
+        if (attention.qk_norm == QkNorm::kWholeProjection) {
+          // One RMSNorm over each token's whole q (and k) row, before the heads are split.
+          Tensor q_rows = q.reshaped({T, heads * head_dim}),
+                 k_rows = k.reshaped({T, kv_heads * head_dim});
+          backend_.rms_norm(q_rows, a.q_norm, c.rms_norm_eps, q_rows);
+          backend_.rms_norm(k_rows, a.k_norm, c.rms_norm_eps, k_rows);
+        }
+        const Tensor* q_norm = per_head ? &a.q_norm : nullptr;
+        const Tensor* k_norm = per_head ? &a.k_norm : nullptr;
+        batch.sliding_window = attention.sliding_window;
+        batch.sinks = attention.sinks ? &a.sinks : nullptr;
+        if (!backend_.qk_prep_attention(q, k, vv, q_norm, k_norm, c.rms_norm_eps, batch, rope,
+                                        k_cache_[layer], v_cache_[layer], scale, attn)) {
+          backend_.qk_norm_rope_write_kv(q, k, vv, q_norm, k_norm, c.rms_norm_eps, batch, rope,
+                                         k_cache_[layer], v_cache_[layer]);
+          backend_.attention(q, k_cache_[layer], v_cache_[layer], batch, scale, attn);
+        }
+        backend_.matmul(attn, a.o_proj, a.o_bias.data ? &a.o_bias : nullptr, block_out);
       }
       reduce(block_out);
       // Feed-forward block on post_attention_norm(x + pending + block_out): dense MLP or MoE.

@@ -28,6 +28,11 @@ struct StepInputs {
   bool capture_weights = false;        // also the gating weights (needs capture_routes)
   std::vector<uint8_t> forced;         // [T] 1 = replay this token's routes (empty: none)
   std::vector<int32_t> forced_routes;  // [T * num_hidden_layers * top_k] when forced is set
+  // Models with linear-attention layers: per sequence of the step, the state buffer its conv and
+  // recurrent states are read from and the one this step writes them to, both in
+  // [0, state_buffers()) and never equal (a failed step leaves the read buffer intact, so a
+  // rerun computes the same). A sequence whose first token here is at position 0 reads zeros.
+  std::vector<int32_t> state_read, state_write;
 };
 
 struct StepOutputs {
@@ -64,6 +69,9 @@ class Decoder {
   // the largest step `limits` allows, both allocated once: no step allocates.
   Status allocate(const ModelConfig& config, int64_t num_blocks, const backend::StepLimits& limits);
   int block_size() const { return block_size_; }
+  // Per-sequence state buffers of the linear-attention layers (2 per sequence the step limits
+  // allow: read and write), allocated once by allocate(); 0 for a model without such layers.
+  int64_t state_buffers() const { return state_buffers_; }
   const KernelChoice& kernels() const { return kernels_; }
   // Graph recording of decode steps (backends that support it); on by default.
   void set_graphs_enabled(bool enabled) { graphs_enabled_ = enabled; }
@@ -91,6 +99,10 @@ class Decoder {
   bool graphs_enabled_ = true;
   AllReduce all_reduce_;
   std::vector<Tensor> k_cache_, v_cache_;
+  // Linear-attention layers: [state_buffers_, conv_dim, kernel - 1] and [state_buffers_,
+  // value_heads, key_head_dim, value_head_dim] f32 (undefined for other layers).
+  std::vector<Tensor> conv_state_, recurrent_state_;
+  int64_t state_buffers_ = 0;
   std::unique_ptr<Workspace> ws_;
   // The step in flight (between forward and finish_step).
   int64_t step_tokens_ = 0;

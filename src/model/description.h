@@ -25,6 +25,25 @@ struct LatentAttentionSpec {
   int64_t cache_row() const { return kv_lora_rank + qk_rope_head_dim; }
 };
 
+// Gated DeltaNet linear attention (Qwen3.5's linear_attention layers): in_proj_qkv -> a causal
+// depthwise conv1d of conv_kernel taps over [q | k | v] -> SiLU; q and k l2-normalised per key
+// head, q scaled by 1/sqrt(key_head_dim); per value head a recurrent state S [key_head_dim,
+// value_head_dim] decays by exp(g), g = -exp(A_log) * softplus(a + dt_bias), and takes the delta
+// rule update S += k (beta (v - S^T k))^T, beta = sigmoid(b); the output S^T q goes through an
+// RMSNorm gated by silu(z) and out_proj. Value head h reads key head h / (value_heads /
+// key_heads). Each sequence keeps the conv inputs of its last conv_kernel - 1 tokens and S per
+// layer (the decoder's state buffers), not a KV cache.
+struct LinearAttentionSpec {
+  int64_t num_key_heads = 0, num_value_heads = 0;
+  int64_t key_head_dim = 0, value_head_dim = 0;
+  int64_t conv_kernel = 0;
+  int64_t key_dim() const { return num_key_heads * key_head_dim; }
+  int64_t value_dim() const { return num_value_heads * value_head_dim; }
+  int64_t conv_dim() const { return 2 * key_dim() + value_dim(); }  // [q | k | v]
+  int64_t conv_state_values() const { return conv_dim() * (conv_kernel - 1); }
+  int64_t recurrent_state_values() const { return num_value_heads * key_head_dim * value_head_dim; }
+};
+
 struct AttentionSpec {
   bool qkv_bias = false;  // q/k/v projections have biases (an o_proj bias is loaded where present)
   QkNorm qk_norm = QkNorm::kNone;
@@ -32,6 +51,13 @@ struct AttentionSpec {
   bool sinks =
       false;  // a learned per-head logit in the softmax denominator (gpt-oss: self_attn.sinks)
   bool latent = false;  // multi-head latent attention (ModelConfig::latent_attention)
+  // Gated DeltaNet instead of softmax attention (ModelConfig::linear_attention): no KV cache.
+  bool linear = false;
+  // Qwen3.5's gated attention: q_proj emits per head the query then an output gate of head_dim;
+  // the attention output is multiplied by sigmoid(gate) before o_proj. RoPE then rotates only
+  // the first `rotary_dim` dims of each head (partial_rotary_factor; 0: all of them).
+  bool output_gate = false;
+  int64_t rotary_dim = 0;
 };
 
 // RoPE's frequencies: plain (theta^(-2i/d)) or YaRN (rope_scaling / rope_parameters of type

@@ -105,6 +105,9 @@ class ParameterCounter final : public WeightSource {
     all.insert(all.begin(), static_cast<int64_t>(names.size()));
     return counted(DType::kBF16, all, 1);
   }
+  Result<Tensor> zero_centred_norm(const std::string&, const std::vector<int64_t>& shape) override {
+    return counted(DType::kF32, shape, 1);
+  }
   int64_t count() const { return count_; }
 
  private:

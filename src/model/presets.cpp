@@ -287,6 +287,57 @@ json tiny_deepseek_v3() {
               {"vocab_size", 151936}};
 }
 
+json tiny_qwen3_5_moe() {
+  // The published Qwen3.5-MoE layout (Qwen3_5MoeForConditionalGeneration: the text model in
+  // text_config, tensors under model.language_model.), shrunk: hidden 72; layers linear, linear,
+  // full, linear; full attention 4 query / 2 KV heads of 24 with output gate and partial rotary
+  // 0.25 (6 of 24 dims); DeltaNet 2 key heads of 12 and 4 value heads of 10 (each key head
+  // serves two value heads), conv kernel 4; 10 experts top-3 of width 20 and a shared expert of
+  // 28. No dimension is a multiple of 16 and no two head sizes are equal.
+  json text{{"architectures", {"Qwen3_5MoeForCausalLM"}},
+            {"attention_bias", false},
+            {"attention_dropout", 0.0},
+            {"bos_token_id", 151643},
+            {"dtype", "bfloat16"},
+            {"eos_token_id", 151645},
+            {"head_dim", 24},
+            {"hidden_act", "silu"},
+            {"hidden_size", 72},
+            {"initializer_range", 0.02},
+            {"layer_types",
+             {"linear_attention", "linear_attention", "full_attention", "linear_attention"}},
+            {"linear_conv_kernel_dim", 4},
+            {"linear_key_head_dim", 12},
+            {"linear_num_key_heads", 2},
+            {"linear_num_value_heads", 4},
+            {"linear_value_head_dim", 10},
+            {"max_position_embeddings", 4096},
+            {"model_type", "qwen3_5_moe_text"},
+            {"moe_intermediate_size", 20},
+            {"num_attention_heads", 4},
+            {"num_experts", 10},
+            {"num_experts_per_tok", 3},
+            {"num_hidden_layers", 4},
+            {"num_key_value_heads", 2},
+            {"rms_norm_eps", 1e-06},
+            {"rope_parameters",
+             {{"mrope_interleaved", true},
+              {"mrope_section", {1, 1, 1}},
+              {"partial_rotary_factor", 0.25},
+              {"rope_theta", 10000000.0},
+              {"rope_type", "default"}}},
+            {"router_aux_loss_coef", 0.001},
+            {"shared_expert_intermediate_size", 28},
+            {"tie_word_embeddings", false},
+            {"use_cache", true},
+            {"vocab_size", 151936}};
+  return json{{"architectures", {"Qwen3_5MoeForConditionalGeneration"}},
+              {"model_type", "qwen3_5_moe"},
+              {"text_config", text},
+              {"tie_word_embeddings", false},
+              {"transformers_version", "5.2.0"}};
+}
+
 json tiny_glm4_moe() {
   // The published GLM-4.5-Air config.json spellings (transformers 4.54), shrunk: hidden 72, 6
   // query heads of 20 over 2 KV heads (q width 120: no multiple of 16), partial rotary 0.5 (RoPE
@@ -381,6 +432,10 @@ float init_std(const std::string& name, const ModelConfig& config) {
     return 3.0f / std::sqrt(static_cast<float>(config.hidden_size));  // decisive routing
   // DeepSeek-V3's correction bias, large enough beside the sigmoid scores to change selections.
   if (name.ends_with("e_score_correction_bias")) return 0.3f;
+  // Qwen3.5's gated DeltaNet: conv taps large enough that the conv's output is not negligible,
+  // and per-head decays (A_log, dt_bias) spread around exp(-softplus(0)) = 0.5.
+  if (name.ends_with("conv1d.weight") || name.ends_with("A_log") || name.ends_with("dt_bias"))
+    return 0.5f;
   return 0.02f;
 }
 
@@ -406,28 +461,34 @@ Result<json> preset_config(const std::string& arch, const std::string& preset, i
              : arch == "gpt_oss"     ? tiny_gpt_oss()
              : arch == "deepseek_v3" ? tiny_deepseek_v3()
                                      : tiny_glm4_moe();
+  } else if (arch == "qwen3_5_moe") {
+    if (preset != "tiny")
+      return Status::errorf("--preset '{}' is unknown for {} (supported: tiny)", preset, arch);
+    config = tiny_qwen3_5_moe();
   } else {
     return Status::errorf(
         "--arch '{}' is not supported (supported: qwen3_moe, mixtral, olmoe, qwen2_moe, gpt_oss, "
-        "deepseek_v3, glm4_moe)",
+        "deepseek_v3, glm4_moe, qwen3_5_moe)",
         arch);
   }
+  // A multimodal wrapper's text model is in text_config.
+  json& body = config.contains("text_config") ? config["text_config"] : config;
   if (layers > 0) {
-    if (layers > config["num_hidden_layers"].get<int>())
+    if (layers > body["num_hidden_layers"].get<int>())
       return Status::errorf("--layers {} is more than the preset's {}", layers,
-                            config["num_hidden_layers"].get<int>());
-    config["num_hidden_layers"] = layers;
-    if (config.contains("max_window_layers")) config["max_window_layers"] = layers;
-    if (config.contains("mlp_only_layers")) {
+                            body["num_hidden_layers"].get<int>());
+    body["num_hidden_layers"] = layers;
+    if (body.contains("max_window_layers")) body["max_window_layers"] = layers;
+    if (body.contains("mlp_only_layers")) {
       json kept = json::array();
-      for (const auto& layer : config["mlp_only_layers"])
+      for (const auto& layer : body["mlp_only_layers"])
         if (layer.get<int>() < layers) kept.push_back(layer);
-      config["mlp_only_layers"] = kept;
+      body["mlp_only_layers"] = kept;
     }
-    if (config.contains("layer_types")) {
+    if (body.contains("layer_types")) {
       json kept = json::array();
-      for (int layer = 0; layer < layers; ++layer) kept.push_back(config["layer_types"][layer]);
-      config["layer_types"] = kept;
+      for (int layer = 0; layer < layers; ++layer) kept.push_back(body["layer_types"][layer]);
+      body["layer_types"] = kept;
     }
   }
   return config;
@@ -475,7 +536,9 @@ Status write_random_checkpoint(const json& config_json, const json& generation_c
     }
     uint16_t* values = reinterpret_cast<uint16_t*>(out);
     const size_t count = nbytes / 2;
-    const bool is_norm = spec.name.find("norm.weight") != std::string::npos;
+    // Zero-centred norms (applied as 1 + w) are stored near 0, the others near 1.
+    const bool zero_centred = listing.is_zero_centred(spec.name);
+    const bool is_norm = !zero_centred && spec.name.find("norm.weight") != std::string::npos;
     const float std_dev = init_std(spec.name, c);
     const uint64_t tensor_seed = XXH64(spec.name.data(), spec.name.size(), seed);
     // Split big tensors over threads; each chunk has its own stream so output is deterministic.
@@ -488,7 +551,9 @@ Status write_random_checkpoint(const json& config_json, const json& generation_c
         for (size_t ci = w; ci < chunks; ci += threads) {
           Rng rng{tensor_seed ^ (0x51afd6c3ull * (ci + 1))};
           for (size_t i = ci * chunk; i < std::min(count, (ci + 1) * chunk); ++i)
-            values[i] = f32_to_bf16(is_norm ? 1.0f + 0.1f * rng.normal() : std_dev * rng.normal());
+            values[i] = f32_to_bf16(is_norm        ? 1.0f + 0.1f * rng.normal()
+                                    : zero_centred ? 0.1f * rng.normal()
+                                                   : std_dev * rng.normal());
         }
       });
     for (auto& worker : workers) worker.join();

@@ -5,12 +5,15 @@
 namespace sy::model {
 
 Status check_backend_features(const ModelConfig& c, const backend::Backend& backend) {
-  bool windowed = false, gated_shared = false, sinks = false, latent = false, partial = false;
+  bool windowed = false, gated_shared = false, sinks = false, latent = false, partial = false,
+       linear = false, output_gate = false;
   for (const LayerSpec& layer : c.layers) {
     windowed |= layer.attention.sliding_window > 0;
     gated_shared |= layer.shared_expert_gate;
     sinks |= layer.attention.sinks;
     latent |= layer.attention.latent;
+    linear |= layer.attention.linear;
+    output_gate |= layer.attention.output_gate;
     partial |= !layer.attention.latent && c.rope_dim() < c.head_dim;
   }
   const bool mxfp4 = c.experts.format == moe::ExpertFormat::kMxfp4Interleaved;
@@ -23,6 +26,8 @@ Status check_backend_features(const ModelConfig& c, const backend::Backend& back
                                  std::pair{yarn, backend::BackendFeature::kScaledRope},
                                  std::pair{mxfp4, backend::BackendFeature::kMxfp4Weights},
                                  std::pair{latent, backend::BackendFeature::kLatentAttention},
+                                 std::pair{linear, backend::BackendFeature::kGatedDeltaNet},
+                                 std::pair{output_gate, backend::BackendFeature::kGatedAttention},
                                  std::pair{partial, backend::BackendFeature::kPartialRotary},
                                  std::pair{fp8, backend::BackendFeature::kFp8BlockWeights}})
     if (needed && !backend.supports(feature))

@@ -244,6 +244,55 @@ Result<Tensor> CheckpointSource::stacked(const std::vector<std::string>& names,
   return *loaded;
 }
 
+Result<Tensor> CheckpointSource::zero_centred_norm(const std::string& name,
+                                                   const std::vector<int64_t>& shape) {
+  const TensorInfo* info = checkpoint_.find(name);
+  if (!info)
+    return Status::errorf("missing tensor '{}' (expected shape {})", name, shape_text(shape));
+  if (info->shape != shape)
+    return Status::errorf("tensor '{}' in {} has shape {}, expected {}", name, info->file,
+                          shape_text(info->shape), shape_text(shape));
+  const Tensor stored = view_of(*info);
+  std::vector<float> shifted(static_cast<size_t>(stored.numel()));
+  for (int64_t i = 0; i < stored.numel(); ++i) {
+    float w = 0.0f;
+    switch (info->dtype) {
+      case DType::kBF16:
+        w = bf16_to_f32(stored.ptr<uint16_t>()[i]);
+        break;
+      case DType::kF16:
+        w = f16_to_f32(stored.ptr<uint16_t>()[i]);
+        break;
+      case DType::kF32:
+        w = stored.ptr<float>()[i];
+        break;
+      default:
+        return Status::errorf("tensor '{}' in {} has dtype {}, expected BF16, F16 or F32", name,
+                              info->file, dtype_name(info->dtype));
+    }
+    shifted[static_cast<size_t>(i)] = 1.0f + w;
+  }
+  if (place_.into) {
+    SY_ASSIGN(Tensor * target, next_target(name));
+    if (target->numel() != stored.numel() || target->dtype != DType::kF32)
+      return Status::errorf("tensor '{}' has {} elements, the loaded model {}", name,
+                            stored.numel(), target->numel());
+    if (!place_.check_only) backend_.upload(shifted.data(), *target);
+    return *target;
+  }
+  Tensor tensor = backend_.alloc(DType::kF32, {stored.numel()});
+  if (!tensor.data)
+    return Status::error(ErrorCode::kResourceExhausted,
+                         fmt::format("out of memory for tensor '{}'", name));
+  owned_.push_back(tensor);
+  Tensor shaped = no_data(DType::kF32, shape);
+  shaped.data = tensor.data;
+  shaped.device = tensor.device;
+  backend_.upload(shifted.data(), shaped);
+  if (place_.order) place_.order->push_back(shaped);
+  return shaped;
+}
+
 Status CheckpointSource::finish() {
   if (place_.into && next_ != place_.into->size())
     return Status::errorf("the checkpoint maps onto {} tensors, the loaded model has {}", next_,
@@ -314,6 +363,21 @@ Result<Tensor> RandomSource::packed(const std::string& name, const std::vector<i
 Result<Tensor> RandomSource::stacked(const std::vector<std::string>& names,
                                      const std::vector<int64_t>& shape) {
   return get(names.front(), with_count(names.size(), shape));
+}
+
+Result<Tensor> RandomSource::zero_centred_norm(const std::string& name,
+                                               const std::vector<int64_t>& shape) {
+  return get(name, shape);  // a norm's name: f32 near 1
+}
+
+Result<Tensor> TensorListSource::zero_centred_norm(const std::string& name,
+                                                   const std::vector<int64_t>& shape) {
+  zero_centred_.push_back(name);
+  return get(name, shape);
+}
+
+bool TensorListSource::is_zero_centred(const std::string& name) const {
+  return std::find(zero_centred_.begin(), zero_centred_.end(), name) != zero_centred_.end();
 }
 
 Result<Tensor> TensorListSource::get(const std::string& name, const std::vector<int64_t>& shape) {

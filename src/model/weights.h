@@ -27,6 +27,19 @@ struct AttentionWeights {
   Tensor kv_b_proj;           // [heads * (qk_nope_head_dim + v_head_dim), kv_lora_rank]
 };
 
+// Gated DeltaNet (LinearAttentionSpec).
+struct LinearAttentionWeights {
+  Tensor in_proj_qkv;  // [2 * key_dim + value_dim, hidden]: q, k, v
+  Tensor in_proj_z;    // [value_dim, hidden]: the output norm's gate
+  Tensor in_proj_b;    // [value_heads, hidden]: beta = sigmoid(b)
+  Tensor in_proj_a;    // [value_heads, hidden]: the decay's input
+  Tensor conv1d;       // [conv_dim, 1, conv_kernel] depthwise, no bias
+  Tensor a_log;        // [value_heads] A_log
+  Tensor dt_bias;      // [value_heads]
+  Tensor norm;         // [value_head_dim] the gated RMSNorm's weight (plain, not zero-centred)
+  Tensor out_proj;     // [hidden, value_dim]
+};
+
 struct DenseMlpWeights {
   Tensor gate_proj, up_proj, down_proj;
 };
@@ -34,6 +47,7 @@ struct DenseMlpWeights {
 struct LayerWeights {
   Tensor input_norm, post_attention_norm;
   AttentionWeights attention;
+  LinearAttentionWeights linear_attention;  // layers with attention.linear
   bool is_moe = false;
   DenseMlpWeights mlp;            // dense layers
   moe::MoeLayerWeights moe;       // MoE layers
@@ -61,6 +75,10 @@ class WeightSource {
   // checkpoint tensors -> the stacked expert layout).
   virtual Result<Tensor> stacked(const std::vector<std::string>& names,
                                  const std::vector<int64_t>& shape) = 0;
+  // A zero-centred RMSNorm weight (Qwen3.5: stored w, applied as 1 + w): the tensor returned
+  // holds 1 + w in f32, so every backend's rms_norm applies it as it is.
+  virtual Result<Tensor> zero_centred_norm(const std::string& name,
+                                           const std::vector<int64_t>& shape) = 0;
   // Called after the last tensor.
   virtual Status finish() { return Status::ok(); }
 };
@@ -91,6 +109,8 @@ class CheckpointSource final : public WeightSource {
                         bool scales) override;
   Result<Tensor> stacked(const std::vector<std::string>& names,
                          const std::vector<int64_t>& shape) override;
+  Result<Tensor> zero_centred_norm(const std::string& name,
+                                   const std::vector<int64_t>& shape) override;
   Status finish() override;
 
  private:
@@ -120,6 +140,9 @@ class RandomSource final : public WeightSource {
                         bool scales) override;
   Result<Tensor> stacked(const std::vector<std::string>& names,
                          const std::vector<int64_t>& shape) override;
+  // 1 + w directly: near 1, like get()'s norm weights.
+  Result<Tensor> zero_centred_norm(const std::string& name,
+                                   const std::vector<int64_t>& shape) override;
 
  private:
   backend::Backend& backend_;
@@ -139,13 +162,18 @@ class TensorListSource final : public WeightSource {
                         bool scales) override;
   Result<Tensor> stacked(const std::vector<std::string>& names,
                          const std::vector<int64_t>& shape) override;
+  Result<Tensor> zero_centred_norm(const std::string& name,
+                                   const std::vector<int64_t>& shape) override;
   const std::vector<TensorSpec>& tensors() const { return tensors_; }
   // The names packed() recorded as e8m0 scales (make-model fills them as scales).
   bool is_scales(const std::string& name) const;
+  // The names zero_centred_norm() recorded (make-model fills them near 0, not near 1).
+  bool is_zero_centred(const std::string& name) const;
 
  private:
   std::vector<TensorSpec> tensors_;
   std::vector<std::string> scales_;
+  std::vector<std::string> zero_centred_;
 };
 
 // Init scale by tensor role, shared by RandomSource and make-model: routers decisive.

@@ -364,6 +364,7 @@ class FamilyModel : public ::testing::TestWithParam<const char*> {
     moe::ExpertsKernelRegistry registry;
     std::unique_ptr<Model> model;
     std::unique_ptr<Decoder> decoder;
+    int32_t state_parity = 0;  // linear attention: the state buffer the next step reads
   };
   std::unique_ptr<Run> start(const std::string& dir, const std::string& kernel = "cpu-modular") {
     auto run = std::make_unique<Run>();
@@ -395,10 +396,16 @@ class FamilyModel : public ::testing::TestWithParam<const char*> {
     in.max_blocks_per_seq = (to + 15) / 16;
     for (int b = 0; b < in.max_blocks_per_seq; ++b) in.block_tables.push_back(b);
     in.capture_routes = true;
+    if (run.decoder->state_buffers() >
+        0) {  // the sequence's state: read one buffer, write the other
+      in.state_read = {run.state_parity};
+      in.state_write = {1 - run.state_parity};
+    }
     StepOutputs out;
     ASSERT_TRUE(run.decoder->forward(*run.model, in, out).is_ok());
     Status finished = run.decoder->finish_step(*run.model, out);
     ASSERT_TRUE(finished.is_ok()) << finished.message();
+    run.state_parity = 1 - run.state_parity;
     logits.resize(static_cast<size_t>(out.logits.numel()));
     run.backend->download(out.logits, logits.data());
     routes = out.routes;
@@ -495,6 +502,7 @@ TEST_P(FamilyModel, ReplayReproducesCaptureAndHonoursForcedIds) {
       in.max_blocks_per_seq = 2;
       in.block_tables = {0, 1};
       in.capture_routes = true;
+      if (run->decoder->state_buffers() > 0) in.state_read = {0}, in.state_write = {1};
       if (forced) {
         in.forced.assign(static_cast<size_t>(n), 1);
         in.forced_routes = *forced;
@@ -578,7 +586,10 @@ TEST_P(FamilyModel, SlidingWindowHidesTokensOutsideIt) {
 }
 
 TEST_P(FamilyModel, MissingAndMisshapenTensorsAreNamed) {
-  json config = tiny(GetParam());
+  json top = tiny(GetParam());
+  // A multimodal wrapper's (Qwen3.5) text model fields are in text_config.
+  json* body = top.contains("text_config") ? &top["text_config"] : &top;
+  json& config = *body;
   const bool gpt_oss = std::string(GetParam()) == "gpt_oss";
   const std::string experts_key = config.contains("num_local_experts")  ? "num_local_experts"
                                   : config.contains("n_routed_experts") ? "n_routed_experts"
@@ -586,20 +597,23 @@ TEST_P(FamilyModel, MissingAndMisshapenTensorsAreNamed) {
   // One more expert (one more group of them where the router groups experts).
   config[experts_key] =
       config[experts_key].get<int>() + (config.contains("n_group") ? config["n_group"].get<int>() : 1);
-  std::ofstream(dir_ / "config.json") << config.dump();
+  std::ofstream(dir_ / "config.json") << top.dump();
   auto backend = backend::make_cpu_backend({1});
   auto missing = Model::load(dir_.string(), *backend);
   ASSERT_FALSE(missing.is_ok());
   EXPECT_NE(missing.message().find(gpt_oss ? "router.weight" : "gate.weight"), std::string::npos)
       << missing.message();
   EXPECT_NE(missing.message().find("shape"), std::string::npos) << missing.message();
-  config = tiny(GetParam());
-  config["intermediate_size"] = config["intermediate_size"].get<int>() +
-                                (gpt_oss ? 32 : 2);  // dense or expert width (MXFP4: whole blocks)
-  std::ofstream(dir_ / "config.json") << config.dump();
+  top = tiny(GetParam());
+  body = top.contains("text_config") ? &top["text_config"] : &top;
+  // The dense or expert width (MXFP4: whole blocks); Qwen3.5 has experts only.
+  const std::string width_key =
+      body->contains("intermediate_size") ? "intermediate_size" : "moe_intermediate_size";
+  (*body)[width_key] = (*body)[width_key].get<int>() + (gpt_oss ? 32 : 2);
+  std::ofstream(dir_ / "config.json") << top.dump();
   auto misshapen = Model::load(dir_.string(), *backend);
   ASSERT_FALSE(misshapen.is_ok());
-  EXPECT_NE(misshapen.message().find("model.layers."), std::string::npos) << misshapen.message();
+  EXPECT_NE(misshapen.message().find("layers."), std::string::npos) << misshapen.message();
   EXPECT_NE(misshapen.message().find("has shape"), std::string::npos) << misshapen.message();
   EXPECT_NE(misshapen.message().find("model.safetensors"), std::string::npos) << "names the file";
 }
@@ -623,7 +637,7 @@ TEST_P(FamilyModel, RandomWeightsBuildTheSameTensors) {
 
 INSTANTIATE_TEST_SUITE_P(Families, FamilyModel,
                          ::testing::Values("qwen3_moe", "mixtral", "olmoe", "qwen2_moe", "gpt_oss",
-                                           "deepseek_v3", "glm4_moe"));
+                                           "deepseek_v3", "glm4_moe", "qwen3_5_moe"));
 
 // A tensor of the wrong dtype is refused naming file and tensor: MXFP4 blocks must be U8, and a
 // U8 tensor where a float one belongs is no weight either.
@@ -879,6 +893,63 @@ TEST(Architectures, ABackendWithoutLatentAttentionRefusesDeepseekV3BeforeLoading
     EXPECT_NE(refused.message().find(named), std::string::npos)
         << named << ": " << refused.message();
   std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace sy::model
+
+namespace sy::model {
+namespace {
+
+TEST(Architectures, ABackendWithoutGatedDeltaNetRefusesQwen35BeforeLoading) {
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("sy_qwen35_refuse_" + std::to_string(::getpid()));
+  ASSERT_TRUE(
+      write_random_checkpoint(tiny("qwen3_5_moe"), json::object(), dir.string(), 1, false).is_ok());
+  FeaturelessBackend backend;
+  auto refused = Model::load(dir.string(), backend);
+  ASSERT_FALSE(refused.is_ok());
+  EXPECT_EQ(refused.status().code(), ErrorCode::kUnsupported);
+  for (const char* named :
+       {"featureless", "qwen3_5_moe", "gated DeltaNet", "gated attention", "sigmoid-gated"})
+    EXPECT_NE(refused.message().find(named), std::string::npos)
+        << named << ": " << refused.message();
+  std::filesystem::remove_all(dir);
+}
+
+// Qwen3.5's config: the text model from text_config (or flat for Qwen3_5MoeForCausalLM), layer
+// types given or by full_attention_interval, partial rotary, and clear refusals.
+TEST(Architectures, Qwen35ConfigLayerTypesPartialRotaryAndRefusals) {
+  const json wrapper = tiny("qwen3_5_moe");
+  const ModelConfig c = parsed(wrapper);
+  EXPECT_EQ(c.model_type, "qwen3_5_moe");
+  EXPECT_EQ(c.hidden_size, 72);
+  EXPECT_TRUE(c.layers[0].attention.linear && c.layers[1].attention.linear);
+  EXPECT_TRUE(!c.layers[2].attention.linear && c.layers[2].attention.output_gate);
+  EXPECT_EQ(c.layers[2].attention.rotary_dim, 6);  // int(24 * 0.25)
+  EXPECT_EQ(c.linear_attention.conv_dim(), 2 * 2 * 12 + 4 * 10);
+  EXPECT_TRUE(c.router.renormalize);
+  EXPECT_EQ(c.kv_cache_values_per_token(), 2 * 2 * 24) << "only the full-attention layer has KV";
+  // The text model alone, flat, without layer_types: every 4th layer full.
+  json flat = wrapper["text_config"];
+  flat.erase("layer_types");
+  flat["num_hidden_layers"] = 8;
+  const ModelConfig f = parsed(flat);
+  EXPECT_EQ(f.model_type, "qwen3_5_moe_text");
+  for (int layer = 0; layer < 8; ++layer)
+    EXPECT_EQ(f.layers[layer].attention.linear, layer % 4 != 3) << layer;
+  auto refused = [](json config, const std::string& key, json value, const char* named) {
+    config[key] = value;
+    auto result = parse_model_config(config);
+    ASSERT_FALSE(result.is_ok()) << key;
+    EXPECT_NE(result.message().find(named), std::string::npos) << result.message();
+  };
+  json text = wrapper["text_config"];
+  refused(text, "linear_num_value_heads", 3, "linear_num_value_heads");
+  refused(text, "layer_types", json{"linear_attention", "sliding_attention", "full_attention", "linear_attention"},
+          "layer_types[1]");
+  refused(text, "rope_parameters", json{{"rope_type", "default"}, {"partial_rotary_factor", 0.01}},
+          "partial_rotary_factor");
 }
 
 }  // namespace

@@ -35,7 +35,8 @@ const char* kCheckpoints[] = {"hf_qwen3_moe/qwen3moe_sharded",
                               "hf_gpt_oss/gptoss_mxfp4",
                               "hf_gpt_oss/gptoss_bf16",
                               "hf_glm4_moe/glm4moe_partial_rotary",
-                              "hf_deepseek_v3/deepseekv3_groups"};
+                              "hf_deepseek_v3/deepseekv3_groups",
+                              "hf_qwen3_5_moe/qwen35moe_hybrid"};
 
 // transformers selects GLM-4.5's and DeepSeek-V3's experts with topk(sorted=False): their
 // fixtures say "route_order": "set", and their routes are compared as sets (ours keep DESIGN.md's
@@ -135,6 +136,8 @@ struct Harness {
     in.max_blocks_per_seq = (n + 15) / 16;
     for (int b = 0; b < in.max_blocks_per_seq; ++b) in.block_tables.push_back(b);
     in.capture_routes = true;
+    if (decoder->state_buffers() > 0)
+      in.state_read = {0}, in.state_write = {1};  // linear attention
     if (forced) {
       in.forced.assign(static_cast<size_t>(n), 1);
       in.forced_routes = *forced;

@@ -50,13 +50,26 @@ dropped groups -inf) whose gaps decide near-ties. Self-checks: the correction bi
 selections (and, for DeepSeek, so do the groups); GLM's rotary embedding has rotary_dim / 2
 frequencies; the forced-routing block with free routing reproduces HF's logits.
 
+Qwen3.5-MoE (qwen3_5_moe below): transformers writes a tiny Qwen3_5MoeForCausalLM (config model_type
+qwen3_5_moe_text, tensors under model.; hf_qwen3_5_moe/qwen35moe_hybrid): hidden 72, layers linear,
+linear, full, linear attention; gated DeltaNet with 2 key heads of 12 and 4 value heads of 10 (each
+key head serving two value heads), conv kernel 4; gated full attention with 4 query / 2 KV heads of
+24, partial rotary 0.25 (6 dims); 10 experts top-3 of width 20 and a sigmoid-gated shared expert of
+28. Zero-centred norms (1 + w) random around 0, the DeltaNet's own norm around 1. transformers runs
+the DeltaNet core (torch_chunk_gated_delta_rule) and every RMSNorm in float32 even in a float64
+model, so this reference is float32-accurate there (fixture.json "fla_available" says whether the
+flash-linear-attention kernels were importable: they must not be, the torch fallback is the
+definition). Self-checks: the DeltaNet layers and their decay change the logits (out_proj zeroed,
+A_log -> -inf, each restored exactly).
+
 Usage (on the GPU machine; CPU float64, no network):
     python3 tools/gpu/family_goldens.py OUT_DIR [FAMILY ...]
-FAMILY: mixtral, olmoe, qwen2_moe, gpt_oss, glm4_moe, deepseek_v3 (default: all). Writes
-OUT_DIR/hf_mixtral/mixtral_window, OUT_DIR/hf_olmoe/olmoe_nonorm,
+FAMILY: mixtral, olmoe, qwen2_moe, gpt_oss, glm4_moe, deepseek_v3, qwen3_5_moe (default: all).
+Writes OUT_DIR/hf_mixtral/mixtral_window, OUT_DIR/hf_olmoe/olmoe_nonorm,
 OUT_DIR/hf_qwen2_moe/qwen2moe_shared_window, OUT_DIR/hf_gpt_oss/gptoss_mxfp4,
-OUT_DIR/hf_gpt_oss/gptoss_bf16, OUT_DIR/hf_glm4_moe/glm4moe_partial_rotary and
-OUT_DIR/hf_deepseek_v3/deepseekv3_groups; copy OUT_DIR/hf_* into tests/golden/.
+OUT_DIR/hf_gpt_oss/gptoss_bf16, OUT_DIR/hf_glm4_moe/glm4moe_partial_rotary,
+OUT_DIR/hf_deepseek_v3/deepseekv3_groups and OUT_DIR/hf_qwen3_5_moe/qwen35moe_hybrid; copy
+OUT_DIR/hf_* into tests/golden/.
 """
 import json
 import os
@@ -72,7 +85,7 @@ from transformers import (AutoModelForCausalLM, MixtralConfig, MixtralForCausalL
                           Qwen2MoeConfig, Qwen2MoeForCausalLM)
 
 torch.set_grad_enabled(False)
-FAMILIES = ("mixtral", "olmoe", "qwen2_moe", "gpt_oss", "glm4_moe", "deepseek_v3")
+FAMILIES = ("mixtral", "olmoe", "qwen2_moe", "gpt_oss", "glm4_moe", "deepseek_v3", "qwen3_5_moe")
 if len(sys.argv) < 2 or any(f not in FAMILIES for f in sys.argv[2:]):
     sys.exit(__doc__)
 OUT = sys.argv[1]
@@ -218,13 +231,19 @@ def make_family(kind, folder, name, seed, cfg):
     with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
         json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>",
                    "model_max_length": 4096}, f)
-    cls = {"mixtral": MixtralForCausalLM, "olmoe": OlmoeForCausalLM, "qwen2_moe": Qwen2MoeForCausalLM}[kind]
+    if kind == "qwen3_5_moe":
+        from transformers import Qwen3_5MoeForCausalLM
+        cls = Qwen3_5MoeForCausalLM
+    else:
+        cls = {"mixtral": MixtralForCausalLM, "olmoe": OlmoeForCausalLM, "qwen2_moe": Qwen2MoeForCausalLM}[kind]
     model = cls(cfg).eval()
     # Routers decisive (not a near-uniform softmax); norms and biases random so a wrong or
     # missing one shows.
     for pname, p in model.named_parameters():
         if pname.endswith(("mlp.gate.weight", "block_sparse_moe.gate.weight")):
             p.normal_(0.0, 3.0 / np.sqrt(cfg.hidden_size))
+        elif kind == "qwen3_5_moe" and "norm" in pname and "linear_attn.norm" not in pname:
+            p.uniform_(-0.5, 0.5)  # zero-centred: applied as 1 + w
         elif "norm" in pname:
             p.uniform_(0.5, 1.5)
         elif pname.endswith(".bias"):
@@ -256,7 +275,7 @@ def make_family(kind, folder, name, seed, cfg):
     top_k = cfg.num_experts_per_tok
     num_experts = getattr(cfg, "num_local_experts", None) or cfg.num_experts
     inter = getattr(cfg, "moe_intermediate_size", None) or cfg.intermediate_size
-    renormalize = True if kind == "mixtral" else bool(cfg.norm_topk_prob)
+    renormalize = True if kind in ("mixtral", "qwen3_5_moe") else bool(cfg.norm_topk_prob)
     window = getattr(cfg, "sliding_window", None) if kind != "olmoe" else None
 
     captured = {}
@@ -317,6 +336,8 @@ def make_family(kind, folder, name, seed, cfg):
             gaps.extend((srt[:, top_k - 1] - srt[:, top_k]).tolist())
             np.save(os.path.join(d, f"p{pi}_router_logits_l{li}.npy"), r_logits.numpy().astype(np.float32))
             np.save(os.path.join(d, f"p{pi}_topk_l{li}.npy"), topk.numpy().astype(np.int32))
+        if kind == "qwen3_5_moe":  # after the router inputs above were used (its passes refill them)
+            hybrid_checks(name, model, forced_input, full_logits)
         fixture["prompts"].append(rec)
     for h in handles:
         h.remove()
@@ -359,11 +380,50 @@ def make_family(kind, folder, name, seed, cfg):
         fail(f"{name}: ForcedMoe does not reproduce HF: {check}")
     fixture["versions"] = {"transformers": transformers.__version__, "torch": torch.__version__,
                            "numpy": np.__version__}
+    if kind == "qwen3_5_moe":
+        from transformers.utils import is_flash_linear_attention_available
+        fixture["fla_available"] = bool(is_flash_linear_attention_available())
+        if fixture["fla_available"]:
+            fail(f"{name}: flash-linear-attention is importable; run where only the torch fallback exists")
+        fixture["layer_types"] = list(cfg.layer_types)
     with open(os.path.join(d, "fixture.json"), "w") as f:
         json.dump(fixture, f, indent=1)
     print(name, "moe_layers", moe_layers, "E", num_experts, "k", top_k, "window", window,
           "prompt tokens", [len(p["prompt_ids"]) for p in fixture["prompts"]],
           "decisive", f"{decisive:.3f}", "free-vs-HF", check, flush=True)
+
+def hybrid_checks(name, model, seq, full_logits):
+    """Qwen3.5: the DeltaNet layers and their decay really act (zeroing out_proj, or A_log -> -inf
+    so that the state never decays, changes the logits), and restoring them restores the logits."""
+    linear = [layer.linear_attn for layer in model.model.layers if hasattr(layer, "linear_attn")]
+    if len(linear) < 2 or len(linear) == len(model.model.layers):
+        fail(f"{name}: expected both linear- and full-attention layers, got {len(linear)} linear")
+    for what, param, value in (("the DeltaNet output", lambda la: la.out_proj.weight, 0.0),
+                               ("the decay", lambda la: la.A_log, -1e30)):  # exp(-1e30) = 0: g = 0
+        saved = [param(la).data.clone() for la in linear]
+        for la in linear:
+            param(la).data.fill_(value)
+        other = model(torch.tensor([seq])).logits[0].numpy()
+        for la, kept in zip(linear, saved):
+            param(la).data.copy_(kept)
+        if np.abs(other - full_logits).max() < 1e-4:
+            fail(f"{name}: {what} does not change the logits")
+    again = model(torch.tensor([seq])).logits[0].numpy()
+    if np.abs(again - full_logits).max() > 1e-12:
+        fail(f"{name}: restoring the DeltaNet weights did not restore the logits")
+
+
+def qwen3_5_moe_config():
+    from transformers import Qwen3_5MoeTextConfig
+    return Qwen3_5MoeTextConfig(
+        vocab_size=VOCAB, hidden_size=72, num_hidden_layers=4, max_position_embeddings=4096,
+        layer_types=["linear_attention", "linear_attention", "full_attention", "linear_attention"],
+        num_attention_heads=4, num_key_value_heads=2, head_dim=24, linear_num_key_heads=2, linear_num_value_heads=4,
+        linear_key_head_dim=12, linear_value_head_dim=10, linear_conv_kernel_dim=4, num_experts=10,
+        num_experts_per_tok=3, moe_intermediate_size=20, shared_expert_intermediate_size=28, rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25,
+                         "mrope_section": [1, 1, 1], "mrope_interleaved": True},
+        eos_token_id=0, bos_token_id=0, pad_token_id=0, initializer_range=0.08, tie_word_embeddings=False)
 
 # ---------------------------------------------------------------------------------------------
 # gpt-oss: MXFP4 experts, attention sinks, YaRN, alternating sliding window, clamped SwiGLU.
@@ -1112,11 +1172,14 @@ if "glm4_moe" in WANTED:
     make_glm4_moe()
 if "deepseek_v3" in WANTED:
     make_deepseek_v3()
+if "qwen3_5_moe" in WANTED:
+    make_family("qwen3_5_moe", "hf_qwen3_5_moe", "qwen35moe_hybrid", 15, qwen3_5_moe_config())
 for family, folder, name in (("mixtral", "hf_mixtral", "mixtral_window"), ("olmoe", "hf_olmoe", "olmoe_nonorm"),
                              ("qwen2_moe", "hf_qwen2_moe", "qwen2moe_shared_window"),
                              ("gpt_oss", "hf_gpt_oss", "gptoss_mxfp4"), ("gpt_oss", "hf_gpt_oss", "gptoss_bf16"),
                              ("glm4_moe", "hf_glm4_moe", "glm4moe_partial_rotary"),
-                             ("deepseek_v3", "hf_deepseek_v3", "deepseekv3_groups")):
+                             ("deepseek_v3", "hf_deepseek_v3", "deepseekv3_groups"),
+                             ("qwen3_5_moe", "hf_qwen3_5_moe", "qwen35moe_hybrid")):
     if family in WANTED:
         print("config:", folder, open(os.path.join(OUT, folder, name, "config.json")).read().replace("\n", " ")[:600])
 print("OK: copy", os.path.join(OUT, "hf_*"), "into tests/golden/")

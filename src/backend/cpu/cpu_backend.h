@@ -43,6 +43,14 @@ class CpuBackend final : public Backend {
                         const Tensor& kv_b_proj, const LatentShape& shape,
                         const AttentionBatch& batch, const RopeSpec& rope, Tensor& cache,
                         float scale, Tensor& out) override;
+  // Qwen3.5's token mixers (linear_attention.cpp).
+  void gated_attention(const Tensor& q_gate, Tensor& q, Tensor& k, const Tensor& v,
+                       const Tensor& q_norm, const Tensor& k_norm, float eps,
+                       const AttentionBatch& batch, const RopeSpec& rope, Tensor& k_cache,
+                       Tensor& v_cache, float scale, Tensor& out) override;
+  void gated_delta_net(const Tensor& qkv, const Tensor& z, const Tensor& b, const Tensor& a,
+                       const LinearWeights& weights, const LinearShape& shape, float eps,
+                       const AttentionBatch& batch, const LinearState& state, Tensor& out) override;
   void gather_rows(const Tensor& x, const Tensor& rows, Tensor& out) override;
   void sample(const Tensor& logits, const std::vector<SamplingRow>& rows,
               std::vector<SampledToken>& out) override;

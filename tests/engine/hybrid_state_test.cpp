@@ -1,0 +1,176 @@
+// A hybrid model (Qwen3.5: gated DeltaNet layers with per-sequence state beside full attention)
+// through the engine: tokens and routes of each request are the same alone, with chunked prefill
+// of several chunk sizes, in a batch of concurrent requests, and with preemption forced by a
+// small KV cache (the recompute restarts the state from position 0 and replays the logged
+// routes); a step that fails and is rerun request by request reads the state it read the first
+// time; the prefix cache is off for such a model, so a repeated prompt is computed again.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <future>
+#include <random>
+#include <thread>
+
+#include "engine_harness.h"
+#include "model/presets.h"
+#include "moe/experts_kernel.h"
+
+namespace sy {
+namespace {
+
+class HybridEngine : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new std::filesystem::path(std::filesystem::temp_directory_path() /
+                                     ("sy_qwen35_engine_" + std::to_string(::getpid())));
+    auto config = model::preset_config("qwen3_5_moe", "tiny", 0);
+    ASSERT_TRUE(config.is_ok()) << config.message();
+    ASSERT_TRUE(
+        model::write_random_checkpoint(*config, nlohmann::json::object(), dir_->string(), 7, false)
+            .is_ok());
+  }
+  static void TearDownTestSuite() {
+    std::filesystem::remove_all(*dir_);
+    delete dir_;
+  }
+  static engine::EngineConfig config() {
+    engine::EngineConfig config = capture_config();
+    config.model_dir = dir_->string();
+    // Sized from memory, the cache of this model's one small attention layer would be millions
+    // of tokens, zero-filled by every engine the tests start.
+    config.kv_cache_tokens = 16 * 64;
+    return config;
+  }
+  static std::vector<engine::GenerationRequest> requests() {
+    std::vector<engine::GenerationRequest> list;
+    for (int i = 0; i < 6; ++i)
+      list.push_back(greedy(seeded_prompt(100 + i, 3 + 13 * i), 5 + i % 3));
+    return list;
+  }
+  static inline std::filesystem::path* dir_ = nullptr;
+};
+
+TEST_F(HybridEngine, ChunkedPrefillConcurrencyAndPreemptionGiveTheTokensAndRoutesOfEachAlone) {
+  if (on_cuda()) GTEST_SKIP() << "the CUDA backend has no gated DeltaNet";
+  const auto list = requests();
+  std::vector<Outcome> alone;
+  {
+    Runner runner(config());
+    for (const auto& request : list) alone.push_back(runner.run(request));
+  }
+  for (size_t i = 0; i < alone.size(); ++i) {
+    ASSERT_TRUE(alone[i].final_event.routes);
+    EXPECT_EQ(alone[i].final_event.routes->rows,
+              static_cast<int64_t>(list[i].prompt_ids.size() + alone[i].tokens.size()) - 1);
+  }
+  // Chunked prefill: every prompt over several steps, the state carried between them.
+  for (int chunk : {5, 16, 29}) {
+    engine::EngineConfig chunked = config();
+    chunked.max_num_batched_tokens = chunk;
+    Runner runner(chunked);
+    for (size_t i = 0; i < list.size(); ++i)
+      expect_same(alone[i], runner.run(list[i]),
+                  "chunk " + std::to_string(chunk) + ", request " + std::to_string(i));
+  }
+  // Concurrently, in small steps and a cache too small for all of them: preemption.
+  engine::EngineConfig small = config();
+  small.max_num_batched_tokens = 24;
+  small.kv_cache_tokens = 16 * 8;
+  small.block_size_tokens = 16;
+  Runner runner(small);
+  std::vector<std::future<Outcome>> pending;
+  for (const auto& request : list) pending.push_back(runner.start(request));
+  for (size_t i = 0; i < list.size(); ++i)
+    expect_same(alone[i], pending[i].get(), "together, request " + std::to_string(i));
+  EXPECT_GT(runner.engine->metrics().preemptions_total, 0) << "the cache was meant to be too small";
+}
+
+// Delegates to cpu-modular but refuses any step with a forced (replayed) row.
+class RefusesReplayKernel final : public moe::ExpertsKernel {
+ public:
+  explicit RefusesReplayKernel(moe::ExpertsKernel& inner) : inner_(inner) {}
+  std::string_view name() const override { return "test-refuses-replay"; }
+  Device device() const override { return Device::kCpu; }
+  bool routes_inside() const override { return false; }
+  bool captures_routes() const override { return true; }
+  bool replays_routes() const override { return true; }
+  Status forward(const moe::MoeForwardArgs& args) override {
+    const auto* forced = static_cast<const uint8_t*>(args.routes.forced.data);
+    for (int64_t t = 0; forced && t < args.hidden.dim(0); ++t)
+      if (forced[t]) return Status::error(ErrorCode::kUnsupported, "test kernel refuses replay");
+    return inner_.forward(args);
+  }
+
+ private:
+  moe::ExpertsKernel& inner_;
+};
+
+// A decodes; the step where B (whose replay the kernel refuses) joins it fails, and the engine
+// reruns each request alone: A's rerun must read the linear-attention state the failed step
+// read (a step writes the other buffer), else its tokens would differ from A alone.
+TEST_F(HybridEngine, AFailedStepRerunReadsTheSameState) {
+  if (on_cuda()) GTEST_SKIP() << "the CUDA backend has no gated DeltaNet";
+  engine::EngineConfig refusing = config();
+  refusing.moe_kernel = "test-refuses-replay";
+  refusing.register_extra_kernels = [](moe::ExpertsKernelRegistry& registry) {
+    registry.add(std::make_unique<RefusesReplayKernel>(
+        **registry.select("cpu-modular", {Device::kCpu, true, true})));
+  };
+  Runner runner(refusing);
+  const engine::GenerationRequest a = greedy(seeded_prompt(31, 20), 10);
+  const Outcome a_alone = runner.run(a);
+  ASSERT_EQ(a_alone.final_event.finish_reason, engine::FinishReason::kLength);
+  engine::GenerationRequest b = greedy(seeded_prompt(32, 9), 4);
+  b.replay = moe::RouteArray{2, 4, 3, std::vector<int32_t>(2 * 4 * 3)};
+  for (size_t i = 0; i < b.replay->ids.size(); ++i) b.replay->ids[i] = static_cast<int32_t>(i % 3);
+
+  // Hold the engine thread in A's callback after its third token, submit B, then let go: B's
+  // prefill and A's next decode step run together.
+  auto entered = std::make_shared<std::promise<void>>();
+  auto release = std::make_shared<std::promise<void>>();
+  std::shared_future<void> released = release->get_future().share();
+  auto done = std::make_shared<std::promise<Outcome>>();
+  auto outcome = std::make_shared<Outcome>();
+  engine::GenerationRequest held = a;
+  auto id = runner.engine->submit(held, [=](const engine::Event& event) {
+    outcome->tokens.insert(outcome->tokens.end(), event.new_token_ids.begin(),
+                           event.new_token_ids.end());
+    if (outcome->tokens.size() == 3 && !event.finished) {
+      entered->set_value();
+      released.wait();
+    }
+    if (event.finished) {
+      outcome->final_event = event;
+      done->set_value(*outcome);
+    }
+    return engine::Continuation::kContinue;
+  });
+  ASSERT_TRUE(id.is_ok()) << id.message();
+  entered->get_future().wait();
+  std::future<Outcome> b_future = runner.start(b);
+  release->set_value();
+  const Outcome b_out = b_future.get();
+  EXPECT_EQ(b_out.final_event.finish_reason, engine::FinishReason::kError);
+  const Outcome a_out = done->get_future().get();
+  ASSERT_EQ(a_out.final_event.finish_reason, engine::FinishReason::kLength)
+      << a_out.final_event.error.message();
+  expect_same(a_alone, a_out, "A after the failed step's rerun");
+}
+
+TEST_F(HybridEngine, ThePrefixCacheIsOffAndARepeatedPromptIsComputedAgain) {
+  if (on_cuda()) GTEST_SKIP() << "the CUDA backend has no gated DeltaNet";
+  engine::EngineConfig on = config();
+  on.enable_prefix_caching = true;  // asked for, turned off at start-up for this model
+  Runner runner(on);
+  const auto request = greedy(seeded_prompt(5, 50), 4);
+  const Outcome first = runner.run(request);
+  const Outcome second = runner.run(request);
+  expect_same(first, second, "repeat");
+  EXPECT_EQ(second.cached_prompt_tokens, 0);
+  EXPECT_EQ(runner.engine->metrics().prefix_cache_hits_tokens, 0);
+}
+
+}  // namespace
+}  // namespace sy
