@@ -23,6 +23,7 @@ struct StepHeader {
   int64_t logits_rows = 0;
   int64_t forced = 0;
   int64_t forced_routes = 0;
+  int64_t state_entries = 0;  // state_read and state_write (linear-attention models)
 };
 
 template <typename T>
@@ -65,6 +66,7 @@ std::vector<uint8_t> encode_step(const model::StepInputs& step) {
   h.logits_rows = static_cast<int64_t>(step.logits_rows.size());
   h.forced = static_cast<int64_t>(step.forced.size());
   h.forced_routes = static_cast<int64_t>(step.forced_routes.size());
+  h.state_entries = static_cast<int64_t>(step.state_read.size());
   std::vector<uint8_t> out(sizeof(h));
   std::memcpy(out.data(), &h, sizeof(h));
   put(out, step.token_ids);
@@ -75,6 +77,8 @@ std::vector<uint8_t> encode_step(const model::StepInputs& step) {
   put(out, step.logits_rows);
   put(out, step.forced);
   put(out, step.forced_routes);
+  put(out, step.state_read);
+  put(out, step.state_write);
   return out;
 }
 
@@ -97,11 +101,16 @@ Result<model::StepInputs> decode_step(const uint8_t* data, int64_t bytes) {
   SY_TRY(in.take(step.logits_rows, h.logits_rows, "logits_rows"));
   SY_TRY(in.take(step.forced, h.forced, "forced"));
   SY_TRY(in.take(step.forced_routes, h.forced_routes, "forced_routes"));
+  SY_TRY(in.take(step.state_read, h.state_entries, "state_read"));
+  SY_TRY(in.take(step.state_write, h.state_entries, "state_write"));
   if (in.left() != 0) return Status::errorf("step plan: {} bytes left over", in.left());
   if (h.num_seqs < 0 || h.max_blocks_per_seq < 0 ||
       h.block_table_entries != int64_t{h.num_seqs} * h.max_blocks_per_seq)
     return Status::errorf("step plan: block table of {} entries for {} sequences x {} blocks",
                           h.block_table_entries, h.num_seqs, h.max_blocks_per_seq);
+  if (h.state_entries != 0 && h.state_entries != h.num_seqs)
+    return Status::errorf("step plan: state buffers for {} sequences in a step of {}",
+                          h.state_entries, h.num_seqs);
   if (h.forced != 0 && h.forced != h.tokens)
     return Status::errorf("step plan: {} forced flags for {} tokens", h.forced, h.tokens);
   for (int32_t seq : step.token_seq)

@@ -229,6 +229,8 @@ TEST(StepPlan, RoundTripsAndRefusesCorruptPlans) {
   step.capture_routes = true;
   step.forced = {1, 0, 0};
   step.forced_routes = {3, 4, 0, 0, 0, 0};
+  step.state_read = {0, 2};
+  step.state_write = {1, 3};
   const std::vector<uint8_t> bytes = engine::encode_step(step);
   auto back = engine::decode_step(bytes.data(), static_cast<int64_t>(bytes.size()));
   ASSERT_TRUE(back.is_ok()) << back.message();
@@ -240,6 +242,8 @@ TEST(StepPlan, RoundTripsAndRefusesCorruptPlans) {
   EXPECT_EQ(back->logits_rows, step.logits_rows);
   EXPECT_EQ(back->forced, step.forced);
   EXPECT_EQ(back->forced_routes, step.forced_routes);
+  EXPECT_EQ(back->state_read, step.state_read);
+  EXPECT_EQ(back->state_write, step.state_write);
   EXPECT_EQ(back->num_seqs, 2);
   EXPECT_EQ(back->max_blocks_per_seq, 2);
   EXPECT_TRUE(back->capture_routes);
