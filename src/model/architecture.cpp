@@ -61,6 +61,19 @@ Status layer_norms(const ModelConfig& c, const std::string& p, WeightSource& sou
   return Status::ok();
 }
 
+Status deepseek_mlp(const ModelConfig& c, const LayerSpec& layer, const std::string& p,
+                    WeightSource& source, LayerWeights& lw) {
+  lw.is_moe = layer.mlp == MlpKind::kMoe;
+  if (!lw.is_moe) return dense_mlp(c, p + "mlp.", c.intermediate_size, source, lw.mlp);
+  SY_TRY(routed_experts(c, p, {{"mlp.", "gate_proj", "up_proj", "down_proj"}}, source, lw.moe));
+  SY_ASSIGN(lw.moe.selection_bias,
+            source.get(p + "mlp.gate.e_score_correction_bias", {c.num_experts}));
+  if (layer.shared_expert)
+    SY_TRY(dense_mlp(c, p + "mlp.shared_experts.", c.shared_expert_intermediate_size, source,
+                     lw.shared_expert));
+  return Status::ok();
+}
+
 Status attention(const ModelConfig& c, const LayerSpec& layer, const std::string& p,
                  WeightSource& source, AttentionWeights& a) {
   const int64_t hidden = c.hidden_size, q_out = c.num_attention_heads * c.head_dim,

@@ -76,6 +76,11 @@ struct ExpertNames {
 Status routed_experts(const ModelConfig& c, const std::string& prefix,
                       const std::vector<ExpertNames>& names, WeightSource& source,
                       moe::MoeLayerWeights& moe);
+// DeepSeek-V3's feed-forward block (GLM-4.5 names it the same): for a MoE layer the routed
+// experts under "mlp.", the router's e_score_correction_bias (selection only) and, where the
+// layer has them, "mlp.shared_experts."; for a dense layer "mlp." of intermediate_size.
+Status deepseek_mlp(const ModelConfig& c, const LayerSpec& layer, const std::string& prefix,
+                    WeightSource& source, LayerWeights& lw);
 // The layer's two pre-norms.
 Status layer_norms(const ModelConfig& c, const std::string& prefix, WeightSource& source,
                    LayerWeights& lw);

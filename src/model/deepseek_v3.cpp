@@ -171,18 +171,7 @@ Result<DecoderWeights> build_deepseek_v3(const ModelConfig& c, WeightSource& sou
               source.get(ap + "kv_b_proj.weight",
                          {heads * (mla.qk_nope_head_dim + mla.v_head_dim), mla.kv_lora_rank}));
     SY_ASSIGN(a.o_proj, source.get(ap + "o_proj.weight", {H, heads * mla.v_head_dim}));
-    lw.is_moe = spec.mlp == MlpKind::kMoe;
-    if (lw.is_moe) {
-      SY_TRY(blocks::routed_experts(c, p, {{"mlp.", "gate_proj", "up_proj", "down_proj"}}, source,
-                                    lw.moe));
-      SY_ASSIGN(lw.moe.selection_bias,
-                source.get(p + "mlp.gate.e_score_correction_bias", {c.num_experts}));
-      if (spec.shared_expert)
-        SY_TRY(blocks::dense_mlp(c, p + "mlp.shared_experts.", c.shared_expert_intermediate_size,
-                                 source, lw.shared_expert));
-    } else {
-      SY_TRY(blocks::dense_mlp(c, p + "mlp.", c.intermediate_size, source, lw.mlp));
-    }
+    SY_TRY(blocks::deepseek_mlp(c, spec, p, source, lw));
     w.layers.push_back(std::move(lw));
   }
   SY_TRY(source.finish());

@@ -82,8 +82,14 @@ void CpuBackend::fill_random(Tensor& dst, uint64_t seed, float scale, float offs
   });
 }
 
-void CpuBackend::upload(const void* host, Tensor& dst) { std::memcpy(dst.data, host, dst.nbytes()); }
-void CpuBackend::download(const Tensor& src, void* host) { std::memcpy(host, src.data, src.nbytes()); }
+// An empty tensor's host side may be a null pointer (an empty vector's data()): memcpy must
+// not see it, even for 0 bytes.
+void CpuBackend::upload(const void* host, Tensor& dst) {
+  if (dst.nbytes() > 0) std::memcpy(dst.data, host, dst.nbytes());
+}
+void CpuBackend::download(const Tensor& src, void* host) {
+  if (src.nbytes() > 0) std::memcpy(host, src.data, src.nbytes());
+}
 void CpuBackend::fill_i32(Tensor& dst, int32_t value) {
   std::fill_n(dst.ptr<int32_t>(), dst.numel(), value);
 }
