@@ -10,11 +10,10 @@
 
 namespace {
 
-// The repository root, from this file's path (fuzz/CMakeLists.txt passes no source-dir define).
+// The repository root (fuzz/CMakeLists.txt defines it). Not from __FILE__: a compiler cache
+// that hashes paths relative to the checkout (scripts/test.sh's ccache) makes __FILE__ relative.
 std::string source_dir() {
-  const std::string file = __FILE__;
-  const size_t slash = file.rfind("/fuzz/");
-  return slash == std::string::npos ? std::string(".") : file.substr(0, slash);
+  return SY_SOURCE_DIR;
 }
 
 const sy::tokenizer::Tokenizer& tokenizer() {
