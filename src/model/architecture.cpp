@@ -61,6 +61,21 @@ Status layer_norms(const ModelConfig& c, const std::string& p, WeightSource& sou
   return Status::ok();
 }
 
+moe::RouterSpec deepseek_router(const ModelConfig& c, int64_t groups, int64_t topk_groups,
+                                double scaling) {
+  moe::RouterSpec r = c.router;
+  r.num_experts = c.num_experts;
+  r.top_k = c.experts_per_token;
+  r.scoring = moe::RouterScoring::kSigmoid;
+  r.has_selection_bias = true;
+  r.num_groups = groups;
+  r.topk_groups = topk_groups;
+  r.group_scoring = moe::GroupScoring::kTopTwoSum;
+  r.renormalize = c.norm_topk_prob;
+  r.routed_scaling_factor = static_cast<float>(scaling);
+  return r;
+}
+
 Status deepseek_mlp(const ModelConfig& c, const LayerSpec& layer, const std::string& p,
                     WeightSource& source, LayerWeights& lw) {
   lw.is_moe = layer.mlp == MlpKind::kMoe;

@@ -76,6 +76,11 @@ struct ExpertNames {
 Status routed_experts(const ModelConfig& c, const std::string& prefix,
                       const std::vector<ExpertNames>& names, WeightSource& source,
                       moe::MoeLayerWeights& moe);
+// DeepSeek-V3's router (GLM-4.5's too): sigmoid scores, e_score_correction_bias for selection
+// only, group-limited top-k with groups scored by their two best, renormalised if
+// norm_topk_prob, times routed_scaling_factor.
+moe::RouterSpec deepseek_router(const ModelConfig& c, int64_t groups, int64_t topk_groups,
+                                double scaling);
 // DeepSeek-V3's feed-forward block (GLM-4.5 names it the same): for a MoE layer the routed
 // experts under "mlp.", the router's e_score_correction_bias (selection only) and, where the
 // layer has them, "mlp.shared_experts."; for a dense layer "mlp." of intermediate_size.

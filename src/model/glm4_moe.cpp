@@ -52,15 +52,7 @@ Status parse_glm4_moe(const nlohmann::json& json, ModelConfig& c) {
     spec.shared_expert = spec.mlp == MlpKind::kMoe && shared_experts > 0;
     c.layers.push_back(spec);
   }
-  c.router.num_experts = c.num_experts;
-  c.router.top_k = c.experts_per_token;
-  c.router.scoring = moe::RouterScoring::kSigmoid;
-  c.router.has_selection_bias = true;
-  c.router.num_groups = groups;
-  c.router.topk_groups = topk_groups;
-  c.router.group_scoring = moe::GroupScoring::kTopTwoSum;
-  c.router.renormalize = c.norm_topk_prob;
-  c.router.routed_scaling_factor = static_cast<float>(scaling);
+  c.router = blocks::deepseek_router(c, groups, topk_groups, scaling);
   return Status::ok();
 }
 
