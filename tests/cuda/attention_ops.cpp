@@ -146,6 +146,15 @@ struct HeadConfig {
   int64_t heads, kv_heads, head_dim;
 };
 
+// gpt-oss/Mixtral options of attention(): a sliding window (0: none) and per-head sinks.
+struct AttentionOptions {
+  int64_t window = 0;
+  bool sinks = false;
+  std::string text() const {
+    return (window ? fmt::format(" window={}", window) : std::string()) + (sinks ? " sinks" : "");
+  }
+};
+
 struct Batches {
   backend::AttentionBatch cpu, dev;
 };
@@ -169,7 +178,8 @@ Batches upload_batch(Pair& p, const Layout& l, const std::vector<int32_t>& posit
   return b;
 }
 
-void attention_case(Harness& h, Case& c, const HeadConfig& hc, Kind kind, int block_size) {
+void attention_case(Harness& h, Case& c, const HeadConfig& hc, Kind kind, int block_size,
+                    const AttentionOptions& options = {}) {
   const Layout l = make_layout(c.rng, specs_for(kind, c.rng, h.options.quick), block_size,
                                kind == Kind::kDecode ? 3 : 0, kind == Kind::kMixed);
   const int64_t heads = hc.heads, kv_heads = hc.kv_heads, head_dim = hc.head_dim;
@@ -206,6 +216,15 @@ void attention_case(Harness& h, Case& c, const HeadConfig& hc, Kind kind, int bl
   Both v = p.f32(random_floats(c.rng, tokens * kv_row, 1.7f), {tokens, kv_heads, head_dim});
   Both out = p.output({tokens, heads * head_dim});
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  // Sinks around the scores' own size (|q.k| * scale is a few units here), one very large: that
+  // head's outputs shrink towards zero.
+  std::vector<float> sink_values = random_floats(c.rng, heads, 4.0f);
+  sink_values[0] = 30.0f;
+  Both sinks = p.f32(sink_values, {heads});
+  for (auto [batch, sink] : {std::pair{&b.cpu, &sinks.cpu}, std::pair{&b.dev, &sinks.dev}}) {
+    batch->sliding_window = options.window;
+    batch->sinks = options.sinks ? sink : nullptr;
+  }
   h.cpu.write_kv(k.cpu, v.cpu, cpu_k, cpu_v, b.cpu);
   h.cpu.attention(q.cpu, cpu_k, cpu_v, b.cpu, scale, out.cpu);
   h.device.write_kv(k.dev, v.dev, dev_k, dev_v, b.dev);
@@ -227,7 +246,8 @@ void attention_case(Harness& h, Case& c, const HeadConfig& hc, Kind kind, int bl
 
 // q/k norm + RoPE + cache write as one op (the device fuses it; the CPU composes rms_norm, rope
 // and write_kv): q and k in place and both caches, with padding slots (-1) never written.
-void qk_prep_case(Harness& h, Case& c, const HeadConfig& hc, int64_t tokens, bool norms) {
+void qk_prep_case(Harness& h, Case& c, const HeadConfig& hc, int64_t tokens, bool norms, int64_t rotary = 0,
+                  bool yarn = false) {
   const int64_t heads = hc.heads, kv_heads = hc.kv_heads, head_dim = hc.head_dim;
   const int block_size = 16;
   const int64_t slots = (tokens + 8) * 2, kv_row = kv_heads * head_dim;
@@ -258,7 +278,15 @@ void qk_prep_case(Harness& h, Case& c, const HeadConfig& hc, int64_t tokens, boo
   HostTensor qn = host_random(h.cpu, DType::kF32, {head_dim}, c.rng.next(), 0.5f, 1.0f);
   HostTensor kn = host_random(h.cpu, DType::kF32, {head_dim}, c.rng.next(), 0.5f, 1.0f);
   Both q_norm = p.weight(qn.view), k_norm = p.weight(kn.view);
-  const backend::RopeSpec spec{1e6, head_dim};
+  backend::RopeSpec spec{1e6, rotary ? rotary : head_dim};
+  std::vector<float> inv_freq(static_cast<size_t>(head_dim / 2));
+  for (size_t i = 0; i < inv_freq.size(); ++i)
+    inv_freq[i] = static_cast<float>(std::pow(1e4, -2.0 * static_cast<double>(i) / static_cast<double>(head_dim)) /
+                                     (i >= inv_freq.size() / 2 ? 8.0 : 1.0));
+  if (yarn) {
+    spec.inv_freq = inv_freq.data();
+    spec.attention_factor = 1.2079f;
+  }
   h.cpu.qk_norm_rope_write_kv(q.cpu, k.cpu, v.cpu, norms ? &q_norm.cpu : nullptr, norms ? &k_norm.cpu : nullptr,
                               1e-6f, b.cpu, spec, cpu_k, cpu_v);
   h.device.qk_norm_rope_write_kv(q.dev, k.dev, v.dev, norms ? &q_norm.dev : nullptr, norms ? &k_norm.dev : nullptr,
@@ -341,6 +369,13 @@ void run_attention_ops(Harness& h) {
               fmt::format("T={} heads={}/{} head_dim={}{}", tokens, hc.heads, hc.kv_heads, hc.head_dim,
                           norms ? " q/k norms" : ""),
               [&](Case& c) { qk_prep_case(h, c, hc, tokens, norms); });
+  // YaRN frequencies and factor (gpt-oss), partial rotary (GLM: the composition on CUDA).
+  for (const HeadConfig& hc : std::vector<HeadConfig>{{8, 8, 64}, {5, 1, 24}, {4, 2, 20}, {4, 2, 18}})
+    for (auto [rotary, yarn] : std::vector<std::pair<int64_t, bool>>{{0, true}, {hc.head_dim / 4 * 2, false}})
+      h.run("qk_norm_rope_write_kv",
+            fmt::format("T=37 heads={}/{} head_dim={} q/k norms{}", hc.heads, hc.kv_heads, hc.head_dim,
+                        yarn ? " yarn" : fmt::format(" rotary={}", rotary)),
+            [&](Case& c) { qk_prep_case(h, c, hc, 37, true, rotary, yarn); });
   // The largest heads * head_dim first: a backend that sizes decode scratch on first use sees
   // its largest need first (the engine never changes it within a run).
   std::vector<HeadConfig> configs = {{32, 4, 128}, {6, 2, 200}, {8, 8, 64}};
@@ -363,6 +398,18 @@ void run_attention_ops(Harness& h) {
       h.run(std::string("attention.") + kind_name(kind),
             fmt::format("heads={}/{} head_dim={} block={}", hc.heads, hc.kv_heads, hc.head_dim, block_size),
             [&](Case& c) { attention_case(h, c, hc, kind, block_size); });
+  // Sliding windows (shorter than a key tile, several tiles, past every context) and sinks, on
+  // the tensor-core kernel and on the plain one (head widths that are not multiples of 8: the
+  // golden models' 18 and 12).
+  const std::vector<AttentionOptions> options = {{37, false}, {200, true}, {0, true}, {100000, false}};
+  for (const HeadConfig& hc : std::vector<HeadConfig>{{32, 4, 128}, {8, 8, 64}, {5, 1, 24}, {4, 2, 18}, {6, 3, 12}})
+    for (const AttentionOptions& o : options)
+      for (auto [kind, block_size] : std::vector<std::pair<Kind, int>>{
+               {Kind::kDecode, 16}, {Kind::kPrefill, 16}, {Kind::kChunked, 5}, {Kind::kMixed, 16}})
+        h.run(std::string("attention.") + kind_name(kind),
+              fmt::format("heads={}/{} head_dim={} block={}{}", hc.heads, hc.kv_heads, hc.head_dim, block_size,
+                          o.text()),
+              [&](Case& c) { attention_case(h, c, hc, kind, block_size, o); });
 }
 
 }  // namespace sy::harness

@@ -409,6 +409,21 @@ void add_inplace_cases(Harness& h) {
   }
 }
 
+void add_sigmoid_gated_cases(Harness& h) {
+  for (auto [rows, width] : std::vector<std::pair<int64_t, int64_t>>{{1, 8}, {17, 72}, {300, 2048}}) {
+    h.run("add_sigmoid_gated", fmt::format("rows={} width={}", rows, width), [&](Case& c) {
+      const std::vector<float> x = random_floats(c.rng, rows * width, 1.0f), y = random_floats(c.rng, rows * width, 3.0f);
+      std::vector<float> gate = random_floats(c.rng, rows, 6.0f);
+      gate[0] = -100.0f;  // exp overflows: the gate is 0
+      Pair p(h);
+      Both xt = p.f32(x, {rows, width}), yt = p.f32(y, {rows, width}), gt = p.f32(gate, {rows, 1});
+      h.cpu.add_sigmoid_gated(xt.cpu, yt.cpu, gt.cpu);
+      h.device.add_sigmoid_gated(xt.dev, yt.dev, gt.dev);
+      c.check("out", compare(to_host(h.device, xt.dev), to_host(h.cpu, xt.cpu), width), kF32Tol);
+    });
+  }
+}
+
 void silu_mul_cases(Harness& h) {
   struct Shape {
     int64_t rows, width;
@@ -442,12 +457,19 @@ void silu_mul_cases(Harness& h) {
 void rope_cases(Harness& h) {
   struct Shape {
     int64_t tokens, heads, kv_heads, head_dim, max_position;
+    int64_t rotary = 0;  // partial rotary: the dims that turn (0: all)
+    bool yarn = false;   // the spec's own frequencies and attention factor
   };
-  const std::vector<Shape> shapes = {{1, 32, 4, 128, 40000}, {17, 8, 8, 64, 40000},  {300, 6, 2, 200, 40000},
-                                     {100, 16, 4, 80, 40000}, {33, 4, 1, 256, 2048}, {1000, 8, 2, 128, 40000}};
+  const std::vector<Shape> shapes = {{1, 32, 4, 128, 40000},       {17, 8, 8, 64, 40000},
+                                     {300, 6, 2, 200, 40000},      {100, 16, 4, 80, 40000},
+                                     {33, 4, 1, 256, 2048},        {1000, 8, 2, 128, 40000},
+                                     {17, 8, 8, 64, 40000, 32},    {33, 4, 2, 20, 4000, 10},
+                                     {64, 8, 2, 64, 40000, 0, true}, {5, 5, 1, 24, 300, 0, true},
+                                     {40, 4, 2, 18, 4000}};
   for (const Shape& s : shapes) {
-    h.run("rope", fmt::format("T={} heads={}/{} head_dim={} positions<={} theta=1e6", s.tokens, s.heads, s.kv_heads,
-                              s.head_dim, s.max_position),
+    h.run("rope", fmt::format("T={} heads={}/{} head_dim={} positions<={} theta=1e6{}{}", s.tokens, s.heads, s.kv_heads,
+                              s.head_dim, s.max_position, s.rotary ? fmt::format(" rotary={}", s.rotary) : "",
+                              s.yarn ? " yarn" : ""),
           [&](Case& c) {
             std::vector<int32_t> positions(static_cast<size_t>(s.tokens));
             for (int32_t& pos : positions) pos = static_cast<int32_t>(c.rng.between(0, s.max_position));
@@ -472,7 +494,16 @@ void rope_cases(Harness& h) {
             };
             const backend::AttentionBatch cb = batch_of(pos.cpu, seq.cpu, slots.cpu, tables.cpu);
             const backend::AttentionBatch db = batch_of(pos.dev, seq.dev, slots.dev, tables.dev);
-            const backend::RopeSpec spec{1e6, s.head_dim};
+            backend::RopeSpec spec{1e6, s.rotary ? s.rotary : s.head_dim};
+            // YaRN-like frequencies: decreasing, some of them scaled down, and a factor != 1.
+            std::vector<float> inv_freq(static_cast<size_t>(s.head_dim / 2));
+            for (size_t i = 0; i < inv_freq.size(); ++i)
+              inv_freq[i] = static_cast<float>(std::pow(1e4, -2.0 * static_cast<double>(i) / static_cast<double>(s.head_dim)) /
+                                               (i >= inv_freq.size() / 2 ? 8.0 : 1.0));
+            if (s.yarn) {
+              spec.inv_freq = inv_freq.data();
+              spec.attention_factor = 1.2079f;
+            }
             Both qt = p.f32(q, {s.tokens, s.heads, s.head_dim}), kt = p.f32(k, {s.tokens, s.kv_heads, s.head_dim});
             h.cpu.rope(qt.cpu, cb, spec);
             h.device.rope(qt.dev, db, spec);
@@ -531,6 +562,7 @@ void run_basic_ops(Harness& h) {
   add_inplace_cases(h);
   silu_mul_cases(h);
   rope_cases(h);
+  add_sigmoid_gated_cases(h);
   gather_rows_cases(h);
   matmul_cases(h);
   matmul_parts_cases(h);

@@ -31,7 +31,9 @@ struct MoeShape {
   int64_t hidden, inter, experts, top_k;
 };
 
-enum class SpecKind { kQwen, kMixtral, kSigmoid, kPlainSoftmax };
+// kGptOss: logit bias, top-k on the logits; kDeepSeek: sigmoid, selection bias, 4 groups of
+// which 2 kept by their two best; kGlm: sigmoid, selection bias, one group.
+enum class SpecKind { kQwen, kMixtral, kSigmoid, kPlainSoftmax, kGptOss, kDeepSeek, kGlm };
 
 const char* spec_name(SpecKind k) {
   switch (k) {
@@ -39,6 +41,9 @@ const char* spec_name(SpecKind k) {
     case SpecKind::kMixtral: return "softmax-after-topk";
     case SpecKind::kSigmoid: return "sigmoid+renorm*2.5";
     case SpecKind::kPlainSoftmax: return "softmax";
+    case SpecKind::kGptOss: return "logit-bias+softmax-after-topk";
+    case SpecKind::kDeepSeek: return "sigmoid+selection-bias+groups4/2+renorm*2.5";
+    case SpecKind::kGlm: return "sigmoid+selection-bias+renorm*1.8";
   }
   return "?";
 }
@@ -56,6 +61,25 @@ moe::RouterSpec make_spec(SpecKind k, const MoeShape& s) {
       spec.routed_scaling_factor = 2.5f;
       break;
     case SpecKind::kPlainSoftmax: break;
+    case SpecKind::kGptOss:
+      spec.softmax_after_topk = true;
+      spec.has_logit_bias = true;
+      break;
+    case SpecKind::kDeepSeek:
+      spec.scoring = moe::RouterScoring::kSigmoid;
+      spec.has_selection_bias = true;
+      spec.num_groups = 4;
+      spec.topk_groups = 2;
+      spec.group_scoring = moe::GroupScoring::kTopTwoSum;
+      spec.renormalize = true;
+      spec.routed_scaling_factor = 2.5f;
+      break;
+    case SpecKind::kGlm:
+      spec.scoring = moe::RouterScoring::kSigmoid;
+      spec.has_selection_bias = true;
+      spec.renormalize = true;
+      spec.routed_scaling_factor = 1.8f;
+      break;
   }
   return spec;
 }
@@ -70,6 +94,7 @@ struct Group {
 struct Weights {
   HostTensor router, gate_up, down;
   std::vector<float> router_f32;  // [E, H], for the host's double-precision logits
+  std::vector<float> logit_bias, selection_bias;  // [E] each, or empty
   std::unique_ptr<Pair> pair;
   moe::MoeLayerWeights cpu, dev;
 };
@@ -133,6 +158,56 @@ double selection_gap(const std::vector<double>& logits, SpecKind kind, int64_t t
   return gap;
 }
 
+// The extended routers' selection gap, in double as the CPU router defines the choice: biased
+// logits, scores, + selection bias, dropped groups out; the smallest gap among the top k + 1
+// kept choices and between the last kept group and the first dropped one.
+double extended_selection_gap(std::vector<double> logits, const Weights& w, const moe::RouterSpec& spec,
+                              bool& exact_tie) {
+  const size_t E = logits.size(), K = static_cast<size_t>(spec.top_k);
+  if (!w.logit_bias.empty())
+    for (size_t e = 0; e < E; ++e) logits[e] += w.logit_bias[e];
+  std::vector<double> choice = logits;
+  if (!spec.softmax_after_topk) {
+    if (spec.scoring == moe::RouterScoring::kSigmoid) {
+      for (double& v : choice) v = 1.0 / (1.0 + std::exp(-v));
+    } else {
+      const double m = *std::max_element(choice.begin(), choice.end());
+      double sum = 0;
+      for (double& v : choice) sum += v = std::exp(v - m);
+      for (double& v : choice) v /= sum;
+    }
+  }
+  if (!w.selection_bias.empty())
+    for (size_t e = 0; e < E; ++e) choice[e] += w.selection_bias[e];
+  double gap = std::numeric_limits<double>::infinity();
+  exact_tie = false;
+  std::vector<uint8_t> kept(E, 1);
+  if (spec.num_groups > 1) {
+    const size_t groups = static_cast<size_t>(spec.num_groups), size = E / groups;
+    std::vector<std::pair<double, size_t>> scored;
+    for (size_t gi = 0; gi < groups; ++gi) {
+      std::vector<double> member(choice.begin() + gi * size, choice.begin() + (gi + 1) * size);
+      std::sort(member.begin(), member.end(), std::greater<>());
+      scored.push_back({spec.group_scoring == moe::GroupScoring::kTopTwoSum ? member[0] + member[1] : member[0], gi});
+    }
+    std::stable_sort(scored.begin(), scored.end(), [](auto& a, auto& b) { return a.first > b.first; });
+    const size_t keep = static_cast<size_t>(spec.topk_groups);
+    gap = std::min(gap, scored[keep - 1].first - scored[keep].first);
+    for (size_t j = keep; j < groups; ++j)
+      for (size_t i = 0; i < size; ++i) kept[scored[j].second * size + i] = 0;
+  }
+  std::vector<int32_t> order;
+  for (size_t e = 0; e < E; ++e)
+    if (kept[e]) order.push_back(static_cast<int32_t>(e));
+  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return choice[a] > choice[b]; });
+  for (size_t j = 0; j < K && j + 1 < order.size(); ++j) {
+    const double a = choice[order[j]], b = choice[order[j + 1]];
+    if (a == b) exact_tie = true;
+    else gap = std::min(gap, a - b);
+  }
+  return gap;
+}
+
 void build_step(Harness& h, const Group& g, Weights& w, int64_t tokens, const std::string& group_desc, StepData& d) {
   const MoeShape& s = g.shape;
   Rng rng(h.seed_for(fmt::format("moe data {} T={}", group_desc, tokens)));
@@ -171,7 +246,10 @@ void build_step(Harness& h, const Group& g, Weights& w, int64_t tokens, const st
   d.decisive.assign(static_cast<size_t>(tokens), 0);
   for (int64_t t = 0; t < tokens; ++t) {
     bool tie = false;
-    const double gap = selection_gap(logits_of(w, s, d.x.data() + t * s.hidden), g.spec, s.top_k, tie);
+    const moe::RouterSpec spec = make_spec(g.spec, s);
+    const double gap = spec.uses_extended_options()
+                           ? extended_selection_gap(logits_of(w, s, d.x.data() + t * s.hidden), w, spec, tie)
+                           : selection_gap(logits_of(w, s, d.x.data() + t * s.hidden), g.spec, s.top_k, tie);
     d.decisive[static_cast<size_t>(t)] = gap > kDecisiveGap;
     if (!(gap > kDecisiveGap)) ++d.near_tied;
     if (tie) ++d.exact_ties;
@@ -460,7 +538,10 @@ void run_moe_ops(Harness& h) {
               {{200, 72, 12, 3}, SpecKind::kQwen, {1, 2, 7, 33, 300}},
               {{200, 72, 12, 3}, SpecKind::kMixtral, {2, 33, 300}},
               {{200, 72, 12, 3}, SpecKind::kSigmoid, {2, 33, 300}},
-              {{200, 72, 12, 3}, SpecKind::kPlainSoftmax, {7, 64}}};
+              {{200, 72, 12, 3}, SpecKind::kPlainSoftmax, {7, 64}},
+              {{200, 72, 12, 3}, SpecKind::kGptOss, {1, 2, 33, 300}},
+              {{256, 64, 64, 6}, SpecKind::kDeepSeek, {1, 2, 33, 300}},
+              {{200, 72, 16, 4}, SpecKind::kGlm, {1, 7, 64}}};
   }
   const moe::KernelNeeds cpu_needs{Device::kCpu, true, true};
   const moe::KernelNeeds dev_needs{h.device.device(), true, false};  // replay: checked per case
@@ -505,6 +586,17 @@ void run_moe_ops(Harness& h) {
         Both router = pair->weight(w.router.view), gate_up = pair->weight(w.gate_up.view), down = pair->weight(w.down.view);
         w.cpu = {router.cpu, gate_up.cpu, down.cpu};
         w.dev = {router.dev, gate_up.dev, down.dev};
+        // Biases large enough to change choices: logit bias ~ the logits' spread, selection bias
+        // ~ the spread of sigmoid scores near their top.
+        if (spec.has_logit_bias) w.logit_bias = random_floats(rng, s.experts, 1.5f);
+        if (spec.has_selection_bias) w.selection_bias = random_floats(rng, s.experts, 0.08f);
+        for (auto [values, field] : {std::pair{&w.logit_bias, &moe::MoeLayerWeights::router_bias},
+                                     std::pair{&w.selection_bias, &moe::MoeLayerWeights::selection_bias}}) {
+          if (values->empty()) continue;
+          Both bias = pair->f32(*values, {s.experts});
+          w.cpu.*field = bias.cpu;
+          w.dev.*field = bias.dev;
+        }
         w.pair = std::move(pair);
         for (moe::ExpertsKernel* k : {cpu_kernel ? *cpu_kernel : nullptr, dev_modular ? *dev_modular : nullptr,
                                       dev_fused ? *dev_fused : nullptr}) {

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "backend/cuda/attention.h"
+#include "backend/cuda/rope_table.h"
 
 namespace sy::backend::cuda {
 namespace {
@@ -32,15 +33,12 @@ constexpr int kSplitBudget = 512;
 constexpr int kMaxSplits = 128;
 constexpr int kDecodeBlocksPerSm = 2;
 constexpr float kLog2e = 1.4426950408889634f;
-// RoPE's rotate-half pairs per lane (head_dim <= 256).
+// RoPE's rotate-half pairs per lane (head_dim <= 256). The frequencies (rope_table.h) are
+// computed once on the host and passed by value in the launch parameters: a per-block double
+// pow was the longest dependent chain at the start of the decode kernels.
 constexpr int kPrepPairs = 4;
 constexpr int kMaxHalf = 32 * kPrepPairs;
-// RoPE's inv_freq[i] = f32(1 / theta^(2i / D)) in double, for i < D / 2, computed once on the
-// host (as the CPU backend computes it) and passed by value in the launch parameters: a
-// per-block double pow was the longest dependent chain at the start of the decode kernels.
-struct RopeTable {
-  float inv_freq[kMaxHalf];
-};
+static_assert(kMaxHalf == kRopeMaxHalf, "a lane's pairs cover the table");
 
 __host__ __device__ constexpr int ceil_div(int a, int b) {
   return (a + b - 1) / b;
@@ -170,7 +168,12 @@ __device__ __forceinline__ void rope_cs(const RopeTable& rope, int D, float posi
 #pragma unroll
   for (int j = 0; j < kPrepPairs; ++j) {
     const int i = lane + 32 * j;
-    cs[j] = i < half ? rope_cos_sin(position * rope.inv_freq[i]) : make_float2(1.0f, 0.0f);
+    if (i < half) {
+      const float2 c = rope_cos_sin(position * rope.inv_freq[i]);
+      cs[j] = make_float2(c.x * rope.factor, c.y * rope.factor);
+    } else {
+      cs[j] = make_float2(1.0f, 0.0f);
+    }
   }
 }
 __device__ __forceinline__ void prep_finish(const float* norm, int D, float eps, const float2 (&cs)[kPrepPairs],
@@ -275,6 +278,18 @@ __device__ void find_prefill_tile(const AttentionParams& p, int tile_tokens, int
   }
 }
 
+// 1 / the softmax denominator of a row whose keys gave (max, sum) in log2 units, the
+// unnormalised output having been accumulated against max (or 0 when max is -inf: no keys).
+// With sinks the head's sink logit joins the denominator: the result is then exp2(max - m) /
+// (sum * exp2(max - m) + exp2(sink - m)), m = max(max, sink), so nothing overflows.
+__device__ __forceinline__ float normaliser(const AttentionParams& p, int head, float row_max, float row_sum) {
+  if (!p.sinks) return row_sum > 0.0f ? 1.0f / row_sum : 0.0f;
+  const float sink = p.sinks[head] * kLog2e;
+  const float m = fmaxf(row_max, sink);
+  const float keep = exp2f(row_max - m);
+  return keep / (row_sum * keep + exp2f(sink - m));
+}
+
 // Floor (decode): K/V bytes of the contexts / bandwidth. Floor (prefill): 4 * rows * context *
 // head_dim FLOPs on tensor cores (about half of it masked away by causality).
 // The merge of a decode token's split partials, run by the last split block of each (token, kv
@@ -311,7 +326,7 @@ __device__ void combine_split_row(const KernelArgs& a, int64_t pair, int written
     }
   }
   for (int o = 16; o > 0; o >>= 1) row_sum += __shfl_xor_sync(0xffffffffu, row_sum, o);
-  const float inv = row_sum > 0.0f ? 1.0f / row_sum : 0.0f;
+  const float inv = normaliser(p, static_cast<int>(pair % p.heads), row_max, row_sum);
   if (first_row) attn_stamp(a, 9);
   __syncwarp();
   // The partials: 16 splits' loads in flight at once (a short context writes about that many).
@@ -430,9 +445,16 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const __grid_consta
   attn_stamp(a, 1);
 
   const int context = s_context;
-  KeyRange range{0, context};
+  // Sliding window: no row of the block sees keys before key_lo (row 0 has the block's lowest
+  // position; a decode block has one token). Decode splits cut [key_lo, context).
+  const int window = p.sliding_window;
+  const int key_lo = window > 0 ? max(0, s_pos[0] - window + 1) : 0;
+  const int span = context - key_lo;
+  KeyRange range{key_lo, context};
   if (decode) {
-    range = split_range(context, a.splits, blockIdx.z, kKeys);
+    range = split_range(span, a.splits, blockIdx.z, kKeys);
+    range.begin += key_lo;
+    range.end += key_lo;
     if (a.splits > 1 && range.begin >= range.end) {
       // No keys at all (no split writes): split 0 writes the zeros a single pass would.
       overlap_prologue();
@@ -567,6 +589,10 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const __grid_consta
   const int row_a = m_tile * 16 + (lane >> 2), row_b = row_a + 8;
   const int limit_a = min(s_pos[row_a], range.end - 1), limit_b = min(s_pos[row_b], range.end - 1);
   const int warp_limit = __reduce_max_sync(~0u, max(limit_a, limit_b));
+  // The window's first key of each row (0 without one); rows past `rows` have position -1.
+  const int lower_a = window > 0 ? s_pos[row_a] - window + 1 : 0;
+  const int lower_b = window > 0 ? s_pos[row_b] - window + 1 : 0;
+  const int warp_lower = __reduce_min_sync(~0u, min(lower_a, lower_b));
   const bool warp_has_rows = m_tile * 16 < rows;
   // ldmatrix.x4: lanes 8i..8i+7 give the row addresses of matrix i.
   const int matrix = lane >> 3, matrix_row = lane & 7;
@@ -607,7 +633,8 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const __grid_consta
     __syncthreads();  // tile's copies from every thread have landed
 
     const int key0 = range.begin + tile * kKeys + slice * kKeysPerWarp;
-    if (!warp_has_rows || key0 > warp_limit) continue;  // all masked: nothing to add
+    // All masked (past every row's position or before every row's window): nothing to add.
+    if (!warp_has_rows || key0 > warp_limit || key0 + kKeysPerWarp <= warp_lower) continue;
     const __nv_bfloat16* k_tile = s_kv + (stage * 2 * kKeys + slice * kKeysPerWarp) * kStride;
     const __nv_bfloat16* v_tile = k_tile + kKeys * kStride;
 
@@ -636,8 +663,8 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const __grid_consta
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int key = key0 + nt * 8 + 2 * (lane & 3) + e;
-        if (key > limit_a) score[nt][e] = -INFINITY;
-        if (key > limit_b) score[nt][2 + e] = -INFINITY;
+        if (key > limit_a || key < lower_a) score[nt][e] = -INFINITY;
+        if (key > limit_b || key < lower_b) score[nt][2 + e] = -INFINITY;
         tile_max_a = fmaxf(tile_max_a, score[nt][e]);
         tile_max_b = fmaxf(tile_max_b, score[nt][2 + e]);
       }
@@ -745,7 +772,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const __grid_consta
     }
     const int64_t out_row = static_cast<int64_t>(s_token[r]) * p.heads + s_head[r];
     if (a.splits == 1) {
-      const float inv = row_sum > 0.0f ? 1.0f / row_sum : 0.0f;  // no keys (position < 0): zeros
+      const float inv = normaliser(p, s_head[r], row_max, row_sum);  // no keys (position < 0): zeros
       *reinterpret_cast<float4*>(p.out + out_row * head_dim + d) =
           make_float4(o.x * inv, o.y * inv, o.z * inv, o.w * inv);
     } else {
@@ -761,7 +788,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const __grid_consta
     __threadfence();
     __syncthreads();
     attn_stamp(a, 6);
-    const int written = ceil_div(context, split_chunk(context, a.splits, kKeys));
+    const int written = ceil_div(span, split_chunk(span, a.splits, kKeys));
     if (tid == 0) {
       int* arrivals = a.arrivals + static_cast<int64_t>(t0) * gridDim.y + blockIdx.y;
       const int done = atomicAdd(arrivals, 1) + 1;
@@ -793,6 +820,81 @@ __global__ void write_kv_kernel(const float* k, const float* v, __nv_bfloat16* k
   const int64_t src = i * 8, dst = (static_cast<int64_t>(slot) * row_chunks + i % row_chunks) * 8;
   *reinterpret_cast<uint4*>(k_cache + dst) = load_bf16x8(k + src, 1.0f);
   *reinterpret_cast<uint4*>(v_cache + dst) = load_bf16x8(v + src, 1.0f);
+}
+
+// write_kv for rows whose width is not a multiple of 8 (tiny test models): a thread per element.
+__global__ void write_kv_plain_kernel(const float* k, const float* v, __nv_bfloat16* k_cache,
+                                      __nv_bfloat16* v_cache, const int32_t* slot_mapping, int64_t tokens,
+                                      int64_t row) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= tokens * row) return;
+  const int32_t slot = slot_mapping[i / row];
+  if (slot < 0) return;
+  const int64_t dst = static_cast<int64_t>(slot) * row + i % row;
+  k_cache[dst] = __float2bfloat16_rn(k[i]);
+  v_cache[dst] = __float2bfloat16_rn(v[i]);
+}
+
+// Attention for head widths the tensor-core kernel does not tile (not a multiple of 8: tiny
+// test models), with the same semantics (causal, GQA, sliding window, sinks): a warp per
+// (token, head) walks its keys one at a time with an online softmax in f32, lane l holding dims
+// l + 32 j. Correctness path only: a dot product per key is a warp reduction.
+__global__ void __launch_bounds__(128) attention_plain_kernel(const __grid_constant__ AttentionParams p) {
+  constexpr int kDims = 8;  // 32 * 8 = 256 >= head_dim
+  const int64_t warp_id = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  const int lane = threadIdx.x & 31;
+  if (warp_id >= p.tokens * p.heads) return;
+  const int64_t t = warp_id / p.heads;
+  const int head = static_cast<int>(warp_id % p.heads), D = p.head_dim;
+  const int kv_head = head / (p.heads / p.kv_heads);
+  const int pos = p.positions[t];
+  const int32_t* table = p.block_tables + static_cast<int64_t>(p.token_seq[t]) * p.block_table_stride;
+  const int lo = p.sliding_window > 0 ? max(0, pos - p.sliding_window + 1) : 0;
+  const float* q = p.q + (t * p.heads + head) * D;
+  float qv[kDims], acc[kDims];
+#pragma unroll
+  for (int j = 0; j < kDims; ++j) {
+    const int d = lane + 32 * j;
+    qv[j] = d < D ? q[d] : 0.0f;
+    acc[j] = 0.0f;
+  }
+  float m = -INFINITY, l = 0.0f;
+  for (int key = lo; key <= pos; ++key) {
+    const int64_t slot = static_cast<int64_t>(table[key / p.block_size]) * p.block_size + key % p.block_size;
+    const int64_t base = (slot * p.kv_heads + kv_head) * D;
+    float dot = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kDims; ++j) {
+      const int d = lane + 32 * j;
+      if (d < D) dot += qv[j] * __bfloat162float(p.k_cache[base + d]);
+    }
+    for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+    const float score = dot * p.scale;
+    const float m_new = fmaxf(m, score);
+    const float keep = expf(m - m_new), weight = expf(score - m_new);
+    l = l * keep + weight;
+#pragma unroll
+    for (int j = 0; j < kDims; ++j) {
+      const int d = lane + 32 * j;
+      if (d < D) acc[j] = acc[j] * keep + weight * __bfloat162float(p.v_cache[base + d]);
+    }
+    m = m_new;
+  }
+  if (p.sinks) {
+    const float sink = p.sinks[head];
+    const float m_new = fmaxf(m, sink);
+    const float keep = expf(m - m_new);
+    l = l * keep + expf(sink - m_new);
+#pragma unroll
+    for (int j = 0; j < kDims; ++j) acc[j] *= keep;
+  }
+  const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+  float* out = p.out + (t * p.heads + head) * D;
+#pragma unroll
+  for (int j = 0; j < kDims; ++j) {
+    const int d = lane + 32 * j;
+    if (d < D) out[d] = acc[j] * inv;
+  }
 }
 
 // A warp per (token, head): heads [0, heads) are q's, [heads, heads + kv_heads) k's (whose
@@ -834,25 +936,28 @@ __global__ void __launch_bounds__(128) qk_norm_rope_write_kv_kernel(const __grid
   }
 }
 
-// The table for (theta, D), cached per thread (each launch of a prefill step would otherwise
+// The table of a prep launch, cached per thread (each launch of a prefill step would otherwise
 // pay D / 2 pow calls per layer on the host).
-const RopeTable& rope_table(double theta, int D) {
+const RopeTable& rope_table(const QkvPrepParams& p) {
   thread_local double cached_theta = -1.0;
   thread_local int cached_d = -1;
+  thread_local const float* cached_freq = nullptr;
+  thread_local float cached_factor = 0.0f;
   thread_local RopeTable table;
-  if (theta != cached_theta || D != cached_d) {
-    table = RopeTable{};
-    for (int i = 0; i < D / 2 && i < kMaxHalf; ++i)
-      table.inv_freq[i] = static_cast<float>(1.0 / std::pow(theta, static_cast<double>(2 * i) / static_cast<double>(D)));
-    cached_theta = theta;
-    cached_d = D;
+  if (p.theta != cached_theta || p.head_dim != cached_d || p.inv_freq != cached_freq ||
+      p.attention_factor != cached_factor) {
+    table = make_rope_table(p.theta, p.head_dim, p.inv_freq, p.attention_factor);
+    cached_theta = p.theta;
+    cached_d = p.head_dim;
+    cached_freq = p.inv_freq;
+    cached_factor = p.attention_factor;
   }
   return table;
 }
 
 [[noreturn]] void invalid_shape(const AttentionParams& p) {
   std::fprintf(stderr,
-               "switchyard: attention: head_dim must be a multiple of 8 in [8, 256] and heads a "
+               "switchyard: attention: head_dim must be in [1, 256] and heads a "
                "multiple of kv_heads, got head_dim %d, heads %d, kv_heads %d\n",
                p.head_dim, p.heads, p.kv_heads);
   std::abort();
@@ -957,6 +1062,13 @@ void launch_write_kv(const float* k, const float* v, __nv_bfloat16* k_cache, __n
                      const int32_t* slot_mapping, int64_t tokens, int kv_heads, int head_dim,
                      cudaStream_t stream) {
   if (tokens == 0) return;
+  if ((kv_heads * head_dim) % 8 != 0) {
+    const int64_t elements = tokens * kv_heads * head_dim;
+    write_kv_plain_kernel<<<static_cast<unsigned>((elements + 255) / 256), 256, 0, stream>>>(
+        k, v, k_cache, v_cache, slot_mapping, tokens, static_cast<int64_t>(kv_heads) * head_dim);
+    SY_CUDA_LAUNCH_CHECK("write_kv_plain_kernel");
+    return;
+  }
   const int row_chunks = kv_heads * head_dim / 8;
   const int64_t threads = tokens * row_chunks;
   write_kv_kernel<<<static_cast<unsigned>((threads + 255) / 256), 256, 0, stream>>>(
@@ -970,7 +1082,7 @@ void launch_qk_norm_rope_write_kv(const QkvPrepParams& params, cudaStream_t stre
     cuda_fail("qk_norm_rope_write_kv", "head_dim must be even and <= 256", __FILE__, __LINE__);
   const int64_t warps = params.tokens * (params.heads + params.kv_heads);
   launch_overlapped(qk_norm_rope_write_kv_kernel, dim3(static_cast<unsigned>((warps + 3) / 4)), dim3(128), 0, stream,
-                    params, rope_table(params.theta, params.head_dim));
+                    params, rope_table(params));
   SY_CUDA_LAUNCH_CHECK("qk_norm_rope_write_kv_kernel");
 }
 
@@ -991,9 +1103,15 @@ namespace {
 bool launch_attention_impl(const AttentionParams& params, const QkvPrepParams* prep, void* scratch, int* arrivals,
                            cudaStream_t stream) {
   if (params.tokens == 0) return true;
-  if (params.head_dim <= 0 || params.head_dim % 8 != 0 || params.head_dim > 256 ||
-      params.kv_heads <= 0 || params.heads % params.kv_heads != 0)
+  if (params.head_dim <= 0 || params.head_dim > 256 || params.kv_heads <= 0 || params.heads % params.kv_heads != 0)
     invalid_shape(params);
+  if (params.head_dim % 8 != 0) {  // not tiled: the plain kernel (no fused prep)
+    if (prep) return false;
+    const int64_t warps = params.tokens * params.heads;
+    attention_plain_kernel<<<static_cast<unsigned>((warps + 3) / 4), 128, 0, stream>>>(params);
+    SY_CUDA_LAUNCH_CHECK("attention_plain_kernel");
+    return true;
+  }
   KernelArgs args;
   args.p = params;
   args.group = params.heads / params.kv_heads;
@@ -1018,7 +1136,7 @@ bool launch_attention_impl(const AttentionParams& params, const QkvPrepParams* p
   if (prep && (mt != 1 || prep->head_dim != params.head_dim || params.head_dim % 2 != 0)) return false;
   if (prep) {
     args.prep = *prep;
-    args.rope = rope_table(prep->theta, prep->head_dim);
+    args.rope = rope_table(*prep);
   }
   args.row_chunks = ceil_div(args.group, 16 * mt);
   int device = 0, sms = 0;

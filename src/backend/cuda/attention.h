@@ -39,6 +39,10 @@ struct QkvPrepParams {
   int64_t tokens = 0;
   int heads = 0, kv_heads = 0, head_dim = 0;
   double theta = 10000.0;
+  // YaRN (RopeSpec): the head_dim / 2 frequencies (host memory, read at launch) replacing
+  // theta's, and the factor cos and sin are multiplied by.
+  const float* inv_freq = nullptr;
+  float attention_factor = 1.0f;
 };
 void launch_qk_norm_rope_write_kv(const QkvPrepParams& params, cudaStream_t stream);
 
@@ -54,8 +58,16 @@ struct AttentionParams {
   int64_t tokens = 0;
   int heads = 0;
   int kv_heads = 0;
-  int head_dim = 0;  // any value <= 256 that is a multiple of 8 (e.g. 64, 80, 96, 128, 256)
+  // <= 256. Multiples of 8 (64, 80, 96, 128, 256, ...) run on tensor cores; other even or odd
+  // widths (tiny test models) on a plain kernel, a warp per (token, head), same semantics.
+  int head_dim = 0;
   float scale = 1.0f;
+  // W > 0: a query at position p sees only keys at positions > p - W (transformers' sliding
+  // window); 0: every earlier key.
+  int sliding_window = 0;
+  // [heads] f32 or nullptr: attention sinks (gpt-oss), a logit per head that joins each query's
+  // softmax denominator in natural units (not scaled by `scale`).
+  const float* sinks = nullptr;
   float* out = nullptr;  // [tokens, heads * head_dim] f32
   // Host-side facts about the step: 1 = every sequence has one query token (decode kernel).
   int64_t max_query_len = 1;

@@ -223,6 +223,22 @@ class CudaBackend final : public Backend {
     launch_fill_i32(dst.ptr<int32_t>(), static_cast<int64_t>(dst.nbytes() / 4), value, context_.stream);
   }
 
+  // Matmuls, norms and MoE kernels already serve these families; the features below are the
+  // attention and rope options of Mixtral, OLMoE, Qwen2-MoE, gpt-oss and GLM (attention.cu,
+  // elementwise.cu). Not yet: MXFP4 experts, MLA, DeltaNet, gated attention, FP8 at load.
+  bool supports(BackendFeature feature) const override {
+    switch (feature) {
+      case BackendFeature::kSlidingWindow:
+      case BackendFeature::kSigmoidGatedAdd:
+      case BackendFeature::kAttentionSinks:
+      case BackendFeature::kScaledRope:
+      case BackendFeature::kPartialRotary:
+        return true;
+      default:
+        return false;
+    }
+  }
+
   bool supports_graphs() const override { return true; }
   void clear_graphs() override {
     for (auto& [key, exec] : graphs_) cudaGraphExecDestroy(exec);
@@ -324,18 +340,29 @@ class CudaBackend final : public Backend {
   void add_inplace(Tensor& x, const Tensor& y) override {
     launch_add(x.ptr<float>(), y.ptr<float>(), x.numel(), context_.stream);
   }
+  void add_sigmoid_gated(Tensor& out, const Tensor& y, const Tensor& gate_logit) override {
+    const int64_t rows = out.dim(0);
+    if (rows == 0) return;
+    launch_add_sigmoid_gated(out.ptr<float>(), y.ptr<float>(), gate_logit.ptr<float>(), rows, out.numel() / rows,
+                             context_.stream);
+  }
   void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) override {
     launch_silu_mul(gate.ptr<float>(), up.ptr<float>(), out.numel(), out.ptr<float>(), context_.stream);
   }
   void rope(Tensor& x, const AttentionBatch& batch, const RopeSpec& spec) override {
-    launch_rope(x.ptr<float>(), batch.positions.ptr<int32_t>(), x.dim(0), x.dim(1), x.dim(2), spec.theta,
-                context_.stream);
+    const int rotary = static_cast<int>(rotary_dims(spec, x.dim(2)));
+    launch_rope(x.ptr<float>(), batch.positions.ptr<int32_t>(), x.dim(0), x.dim(1), x.dim(2), rotary,
+                make_rope_table(spec.theta, rotary, spec.inv_freq, spec.attention_factor), context_.stream);
   }
   void write_kv(const Tensor& k, const Tensor& v, Tensor& k_cache, Tensor& v_cache,
                 const AttentionBatch& batch) override {
     launch_write_kv(k.ptr<float>(), v.ptr<float>(), k_cache.ptr<__nv_bfloat16>(), v_cache.ptr<__nv_bfloat16>(),
                     batch.slot_mapping.ptr<int32_t>(), k.dim(0), static_cast<int>(k.dim(1)),
                     static_cast<int>(k.dim(2)), context_.stream);
+  }
+  // The dims RoPE turns: the spec's (partial rotary) or the whole head.
+  static int64_t rotary_dims(const RopeSpec& spec, int64_t head_dim) {
+    return spec.head_dim > 0 ? std::min(spec.head_dim, head_dim) : head_dim;
   }
   static QkvPrepParams prep_params(Tensor& q, Tensor& k, const Tensor& v, const Tensor* q_norm, const Tensor* k_norm,
                                    float eps, const AttentionBatch& batch, const RopeSpec& spec, Tensor& k_cache,
@@ -356,6 +383,8 @@ class CudaBackend final : public Backend {
     p.kv_heads = static_cast<int>(k.dim(1));
     p.head_dim = static_cast<int>(q.dim(2));
     p.theta = spec.theta;
+    p.inv_freq = spec.inv_freq;
+    p.attention_factor = spec.attention_factor;
     return p;
   }
   AttentionParams attention_params(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
@@ -374,6 +403,12 @@ class CudaBackend final : public Backend {
     p.kv_heads = static_cast<int>(k_cache.dim(1));
     p.head_dim = static_cast<int>(q.dim(2));
     p.scale = scale;
+    p.sliding_window = static_cast<int>(batch.sliding_window);
+    if (batch.sinks && batch.sinks->data) {
+      if (batch.sinks->dtype != DType::kF32 || batch.sinks->numel() != p.heads)
+        cuda_fail("attention", "sinks must be f32 [heads] (loaded as a vector)", __FILE__, __LINE__);
+      p.sinks = batch.sinks->ptr<float>();
+    }
     p.out = out.ptr<float>();
     p.max_query_len = std::max<int64_t>(batch.max_query_len, 1);
     p.max_context_len = batch.max_context_len;
@@ -384,6 +419,8 @@ class CudaBackend final : public Backend {
   void qk_norm_rope_write_kv(Tensor& q, Tensor& k, const Tensor& v, const Tensor* q_norm, const Tensor* k_norm,
                              float eps, const AttentionBatch& batch, const RopeSpec& spec, Tensor& k_cache,
                              Tensor& v_cache) override {
+    if (rotary_dims(spec, q.dim(2)) != q.dim(2))  // partial rotary: the composition of the three ops
+      return Backend::qk_norm_rope_write_kv(q, k, v, q_norm, k_norm, eps, batch, spec, k_cache, v_cache);
     launch_qk_norm_rope_write_kv(prep_params(q, k, v, q_norm, k_norm, eps, batch, spec, k_cache, v_cache),
                                  context_.stream);
   }
@@ -396,7 +433,9 @@ class CudaBackend final : public Backend {
   bool qk_prep_attention(Tensor& q, Tensor& k, const Tensor& v, const Tensor* q_norm, const Tensor* k_norm, float eps,
                          const AttentionBatch& batch, const RopeSpec& rope, Tensor& k_cache, Tensor& v_cache,
                          float scale, Tensor& out) override {
-    if (std::max<int64_t>(batch.max_query_len, 1) != 1 || q.dim(0) == 0 || batch.sliding_window > 0) return false;
+    if (std::max<int64_t>(batch.max_query_len, 1) != 1 || q.dim(0) == 0 || batch.sliding_window > 0 ||
+        rotary_dims(rope, q.dim(2)) != q.dim(2))
+      return false;
     if (no_prep_fusion_) return false;  // SY_NO_PREP_FUSION=1 (experiments): the two-kernel path
     if (skip_attention_) return true;
     return launch_prep_attention(prep_params(q, k, v, q_norm, k_norm, eps, batch, rope, k_cache, v_cache),

@@ -76,16 +76,28 @@ __global__ void silu_mul_kernel(const float* gate, const float* up, int64_t coun
   }
 }
 
-// Rotate-half RoPE as transformers computes it in f32: inv_freq = 1 / theta^(2i/d) (double,
-// rounded to f32), angle = f32(position) * inv_freq.
-__global__ void rope_kernel(float* x, const int32_t* positions, int64_t heads, int64_t head_dim, double theta) {
+// Qwen2-MoE's shared expert: out[r] += sigmoid(gate_logit[r]) * y[r], the CPU backend's arithmetic.
+__global__ void add_sigmoid_gated_kernel(float* out, const float* y, const float* gate_logit, int64_t count,
+                                         int64_t width) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float gate = 1.0f / (1.0f + expf(-gate_logit[i / width]));
+    out[i] += gate * y[i];
+  }
+}
+
+// Rotate-half RoPE as transformers computes it in f32: angle = f32(position) * inv_freq (the
+// table's: theta's computed in double on the host, or YaRN's), cos and sin times the table's
+// attention factor; only the first rotary_dims dims of each head turn (partial rotary), pairs
+// (i, i + rotary_dims / 2), the rest pass through.
+__global__ void rope_kernel(float* x, const int32_t* positions, int64_t heads, int64_t head_dim, int rotary_dims,
+                            const __grid_constant__ RopeTable table) {
   const int64_t t = blockIdx.x;
-  const int64_t half = head_dim / 2;
+  const int64_t half = rotary_dims / 2;
   const float position = static_cast<float>(positions[t]);
   for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
-    const float inv_freq = static_cast<float>(1.0 / pow(theta, static_cast<double>(2 * i) / static_cast<double>(head_dim)));
-    const float angle = position * inv_freq;
-    const float c = cosf(angle), s = sinf(angle);
+    const float angle = position * table.inv_freq[i];
+    const float c = cosf(angle) * table.factor, s = sinf(angle) * table.factor;
     for (int64_t h = 0; h < heads; ++h) {
       float* v = x + (t * heads + h) * head_dim;
       const float a = v[i], b = v[i + half];
@@ -303,11 +315,22 @@ void launch_silu_mul(const float* gate, const float* up, int64_t count, float* o
   SY_CUDA_LAUNCH_CHECK("silu_mul");
 }
 
-void launch_rope(float* x, const int32_t* positions, int64_t tokens, int64_t heads, int64_t head_dim, double theta,
-                 cudaStream_t stream) {
+void launch_add_sigmoid_gated(float* out, const float* y, const float* gate_logit, int64_t rows, int64_t width,
+                              cudaStream_t stream) {
+  if (rows == 0 || width == 0) return;
+  add_sigmoid_gated_kernel<<<grid_stride_blocks(rows * width), kThreads, 0, stream>>>(out, y, gate_logit,
+                                                                                      rows * width, width);
+  SY_CUDA_LAUNCH_CHECK("add_sigmoid_gated");
+}
+
+void launch_rope(float* x, const int32_t* positions, int64_t tokens, int64_t heads, int64_t head_dim,
+                 int rotary_dims, const RopeTable& table, cudaStream_t stream) {
   if (tokens == 0) return;
-  const int threads = static_cast<int>(std::min<int64_t>(128, std::max<int64_t>(32, head_dim / 2)));
-  rope_kernel<<<static_cast<unsigned>(tokens), threads, 0, stream>>>(x, positions, heads, head_dim, theta);
+  if (rotary_dims <= 0 || rotary_dims % 2 != 0 || rotary_dims > head_dim || rotary_dims > 2 * kRopeMaxHalf)
+    cuda_fail("rope", "rotary dims must be even, <= head_dim and <= 256", __FILE__, __LINE__);
+  const int threads = static_cast<int>(std::min<int64_t>(128, std::max<int64_t>(32, rotary_dims / 2)));
+  rope_kernel<<<static_cast<unsigned>(tokens), threads, 0, stream>>>(x, positions, heads, head_dim, rotary_dims,
+                                                                       table);
   SY_CUDA_LAUNCH_CHECK("rope");
 }
 

@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "backend/cuda/cuda_context.h"
+#include "backend/cuda/rope_table.h"
 
 namespace sy::backend::cuda {
 
@@ -17,8 +18,12 @@ void launch_rms_norm(float* x, const float* residual, const float* weight, int64
 void launch_add(float* x, const float* y, int64_t count, cudaStream_t stream);
 void launch_add_bias(float* out, const float* bias, int64_t rows, int64_t width, cudaStream_t stream);
 void launch_silu_mul(const float* gate, const float* up, int64_t count, float* out, cudaStream_t stream);
+// RoPE over the first rotary_dims dims of each head of x [tokens, heads, head_dim].
 void launch_rope(float* x, const int32_t* positions, int64_t tokens, int64_t heads, int64_t head_dim,
-                 double theta, cudaStream_t stream);
+                 int rotary_dims, const RopeTable& table, cudaStream_t stream);
+// out[t] += sigmoid(gate_logit[t]) * y[t] over rows of `width`.
+void launch_add_sigmoid_gated(float* out, const float* y, const float* gate_logit, int64_t rows, int64_t width,
+                              cudaStream_t stream);
 void launch_gather_rows(const float* x, const int32_t* rows, int64_t count, int64_t width, float* out,
                         cudaStream_t stream);
 void launch_fill_i32(int32_t* dst, int64_t count, int32_t value, cudaStream_t stream);

@@ -592,6 +592,14 @@ class FusedKernel final : public moe::ExpertsKernel {
   bool routes_inside() const override { return true; }
   bool captures_routes() const override { return true; }
   bool captures_weights() const override { return true; }
+  // Every router option (moe_route.cuh), groups up to kMaxRouteGroups.
+  Status supports(const moe::RouterSpec& spec) const override {
+    if (!RouteParams::implements(spec))
+      return Status::error(ErrorCode::kUnsupported,
+                           fmt::format("MoE kernel cuda-fused: n_group must divide num_experts and be at most {}, got {}",
+                                       kMaxRouteGroups, spec.num_groups));
+    return Status::ok();
+  }
   bool replays_routes() const override { return true; }
   bool fuses_input_norm(int64_t tokens) const override { return tokens == 1 && norm_vec_ > 0 && !no_norm_fusion_; }
 
@@ -706,7 +714,7 @@ class FusedKernel final : public moe::ExpertsKernel {
     launch.router = w.router.ptr<__nv_bfloat16>();
     launch.gate_up = w.gate_up.ptr<__nv_bfloat16>();
     launch.down = w.down.ptr<__nv_bfloat16>();
-    launch.route = RouteParams::from(args.spec, hidden_);
+    launch.route = RouteParams::from(args.spec, hidden_, w);
     launch.intermediate = static_cast<int>(intermediate_);
     launch.route_row_stride = row_stride;
     launch.logits = logits_;

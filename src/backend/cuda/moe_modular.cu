@@ -410,6 +410,14 @@ class ModularKernel final : public moe::ExpertsKernel {
   bool routes_inside() const override { return false; }
   bool captures_routes() const override { return true; }
   bool captures_weights() const override { return true; }
+  // Every router option (moe_route.cuh), groups up to kMaxRouteGroups.
+  Status supports(const moe::RouterSpec& spec) const override {
+    if (!RouteParams::implements(spec))
+      return Status::error(ErrorCode::kUnsupported,
+                           fmt::format("MoE kernel cuda-modular: n_group must divide num_experts and be at most {}, got {}",
+                                       kMaxRouteGroups, spec.num_groups));
+    return Status::ok();
+  }
   bool replays_routes() const override { return true; }
 
   Status reserve(int64_t max_tokens, const moe::RouterSpec& spec, int64_t hidden,
@@ -481,7 +489,7 @@ class ModularKernel final : public moe::ExpertsKernel {
     route.hidden = args.hidden.ptr<float>();
     route.tokens = tokens;
     route.router = w.router.ptr<__nv_bfloat16>();
-    route.params = RouteParams::from(args.spec, hidden_);
+    route.params = RouteParams::from(args.spec, hidden_, w);
     route.forced = routes.forced.data ? routes.forced.ptr<uint8_t>() : nullptr;
     route.source =
         routes.source.data ? routes.source.ptr<int32_t>() + args.layer * top_k_ : nullptr;

@@ -8,12 +8,14 @@
 #include <cstdint>
 
 #include "backend/cuda/cuda_context.h"
+#include "moe/experts_kernel.h"
 #include "moe/router_spec.h"
 
 namespace sy::backend::cuda {
 
 constexpr int kMaxRouteExperts = 1024;
 constexpr int kMaxRouteTopK = 32;
+constexpr int kMaxRouteGroups = 32;  // group-limited top-k: one bit per group
 
 struct RouteParams {
   int num_experts = 0;
@@ -23,6 +25,25 @@ struct RouteParams {
   bool renormalize = false;
   bool softmax_after_topk = false;
   float scaling = 1.0f;
+  // The extended options (RouterSpec::uses_extended_options): [E] f32 device vectors or
+  // nullptr, and group-limited top-k (num_groups > 1).
+  const float* logit_bias = nullptr;      // added to the logits (gpt-oss)
+  const float* selection_bias = nullptr;  // added to the scores for selection only (DeepSeek-V3)
+  int num_groups = 1, topk_groups = 1;
+  bool group_top_two = false;  // a group's score: the sum of its two best (else its best)
+  // Whether the CUDA router implements `spec` (every option, groups up to kMaxRouteGroups).
+  static bool implements(const moe::RouterSpec& spec) {
+    return spec.num_groups >= 1 && spec.num_groups <= kMaxRouteGroups && spec.num_experts % spec.num_groups == 0;
+  }
+  static RouteParams from(const moe::RouterSpec& spec, int64_t hidden, const moe::MoeLayerWeights& w) {
+    RouteParams p = from(spec, hidden);
+    if (spec.has_logit_bias) p.logit_bias = w.router_bias.ptr<float>();
+    if (spec.has_selection_bias) p.selection_bias = w.selection_bias.ptr<float>();
+    p.num_groups = static_cast<int>(spec.num_groups);
+    p.topk_groups = static_cast<int>(spec.topk_groups);
+    p.group_top_two = spec.group_scoring == moe::GroupScoring::kTopTwoSum;
+    return p;
+  }
   static RouteParams from(const moe::RouterSpec& spec, int64_t hidden) {
     RouteParams p;
     p.num_experts = static_cast<int>(spec.num_experts);
@@ -88,6 +109,10 @@ __device__ __forceinline__ float warp_sum(float v) {
 __device__ __forceinline__ void route_scores_warp(float* scores, const RouteParams& p) {
   const int lane = threadIdx.x & 31;
   const int E = p.num_experts;
+  if (p.logit_bias) {  // logits + bias in f32, as the CPU router adds them
+    for (int e = lane; e < E; e += 32) scores[e] = scores[e] + p.logit_bias[e];
+    __syncwarp();
+  }
   if (!p.softmax_after_topk) {
     if (p.sigmoid) {
       for (int e = lane; e < E; e += 32) scores[e] = 1.0f / (1.0f + expf(-scores[e]));
@@ -111,6 +136,56 @@ __device__ __forceinline__ void route_scores_warp(float* scores, const RoutePara
 // The selection order: (score desc, id asc), NaN as -inf. a ranks before b.
 __device__ __forceinline__ float route_key(float v) {
   return v != v ? -INFINITY : v;
+}
+
+// What selection ranks expert e by: its score, plus the selection-only bias where the router
+// has one (the CPU router's `choice`).
+__device__ __forceinline__ float route_choice(const float* scores, const RouteParams& p, int e) {
+  return p.selection_bias ? scores[e] + p.selection_bias[e] : scores[e];
+}
+
+// Group-limited top-k (one whole warp, num_groups > 1): the kept groups as a bit mask, lane g
+// scoring group g by its best choice (or its two best summed) as the CPU router's keep_groups
+// does, then topk_groups rounds of (score desc, group asc). Without groups: every bit set.
+__device__ __forceinline__ uint32_t route_kept_groups_warp(const float* scores, const RouteParams& p) {
+  if (p.num_groups <= 1) return ~0u;
+  const int lane = threadIdx.x & 31, size = p.num_experts / p.num_groups;
+  float group_score = -INFINITY;
+  if (lane < p.num_groups) {
+    float first = -INFINITY, second = -INFINITY;
+    for (int i = 0; i < size; ++i) {
+      const float v = route_choice(scores, p, lane * size + i);
+      if (v > first) {
+        second = first;
+        first = v;
+      } else if (v > second) {
+        second = v;
+      }
+    }
+    group_score = p.group_top_two ? first + second : first;
+  }
+  uint32_t kept = 0;
+  for (int round = 0; round < p.topk_groups; ++round) {
+    float best = -INFINITY;
+    int best_group = p.num_groups;
+    if (lane < p.num_groups && !(kept >> lane & 1u)) {
+      best = group_score;
+      best_group = lane;
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, best, o);
+      const int og = __shfl_xor_sync(0xffffffffu, best_group, o);
+      if (og != p.num_groups && (best_group == p.num_groups || ov > best || (ov == best && og < best_group))) {
+        best = ov;
+        best_group = og;
+      }
+    }
+    if (best_group < p.num_groups) kept |= 1u << best_group;
+  }
+  return kept;
+}
+__device__ __forceinline__ bool route_group_kept(uint32_t kept, const RouteParams& p, int e) {
+  return p.num_groups <= 1 || (kept >> (e / (p.num_experts / p.num_groups)) & 1u);
 }
 
 // Gating weights of the chosen ids (one whole warp; lane k < K holds choice k in `chosen`),
@@ -150,7 +225,9 @@ __device__ __forceinline__ void route_select_warp(float* scores, const RoutePara
   const int lane = threadIdx.x & 31;
   const int E = p.num_experts, K = p.top_k;
   route_scores_warp(scores, p);
-  // Selection: K rounds of a warp argmax by (score desc, id asc); NaN counts as -inf.
+  const uint32_t kept = forced ? ~0u : route_kept_groups_warp(scores, p);
+  // Selection: K rounds of a warp argmax by (choice desc, id asc); NaN counts as -inf; experts
+  // of dropped groups are never chosen.
   int32_t chosen = -1;  // lane k keeps the k-th choice
   // Bit j: expert lane + 32 j is taken. A register (a dynamically indexed array would live in
   // local memory); a forced id out of range marks nothing.
@@ -164,8 +241,8 @@ __device__ __forceinline__ void route_select_warp(float* scores, const RoutePara
       float best = -INFINITY;
       int32_t best_id = E;
       for (int e = lane, j = 0; e < E; e += 32, ++j) {
-        if (taken >> j & 1u) continue;
-        const float v = route_key(scores[e]);
+        if (taken >> j & 1u || !route_group_kept(kept, p, e)) continue;
+        const float v = route_key(route_choice(scores, p, e));
         if (best_id == E || v > best || (v == best && e < best_id)) {
           best = v;
           best_id = e;
@@ -203,8 +280,14 @@ __device__ __forceinline__ void route_select_block(float* scores, const RoutePar
                                                    OnPhase on_phase = {}) {
   const int E = p.num_experts, K = p.top_k;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  if (warp == 0) route_scores_warp(scores, p);
+  __shared__ uint32_t s_kept;
+  if (warp == 0) {
+    route_scores_warp(scores, p);
+    const uint32_t kept = forced ? ~0u : route_kept_groups_warp(scores, p);
+    if (lane == 0) s_kept = kept;
+  }
   __syncthreads();
+  const uint32_t kept = s_kept;
   on_phase(0);
   if (forced) {
     if (threadIdx.x < K) slots[threadIdx.x] = forced[threadIdx.x];
@@ -216,15 +299,19 @@ __device__ __forceinline__ void route_select_block(float* scores, const RoutePar
     const int groups = blockDim.x / tpe, sub = threadIdx.x & (tpe - 1);
     for (int base = 0; base < E; base += groups) {  // uniform trip count: shuffles stay converged
       const int e = base + static_cast<int>(threadIdx.x) / tpe;
-      const float v = e < E ? route_key(scores[e]) : 0.0f;
+      // An expert of a dropped group ranks after every kept one (and is never a choice: top_k
+      // <= the kept groups' experts, checked at start-up).
+      const bool e_in = e < E && route_group_kept(kept, p, e);
+      const float v = e < E ? route_key(route_choice(scores, p, e)) : 0.0f;
       int before = 0;
       if (e < E)
         for (int j = sub; j < E; j += tpe) {
-          const float u = route_key(scores[j]);
-          before += (u > v || (u == v && j < e)) ? 1 : 0;
+          const bool j_in = route_group_kept(kept, p, j);
+          const float u = route_key(route_choice(scores, p, j));
+          before += (j_in != e_in ? j_in : (u > v || (u == v && j < e))) ? 1 : 0;
         }
       for (int o = 1; o < tpe; o <<= 1) before += __shfl_xor_sync(0xffffffffu, before, o);
-      if (e < E && sub == 0 && before < K) slots[before] = e;
+      if (e_in && sub == 0 && before < K) slots[before] = e;
     }
   }
   __syncthreads();
