@@ -12,7 +12,8 @@ block size 16 nor of any chunk size the C++ test uses) and HF's greedy continuat
 
 Output (OUT_DIR/hf_long/<checkpoint>/, the layout of tests/golden/hf_qwen3_moe, read by
 tests/model/long_golden_test.cpp):
-  fixture.json            moe_layers, num_experts, top_k, prompts[0]: prompt_ids, continuation_ids,
+  fixture.json            moe_layers, num_experts, top_k, prompts[0]: source_text (the sentences
+                          the prompt ids were cut from), prompt_ids, continuation_ids,
                           sequence_ids (prompt + continuation minus its last token, n = 1,588 rows),
                           continuation_top2_gaps (HF's top-1 minus top-2 logit at each greedy step),
                           logits_rows (the rows of p0_logits_rows.npy), versions
@@ -29,6 +30,18 @@ Checkpoints:
                                transformers 5 holds them in memory: mlp.experts.gate_up_proj
                                [E, 2I, H] (gate rows, then up rows) and mlp.experts.down_proj
                                [E, H, I]; same reference files (the model is the same).
+
+Compared by tests/model/long_golden_test.cpp (CPU, or CUDA with SY_TEST_DEVICE=cuda), for both
+checkpoints: the sequence prefilled in one piece (kernels modular and fused) against the stored
+logits rows (tolerance 1e-3 CPU / 0.1 CUDA) and every row's routes against HF's top-k (near-tie
+rows excluded as in hf_golden_test.cpp); then through the engine with max_num_batched_tokens 64,
+500 and 1000 and prefix caching on, each request twice (computed in chunks, then served from the
+prefix cache): the greedy tokens equal HF's and the routes of every prompt and decode row equal
+HF's top-k.
+
+Model seed: the first of 21..26 whose 16 greedy steps all have a top-1/top-2 logit gap >= 5e-3
+(fixture.json "model_seed"), so that on the CPU (tolerance 1e-3) every continuation token is
+compared; CUDA's tests stop comparing at a step whose gap is within its tolerance.
 
 Self-checks (any failure stops the script with a message): the prompt has PROMPT_TOKENS tokens, all
 ids < vocab; the saved tensors are named as Switchyard reads them; the reloaded weights are the
@@ -275,7 +288,7 @@ def main():
     rows = logits_rows(n, len(prompt_ids))
     fixture = {"name": name, "model_type": "qwen3_moe", "moe_layers": moe_layers, "num_experts": num_experts,
                "top_k": top_k, "reference_dtype": "float64", "experts_layout": "per_expert", "model_seed": seed,
-               "prompts": [{"text": text, "prompt_ids": prompt_ids, "continuation_ids": continuation,
+               "prompts": [{"source_text": text, "prompt_ids": prompt_ids, "continuation_ids": continuation,
                             "sequence_ids": sequence, "continuation_top2_gaps": gaps, "logits_rows": rows}]}
     files = {"p0_logits_last.npy": logits_last.astype(np.float32),
              "p0_logits_rows.npy": full_logits[rows].astype(np.float32)}
