@@ -151,8 +151,7 @@ TEST_P(LongGolden, OnePiecePrefillMatchesTransformers) {
                         tally);
     std::printf(
         "[ %s %s ] one piece: %lld rows, logits max |diff| %.3g over %zu rows (worst row %lld); "
-        "route rows "
-        "compared %lld (as sets %lld), excluded as near-ties %lld\n",
+        "route rows compared %lld (as sets %lld), excluded as near-ties %lld\n",
         GetParam(), family, static_cast<long long>(n), worst, rows.size(),
         static_cast<long long>(worst_row), static_cast<long long>(tally.compared),
         static_cast<long long>(tally.as_sets), static_cast<long long>(tally.excluded));
@@ -242,14 +241,12 @@ TEST_P(LongGolden, ChunkedPrefillAndPrefixCacheThroughTheEngineMatch) {
       expect_routes_match(hf, routes.ids.data(), routes.layers, rows, what, tally);
       std::printf(
           "[ %s ] greedy tokens equal to transformers' %zu of %zu; cached prompt tokens %lld; "
-          "route rows "
-          "compared %lld (decode rows %lld), excluded as near-ties %lld\n",
+          "route rows compared %lld (decode rows %lld), excluded as near-ties %lld\n",
           what.c_str(), same, hf.continuation.size(),
           static_cast<long long>(run->cached_prompt_tokens), static_cast<long long>(tally.compared),
           static_cast<long long>(tally.decode_compared), static_cast<long long>(tally.excluded));
       if (!on_cuda()) {
-        // The script keeps every greedy gap >= 5e-3, so on the CPU every token and decode row
-        // counts.
+        // The script keeps every greedy gap >= 5e-3: on the CPU every token and decode row counts.
         EXPECT_EQ(same, hf.continuation.size()) << what;
         EXPECT_GT(tally.decode_compared, 0) << what;
       }
