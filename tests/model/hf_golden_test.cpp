@@ -7,24 +7,21 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <future>
 
 #include <nlohmann/json.hpp>
 
-#include "backend/backend.h"
 #include "engine/engine.h"
-#include "model/decoder.h"
+#include "hf_golden.h"
 #include "model/rope.h"
-#include "util/npy.h"
 
 namespace sy {
 namespace {
 
-const std::string kGoldenRoot = std::string(SY_SOURCE_DIR) + "/tests/golden";
+using namespace golden;
+
 // Folder under tests/golden/ of each checkpoint (the family's goldens folder / checkpoint).
 const char* kCheckpoints[] = {"hf_qwen3_moe/qwen3moe_sharded",
                               "hf_qwen3_moe/qwen3moe_dense_nonorm",
@@ -48,121 +45,6 @@ bool routes_as_sets(const nlohmann::json& fixture) {
 bool fused_runs(const nlohmann::json& fixture) {
   return !routes_as_sets(fixture);
 }
-
-nlohmann::json read_json(const std::string& path) {
-  std::ifstream in(path);
-  return nlohmann::json::parse(in);
-}
-
-std::vector<float> read_f32(const std::string& path, std::vector<int64_t>* shape = nullptr) {
-  auto array = npy_read_file(path);
-  EXPECT_TRUE(array.is_ok()) << array.message();
-  if (!array) return {};
-  EXPECT_EQ(array->dtype, DType::kF32) << path;
-  if (shape) *shape = array->shape;
-  std::vector<float> values(array->data.size() / 4);
-  std::memcpy(values.data(), array->data.data(), array->data.size());
-  return values;
-}
-
-std::vector<int64_t> read_ints(const std::string& path, std::vector<int64_t>* shape = nullptr) {
-  auto array = npy_read_file(path);
-  EXPECT_TRUE(array.is_ok()) << array.message();
-  if (!array) return {};
-  if (shape) *shape = array->shape;
-  auto values = npy_to_int64(*array);
-  EXPECT_TRUE(values.is_ok());
-  return values.is_ok() ? *values : std::vector<int64_t>{};
-}
-
-// The backend under test: SY_TEST_DEVICE=cuda runs these goldens on the GPU (scripts/gpu-check.sh);
-// the default is the CPU reference.
-Device test_device() {
-  const char* env = std::getenv("SY_TEST_DEVICE");
-  return env && std::string(env) == "cuda" ? Device::kCuda : Device::kCpu;
-}
-bool on_cuda() { return test_device() == Device::kCuda; }
-std::string kernel_name(const char* family) {
-  return std::string(on_cuda() ? "cuda-" : "cpu-") + family;
-}
-// Logits tolerance against transformers' float64 reference: the CPU computes in f32; CUDA rounds
-// GEMM activations, attention's Q and P, and the KV cache to bf16 (as transformers in bf16
-// would): a relative error of ~2^-9 per rounding, seen as up to 0.063 on these logits (|logit|
-// up to ~10) on the H200 (bench/results/gpu-check-2026-12-03.log).
-float logits_tolerance() { return on_cuda() ? 1e-1f : 1e-3f; }
-// Route rows whose k-th/(k+1)-th router logit gap is below this are near-ties (excluded,
-// counted, printed): 1e-5 on the CPU; on CUDA, the same bf16 rounding moves router logits by a few
-// 1e-2 (two rows with gaps 0.017 and 0.031 swapped there), so 0.05.
-float near_tie_gap(float logit) {
-  (void)logit;
-  return on_cuda() ? 5e-2f : 1e-5f;
-}
-
-// One model on the backend under test with a chosen kernel, run as single full-sequence steps.
-struct Harness {
-  std::unique_ptr<backend::Backend> backend;
-  moe::ExpertsKernelRegistry registry;
-  std::unique_ptr<model::Model> model;
-  std::unique_ptr<model::Decoder> decoder;
-
-  explicit Harness(const std::string& dir, const std::string& family = "modular") {
-    auto made = backend::make_backend({test_device(), 2, 0});
-    EXPECT_TRUE(made.is_ok()) << made.message();
-    backend = std::move(made).value();
-    backend->register_kernels(registry);
-    auto loaded = model::Model::load(dir, *backend);
-    EXPECT_TRUE(loaded.is_ok()) << loaded.message();
-    model = std::move(loaded).value();
-    auto kernel = registry.select(kernel_name(family.c_str()), {test_device(), true, true});
-    EXPECT_TRUE(kernel.is_ok()) << kernel.message();
-    decoder = std::make_unique<model::Decoder>(*backend, model::KernelChoice{*kernel, nullptr, 0}, 16);
-    Status allocated = decoder->allocate(model->config(), 64, {512, 1, 64, 512});
-    EXPECT_TRUE(allocated.is_ok()) << allocated.message();
-  }
-
-  // All positions' logits [n, vocab] and routes [n, L, K] of a fresh sequence; `forced` replays.
-  Status run(const std::vector<int32_t>& tokens, std::vector<float>& logits, std::vector<int32_t>& routes,
-             const std::vector<int32_t>* forced = nullptr) {
-    model::StepInputs in;
-    const int32_t n = static_cast<int32_t>(tokens.size());
-    in.token_ids = tokens;
-    for (int32_t p = 0; p < n; ++p) {
-      in.positions.push_back(p);
-      in.token_seq.push_back(0);
-      in.slot_mapping.push_back(p);
-      in.logits_rows.push_back(p);
-    }
-    in.num_seqs = 1;
-    in.max_blocks_per_seq = (n + 15) / 16;
-    for (int b = 0; b < in.max_blocks_per_seq; ++b) in.block_tables.push_back(b);
-    in.capture_routes = true;
-    if (decoder->state_buffers() > 0)
-      in.state_read = {0}, in.state_write = {1};  // linear attention
-    if (forced) {
-      in.forced.assign(static_cast<size_t>(n), 1);
-      in.forced_routes = *forced;
-    }
-    model::StepOutputs out;
-    SY_TRY(decoder->forward(*model, in, out));
-    SY_TRY(decoder->finish_step(*model, out));
-    logits.resize(static_cast<size_t>(out.logits.numel()));
-    backend->download(out.logits, logits.data());
-    routes = out.routes;
-    return Status::ok();
-  }
-};
-
-float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  float worst = 0.0f;
-  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
-    if (std::isnan(a[i]) || std::isnan(b[i])) return INFINITY;
-    worst = std::max(worst, std::fabs(a[i] - b[i]));
-  }
-  return worst;
-}
-
-std::vector<int32_t> ids_of(const nlohmann::json& list) { return list.get<std::vector<int32_t>>(); }
 
 class HfGolden : public ::testing::TestWithParam<const char*> {
  protected:
@@ -222,52 +104,42 @@ TEST_P(HfGolden, LogitsAndRoutesMatchTransformers) {
     EXPECT_LE(diff_all, logits_tolerance()) << "prompt " << p;
     const std::vector<float> hf_last = read_f32(prefix + "logits_last.npy");
     const int64_t vocab = static_cast<int64_t>(hf_last.size());
-    std::vector<float> ours_last(logits.begin() + (prompt_len - 1) * vocab, logits.begin() + prompt_len * vocab);
+    std::vector<float> ours_last(logits.begin() + (prompt_len - 1) * vocab,
+                                 logits.begin() + prompt_len * vocab);
     EXPECT_LE(max_abs_diff(ours_last, hf_last), logits_tolerance()) << "prompt " << p;
 
     for (int layer : fixture["moe_layers"].get<std::vector<int>>()) {
       std::vector<int64_t> shape;
-      const std::vector<float> router = read_f32(prefix + "router_logits_l" + std::to_string(layer) + ".npy", &shape);
-      const std::vector<int64_t> hf_topk = read_ints(prefix + "topk_l" + std::to_string(layer) + ".npy");
+      const std::vector<float> router =
+          read_f32(prefix + "router_logits_l" + std::to_string(layer) + ".npy", &shape);
+      const std::vector<int64_t> hf_topk =
+          read_ints(prefix + "topk_l" + std::to_string(layer) + ".npy");
       const int64_t experts = shape[1];
       for (size_t t = 0; t < sequence.size(); ++t) {
-        const float* row = router.data() + t * experts;
-        std::vector<float> sorted(row, row + experts);
-        std::sort(sorted.begin(), sorted.end(), std::greater<>());
-        // Excluded: the k-th and (k+1)-th logits within the near-tie gap (the choice itself is a
-        // near-tie); printed so the gaps can be seen.
-        if (top_k < experts && sorted[top_k - 1] - sorted[top_k] < near_tie_gap(sorted[top_k - 1])) {
+        const int32_t* ours = routes.data() + (t * layers + layer) * top_k;
+        const RouteRowResult row = compare_route_row(router.data() + t * experts, experts, ours,
+                                                     hf_topk.data() + t * top_k, top_k, as_sets);
+        if (row.excluded) {
           ++excluded_rows;
           if (on_cuda())
             std::printf("  near-tie excluded: prompt %zu layer %d row %zu gap %.3g\n", p, layer, t,
-                        sorted[top_k - 1] - sorted[top_k]);
+                        row.kth_gap);
           continue;
         }
-        bool near_tie_inside = false;
-        for (int64_t k = 0; k + 1 < top_k; ++k) near_tie_inside |= sorted[k] - sorted[k + 1] < near_tie_gap(sorted[k]);
-        std::vector<int32_t> ours(routes.begin() + (t * layers + layer) * top_k,
-                                  routes.begin() + (t * layers + layer + 1) * top_k);
-        std::vector<int32_t> theirs(hf_topk.begin() + t * top_k, hf_topk.begin() + (t + 1) * top_k);
-        if (near_tie_inside || as_sets) {
-          ++set_rows;
-          std::sort(ours.begin(), ours.end());
-          std::sort(theirs.begin(), theirs.end());
-        }
-        EXPECT_EQ(ours, theirs) << "prompt " << p << " layer " << layer << " row " << t << " (k-th gap "
-                                << sorted[top_k - 1] - sorted[top_k] << ", smallest inner gap "
-                                << [&] {
-                                     float g = INFINITY;
-                                     for (int64_t k = 0; k + 1 < top_k; ++k) g = std::min(g, sorted[k] - sorted[k + 1]);
-                                     return g;
-                                   }()
-                                << ")";
+        set_rows += row.as_set;
+        EXPECT_TRUE(row.equal) << "prompt " << p << " layer " << layer << " row " << t << ": ours "
+                               << route_row_text(ours, top_k) << ", transformers "
+                               << route_row_text(hf_topk.data() + t * top_k, top_k) << " (k-th gap "
+                               << row.kth_gap << ", smallest inner gap " << row.inner_gap << ")";
         ++compared_rows;
       }
     }
   }
-  std::printf("[ %s ] logits max |diff| %.3g; route rows compared %lld, compared as sets %lld, excluded as near-ties %lld\n", GetParam(), worst_logits,
-              static_cast<long long>(compared_rows), static_cast<long long>(set_rows),
-              static_cast<long long>(excluded_rows));
+  std::printf(
+      "[ %s ] logits max |diff| %.3g; route rows compared %lld, compared as sets %lld, excluded as "
+      "near-ties %lld\n",
+      GetParam(), worst_logits, static_cast<long long>(compared_rows),
+      static_cast<long long>(set_rows), static_cast<long long>(excluded_rows));
   EXPECT_GT(compared_rows, 0);
 }
 
@@ -316,21 +188,28 @@ TEST_P(HfGolden, ModularAndFusedKernelsAgreeExactly) {
       // Whole-model runs: the kernels' outputs differ by rounding, so later layers' hidden states
       // differ slightly; their routes may then part only where transformers' router logits are a
       // near-tie (same-hidden-state equality is the op harness's bitwise check).
-      const int64_t layers = modular.model->config().num_hidden_layers, k = modular.model->config().experts_per_token;
-      const std::string prefix = dir() + "/p" + std::to_string(&prompt - &fixture["prompts"][0]) + "_";
+      const int64_t layers = modular.model->config().num_hidden_layers,
+                    k = modular.model->config().experts_per_token;
+      const std::string prefix =
+          dir() + "/p" + std::to_string(&prompt - &fixture["prompts"][0]) + "_";
       int64_t differing = 0;
       for (int layer : modular.model->config().moe_layers()) {
         std::vector<int64_t> shape;
-        const std::vector<float> router = read_f32(prefix + "router_logits_l" + std::to_string(layer) + ".npy", &shape);
+        const std::vector<float> router =
+            read_f32(prefix + "router_logits_l" + std::to_string(layer) + ".npy", &shape);
         for (int64_t t = 0; t < shape[0]; ++t) {
-          const auto a = routes_a.begin() + (t * layers + layer) * k, b = routes_b.begin() + (t * layers + layer) * k;
+          const auto a = routes_a.begin() + (t * layers + layer) * k,
+                     b = routes_b.begin() + (t * layers + layer) * k;
           if (std::equal(a, a + k, b)) continue;
           ++differing;
-          std::vector<float> sorted(router.begin() + t * shape[1], router.begin() + (t + 1) * shape[1]);
+          std::vector<float> sorted(router.begin() + t * shape[1],
+                                    router.begin() + (t + 1) * shape[1]);
           std::sort(sorted.begin(), sorted.end(), std::greater<>());
           float gap = INFINITY;
-          for (int64_t j = 0; j < std::min<int64_t>(k, shape[1] - 1); ++j) gap = std::min(gap, sorted[j] - sorted[j + 1]);
-          EXPECT_LT(gap, near_tie_gap(sorted[0])) << "layer " << layer << " row " << t << ": modular and fused differ on a decisive row";
+          for (int64_t j = 0; j < std::min<int64_t>(k, shape[1] - 1); ++j)
+            gap = std::min(gap, sorted[j] - sorted[j + 1]);
+          EXPECT_LT(gap, near_tie_gap()) << "layer " << layer << " row " << t
+                                         << ": modular and fused differ on a decisive row";
         }
       }
       std::printf("[ %s ] modular vs fused: %lld route rows differ (all near-ties)\n", GetParam(),
@@ -365,11 +244,14 @@ TEST_P(HfGolden, ReplayReproducesCaptureAndForcedRoutesMatchTheHfOracle) {
       std::vector<int32_t> forced(forced64.begin(), forced64.end());
       ASSERT_TRUE(harness.run(sequence, forced_logits, forced_echo, &forced).is_ok());
       const std::vector<float> hf_forced = read_f32(prefix + "forced_logits_all.npy");
-      EXPECT_LE(max_abs_diff(forced_logits, hf_forced), on_cuda() ? logits_tolerance() : 1e-3f) << kernel << " prompt " << p;
-      EXPECT_GT(max_abs_diff(forced_logits, logits), 1e-2f) << "forced routes must change the logits";
+      EXPECT_LE(max_abs_diff(forced_logits, hf_forced), on_cuda() ? logits_tolerance() : 1e-3f)
+          << kernel << " prompt " << p;
+      EXPECT_GT(max_abs_diff(forced_logits, logits), 1e-2f)
+          << "forced routes must change the logits";
       // Replayed rows come back as given (dense layers' rows are 0).
       const auto moe_layers = harness.model->config().moe_layers();
-      const int64_t row = harness.model->config().num_hidden_layers * harness.model->config().experts_per_token;
+      const int64_t row =
+          harness.model->config().num_hidden_layers * harness.model->config().experts_per_token;
       const int64_t k = harness.model->config().experts_per_token;
       for (size_t t = 0; t < sequence.size(); ++t)
         for (int layer : moe_layers)

@@ -1,0 +1,205 @@
+// What the HF transformers golden tests share (hf_golden_test.cpp, long_golden_test.cpp): reading
+// the fixtures, the device under test and its tolerances, one model run as single steps, and the
+// route comparison with its near-tie rule.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "backend/backend.h"
+#include "model/decoder.h"
+#include "util/npy.h"
+
+namespace sy::golden {
+
+inline const std::string kGoldenRoot = std::string(SY_SOURCE_DIR) + "/tests/golden";
+
+inline nlohmann::json read_json(const std::string& path) {
+  std::ifstream in(path);
+  return nlohmann::json::parse(in);
+}
+
+inline std::vector<float> read_f32(const std::string& path, std::vector<int64_t>* shape = nullptr) {
+  auto array = npy_read_file(path);
+  EXPECT_TRUE(array.is_ok()) << array.message();
+  if (!array) return {};
+  EXPECT_EQ(array->dtype, DType::kF32) << path;
+  if (shape) *shape = array->shape;
+  std::vector<float> values(array->data.size() / 4);
+  std::memcpy(values.data(), array->data.data(), array->data.size());
+  return values;
+}
+
+inline std::vector<int64_t> read_ints(const std::string& path,
+                                      std::vector<int64_t>* shape = nullptr) {
+  auto array = npy_read_file(path);
+  EXPECT_TRUE(array.is_ok()) << array.message();
+  if (!array) return {};
+  if (shape) *shape = array->shape;
+  auto values = npy_to_int64(*array);
+  EXPECT_TRUE(values.is_ok());
+  return values.is_ok() ? *values : std::vector<int64_t>{};
+}
+
+inline std::vector<int32_t> ids_of(const nlohmann::json& list) {
+  return list.get<std::vector<int32_t>>();
+}
+
+// The backend under test: SY_TEST_DEVICE=cuda runs these goldens on the GPU (scripts/gpu-check.sh);
+// the default is the CPU reference.
+inline Device test_device() {
+  const char* env = std::getenv("SY_TEST_DEVICE");
+  return env && std::string(env) == "cuda" ? Device::kCuda : Device::kCpu;
+}
+inline bool on_cuda() {
+  return test_device() == Device::kCuda;
+}
+inline std::string kernel_name(const char* family) {
+  return std::string(on_cuda() ? "cuda-" : "cpu-") + family;
+}
+// Logits tolerance against transformers' float64 reference: the CPU computes in f32; CUDA rounds
+// GEMM activations, attention's Q and P, and the KV cache to bf16 (as transformers in bf16
+// would): a relative error of ~2^-9 per rounding, seen as up to 0.063 on these logits (|logit|
+// up to ~10) on the H200 (bench/results/gpu-check-2026-12-03.log).
+inline float logits_tolerance() {
+  return on_cuda() ? 1e-1f : 1e-3f;
+}
+// Route rows whose k-th/(k+1)-th router logit gap is below this are near-ties (excluded,
+// counted, printed): 1e-5 on the CPU; on CUDA, the same bf16 rounding moves router logits by a few
+// 1e-2 (two rows with gaps 0.017 and 0.031 swapped there), so 0.05.
+inline float near_tie_gap() {
+  return on_cuda() ? 5e-2f : 1e-5f;
+}
+
+inline float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  float worst = 0.0f;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+    if (std::isnan(a[i]) || std::isnan(b[i])) return INFINITY;
+    worst = std::max(worst, std::fabs(a[i] - b[i]));
+  }
+  return worst;
+}
+
+// One model on the backend under test with a chosen kernel, run as single full-sequence steps of
+// at most `max_tokens` tokens.
+struct Harness {
+  std::unique_ptr<backend::Backend> backend;
+  moe::ExpertsKernelRegistry registry;
+  std::unique_ptr<model::Model> model;
+  std::unique_ptr<model::Decoder> decoder;
+
+  explicit Harness(const std::string& dir, const std::string& family = "modular",
+                   int64_t max_tokens = 512) {
+    auto made = backend::make_backend({test_device(), 2, 0});
+    EXPECT_TRUE(made.is_ok()) << made.message();
+    if (!made) return;
+    backend = std::move(made).value();
+    backend->register_kernels(registry);
+    auto loaded = model::Model::load(dir, *backend);
+    EXPECT_TRUE(loaded.is_ok()) << loaded.message();
+    if (!loaded) return;  // model stays null: callers ASSERT on it
+    model = std::move(loaded).value();
+    auto kernel = registry.select(kernel_name(family.c_str()), {test_device(), true, true});
+    EXPECT_TRUE(kernel.is_ok()) << kernel.message();
+    if (!kernel) return;
+    decoder =
+        std::make_unique<model::Decoder>(*backend, model::KernelChoice{*kernel, nullptr, 0}, 16);
+    // KV blocks of 16 tokens for twice the longest step.
+    const int64_t blocks = max_tokens / 8;
+    Status allocated =
+        decoder->allocate(model->config(), blocks, {max_tokens, 1, blocks, max_tokens});
+    EXPECT_TRUE(allocated.is_ok()) << allocated.message();
+  }
+
+  // All positions' logits [n, vocab] and routes [n, L, K] of a fresh sequence; `forced` replays.
+  Status run(const std::vector<int32_t>& tokens, std::vector<float>& logits,
+             std::vector<int32_t>& routes, const std::vector<int32_t>* forced = nullptr) {
+    model::StepInputs in;
+    const int32_t n = static_cast<int32_t>(tokens.size());
+    in.token_ids = tokens;
+    for (int32_t p = 0; p < n; ++p) {
+      in.positions.push_back(p);
+      in.token_seq.push_back(0);
+      in.slot_mapping.push_back(p);
+      in.logits_rows.push_back(p);
+    }
+    in.num_seqs = 1;
+    in.max_blocks_per_seq = (n + 15) / 16;
+    for (int b = 0; b < in.max_blocks_per_seq; ++b) in.block_tables.push_back(b);
+    in.capture_routes = true;
+    if (decoder->state_buffers() > 0)
+      in.state_read = {0}, in.state_write = {1};  // linear attention
+    if (forced) {
+      in.forced.assign(static_cast<size_t>(n), 1);
+      in.forced_routes = *forced;
+    }
+    model::StepOutputs out;
+    SY_TRY(decoder->forward(*model, in, out));
+    SY_TRY(decoder->finish_step(*model, out));
+    logits.resize(static_cast<size_t>(out.logits.numel()));
+    backend->download(out.logits, logits.data());
+    routes = out.routes;
+    return Status::ok();
+  }
+};
+
+// One route row, ours against transformers' top-k, by the rule every golden uses: a row whose
+// k-th and (k+1)-th router logits are within near_tie_gap() is a near-tie (the choice itself
+// could go either way) and is excluded; a row with a near-tie inside its top-k, or any row when
+// `as_sets`, is compared as a set; every other row in order.
+struct RouteRowResult {
+  bool excluded = false;
+  bool as_set = false;
+  bool equal = false;
+  float kth_gap = 0.0f;    // k-th minus (k+1)-th router logit
+  float inner_gap = 0.0f;  // smallest gap between neighbours inside the top-k
+};
+
+inline RouteRowResult compare_route_row(const float* router_row, int64_t experts,
+                                        const int32_t* ours, const int64_t* theirs, int64_t top_k,
+                                        bool as_sets) {
+  RouteRowResult result;
+  std::vector<float> sorted(router_row, router_row + experts);
+  std::sort(sorted.begin(), sorted.end(), std::greater<>());
+  result.kth_gap = top_k < experts ? sorted[top_k - 1] - sorted[top_k] : INFINITY;
+  result.inner_gap = INFINITY;
+  for (int64_t k = 0; k + 1 < top_k; ++k)
+    result.inner_gap = std::min(result.inner_gap, sorted[k] - sorted[k + 1]);
+  if (result.kth_gap < near_tie_gap()) {
+    result.excluded = true;
+    return result;
+  }
+  std::vector<int32_t> a(ours, ours + top_k);
+  std::vector<int32_t> b(theirs, theirs + top_k);
+  result.as_set = as_sets || result.inner_gap < near_tie_gap();
+  if (result.as_set) {
+    std::sort(a.begin(), a.end());
+    std::sort(b.begin(), b.end());
+  }
+  result.equal = a == b;
+  return result;
+}
+
+template <typename Int>
+std::string route_row_text(const Int* ids, int64_t top_k) {
+  std::string text = "[";
+  for (int64_t k = 0; k < top_k; ++k) {
+    if (k) text += ' ';
+    text += std::to_string(ids[k]);
+  }
+  return text + "]";
+}
+
+}  // namespace sy::golden
