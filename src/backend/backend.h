@@ -54,6 +54,9 @@ enum class BackendFeature {
   kGatedAttention,   // gated_attention (Qwen3.5's output-gated, partially rotary attention)
   kPartialRotary,    // rope() turns only the first RopeSpec::head_dim dims of wider heads (GLM)
   kFp8BlockWeights,  // alloc() is host memory: FP8 weights are dequantised to bf16 into it
+  // The MoE kernels read gpt-oss's experts as stored (transposed-interleaved bf16; MXFP4 too
+  // with kMxfp4Weights). Without it the loader restacks them to bf16 kStacked (ExpertSpec::stored).
+  kInterleavedExperts,
 };
 inline const char* backend_feature_name(BackendFeature feature) {
   switch (feature) {
@@ -69,6 +72,8 @@ inline const char* backend_feature_name(BackendFeature feature) {
       return "gated attention (sigmoid output gate, partial rotary)";
     case BackendFeature::kPartialRotary:
       return "partial rotary embedding (partial_rotary_factor)";
+    case BackendFeature::kInterleavedExperts:
+      return "gpt-oss's interleaved expert layouts as stored";
     case BackendFeature::kFp8BlockWeights:
       return "FP8 block-quantised weights (weight_scale_inv)";
   }

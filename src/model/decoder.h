@@ -57,6 +57,10 @@ struct KernelChoice {
 // refused with kUnsupported naming the first missing feature. Model::load checks it before
 // reading weights; Decoder::allocate again before allocating.
 Status check_backend_features(const ModelConfig& config, const backend::Backend& backend);
+// Experts stored in a layout the backend's kernels do not read (gpt-oss's interleaved bf16 or
+// MXFP4 without BackendFeature::kInterleavedExperts) are kept as bf16 kStacked instead: sets
+// config.experts.format (the adapter then asks WeightSource::restacked). Before the check.
+void adapt_experts_to_backend(ModelConfig& config, const backend::Backend& backend);
 
 class Decoder {
  public:

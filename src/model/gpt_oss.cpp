@@ -82,6 +82,7 @@ Status parse_gpt_oss(const nlohmann::json& json, ModelConfig& c) {
   c.experts.limit = static_cast<float>(limit);
   c.experts.has_biases = true;
   c.experts.format = format;
+  c.experts.stored = format;
   return Status::ok();
 }
 
@@ -101,6 +102,16 @@ Result<DecoderWeights> build_gpt_oss(const ModelConfig& c, WeightSource& source)
     const std::string mp = p + "mlp.";
     SY_ASSIGN(moe.router, source.get(mp + "router.weight", {E, H}));
     SY_ASSIGN(moe.router_bias, source.get(mp + "router.bias", {E}));
+    if (c.experts.format != c.experts.stored) {
+      // Restacked to bf16 for kernels that read only kStacked (model/requirements.h).
+      const WeightSource::StoredExperts stored{mp + "experts.", c.experts.stored, E, H, I};
+      SY_ASSIGN(moe.gate_up, source.restacked(stored, WeightSource::RestackedPart::kGateUp));
+      SY_ASSIGN(moe.down, source.restacked(stored, WeightSource::RestackedPart::kDown));
+      SY_ASSIGN(moe.gate_up_bias, source.restacked(stored, WeightSource::RestackedPart::kGateUpBias));
+      SY_ASSIGN(moe.down_bias, source.get(mp + "experts.down_proj_bias", {E, H}));
+      w.layers.push_back(std::move(lw));
+      continue;
+    }
     if (c.experts.format == moe::ExpertFormat::kMxfp4Interleaved) {
       SY_ASSIGN(moe.gate_up,
                 source.packed(mp + "experts.gate_up_proj_blocks", {E, 2 * I, H / 32, 16}, false));

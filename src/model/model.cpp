@@ -31,6 +31,7 @@ Result<std::unique_ptr<Model>> Model::load(const std::string& model_dir, backend
   model->model_dir_ = model_dir;
   model->backend_ = &backend;
   SY_ASSIGN(model->config_, load_model_config(model_dir));
+  adapt_experts_to_backend(model->config_, backend);
   SY_TRY(check_backend_features(model->config_, backend));  // before reading any weight
   auto checkpoint = Checkpoint::open(model_dir);
   if (!checkpoint) return checkpoint.status();
@@ -70,6 +71,7 @@ Result<std::unique_ptr<Model>> Model::random(const std::string& config_path, bac
   model->model_dir_ = std::filesystem::path(config_path).parent_path().string();
   model->backend_ = &backend;
   model->config_ = *config;
+  adapt_experts_to_backend(model->config_, backend);
   const ModelConfig& c = model->config_;
   SY_TRY(check_backend_features(c, backend));
   SY_ASSIGN(const Architecture* arch, find_architecture(c.model_type, c.architecture));
@@ -107,6 +109,9 @@ class ParameterCounter final : public WeightSource {
   }
   Result<Tensor> zero_centred_norm(const std::string&, const std::vector<int64_t>& shape) override {
     return counted(DType::kF32, shape, 1);
+  }
+  Result<Tensor> restacked(const StoredExperts& experts, RestackedPart part) override {
+    return counted(DType::kBF16, experts.shape(part), 1);  // one per weight, as stored
   }
   int64_t count() const { return count_; }
 

@@ -4,6 +4,12 @@
 
 namespace sy::model {
 
+void adapt_experts_to_backend(ModelConfig& c, const backend::Backend& backend) {
+  if (c.experts.stored != moe::ExpertFormat::kStacked &&
+      !backend.supports(backend::BackendFeature::kInterleavedExperts))
+    c.experts.format = moe::ExpertFormat::kStacked;
+}
+
 Status check_backend_features(const ModelConfig& c, const backend::Backend& backend) {
   bool windowed = false, gated_shared = false, sinks = false, latent = false, partial = false,
        linear = false, output_gate = false;

@@ -79,6 +79,26 @@ class WeightSource {
   // holds 1 + w in f32, so every backend's rms_norm applies it as it is.
   virtual Result<Tensor> zero_centred_norm(const std::string& name,
                                            const std::vector<int64_t>& shape) = 0;
+  // gpt-oss's experts, stored as ExpertSpec::stored (transposed-interleaved bf16 or MXFP4,
+  // tensors `prefix` + gate_up_proj[_blocks/_scales/_bias] / down_proj[...]), in the kStacked
+  // layout the kernels of a backend without BackendFeature::kInterleavedExperts read: gate_up
+  // [E, 2I, H] (gate rows, then up rows), down [E, H, I], bf16; the gate_up bias [E, 2I] in the
+  // same row order. Converted on the host (MXFP4 dequantised exactly: e2m1 * 2^k is a bf16).
+  enum class RestackedPart { kGateUp, kDown, kGateUpBias };
+  struct StoredExperts {
+    std::string prefix;
+    moe::ExpertFormat stored = moe::ExpertFormat::kTransposedInterleaved;
+    int64_t experts = 0, hidden = 0, intermediate = 0;
+    std::vector<int64_t> shape(RestackedPart part) const {
+      switch (part) {
+        case RestackedPart::kGateUp: return {experts, 2 * intermediate, hidden};
+        case RestackedPart::kDown: return {experts, hidden, intermediate};
+        case RestackedPart::kGateUpBias: return {experts, 2 * intermediate};
+      }
+      return {};
+    }
+  };
+  virtual Result<Tensor> restacked(const StoredExperts& experts, RestackedPart part) = 0;
   // Called after the last tensor.
   virtual Status finish() { return Status::ok(); }
 };
@@ -111,6 +131,7 @@ class CheckpointSource final : public WeightSource {
                          const std::vector<int64_t>& shape) override;
   Result<Tensor> zero_centred_norm(const std::string& name,
                                    const std::vector<int64_t>& shape) override;
+  Result<Tensor> restacked(const StoredExperts& experts, RestackedPart part) override;
   Status finish() override;
 
  private:
@@ -143,6 +164,7 @@ class RandomSource final : public WeightSource {
   // 1 + w directly: near 1, like get()'s norm weights.
   Result<Tensor> zero_centred_norm(const std::string& name,
                                    const std::vector<int64_t>& shape) override;
+  Result<Tensor> restacked(const StoredExperts& experts, RestackedPart part) override;
 
  private:
   backend::Backend& backend_;
@@ -164,6 +186,7 @@ class TensorListSource final : public WeightSource {
                          const std::vector<int64_t>& shape) override;
   Result<Tensor> zero_centred_norm(const std::string& name,
                                    const std::vector<int64_t>& shape) override;
+  Result<Tensor> restacked(const StoredExperts& experts, RestackedPart part) override;
   const std::vector<TensorSpec>& tensors() const { return tensors_; }
   // The names packed() recorded as e8m0 scales (make-model fills them as scales).
   bool is_scales(const std::string& name) const;

@@ -27,7 +27,12 @@ struct ExpertSpec {
   ExpertActivation activation = ExpertActivation::kSwiGlu;
   float alpha = 1.702f;  // kClampedSwiGlu
   float limit = 7.0f;    // kClampedSwiGlu (swiglu_limit)
-  ExpertFormat format = ExpertFormat::kStacked;
+  ExpertFormat format = ExpertFormat::kStacked;  // as the kernels read them
+  // As the checkpoint stores them. A backend whose kernels read only kStacked
+  // (BackendFeature::kInterleavedExperts absent) gets stored != format: the loader restacks
+  // (and for MXFP4 dequantises) the experts to bf16 kStacked on the host (model/weights.h
+  // WeightSource::restacked); the gate_up bias follows the same row order.
+  ExpertFormat stored = ExpertFormat::kStacked;
   bool has_biases = false;  // MoeLayerWeights::gate_up_bias / down_bias are added
 
   bool is_default() const {

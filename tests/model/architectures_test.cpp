@@ -840,9 +840,22 @@ TEST(Architectures, ABackendWithoutGptOssFeaturesRefusesItBeforeLoadingNamingThe
   ASSERT_FALSE(refused.is_ok());
   EXPECT_EQ(refused.status().code(), ErrorCode::kUnsupported);
   for (const char* named : {"featureless", "gpt_oss", "sliding-window attention", "attention sinks",
-                            "YaRN", "MXFP4 expert weights"})
+                            "YaRN"})
     EXPECT_NE(refused.message().find(named), std::string::npos)
         << named << ": " << refused.message();
+  // Its MXFP4 experts are not refused: a backend whose kernels read only stacked bf16 experts
+  // gets them restacked at load (the CPU, which reads them as stored, keeps them).
+  EXPECT_EQ(refused.message().find("MXFP4"), std::string::npos) << refused.message();
+  auto config = load_model_config(dir.string());
+  ASSERT_TRUE(config.is_ok()) << config.message();
+  EXPECT_EQ(config->experts.stored, moe::ExpertFormat::kMxfp4Interleaved);
+  ModelConfig adapted = *config;
+  adapt_experts_to_backend(adapted, backend);
+  EXPECT_EQ(adapted.experts.format, moe::ExpertFormat::kStacked);
+  auto cpu = backend::make_cpu_backend({1});
+  ModelConfig kept = *config;
+  adapt_experts_to_backend(kept, *cpu);
+  EXPECT_EQ(kept.experts.format, moe::ExpertFormat::kMxfp4Interleaved);
   auto random = Model::random((dir / "config.json").string(), backend, 1);
   ASSERT_FALSE(random.is_ok());
   EXPECT_EQ(random.status().code(), ErrorCode::kUnsupported);

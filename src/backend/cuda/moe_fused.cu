@@ -50,6 +50,7 @@ struct FusedLaunch {
   const __nv_bfloat16* gate_up = nullptr;
   const __nv_bfloat16* down = nullptr;
   RouteParams route;  // num_experts, top_k, hidden, scoring
+  ExpertParams experts;  // activation and biases
   int tokens = 0;
   int intermediate = 0;
   const uint8_t* forced = nullptr;  // [T] or nullptr
@@ -243,7 +244,7 @@ __device__ __forceinline__ void ring_wait() {
 // Items [begin, end) of (slot j, row r); H <= kGateUpSlabs * 256 (one round per item).
 __device__ void gate_up_ring(const __nv_bfloat16* gate_up, const float* hidden, float* act, int64_t begin,
                              int64_t end, int I, int H, const int32_t* slot_expert, const int32_t* slot_begin,
-                             const int32_t* sorted, uint4* ring) {
+                             const int32_t* sorted, uint4* ring, const ExpertParams& experts) {
   const int lane = threadIdx.x & 31;
   const int64_t stages = 2 * (end - begin);
   auto issue = [&](int64_t q) {
@@ -288,7 +289,7 @@ __device__ void gate_up_ring(const __nv_bfloat16* gate_up, const float* hidden, 
       if (lane == 0) {
         const int64_t item = begin + q / 2;
         const int j = static_cast<int>(item / I), r = static_cast<int>(item - static_cast<int64_t>(j) * I);
-        const float value = g / (1.0f + expf(-g)) * u;
+        const float value = experts.activate(slot_expert[j], r, I, g, u);
         for (int p = slot_begin[j]; p < slot_begin[j + 1]; ++p) act[static_cast<int64_t>(sorted[p]) * I + r] = value;
       }
     }
@@ -504,7 +505,8 @@ __global__ void __launch_bounds__(kThreads, 2)
     const int64_t end = items * (me + 1) / total_warps;
     if constexpr (ring_words(NORM_VEC) > 0) {
       gate_up_ring(a.gate_up, hidden, a.act, items * me / total_warps, end, I, H, slot_expert, slot_begin, sorted,
-                   reinterpret_cast<uint4*>(words + layout.ring) + warp * kRingStages * kRingStageChunks);
+                   reinterpret_cast<uint4*>(words + layout.ring) + warp * kRingStages * kRingStageChunks,
+                   a.experts);
     } else {
     for (int64_t item = items * me / total_warps; item < end; ++item) {
       const int j = static_cast<int>(item / I),
@@ -514,7 +516,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       warp_rows_dot<2, kGateUpSlabs, kGateUpPairs>(
           a.gate_up + (e * 2 * I + r) * H, static_cast<int64_t>(I) * H, 2, H, hidden, H, K,
           sorted + first, slot_begin[j + 1] - first, [&](int pair, const float(&v)[2]) {
-            a.act[static_cast<int64_t>(pair) * I + r] = v[0] / (1.0f + expf(-v[0])) * v[1];
+            a.act[static_cast<int64_t>(pair) * I + r] = a.experts.activate(e, r, I, v[0], v[1]);
           });
     }
     }
@@ -534,13 +536,14 @@ __global__ void __launch_bounds__(kThreads, 2)
         const DownItem d = down_item(it, pass, rows_here);
         const int first = slot_begin[d.slot];
         const int row_in_pass = d.h - pass, rows = d.rows;
+        const int64_t e = slot_expert[d.slot];
         warp_rows_dot<kDownRows, kDownSlabs, kOneToken ? 1 : kDownPairs>(
-            a.down + (static_cast<int64_t>(slot_expert[d.slot]) * H + d.h) * I, I, rows, I, a.act,
+            a.down + (e * H + d.h) * I, I, rows, I, a.act,
             I, 1, sorted + first, slot_begin[d.slot + 1] - first,
             [&](int pair, const float(&v)[kDownRows]) {
 #pragma unroll
               for (int r = 0; r < kDownRows; ++r)
-                if (r < rows) combo[pair * rows_here + row_in_pass + r] = v[r];
+                if (r < rows) combo[pair * rows_here + row_in_pass + r] = v[r] + a.experts.down_bias_of(e, d.h + r, H);
             });
       }
       __syncthreads();
@@ -592,6 +595,14 @@ class FusedKernel final : public moe::ExpertsKernel {
   bool routes_inside() const override { return true; }
   bool captures_routes() const override { return true; }
   bool captures_weights() const override { return true; }
+  // Stacked bf16 experts with SwiGLU or gpt-oss's clamped SwiGLU, biases or not (ExpertParams);
+  // gpt-oss's interleaved and MXFP4 layouts are restacked at load (ExpertSpec::stored).
+  Status supports_experts(const moe::ExpertSpec& spec) const override {
+    if (!ExpertParams::implements(spec))
+      return Status::error(ErrorCode::kUnsupported,
+                           "MoE kernel cuda-fused reads stacked bf16 experts only (the loader restacks gpt-oss's)");
+    return Status::ok();
+  }
   // Every router option (moe_route.cuh), groups up to kMaxRouteGroups.
   Status supports(const moe::RouterSpec& spec) const override {
     if (!RouteParams::implements(spec))
@@ -715,6 +726,7 @@ class FusedKernel final : public moe::ExpertsKernel {
     launch.gate_up = w.gate_up.ptr<__nv_bfloat16>();
     launch.down = w.down.ptr<__nv_bfloat16>();
     launch.route = RouteParams::from(args.spec, hidden_, w);
+    launch.experts = ExpertParams::from(args.experts, w);
     launch.intermediate = static_cast<int>(intermediate_);
     launch.route_row_stride = row_stride;
     launch.logits = logits_;

@@ -201,6 +201,7 @@ struct GroupedGemm {
   const int32_t* tile_count = nullptr;   // [1]
   __nv_bfloat16* act = nullptr;          // gate_up output [padded rows, I]
   float* y = nullptr;                    // down output [T*K, H], row = pair
+  ExpertParams experts;                  // activation and biases
 };
 
 // grid (N tiles, M-tile bound). One (expert, M tile, N tile) per CTA; cp.async multi-stage
@@ -345,7 +346,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
           const float g0 = acc[mf][j][half * 2], g1 = acc[mf][j][half * 2 + 1];
           const float u0 = acc[mf][j + kHalfFrags][half * 2],
                       u1 = acc[mf][j + kHalfFrags][half * 2 + 1];
-          const float h0 = g0 / (1.0f + expf(-g0)) * u0, h1 = g1 / (1.0f + expf(-g1)) * u1;
+          const float h0 = g.experts.activate(expert, col, g.n_dim, g0, u0),
+                      h1 = g.experts.activate(expert, col + 1, g.n_dim, g1, u1);
           *reinterpret_cast<__nv_bfloat162*>(out_row + col) = __floats2bfloat162_rn(h0, h1);
         }
       } else {
@@ -355,7 +357,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
           const int col = n0 + warp_n * Cfg::kWarpN + j * 8 + (lane & 3) * 2;
           if (col >= g.n_dim) continue;
           *reinterpret_cast<float2*>(out_row + col) =
-              make_float2(acc[mf][j][half * 2], acc[mf][j][half * 2 + 1]);
+              make_float2(acc[mf][j][half * 2] + g.experts.down_bias_of(expert, col, g.n_dim),
+                          acc[mf][j][half * 2 + 1] + g.experts.down_bias_of(expert, col + 1, g.n_dim));
         }
       }
     }
@@ -410,6 +413,14 @@ class ModularKernel final : public moe::ExpertsKernel {
   bool routes_inside() const override { return false; }
   bool captures_routes() const override { return true; }
   bool captures_weights() const override { return true; }
+  // Stacked bf16 experts with SwiGLU or gpt-oss's clamped SwiGLU, biases or not (ExpertParams);
+  // gpt-oss's interleaved and MXFP4 layouts are restacked at load (ExpertSpec::stored).
+  Status supports_experts(const moe::ExpertSpec& spec) const override {
+    if (!ExpertParams::implements(spec))
+      return Status::error(ErrorCode::kUnsupported,
+                           "MoE kernel cuda-modular reads stacked bf16 experts only (the loader restacks gpt-oss's)");
+    return Status::ok();
+  }
   // Every router option (moe_route.cuh), groups up to kMaxRouteGroups.
   Status supports(const moe::RouterSpec& spec) const override {
     if (!RouteParams::implements(spec))
@@ -511,11 +522,11 @@ class ModularKernel final : public moe::ExpertsKernel {
     // Align + Forward, with the tile picked by the mean rows per expert (T and shapes only,
     // never the device-side counts).
     if (pairs <= 24 * experts_)
-      forward_experts<SmallTile>(w, pairs, stream);
+      forward_experts<SmallTile>(w, ExpertParams::from(args.experts, w), pairs, stream);
     else if (pairs <= 96 * experts_)
-      forward_experts<MediumTile>(w, pairs, stream);
+      forward_experts<MediumTile>(w, ExpertParams::from(args.experts, w), pairs, stream);
     else
-      forward_experts<LargeTile>(w, pairs, stream);
+      forward_experts<LargeTile>(w, ExpertParams::from(args.experts, w), pairs, stream);
 
     // Combine.
     const dim3 combine_grid(static_cast<unsigned>(ceil_div(hidden_ / 4, kCombineThreads)),
@@ -528,7 +539,8 @@ class ModularKernel final : public moe::ExpertsKernel {
 
  private:
   template <class Cfg>
-  void forward_experts(const moe::MoeLayerWeights& w, int64_t pairs, cudaStream_t stream) {
+  void forward_experts(const moe::MoeLayerWeights& w, const ExpertParams& experts, int64_t pairs,
+                       cudaStream_t stream) {
     align_kernel<<<static_cast<unsigned>(experts_), kAlignThreads, 0, stream>>>(
         ids_, static_cast<int>(pairs), static_cast<int>(experts_), Cfg::kM, perm_, tile_expert_,
         tile_count_);
@@ -540,6 +552,7 @@ class ModularKernel final : public moe::ExpertsKernel {
     gemm.perm = perm_;
     gemm.tile_expert = tile_expert_;
     gemm.tile_count = tile_count_;
+    gemm.experts = experts;
 
     gemm.a = x_bf16_;
     gemm.w = w.gate_up.ptr<__nv_bfloat16>();

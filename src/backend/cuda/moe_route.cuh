@@ -17,6 +17,46 @@ constexpr int kMaxRouteExperts = 1024;
 constexpr int kMaxRouteTopK = 32;
 constexpr int kMaxRouteGroups = 32;  // group-limited top-k: one bit per group
 
+// How an expert's gate/up become its activation, and the biases (ExpertSpec; experts kStacked:
+// gpt-oss's are restacked at load). The CPU's arithmetic (backend/cpu/moe_experts.cpp): biases
+// added to the projections in f32, then SwiGLU or gpt-oss's clamped SwiGLU.
+struct ExpertParams {
+  const __nv_bfloat16* gate_up_bias = nullptr;  // [E, 2I]: gate then up, or nullptr
+  const __nv_bfloat16* down_bias = nullptr;     // [E, H] or nullptr
+  bool clamped = false;
+  float alpha = 1.702f, limit = 7.0f;
+  static ExpertParams from(const moe::ExpertSpec& spec, const moe::MoeLayerWeights& w) {
+    ExpertParams p;
+    if (spec.has_biases) {
+      p.gate_up_bias = w.gate_up_bias.ptr<__nv_bfloat16>();
+      p.down_bias = w.down_bias.ptr<__nv_bfloat16>();
+    }
+    p.clamped = spec.activation == moe::ExpertActivation::kClampedSwiGlu;
+    p.alpha = spec.alpha;
+    p.limit = spec.limit;
+    return p;
+  }
+  // What the CUDA kernels compute: stacked bf16 experts, either activation, biases or not.
+  static bool implements(const moe::ExpertSpec& spec) { return spec.format == moe::ExpertFormat::kStacked; }
+  // Expert e's activation of column r from its gate and up dot products.
+  __device__ __forceinline__ float activate(int64_t e, int r, int I, float gate, float up) const {
+    if (gate_up_bias) {
+      gate += __bfloat162float(gate_up_bias[e * 2 * I + r]);
+      up += __bfloat162float(gate_up_bias[e * 2 * I + I + r]);
+    }
+    if (clamped) {
+      gate = fminf(gate, limit);
+      up = fminf(fmaxf(up, -limit), limit);
+      return (up + 1.0f) * (gate / (1.0f + expf(-gate * alpha)));
+    }
+    return gate / (1.0f + expf(-gate)) * up;
+  }
+  // Expert e's down-projection bias of hidden row h (0 without biases).
+  __device__ __forceinline__ float down_bias_of(int64_t e, int h, int H) const {
+    return down_bias ? __bfloat162float(down_bias[e * H + h]) : 0.0f;
+  }
+};
+
 struct RouteParams {
   int num_experts = 0;
   int top_k = 0;
