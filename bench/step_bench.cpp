@@ -5,7 +5,7 @@
 // experts the captured routes actually chose, lm_head rows, KV of the context) / --bandwidth-gbs;
 // prefill = its FLOPs / --matmul-tflops (both measured in the same run by scripts/gpu-check.sh).
 //   step_bench --device cuda --random-weights CONFIG.json [--batches 1,8,64] [--context 1024]
-//              [--steps 64] [--prefill 8192] [--kernel auto] [--bandwidth-gbs B] [--matmul-tflops F]
+//              [--steps 64] [--prefill 8192] [--kernel auto] [--batch-invariant] [--bandwidth-gbs B] [--matmul-tflops F]
 //              [--json-out FILE]
 #include <algorithm>
 #include <chrono>
@@ -35,6 +35,7 @@ struct Args {
   int context = 1024, steps = 64, prefill = 8192, ab_pairs = 32;
   double bandwidth_gbs = 0, matmul_tflops = 0;
   bool no_graphs = false;
+  bool batch_invariant = false;  // BackendOptions::batch_invariant (cuda-modular only)
 };
 
 std::vector<int> parse_list(const std::string& text) {
@@ -126,18 +127,19 @@ int main(int argc, char** argv) {
     else if (flag == "--matmul-tflops") a.matmul_tflops = std::stod(next());
     else if (flag == "--json-out") a.json_out = next();
     else if (flag == "--no-graphs") a.no_graphs = true;
+    else if (flag == "--batch-invariant") a.batch_invariant = true;
     else die("unknown flag " + flag);
   }
   auto device = sy::backend::parse_device(a.device);
   if (!device) die(device.message());
-  auto made = sy::backend::make_backend({*device, 0, 0});
+  auto made = sy::backend::make_backend({*device, 0, 0, a.batch_invariant});
   if (!made) die(made.message());
   bench.backend = std::move(made).value();
   bench.backend->register_kernels(bench.registry);
   auto large = bench.registry.select(a.kernel, {*device, true, true});
   if (!large) die(large.message());
   sy::model::KernelChoice kernels{*large, nullptr, 0};
-  if (a.kernel == "auto" && !bench.backend->small_batch_kernel().empty()) {
+  if (a.kernel == "auto" && !bench.backend->small_batch_kernel().empty() && !a.batch_invariant) {
     auto small = bench.registry.select(bench.backend->small_batch_kernel(), {*device, true, true});
     if (small) kernels = {*large, *small, bench.backend->small_batch_max_tokens()};
   }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU machine's whole visit, run as it is from the repo root there, after scripts/gpu-pack.sh
 # here (carry gpu-carry/). Stages (default: all but profile): ceilings ops golden engine bench8
-# bench48 crossover serve-e2e serve; chat-goldens (transformers' template renders); stamps (cuda-fused phase timer, STAMP_VARIANTS); ab (knob A/B, AB_VARIANTS); family-goldens (GOLDEN_FAMILIES; then the golden tests on them); long-goldens (tools/gpu/long_goldens.py, then LongGolden on them; long_goldens.tgz); moe-stalls (ncu stall reasons of cuda-fused); attn-detail (ncu full + SASS stalls of decode attention); profile (ncu per-kernel times of one decode and one prefill step;
+# bench48 crossover serve-e2e serve-invariant (--batch-invariant tests and bench) serve; chat-goldens (transformers' template renders); stamps (cuda-fused phase timer, STAMP_VARIANTS); ab (knob A/B, AB_VARIANTS); family-goldens (GOLDEN_FAMILIES; then the golden tests on them); long-goldens (tools/gpu/long_goldens.py, then LongGolden on them; long_goldens.tgz); moe-stalls (ncu stall reasons of cuda-fused); attn-detail (ncu full + SASS stalls of decode attention); profile (ncu per-kernel times of one decode and one prefill step;
 # PROFILE_STEPS=decode for one), moe-detail (ncu's full sections on one cuda-fused launch).
 # Everything it prints also goes to $OUT/gpu-check.log; JSON results land in $OUT.
 #   scripts/gpu-check.sh [stage ...]
@@ -181,6 +181,26 @@ if want serve-e2e; then
   mkdir -p "$root/build-gpu"  # the tests' SY_BINARY_DIR: their tiny models are made there
   SWITCHYARD_TOKENIZER_DIR="$carry/qwen3-30b-a3b" SWITCHYARD_BIN="$carry/switchyard" SY_SERVE_ARGS="--device cuda" run serve-e2e timeout 400 "$carry/test_server" \
     --gtest_filter='ServeE2E.*:-*Load*:*ConcurrentRequestsEqualAlone*:*EqualsGenerate*:*PreemptionKeepsRoutesExact*:*OpenAiNodeClient*' --gtest_brief=1
+fi
+if want serve-invariant; then
+  # --batch-invariant: the server tests that compare a request batched against alone (routes and
+  # tokens equal) on CUDA; then the same two without the flag, for information (they may fail).
+  section "serve end-to-end on --device cuda --batch-invariant"
+  mkdir -p "$root/build-gpu"
+  SWITCHYARD_TOKENIZER_DIR="$carry/qwen3-30b-a3b" SWITCHYARD_BIN="$carry/switchyard" SY_SERVE_ARGS="--device cuda --batch-invariant" \
+    run serve-invariant timeout 300 "$carry/test_server" \
+    --gtest_filter='ServeE2E.ConcurrentRequestsEqualAlone:ServeE2E.PreemptionKeepsRoutesExact' --gtest_brief=1
+  echo "--- the same without --batch-invariant (information only)"
+  SWITCHYARD_TOKENIZER_DIR="$carry/qwen3-30b-a3b" SWITCHYARD_BIN="$carry/switchyard" SY_SERVE_ARGS="--device cuda" \
+    timeout 300 "$carry/test_server" \
+    --gtest_filter='ServeE2E.ConcurrentRequestsEqualAlone:ServeE2E.PreemptionKeepsRoutesExact' --gtest_brief=1
+  section "step bench: batch-invariant vs default, 48 layers"
+  for flag in "" --batch-invariant; do
+    echo "--- ${flag:-default}"
+    run "bench-invariant${flag}" timeout 300 "$carry/step_bench" --device cuda --random-weights "$carry/qwen3-30b-a3b/config.json" \
+      --batches 1,64 --context 1024 --steps 16 --ab-pairs 0 --prefill 4096 --bandwidth-gbs "$bandwidth" \
+      --matmul-tflops "$tflops" $flag --json-out "$OUT/step_bench_48l${flag:+_invariant}.json" 2>&1 | grep -E "decode|prefill"
+  done
 fi
 if want serve; then
   section "serve --device cuda + switchyard bench (1024 in / 128 out x 1000, rate inf)"

@@ -19,7 +19,7 @@ Result<Device> parse_device(const std::string& text) {
 Result<std::unique_ptr<Backend>> make_backend(const BackendOptions& options) {
   if (options.device == Device::kCpu) return make_cpu_backend({options.num_threads});
 #ifdef SWITCHYARD_HAVE_CUDA
-  return make_cuda_backend({options.device_index});
+  return make_cuda_backend({options.device_index, options.batch_invariant});
 #else
   return Status::error(ErrorCode::kUnsupported,
                        "--device cuda: this build has no CUDA backend (build with nvcc present, "

@@ -149,6 +149,8 @@ class Backend {
   // tokens (crossover measured per backend); empty: none.
   virtual std::string small_batch_kernel() const { return ""; }
   virtual int64_t small_batch_max_tokens() const { return 0; }
+  // Whether a row's results (logits, routes) never depend on the step's other rows.
+  virtual bool batch_invariant() const { return false; }
   // The device queue the backend's work goes to (a cudaStream_t on CUDA), for a communicator
   // whose collectives must be ordered with that work; nullptr on the CPU.
   virtual void* native_stream() const { return nullptr; }
@@ -364,6 +366,9 @@ struct BackendOptions {
   Device device = Device::kCpu;
   int num_threads = 0;  // CPU threads (0 = all cores)
   int device_index = 0;
+  // --batch-invariant: every row's result independent of the step's other rows (the CPU always
+  // is; CUDA then runs one GEMM and one attention tiling for every step size, no split-K).
+  bool batch_invariant = false;
 };
 // The backend for `options.device`; CUDA fails with a clear message when this build has none.
 Result<std::unique_ptr<Backend>> make_backend(const BackendOptions& options);

@@ -79,7 +79,7 @@ struct Options {
   std::optional<int> top_k;
   std::optional<uint64_t> seed;
   DeviceOptions device;
-  bool json = false, ignore_eos = false;
+  bool json = false, ignore_eos = false, batch_invariant = false;
   int threads = 0;
 };
 
@@ -96,6 +96,7 @@ int run(Options o) {
   if (Status applied = apply_device_options(o.device, config); !applied) return fail(applied.message());
   o.model = config.model_dir;
   config.moe_kernel = o.moe_kernel;
+  config.batch_invariant = o.batch_invariant;
   config.capture_routes = !o.routes_out.empty();
   config.require_replay = !o.routes_in.empty();
   config.show_progress = true;
@@ -212,6 +213,8 @@ void add_generate_command(CLI::App& app, int& exit_code, const dist::MpiWorld& w
   command->add_option("--routes-in", o->routes_in, "Replay routed experts from .npy (n, layers, top_k)");
   command->add_option("--moe-kernel", o->moe_kernel, "auto | cpu-modular | cpu-fused");
   command->add_option("--threads", o->threads, "CPU threads (0 = all cores)");
+  command->add_flag("--batch-invariant", o->batch_invariant,
+                    "results independent of the step's other rows (CUDA: one GEMM/attention tiling)");
   command->add_flag("--json", o->json, "Print one JSON object: token ids, text, finish reason");
   command->callback([o, &exit_code] { exit_code = run(*o); });
 }

@@ -177,6 +177,9 @@ void add_serve_command(CLI::App& app, int& exit_code, const dist::MpiWorld& worl
       ->capture_default_str();
   command->add_option("--moe-kernel", e.moe_kernel, "MoE kernel: auto or a name")
       ->capture_default_str();
+  command->add_flag("--batch-invariant", e.batch_invariant,
+                    "a request's tokens and routes do not depend on the rest of the step (CUDA: one GEMM and "
+                    "attention tiling for every step size, cuda-modular only; the CPU always is)");
   command->add_option("--max-num-seqs", e.max_num_seqs, "sequences per step")
       ->capture_default_str();
   command

@@ -45,7 +45,8 @@ class EngineImpl final : public Engine {
   Status init(const EngineConfig& config, bool follower = false) {
     config_ = config;
     follower_ = follower;
-    SY_ASSIGN(backend_, backend::make_backend({config.device, config.num_threads, config.world.local_rank}));
+    SY_ASSIGN(backend_, backend::make_backend(
+                            {config.device, config.num_threads, config.world.local_rank, config.batch_invariant}));
     SY_TRY(join_group());
     backend_->register_kernels(registry_);
     if (config.register_extra_kernels) config.register_extra_kernels(registry_);
@@ -65,11 +66,16 @@ class EngineImpl final : public Engine {
           "route capture needs a kernel that can also replay routes (a sequence recomputed after "
           "preemption replays its logged routes): ");
     if (!kernel) return kernel.status();
+    if (config.batch_invariant && !(*kernel)->batch_invariant())
+      return Status::errorf("--batch-invariant: MoE kernel {} is not batch-invariant (its work split follows the "
+                            "step's size); use auto or a modular kernel",
+                            (*kernel)->name());
     kernel_ = *kernel;
     model::KernelChoice kernels{kernel_, nullptr, 0};
     // auto: the backend's small-batch (monolithic) kernel for steps up to its crossover, if it
     // has every capability the large one was chosen for.
-    if (config.moe_kernel == "auto" && !backend_->small_batch_kernel().empty()) {
+    // (Not under --batch-invariant: a request's rows must not change kernels with the step's size.)
+    if (config.moe_kernel == "auto" && !backend_->small_batch_kernel().empty() && !config.batch_invariant) {
       moe::KernelNeeds small_needs{backend_->device(), config.capture_routes, kernel_->replays_routes()};
       auto small = registry_.select(backend_->small_batch_kernel(), small_needs);
       if (small) kernels = {kernel_, *small, backend_->small_batch_max_tokens()};
@@ -92,6 +98,16 @@ class EngineImpl final : public Engine {
     full_model_ = std::move(loaded.full);
     model_ = std::move(loaded.model);
     const model::ModelConfig& c = model_->config();
+    if (config.batch_invariant && backend_->device() == Device::kCuda)
+      for (auto [what, width] : {std::pair{"hidden_size", c.hidden_size},
+                                 std::pair{"num_attention_heads * head_dim", c.num_attention_heads * c.head_dim},
+                                 std::pair{"num_key_value_heads * head_dim", c.num_key_value_heads * c.head_dim},
+                                 std::pair{"intermediate_size", c.intermediate_size},
+                                 std::pair{"moe_intermediate_size", c.moe_intermediate_size},
+                                 std::pair{"vocab_size", c.vocab_size}})
+        if (width % 8 != 0)
+          return Status::errorf("--batch-invariant on CUDA needs matrix widths that are multiples of 8; {} is {}",
+                                what, width);
     config_at_start_ = c;  // shapes never change (weight updates must keep them)
     max_model_len_ = config.max_model_len > 0 ? config.max_model_len : c.max_position_embeddings;
     row_ints_ = c.num_hidden_layers * c.experts_per_token;

@@ -136,6 +136,9 @@ struct EngineConfig {
   std::string random_weights_config;
   uint64_t random_weights_seed = 0;
   bool cuda_graphs = true;             // record decode steps as graphs where the backend can
+  // --batch-invariant: a request's tokens and routes never depend on what else is in the step
+  // (the CPU always; CUDA runs one GEMM and attention tiling for every step and cuda-modular only).
+  bool batch_invariant = false;
   std::string moe_kernel = "auto";
   bool capture_routes = false;        // serve --enable-return-routed-experts / generate --routes-out
   int max_num_seqs = 256;             // sequences per step

@@ -99,6 +99,8 @@ class ExpertsKernel {
   virtual bool captures_routes() const = 0;  // writes RouteBuffers::sink
   virtual bool replays_routes() const = 0;   // honours RouteBuffers::source
   virtual bool captures_weights() const { return false; }  // writes RouteBuffers::weights
+  // A row's outputs never depend on the step's other rows (--batch-invariant uses only these).
+  virtual bool batch_invariant() const { return true; }
   // Honours MoeLayerWeights::local_experts (expert parallel); others refuse such weights.
   virtual bool computes_expert_subset() const { return false; }
   // Whether this kernel runs `spec`; checked at start-up before reserve. Kernels written for

@@ -241,5 +241,7 @@ void run_attention_ops(Harness& h);
 void run_sampling_ops(Harness& h);
 void run_moe_ops(Harness& h);
 void run_graph_ops(Harness& h);
+// `invariant`: a second device backend made with BackendOptions::batch_invariant (reserved).
+void run_invariance_ops(Harness& h, Backend& invariant);
 
 }  // namespace sy::harness

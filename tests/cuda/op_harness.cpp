@@ -86,9 +86,10 @@ int main(int argc, char** argv) {
   }
 
   std::unique_ptr<sy::backend::Backend> cpu = sy::backend::make_cpu_backend({options.threads});
-  std::unique_ptr<sy::backend::Backend> device;
+  std::unique_ptr<sy::backend::Backend> device, invariant;
   if (options.reference_as_device) {
     device = sy::backend::make_cpu_backend({options.threads});
+    invariant = sy::backend::make_cpu_backend({options.threads});  // the CPU always is
   } else {
 #ifdef SY_HARNESS_NO_CUDA
     return setup_failure("backend.create", "built without the CUDA backend (use --reference-as-device)", options.seed);
@@ -96,6 +97,9 @@ int main(int argc, char** argv) {
     auto made = sy::backend::make_cuda_backend({0});
     if (!made) return setup_failure("backend.create", "cuda: " + made.message(), options.seed);
     device = std::move(made).value();
+    auto made_invariant = sy::backend::make_cuda_backend({0, true});
+    if (!made_invariant) return setup_failure("backend.create", "cuda: " + made_invariant.message(), options.seed);
+    invariant = std::move(made_invariant).value();
 #endif
   }
 
@@ -110,7 +114,7 @@ int main(int argc, char** argv) {
   limits.num_heads = 32;
   limits.head_dim = 256;
   limits.max_feature_dim = 4096;  // widest matmul input
-  for (sy::backend::Backend* b : {cpu.get(), device.get()}) {
+  for (sy::backend::Backend* b : {cpu.get(), device.get(), invariant.get()}) {
     sy::Status reserved = b->reserve(limits);
     if (!reserved) return setup_failure("backend.reserve", b->name() + ": " + reserved.message(), options.seed);
   }
@@ -133,5 +137,6 @@ int main(int argc, char** argv) {
   sy::harness::run_sampling_ops(h);
   sy::harness::run_moe_ops(h);
   sy::harness::run_graph_ops(h);
+  sy::harness::run_invariance_ops(h, *invariant);
   return h.finish();
 }

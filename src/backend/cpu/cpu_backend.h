@@ -18,6 +18,7 @@ class CpuBackend final : public Backend {
   Device device() const override { return Device::kCpu; }
   ThreadPool& pool() { return pool_; }
   bool supports(BackendFeature) const override { return true; }
+  bool batch_invariant() const override { return true; }  // fixed per-row reduction orders
 
   Tensor alloc(DType dtype, std::initializer_list<int64_t> shape) override;
   void free_buffer(Tensor& tensor) override;

@@ -448,7 +448,10 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const __grid_consta
   // Sliding window: no row of the block sees keys before key_lo (row 0 has the block's lowest
   // position; a decode block has one token). Decode splits cut [key_lo, context).
   const int window = p.sliding_window;
-  const int key_lo = window > 0 ? max(0, s_pos[0] - window + 1) : 0;
+  int key_lo = window > 0 ? max(0, s_pos[0] - window + 1) : 0;
+  // Batch invariance: key tiles at multiples of kKeys whatever the block's rows (the tiles
+  // before a row's window are fully masked for it, and such a tile changes nothing).
+  if (p.batch_invariant) key_lo = key_lo / kKeys * kKeys;
   const int span = context - key_lo;
   KeyRange range{key_lo, context};
   if (decode) {
@@ -1117,7 +1120,7 @@ bool launch_attention_impl(const AttentionParams& params, const QkvPrepParams* p
   args.group = params.heads / params.kv_heads;
   const int tokens = static_cast<int>(params.tokens);
 
-  if (params.max_query_len > 1) {
+  if (params.max_query_len > 1 || params.batch_invariant) {
     if (prep) return false;
     // Prefill: tiles <= seqs + windows, and seqs <= tokens - max_query_len + 1.
     args.decode = false;

@@ -68,6 +68,10 @@ struct AttentionParams {
   // [heads] f32 or nullptr: attention sinks (gpt-oss), a logit per head that joins each query's
   // softmax denominator in natural units (not scaled by `scale`).
   const float* sinks = nullptr;
+  // --batch-invariant: every step runs the prefill tiling (a row's keys in one warp, in key tiles
+  // at fixed multiples of the tile size, no decode splits), so a row's output never depends on
+  // the step's other tokens.
+  bool batch_invariant = false;
   float* out = nullptr;  // [tokens, heads * head_dim] f32
   // Host-side facts about the step: 1 = every sequence has one query token (decode kernel).
   int64_t max_query_len = 1;

@@ -37,7 +37,7 @@ bool skip_op(const char* op) {
 
 class CudaBackend final : public Backend {
  public:
-  explicit CudaBackend(int device) : sampler_(context_) {
+  CudaBackend(int device, bool batch_invariant) : invariant_(batch_invariant), sampler_(context_) {
     context_.device = device;
     SY_CUDA_CHECK(cudaSetDevice(device));
     SY_CUDA_CHECK(cudaStreamCreateWithFlags(&context_.stream, cudaStreamNonBlocking));
@@ -58,6 +58,7 @@ class CudaBackend final : public Backend {
     clear_graphs();
     cudaStreamSynchronize(context_.stream);
     if (matmul_scratch_) cudaFree(matmul_scratch_);
+    if (dense_plan_) cudaFree(dense_plan_);
     if (attention_scratch_) cudaFree(attention_scratch_);
     if (attention_arrivals_) cudaFree(attention_arrivals_);
     cudaFree(context_.cublas_workspace);
@@ -77,12 +78,18 @@ class CudaBackend final : public Backend {
   std::string small_batch_kernel() const override { return "cuda-fused"; }
   void* native_stream() const override { return context_.stream; }
   int64_t small_batch_max_tokens() const override { return kFusedMaxTokens; }
+  bool batch_invariant() const override { return invariant_; }
 
   Status reserve(const StepLimits& limits) override {
     limits_ = limits;
     matmul_scratch_elems_ = limits.max_tokens * std::max<int64_t>(limits.max_feature_dim, 1);
     if (cudaMalloc(&matmul_scratch_, static_cast<size_t>(matmul_scratch_elems_) * 2) != cudaSuccess)
       return Status::error(ErrorCode::kResourceExhausted, "cuda: out of memory for the matmul scratch");
+    if (invariant_) {
+      const size_t ints = dense_gemm_plan_ints(limits.max_tokens);
+      if (cudaMalloc(&dense_plan_, ints * sizeof(int32_t)) != cudaSuccess)
+        return Status::error(ErrorCode::kResourceExhausted, "cuda: out of memory for the dense GEMM plan");
+    }
     attention_scratch_bytes_ = attention_scratch_bytes(std::min(limits.max_tokens, limits.max_seqs),
                                                        static_cast<int>(limits.num_heads),
                                                        static_cast<int>(limits.head_dim));
@@ -279,7 +286,16 @@ class CudaBackend final : public Backend {
     const int64_t in = weight.dim(1), out_features = weight.dim(0), rows = x.numel() / in;
     if (rows == 0) return;
     if (skip_matmul_ && rows <= kGemvMaxRows && out_features < 65536) return;
-    if (rows <= kGemvMaxRows) {
+    if (invariant_) {
+      // One GEMM (fixed k order, no split-K) for every row count: a row's result is the same in
+      // any step. Activations rounded to bf16 as the large-step path rounds them.
+      if (rows * in > matmul_scratch_elems_)
+        cuda_fail("matmul", "step larger than reserved", __FILE__, __LINE__);
+      auto* x_bf16 = static_cast<__nv_bfloat16*>(matmul_scratch_);
+      launch_f32_to_bf16(x.ptr<float>(), rows * in, x_bf16, context_.stream);
+      launch_dense_gemm(x_bf16, rows, in, weight.ptr<__nv_bfloat16>(), out_features, out.ptr<float>(),
+                        static_cast<int32_t*>(dense_plan_), context_.stream);
+    } else if (rows <= kGemvMaxRows) {
       launch_gemv(x.ptr<float>(), rows, in, weight.ptr<__nv_bfloat16>(), out_features, out.ptr<float>(),
                   context_.stream);
     } else {
@@ -303,7 +319,8 @@ class CudaBackend final : public Backend {
     // Small steps: one GEMV launch over every part (the weights' rows back to back).
     const int64_t in = parts.empty() ? 0 : parts[0].weight->dim(1);
     const int64_t rows = in > 0 ? x.numel() / in : 0;
-    bool one_launch = rows > 0 && rows <= kGemvMaxRows && parts.size() <= static_cast<size_t>(kGemvMaxParts);
+    bool one_launch = !invariant_ && rows > 0 && rows <= kGemvMaxRows &&
+                      parts.size() <= static_cast<size_t>(kGemvMaxParts);
     GemvPart gemv[kGemvMaxParts];
     for (size_t p = 0; one_launch && p < parts.size(); ++p) {
       const MatmulPart& part = parts[p];
@@ -318,7 +335,7 @@ class CudaBackend final : public Backend {
     // One row (batch-1 decode), bias-free bf16 parts over a width the fused GEMV takes, pointers
     // aligned as launch_rms_norm's vector path needs (the unfused path it must equal).
     const int64_t in = weight.numel();
-    if (no_norm_fusion_) return false;  // SY_NO_NORM_FUSION=1 (experiments): the unfused ops
+    if (no_norm_fusion_ || invariant_) return false;  // SY_NO_NORM_FUSION=1 (experiments): the unfused ops
     if (x.numel() != in || !norm_gemv_supported(in) || parts.empty() ||
         parts.size() > static_cast<size_t>(kGemvMaxParts))
       return false;
@@ -404,6 +421,7 @@ class CudaBackend final : public Backend {
     p.head_dim = static_cast<int>(q.dim(2));
     p.scale = scale;
     p.sliding_window = static_cast<int>(batch.sliding_window);
+    p.batch_invariant = invariant_;
     if (batch.sinks && batch.sinks->data) {
       if (batch.sinks->dtype != DType::kF32 || batch.sinks->numel() != p.heads)
         cuda_fail("attention", "sinks must be f32 [heads] (loaded as a vector)", __FILE__, __LINE__);
@@ -436,7 +454,8 @@ class CudaBackend final : public Backend {
     if (std::max<int64_t>(batch.max_query_len, 1) != 1 || q.dim(0) == 0 || batch.sliding_window > 0 ||
         rotary_dims(rope, q.dim(2)) != q.dim(2))
       return false;
-    if (no_prep_fusion_) return false;  // SY_NO_PREP_FUSION=1 (experiments): the two-kernel path
+    // SY_NO_PREP_FUSION=1 (experiments) and batch invariance: the two-kernel path.
+    if (no_prep_fusion_ || invariant_) return false;
     if (skip_attention_) return true;
     return launch_prep_attention(prep_params(q, k, v, q_norm, k_norm, eps, batch, rope, k_cache, v_cache),
                                  attention_params(q, k_cache, v_cache, batch, scale, out), attention_scratch_,
@@ -509,6 +528,8 @@ class CudaBackend final : public Backend {
     return target;
   }
 
+  const bool invariant_;         // --batch-invariant
+  void* dense_plan_ = nullptr;  // launch_dense_gemm's row plan (batch-invariant only)
   CudaContext context_;
   CudaSampler sampler_;
   std::string device_name_;
@@ -541,7 +562,7 @@ Result<std::unique_ptr<Backend>> make_cuda_backend(const CudaBackendOptions& opt
                                      status != cudaSuccess ? cudaGetErrorString(status) : "0 devices"));
   if (options.device_index < 0 || options.device_index >= count)
     return Status::errorf("--device cuda: device index {} out of range (found {})", options.device_index, count);
-  return std::unique_ptr<Backend>(std::make_unique<cuda::CudaBackend>(options.device_index));
+  return std::unique_ptr<Backend>(std::make_unique<cuda::CudaBackend>(options.device_index, options.batch_invariant));
 }
 
 }  // namespace sy::backend

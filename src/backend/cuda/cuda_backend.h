@@ -11,6 +11,7 @@ namespace sy::backend {
 
 struct CudaBackendOptions {
   int device_index = 0;
+  bool batch_invariant = false;  // BackendOptions::batch_invariant
 };
 Result<std::unique_ptr<Backend>> make_cuda_backend(const CudaBackendOptions& options);
 

@@ -595,6 +595,7 @@ class FusedKernel final : public moe::ExpertsKernel {
   bool routes_inside() const override { return true; }
   bool captures_routes() const override { return true; }
   bool captures_weights() const override { return true; }
+  bool batch_invariant() const override { return false; }  // its work split follows the step's size
   // Stacked bf16 experts with SwiGLU or gpt-oss's clamped SwiGLU, biases or not (ExpertParams);
   // gpt-oss's interleaved and MXFP4 layouts are restacked at load (ExpertSpec::stored).
   Status supports_experts(const moe::ExpertSpec& spec) const override {

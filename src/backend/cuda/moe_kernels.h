@@ -19,4 +19,12 @@ namespace sy::backend::cuda {
 std::unique_ptr<moe::ExpertsKernel> make_cuda_modular_kernel(CudaContext& context);
 std::unique_ptr<moe::ExpertsKernel> make_cuda_fused_kernel(CudaContext& context);
 
+// out[rows, n] = x[rows, k] . w[n, k]^T (x, w bf16; out f32) with cuda-modular's grouped GEMM as
+// one expert: every row is accumulated in the same k order whatever `rows` is (no split-K, the
+// tile shapes change only M), so it serves --batch-invariant. k and n multiples of 8. `plan`
+// holds dense_gemm_plan_ints(max_rows) ints.
+size_t dense_gemm_plan_ints(int64_t max_rows);
+void launch_dense_gemm(const __nv_bfloat16* x, int64_t rows, int64_t k, const __nv_bfloat16* w, int64_t n, float* out,
+                       int32_t* plan, cudaStream_t stream);
+
 }  // namespace sy::backend::cuda

@@ -389,6 +389,46 @@ __global__ void __launch_bounds__(kCombineThreads)
   *reinterpret_cast<float4*>(out + t * hidden + h) = acc;
 }
 
+// ---- Dense GEMM (--batch-invariant) ----
+
+// The plan of one expert over `rows`: perm = identity (-1 past rows, to the last tile's end),
+// every tile on expert 0, and the tile count. Plan layout: [count | tile experts | perm].
+__global__ void dense_plan_kernel(int32_t* plan, int64_t rows, int tile_m, int64_t max_tiles) {
+  const int64_t tiles = (rows + tile_m - 1) / tile_m;
+  int32_t* tile_expert = plan + 1;
+  int32_t* perm = plan + 1 + max_tiles;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < tiles * tile_m;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    perm[i] = i < rows ? static_cast<int32_t>(i) : -1;
+    if (i < tiles) tile_expert[i] = 0;
+    if (i == 0) plan[0] = static_cast<int32_t>(tiles);
+  }
+}
+
+template <class Cfg>
+void dense_gemm(const __nv_bfloat16* x, int64_t rows, int64_t k, const __nv_bfloat16* w, int64_t n, float* out,
+                int32_t* plan, int64_t max_tiles, cudaStream_t stream) {
+  const int64_t tiles = ceil_div(rows, Cfg::kM);
+  dense_plan_kernel<<<static_cast<unsigned>(std::min<int64_t>(ceil_div(tiles * Cfg::kM, 256), 1024)), 256, 0,
+                      stream>>>(plan, rows, Cfg::kM, max_tiles);
+  SY_CUDA_LAUNCH_CHECK("dense_plan_kernel");
+  GroupedGemm gemm;
+  gemm.a = x;
+  gemm.w = w;
+  gemm.k_dim = static_cast<int>(k);
+  gemm.n_dim = static_cast<int>(n);
+  gemm.top_k = 1;
+  gemm.tile_count = plan;
+  gemm.tile_expert = plan + 1;
+  gemm.perm = plan + 1 + max_tiles;
+  gemm.y = out;
+  SY_CUDA_CHECK(cudaFuncSetAttribute(grouped_gemm_kernel<Cfg, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     static_cast<int>(Cfg::kSmemBytes)));
+  const dim3 grid(static_cast<unsigned>(ceil_div(n, Cfg::kN)), static_cast<unsigned>(tiles));
+  grouped_gemm_kernel<Cfg, false><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(gemm);
+  SY_CUDA_LAUNCH_CHECK("grouped_gemm_kernel<dense>");
+}
+
 // ---- The kernel object ----
 
 template <class Cfg>
@@ -665,6 +705,25 @@ class ModularKernel final : public moe::ExpertsKernel {
 };
 
 }  // namespace
+
+size_t dense_gemm_plan_ints(int64_t max_rows) {
+  // [count | a tile entry per shortest M tile | perm to the largest M tile's multiple]
+  const int64_t rows = std::max<int64_t>(max_rows, 1);
+  return static_cast<size_t>(1 + ceil_div(rows, SmallTile::kM) + ceil_div(rows, LargeTile::kM) * LargeTile::kM);
+}
+
+void launch_dense_gemm(const __nv_bfloat16* x, int64_t rows, int64_t k, const __nv_bfloat16* w, int64_t n, float* out,
+                       int32_t* plan, cudaStream_t stream) {
+  if (rows == 0) return;
+  if (k % 8 != 0 || n % 8 != 0 || !plan)
+    cuda_fail("dense_gemm", "k and n must be multiples of 8 (batch-invariant GEMM)", __FILE__, __LINE__);
+  // The plan was sized for max_rows with the shortest tile; any M tile fits within it.
+  const int64_t max_tiles = ceil_div(rows, SmallTile::kM);
+  // Tiles by size only for speed: every tile shape accumulates each row in the same k order.
+  if (rows <= 64) dense_gemm<SmallTile>(x, rows, k, w, n, out, plan, max_tiles, stream);
+  else if (rows <= 1024) dense_gemm<MediumTile>(x, rows, k, w, n, out, plan, max_tiles, stream);
+  else dense_gemm<LargeTile>(x, rows, k, w, n, out, plan, max_tiles, stream);
+}
 
 std::unique_ptr<moe::ExpertsKernel> make_cuda_modular_kernel(CudaContext& context) {
   return std::make_unique<ModularKernel>(context);

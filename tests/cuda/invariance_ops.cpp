@@ -1,0 +1,160 @@
+// --batch-invariant (BackendOptions::batch_invariant) on the device: a row's result does not
+// depend on the rest of the step. matmul: a row computed alone, among 8 and among 300 rows gives
+// the same bits (and matches the CPU); attention: a decode token alone and the same token in a
+// mixed step (beside a prefill chunk of another sequence) give the same bits, with and without a
+// sliding window. The same checks run on the default backend as information only (it is allowed
+// to differ; the line says whether it did).
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstring>
+#include <numeric>
+
+#include "harness.h"
+
+namespace sy::harness {
+namespace {
+
+bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// Rows [begin, begin + count) of the full product, computed as a step of `count` rows.
+std::vector<float> matmul_rows(Backend& backend, Buffers& buffers, const std::vector<float>& x, int64_t begin,
+                               int64_t count, int64_t in, const Tensor& weight, int64_t out_features) {
+  Tensor xs = buffers.f32(std::vector<float>(x.begin() + begin * in, x.begin() + (begin + count) * in), {count, in});
+  Tensor out = buffers.alloc(DType::kF32, {count, out_features});
+  buffers.poison(out);
+  backend.matmul(xs, weight, nullptr, out);
+  return to_host(backend, out);
+}
+
+void matmul_case(Harness& h, Case& c, Backend& dev, bool invariant, int64_t in, int64_t out_features) {
+  const int64_t rows = 300;
+  HostTensor w = host_random(h.cpu, DType::kBF16, {out_features, in}, c.rng.next(), 0.05f);
+  const std::vector<float> x = random_floats(c.rng, rows * in, 1.0f);
+  Buffers buffers(dev), cpu_buffers(h.cpu);
+  Tensor weight = buffers.weight(w.view), cpu_weight = cpu_buffers.weight(w.view);
+  const std::vector<float> all = matmul_rows(dev, buffers, x, 0, rows, in, weight, out_features);
+  const std::vector<float> ref = matmul_rows(h.cpu, cpu_buffers, x, 0, rows, in, cpu_weight, out_features);
+  c.check("300 rows vs cpu", compare(all, ref, out_features), 1e-2);
+  int64_t differing = 0, checked = 0;
+  for (int64_t r : {int64_t{0}, int64_t{1}, int64_t{17}, int64_t{150}, int64_t{299}}) {
+    for (int64_t count : {int64_t{1}, int64_t{8}}) {
+      const int64_t begin = std::min(r, rows - count);
+      const std::vector<float> part = matmul_rows(dev, buffers, x, begin, count, in, weight, out_features);
+      const std::vector<float> same(all.begin() + begin * out_features, all.begin() + (begin + count) * out_features);
+      ++checked;
+      if (!bitwise_equal(part, same)) {
+        ++differing;
+        if (invariant) c.fail(fmt::format("rows [{}, {}) as a step of {} differ from the same rows among {}", begin,
+                                          begin + count, count, rows));
+      }
+    }
+  }
+  c.info(fmt::format("{} of {} sub-steps differ bitwise from the full step{}", differing, checked,
+                     invariant ? "" : " (default backend: information only)"));
+}
+
+// One decode token of sequence 0 (context `context`), alone and beside a prefill chunk of
+// sequence 1, over the same cache.
+void attention_case(Harness& h, Case& c, Backend& dev, bool invariant, int64_t window) {
+  const int64_t heads = 8, kv_heads = 2, head_dim = 128, block = 16;
+  const int64_t context = 700, other_history = 130, chunk = 77;
+  const int64_t blocks0 = (context + block - 1) / block, blocks1 = (other_history + chunk + block - 1) / block;
+  const int64_t stride = std::max(blocks0, blocks1), num_blocks = blocks0 + blocks1;
+  std::vector<int32_t> tables(static_cast<size_t>(2 * stride), 0);
+  std::vector<int32_t> pool(static_cast<size_t>(num_blocks));
+  std::iota(pool.begin(), pool.end(), 0);
+  c.rng.shuffle(pool);
+  for (int64_t b = 0; b < blocks0; ++b) tables[static_cast<size_t>(b)] = pool[static_cast<size_t>(b)];
+  for (int64_t b = 0; b < blocks1; ++b) tables[static_cast<size_t>(stride + b)] = pool[static_cast<size_t>(blocks0 + b)];
+  auto slot = [&](int64_t s, int64_t p) {
+    return tables[static_cast<size_t>(s * stride + p / block)] * static_cast<int32_t>(block) +
+           static_cast<int32_t>(p % block);
+  };
+  Buffers buffers(dev);
+  const int64_t slots = num_blocks * block, kv_row = kv_heads * head_dim;
+  Tensor k_cache = buffers.alloc(dev.kv_cache_dtype(), {slots, kv_heads, head_dim});
+  Tensor v_cache = buffers.alloc(dev.kv_cache_dtype(), {slots, kv_heads, head_dim});
+  buffers.zero(k_cache);
+  buffers.zero(v_cache);
+  Tensor table = buffers.i32(tables, {2, stride});
+  auto batch_of = [&](const std::vector<int32_t>& pos, const std::vector<int32_t>& seq, const std::vector<int32_t>& sl,
+                      int64_t max_query_len) {
+    backend::AttentionBatch b;
+    const int64_t t = static_cast<int64_t>(pos.size());
+    b.positions = buffers.i32(pos, {t});
+    b.token_seq = buffers.i32(seq, {t});
+    b.slot_mapping = buffers.i32(sl, {t});
+    b.block_tables = table;
+    b.block_size = static_cast<int>(block);
+    b.max_query_len = max_query_len;
+    b.max_context_len = *std::max_element(pos.begin(), pos.end()) + 1;
+    b.sliding_window = window;
+    return b;
+  };
+  // Every cached row (both sequences, the decode token's own and the chunk's too) written once.
+  std::vector<int32_t> pos, seq, sl;
+  for (int64_t p = 0; p < context; ++p) pos.push_back(static_cast<int32_t>(p)), seq.push_back(0), sl.push_back(slot(0, p));
+  for (int64_t p = 0; p < other_history + chunk; ++p)
+    pos.push_back(static_cast<int32_t>(p)), seq.push_back(1), sl.push_back(slot(1, p));
+  const int64_t written = static_cast<int64_t>(pos.size());
+  {
+    backend::AttentionBatch b = batch_of(pos, seq, sl, written);
+    Tensor k = buffers.f32(random_floats(c.rng, written * kv_row, 1.7f), {written, kv_heads, head_dim});
+    Tensor v = buffers.f32(random_floats(c.rng, written * kv_row, 1.7f), {written, kv_heads, head_dim});
+    dev.write_kv(k, v, k_cache, v_cache, b);
+  }
+  const std::vector<float> q_decode = random_floats(c.rng, heads * head_dim, 3.0f);
+  const std::vector<float> q_chunk = random_floats(c.rng, chunk * heads * head_dim, 3.0f);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  // Alone.
+  std::vector<float> alone;
+  {
+    backend::AttentionBatch b = batch_of({static_cast<int32_t>(context - 1)}, {0}, {slot(0, context - 1)}, 1);
+    Tensor q = buffers.f32(q_decode, {1, heads, head_dim});
+    Tensor out = buffers.alloc(DType::kF32, {1, heads * head_dim});
+    buffers.poison(out);
+    dev.attention(q, k_cache, v_cache, b, scale, out);
+    alone = to_host(dev, out);
+  }
+  // Mixed: the decode token first, then the other sequence's chunk (positions other_history..).
+  std::vector<float> mixed;
+  {
+    std::vector<int32_t> mp = {static_cast<int32_t>(context - 1)}, ms = {0}, msl = {slot(0, context - 1)};
+    for (int64_t i = 0; i < chunk; ++i)
+      mp.push_back(static_cast<int32_t>(other_history + i)), ms.push_back(1), msl.push_back(slot(1, other_history + i));
+    backend::AttentionBatch b = batch_of(mp, ms, msl, chunk);
+    std::vector<float> q_all = q_decode;
+    q_all.insert(q_all.end(), q_chunk.begin(), q_chunk.end());
+    Tensor q = buffers.f32(q_all, {1 + chunk, heads, head_dim});
+    Tensor out = buffers.alloc(DType::kF32, {1 + chunk, heads * head_dim});
+    buffers.poison(out);
+    dev.attention(q, k_cache, v_cache, b, scale, out);
+    const std::vector<float> all = to_host(dev, out);
+    mixed.assign(all.begin(), all.begin() + heads * head_dim);
+  }
+  const bool same = bitwise_equal(alone, mixed);
+  c.check("alone vs mixed (close)", compare(alone, mixed, heads * head_dim), 1e-2);
+  if (invariant && !same) c.fail("the decode token's output differs bitwise between its step alone and a mixed step");
+  c.info(fmt::format("alone vs mixed: {}{}", same ? "bitwise equal" : "differ",
+                     invariant ? "" : " (default backend: information only)"));
+}
+
+}  // namespace
+
+void run_invariance_ops(Harness& h, Backend& invariant) {
+  for (bool inv : {true, false}) {
+    Backend& dev = inv ? invariant : h.device;
+    const char* mode = inv ? "batch-invariant" : "default";
+    for (auto [in, out] : std::vector<std::pair<int64_t, int64_t>>{{256, 512}, {2048, 768}, {72, 200}})
+      h.run(fmt::format("invariance.matmul.{}", mode), fmt::format("in={} out={}", in, out),
+            [&](Case& c) { matmul_case(h, c, dev, inv, in, out); });
+    for (int64_t window : {int64_t{0}, int64_t{100}})
+      h.run(fmt::format("invariance.attention.{}", mode), fmt::format("window={}", window),
+            [&](Case& c) { attention_case(h, c, dev, inv, window); });
+  }
+}
+
+}  // namespace sy::harness
