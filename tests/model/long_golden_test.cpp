@@ -58,7 +58,7 @@ struct HfLong {
 };
 
 struct RouteTally {
-  int64_t compared = 0, as_sets = 0, excluded = 0, decode_compared = 0;
+  int64_t compared = 0, as_sets = 0, excluded = 0, decode_compared = 0, after_flips = 0, flipped = 0;
 };
 
 // Our routes [rows, layers, top_k] against transformers' top-k, rows [0, rows).
@@ -66,13 +66,17 @@ void expect_routes_match(const HfLong& hf, const int32_t* routes, int64_t layers
                          const std::string& what, RouteTally& tally) {
   const int64_t prompt_len = static_cast<int64_t>(hf.prompt.size());
   int64_t failures = 0;
+  FlipTracker flips(static_cast<size_t>(rows));  // layers in ascending order: moe_layers is
   for (size_t m = 0; m < hf.moe_layers.size(); ++m) {
     const int layer = hf.moe_layers[m];
     for (int64_t t = 0; t < rows; ++t) {
+      if (flips.skip(static_cast<size_t>(t))) continue;
       const int32_t* ours = routes + (t * layers + layer) * hf.top_k;
       const int64_t* theirs = hf.topk[m].data() + t * hf.top_k;
       const RouteRowResult row = compare_route_row(hf.router_logits[m].data() + t * hf.experts,
                                                    hf.experts, ours, theirs, hf.top_k, false);
+      flips.note(static_cast<size_t>(t), row);
+      tally.flipped += row.flipped;
       if (row.excluded) {
         ++tally.excluded;
         continue;
@@ -87,6 +91,7 @@ void expect_routes_match(const HfLong& hf, const int32_t* routes, int64_t layers
                       << route_row_text(theirs, hf.top_k) << " (k-th gap " << row.kth_gap << ")";
     }
   }
+  tally.after_flips += flips.skipped;
   EXPECT_EQ(failures, 0) << what << ": route rows that differ from transformers' top-k";
 }
 
@@ -125,6 +130,14 @@ TEST_P(LongGolden, OnePiecePrefillMatchesTransformers) {
     std::vector<float> logits;
     std::vector<int32_t> routes;
     ASSERT_TRUE(harness.run(hf.sequence, logits, routes).is_ok());
+    if (on_cuda()) {
+      // Logits from a pass replaying transformers' routes (hf_golden.h transformers_routes): a
+      // near-tie flipped by bf16 rounding would move its row's later logits. Routes: the free pass.
+      std::vector<int32_t> replayed;
+      const std::vector<int32_t> theirs = transformers_routes(
+          dir() + "/p0_", hf.moe_layers, n, harness.model->config().num_hidden_layers, hf.top_k);
+      ASSERT_TRUE(harness.run(hf.sequence, logits, replayed, &theirs).is_ok());
+    }
     ASSERT_EQ(static_cast<int64_t>(logits.size()), n * vocab);
     float worst = 0.0f;
     int64_t worst_row = -1;
@@ -151,10 +164,13 @@ TEST_P(LongGolden, OnePiecePrefillMatchesTransformers) {
                         tally);
     std::printf(
         "[ %s %s ] one piece: %lld rows, logits max |diff| %.3g over %zu rows (worst row %lld); "
-        "route rows compared %lld (as sets %lld), excluded as near-ties %lld\n",
+        "route rows compared %lld (as sets %lld), excluded as near-ties %lld (flipped %lld), after a "
+        "flipped near-tie %lld%s\n",
         GetParam(), family, static_cast<long long>(n), worst, rows.size(),
         static_cast<long long>(worst_row), static_cast<long long>(tally.compared),
-        static_cast<long long>(tally.as_sets), static_cast<long long>(tally.excluded));
+        static_cast<long long>(tally.as_sets), static_cast<long long>(tally.excluded),
+        static_cast<long long>(tally.flipped), static_cast<long long>(tally.after_flips),
+        on_cuda() ? " (logits replaying transformers' routes)" : "");
     // The script keeps >= 90% of rows' k-th gaps >= 1e-4 (the CPU's near-tie gap is 1e-5); CUDA's
     // 0.05 excludes more.
     const int64_t all_rows = static_cast<int64_t>(hf.moe_layers.size()) * n;
@@ -223,12 +239,6 @@ TEST_P(LongGolden, ChunkedPrefillAndPrefixCacheThroughTheEngineMatch) {
       ASSERT_EQ(run->tokens.size(), hf.continuation.size()) << what;
       size_t same = 0;
       while (same < hf.continuation.size() && run->tokens[same] == hf.continuation[same]) ++same;
-      if (same < hf.continuation.size()) {
-        EXPECT_LT(hf.greedy_gaps[same], greedy_tie_gap())
-            << what << ": greedy token " << same << " is " << run->tokens[same]
-            << ", transformers' " << hf.continuation[same] << " (its top-2 gap "
-            << hf.greedy_gaps[same] << " is decisive)";
-      }
       // Routes: rows whose inputs equal transformers' sequence (all, unless the tokens parted).
       ASSERT_TRUE(run->final_event.routes.has_value()) << what;
       const moe::RouteArray& routes = *run->final_event.routes;
@@ -239,12 +249,22 @@ TEST_P(LongGolden, ChunkedPrefillAndPrefixCacheThroughTheEngineMatch) {
           std::min<int64_t>(expected_rows, prompt_len + static_cast<int64_t>(same));
       RouteTally tally;
       expect_routes_match(hf, routes.ids.data(), routes.layers, rows, what, tally);
+      if (same < hf.continuation.size()) {
+        // On CUDA also after a near-tie route went the other way (bf16 rounding): that row's
+        // later layers, and through attention every later row, then follow other experts.
+        EXPECT_TRUE(hf.greedy_gaps[same] < greedy_tie_gap() || (on_cuda() && tally.flipped > 0))
+            << what << ": greedy token " << same << " is " << run->tokens[same]
+            << ", transformers' " << hf.continuation[same] << " (its top-2 gap "
+            << hf.greedy_gaps[same] << " is decisive)";
+      }
       std::printf(
           "[ %s ] greedy tokens equal to transformers' %zu of %zu; cached prompt tokens %lld; "
-          "route rows compared %lld (decode rows %lld), excluded as near-ties %lld\n",
+          "route rows compared %lld (decode rows %lld), excluded as near-ties %lld (flipped %lld), "
+          "after a flipped near-tie %lld\n",
           what.c_str(), same, hf.continuation.size(),
           static_cast<long long>(run->cached_prompt_tokens), static_cast<long long>(tally.compared),
-          static_cast<long long>(tally.decode_compared), static_cast<long long>(tally.excluded));
+          static_cast<long long>(tally.decode_compared), static_cast<long long>(tally.excluded),
+          static_cast<long long>(tally.flipped), static_cast<long long>(tally.after_flips));
       if (!on_cuda()) {
         // The script keeps every greedy gap >= 5e-3: on the CPU every token and decode row counts.
         EXPECT_EQ(same, hf.continuation.size()) << what;

@@ -626,12 +626,12 @@ class FusedKernel final : public moe::ExpertsKernel {
       return Status::errorf("cuda-fused: top_k must be in [1, min({}, num_experts = {})], got {}",
                             kMaxRouteTopK, spec.num_experts, spec.top_k);
     if (hidden <= 0 || hidden % 8 != 0 || hidden > (1 << 24))
-      return Status::errorf("cuda-fused: hidden size must be a multiple of 8 in [8, 2^24], got {}",
-                            hidden);
+      return Status::error(ErrorCode::kUnsupported, fmt::format("cuda-fused: hidden size must be a multiple of 8 in [8, 2^24], got {}",
+                                                                 hidden));
     if (intermediate <= 0 || intermediate % 8 != 0 || intermediate > (1 << 24))
-      return Status::errorf(
+      return Status::error(ErrorCode::kUnsupported, fmt::format(
           "cuda-fused: moe_intermediate_size must be a multiple of 8 in [8, 2^24], got {}",
-          intermediate);
+          intermediate));
     int cooperative = 0;
     SY_CUDA_CHECK(
         cudaDeviceGetAttribute(&cooperative, cudaDevAttrCooperativeLaunch, context_.device));

@@ -481,10 +481,10 @@ class ModularKernel final : public moe::ExpertsKernel {
       return Status::errorf("cuda-modular: top_k must be in [1, {}], got {}",
                             std::min<int64_t>(kMaxRouteTopK, experts), top_k);
     if (hidden < 8 || hidden % 8 != 0 || intermediate < 8 || intermediate % 8 != 0)
-      return Status::errorf(
+      return Status::error(ErrorCode::kUnsupported, fmt::format(
           "cuda-modular: hidden and moe_intermediate must be multiples of 8, "
           "got {} and {}",
-          hidden, intermediate);
+          hidden, intermediate));
     if (max_tokens < 1 || max_tokens > 65535)  // combine's grid.y
       return Status::errorf("cuda-modular: max_tokens must be in [1, 65535], got {}", max_tokens);
     const int64_t pairs = max_tokens * top_k;
