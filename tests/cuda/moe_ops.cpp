@@ -41,7 +41,7 @@ const char* spec_name(SpecKind k) {
     case SpecKind::kMixtral: return "softmax-after-topk";
     case SpecKind::kSigmoid: return "sigmoid+renorm*2.5";
     case SpecKind::kPlainSoftmax: return "softmax";
-    case SpecKind::kGptOss: return "logit-bias+softmax-after-topk";
+    case SpecKind::kGptOss: return "logit-bias+softmax-after-topk, expert biases+clamped SwiGLU";
     case SpecKind::kDeepSeek: return "sigmoid+selection-bias+groups4/2+renorm*2.5";
     case SpecKind::kGlm: return "sigmoid+selection-bias+renorm*1.8";
   }
@@ -95,6 +95,7 @@ struct Weights {
   HostTensor router, gate_up, down;
   std::vector<float> router_f32;  // [E, H], for the host's double-precision logits
   std::vector<float> logit_bias, selection_bias;  // [E] each, or empty
+  HostTensor gate_up_bias, down_bias;              // gpt-oss experts (kGptOss): [E, 2I], [E, H] bf16
   std::unique_ptr<Pair> pair;
   moe::MoeLayerWeights cpu, dev;
 };
@@ -274,6 +275,18 @@ struct Run {
   Status status;
 };
 
+// The experts' spec of a group: gpt-oss's (biases, the clamped SwiGLU with a limit low enough
+// that these activations reach it) where the weights carry biases, else Qwen3's.
+moe::ExpertSpec expert_spec_of(const moe::MoeLayerWeights& weights) {
+  moe::ExpertSpec spec;
+  if (weights.gate_up_bias.data) {
+    spec.has_biases = true;
+    spec.activation = moe::ExpertActivation::kClampedSwiGlu;
+    spec.limit = 0.75f;
+  }
+  return spec;
+}
+
 // One forward of `kernel` on `backend` (the CPU reference or the device) over a fresh poisoned
 // out (and sink).
 Run forward(Backend& backend, Buffers& buffers, moe::ExpertsKernel& kernel, const moe::MoeLayerWeights& weights,
@@ -288,6 +301,7 @@ Run forward(Backend& backend, Buffers& buffers, moe::ExpertsKernel& kernel, cons
   args.out = out;
   args.weights = &weights;
   args.spec = spec;
+  args.experts = expert_spec_of(weights);
   Tensor sink;
   if (capture) {
     sink = buffers.alloc(DType::kI32, {T, kLayers, K});
@@ -590,6 +604,13 @@ void run_moe_ops(Harness& h) {
         // ~ the spread of sigmoid scores near their top.
         if (spec.has_logit_bias) w.logit_bias = random_floats(rng, s.experts, 1.5f);
         if (spec.has_selection_bias) w.selection_bias = random_floats(rng, s.experts, 0.08f);
+        if (g.spec == SpecKind::kGptOss) {
+          w.gate_up_bias = host_random(h.cpu, DType::kBF16, {s.experts, 2 * s.inter}, rng.next(), 0.5f);
+          w.down_bias = host_random(h.cpu, DType::kBF16, {s.experts, s.hidden}, rng.next(), 0.5f);
+          Both gub = pair->weight(w.gate_up_bias.view), db = pair->weight(w.down_bias.view);
+          w.cpu.gate_up_bias = gub.cpu, w.dev.gate_up_bias = gub.dev;
+          w.cpu.down_bias = db.cpu, w.dev.down_bias = db.dev;
+        }
         for (auto [values, field] : {std::pair{&w.logit_bias, &moe::MoeLayerWeights::router_bias},
                                      std::pair{&w.selection_bias, &moe::MoeLayerWeights::selection_bias}}) {
           if (values->empty()) continue;
