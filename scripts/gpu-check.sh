@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU machine's whole visit, run as it is from the repo root there, after scripts/gpu-pack.sh
 # here (carry gpu-carry/). Stages (default: all but profile): ceilings ops golden engine bench8
-# bench48 crossover serve-e2e serve-invariant (--batch-invariant tests and bench) serve; chat-goldens (transformers' template renders); stamps (cuda-fused phase timer, STAMP_VARIANTS); ab (knob A/B, AB_VARIANTS); family-goldens (GOLDEN_FAMILIES; then the golden tests on them); long-goldens (tools/gpu/long_goldens.py, then LongGolden on them; long_goldens.tgz); moe-stalls (ncu stall reasons of cuda-fused); attn-detail (ncu full + SASS stalls of decode attention); profile (ncu per-kernel times of one decode and one prefill step;
+# bench48 crossover serve-e2e serve-invariant (--batch-invariant tests and bench) soak (CUDA soak, SOAK_SECONDS) serve; chat-goldens (transformers' template renders); stamps (cuda-fused phase timer, STAMP_VARIANTS); ab (knob A/B, AB_VARIANTS); family-goldens (GOLDEN_FAMILIES; then the golden tests on them); long-goldens (tools/gpu/long_goldens.py, then LongGolden on them; long_goldens.tgz); moe-stalls (ncu stall reasons of cuda-fused); attn-detail (ncu full + SASS stalls of decode attention); profile (ncu per-kernel times of one decode and one prefill step;
 # PROFILE_STEPS=decode for one), moe-detail (ncu's full sections on one cuda-fused launch).
 # Everything it prints also goes to $OUT/gpu-check.log; JSON results land in $OUT.
 #   scripts/gpu-check.sh [stage ...]
@@ -201,6 +201,13 @@ if want serve-invariant; then
       --batches 1,64 --context 1024 --steps 16 --ab-pairs 0 --prefill 4096 --bandwidth-gbs "$bandwidth" \
       --matmul-tflops "$tflops" $flag --json-out "$OUT/step_bench_48l${flag:+_invariant}.json" 2>&1 | grep -E "decode|prefill"
   done
+fi
+if want soak; then
+  # The soak (scripts/soak.sh: 64 clients, disconnects, aborts, flushes, weight updates, preemption;
+  # every finished request's routes against the same request alone) on CUDA, batch-invariant.
+  section "soak on --device cuda --batch-invariant (${SOAK_SECONDS:-150} s, 64 clients)"
+  SOAK_BIN="$carry/switchyard" SOAK_SERVE_ARGS="--device cuda --batch-invariant" \
+    run soak timeout $(( ${SOAK_SECONDS:-150} + 120 )) bash scripts/soak.sh "${SOAK_SECONDS:-150}" 64
 fi
 if want serve; then
   section "serve --device cuda + switchyard bench (1024 in / 128 out x 1000, rate inf)"

@@ -2,16 +2,19 @@
 # Soak: `switchyard serve` on the CPU with a small model (the golden Qwen3-MoE fixture), route
 # capture on and a KV cache small enough to force preemption, under scripts/soak.py's clients.
 # Usage: scripts/soak.sh [SECONDS=600] [CLIENTS=64]   (after a Release build in build/)
-# Env: SOAK_KV_TOKENS (default 2048), SOAK_SEED, SOAK_THREADS (engine threads, default 2).
+# Env: SOAK_KV_TOKENS (default 2048), SOAK_SEED, SOAK_THREADS (engine threads, default 2),
+# SOAK_BIN (the switchyard binary, default build/switchyard), SOAK_SERVE_ARGS (extra serve flags:
+# "--device cuda --batch-invariant" for the CUDA soak; routes are compared with each request run
+# alone, so CUDA needs the flag).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 seconds=${1:-600}
 clients=${2:-64}
 model="$root/tests/golden/hf_qwen3_moe/qwen3moe_dense_nonorm"
 log=$(mktemp)
-"$root/build/switchyard" serve --model "$model" --port 0 --enable-return-routed-experts --return-routed-experts-default \
+"${SOAK_BIN:-$root/build/switchyard}" serve --model "$model" --port 0 --enable-return-routed-experts --return-routed-experts-default \
   --kv-cache-tokens "${SOAK_KV_TOKENS:-2048}" --max-num-batched-tokens 256 --threads "${SOAK_THREADS:-2}" \
-  --max-model-len 512 >"$log" 2>&1 &
+  --max-model-len 512 ${SOAK_SERVE_ARGS:-} >"$log" 2>&1 &
 server=$!
 trap 'kill "$server" 2>/dev/null || true; wait "$server" 2>/dev/null || true; rm -f "$log"' EXIT
 port=""
