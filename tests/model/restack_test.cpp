@@ -37,6 +37,13 @@ TEST_P(Restack, RestackedExpertsComputeTheSameLayer) {
   auto checkpoint = Checkpoint::open(dir);
   ASSERT_TRUE(checkpoint.is_ok()) << checkpoint.message();
   std::vector<Tensor> owned;
+  struct FreeOwned {  // the restacked buffers (a Model frees its own), also on an early return
+    backend::Backend& backend;
+    std::vector<Tensor>& owned;
+    ~FreeOwned() {
+      for (Tensor& tensor : owned) backend.free_buffer(tensor);
+    }
+  } free_owned{*backend, owned};
   CheckpointSource source(*checkpoint, *backend, owned);
   moe::ExpertsKernelRegistry registry;
   backend->register_kernels(registry);
