@@ -107,12 +107,9 @@ Result<DecoderWeights> build_gpt_oss(const ModelConfig& c, WeightSource& source)
       const WeightSource::StoredExperts stored{mp + "experts.", c.experts.stored, E, H, I};
       SY_ASSIGN(moe.gate_up, source.restacked(stored, WeightSource::RestackedPart::kGateUp));
       SY_ASSIGN(moe.down, source.restacked(stored, WeightSource::RestackedPart::kDown));
-      SY_ASSIGN(moe.gate_up_bias, source.restacked(stored, WeightSource::RestackedPart::kGateUpBias));
-      SY_ASSIGN(moe.down_bias, source.get(mp + "experts.down_proj_bias", {E, H}));
-      w.layers.push_back(std::move(lw));
-      continue;
-    }
-    if (c.experts.format == moe::ExpertFormat::kMxfp4Interleaved) {
+      SY_ASSIGN(moe.gate_up_bias,
+                source.restacked(stored, WeightSource::RestackedPart::kGateUpBias));
+    } else if (c.experts.format == moe::ExpertFormat::kMxfp4Interleaved) {
       SY_ASSIGN(moe.gate_up,
                 source.packed(mp + "experts.gate_up_proj_blocks", {E, 2 * I, H / 32, 16}, false));
       SY_ASSIGN(moe.gate_up_scales,
@@ -125,7 +122,9 @@ Result<DecoderWeights> build_gpt_oss(const ModelConfig& c, WeightSource& source)
       SY_ASSIGN(moe.gate_up, source.get(mp + "experts.gate_up_proj", {E, H, 2 * I}));
       SY_ASSIGN(moe.down, source.get(mp + "experts.down_proj", {E, I, H}));
     }
-    SY_ASSIGN(moe.gate_up_bias, source.get(mp + "experts.gate_up_proj_bias", {E, 2 * I}));
+    if (c.experts.format == c.experts.stored) {  // (restacked above otherwise)
+      SY_ASSIGN(moe.gate_up_bias, source.get(mp + "experts.gate_up_proj_bias", {E, 2 * I}));
+    }
     SY_ASSIGN(moe.down_bias, source.get(mp + "experts.down_proj_bias", {E, H}));
     w.layers.push_back(std::move(lw));
   }

@@ -8,9 +8,32 @@
 #include <fmt/format.h>
 
 #include "backend/random_fill.h"
+#include "tensor/mxfp4.h"
 
 namespace sy::model {
 namespace {
+
+// Element i of a float checkpoint tensor (BF16, F16 or F32; the caller checked the dtype) in f32.
+float read_float(const TensorInfo& info, int64_t i) {
+  const uint8_t* base = info.data;
+  switch (info.dtype) {
+    case DType::kBF16: {
+      uint16_t bits;
+      std::memcpy(&bits, base + i * 2, 2);
+      return bf16_to_f32(bits);
+    }
+    case DType::kF16: {
+      uint16_t bits;
+      std::memcpy(&bits, base + i * 2, 2);
+      return f16_to_f32(bits);
+    }
+    default: {
+      float value;
+      std::memcpy(&value, base + i * 4, 4);
+      return value;
+    }
+  }
+}
 
 std::string shape_text(const std::vector<int64_t>& shape) {
   std::string text = "[";
@@ -253,25 +276,12 @@ Result<Tensor> CheckpointSource::zero_centred_norm(const std::string& name,
     return Status::errorf("tensor '{}' in {} has shape {}, expected {}", name, info->file,
                           shape_text(info->shape), shape_text(shape));
   const Tensor stored = view_of(*info);
+  if (info->dtype != DType::kBF16 && info->dtype != DType::kF16 && info->dtype != DType::kF32)
+    return Status::errorf("tensor '{}' in {} has dtype {}, expected BF16, F16 or F32", name,
+                          info->file, dtype_name(info->dtype));
   std::vector<float> shifted(static_cast<size_t>(stored.numel()));
-  for (int64_t i = 0; i < stored.numel(); ++i) {
-    float w = 0.0f;
-    switch (info->dtype) {
-      case DType::kBF16:
-        w = bf16_to_f32(stored.ptr<uint16_t>()[i]);
-        break;
-      case DType::kF16:
-        w = f16_to_f32(stored.ptr<uint16_t>()[i]);
-        break;
-      case DType::kF32:
-        w = stored.ptr<float>()[i];
-        break;
-      default:
-        return Status::errorf("tensor '{}' in {} has dtype {}, expected BF16, F16 or F32", name,
-                              info->file, dtype_name(info->dtype));
-    }
-    shifted[static_cast<size_t>(i)] = 1.0f + w;
-  }
+  for (int64_t i = 0; i < stored.numel(); ++i)
+    shifted[static_cast<size_t>(i)] = 1.0f + read_float(*info, i);
   if (place_.into) {
     SY_ASSIGN(Tensor * target, next_target(name));
     if (target->numel() != stored.numel() || target->dtype != DType::kF32)
@@ -293,69 +303,40 @@ Result<Tensor> CheckpointSource::zero_centred_norm(const std::string& name,
   return shaped;
 }
 
-namespace {
-
-// An MXFP4 (e2m1) code's value; the row's e8m0 scale multiplies it by 2^(scale - 127).
-constexpr float kE2m1Values[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
-                                   -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
-
-float read_float(const TensorInfo& info, int64_t i) {
-  const uint8_t* base = info.data;
-  switch (info.dtype) {
-    case DType::kBF16: {
-      uint16_t bits;
-      std::memcpy(&bits, base + i * 2, 2);
-      return bf16_to_f32(bits);
-    }
-    case DType::kF16: {
-      uint16_t bits;
-      std::memcpy(&bits, base + i * 2, 2);
-      return f16_to_f32(bits);
-    }
-    default: {
-      float value;
-      std::memcpy(&value, base + i * 4, 4);
-      return value;
-    }
-  }
-}
-
-}  // namespace
-
 Result<Tensor> CheckpointSource::restacked(const StoredExperts& x, RestackedPart part) {
   const int64_t E = x.experts, H = x.hidden, I = x.intermediate;
   const bool mxfp4 = x.stored == moe::ExpertFormat::kMxfp4Interleaved;
   if (x.stored == moe::ExpertFormat::kStacked)
     return Status::error("restacked: the experts are stored stacked already");
   // A stored tensor, its shape and dtype checked (U8 for MXFP4 blocks and scales).
-  auto find = [&](const std::string& name, const std::vector<int64_t>& shape, bool u8) -> Result<const TensorInfo*> {
+  auto find = [&](const std::string& name, const std::vector<int64_t>& shape,
+                  bool u8) -> Result<const TensorInfo*> {
     const TensorInfo* info = checkpoint_.find(name);
-    if (!info) return Status::errorf("missing tensor '{}' (expected shape {})", name, shape_text(shape));
+    if (!info)
+      return Status::errorf("missing tensor '{}' (expected shape {})", name, shape_text(shape));
     if (info->shape != shape)
       return Status::errorf("tensor '{}' in {} has shape {}, expected {}", name, info->file,
                             shape_text(info->shape), shape_text(shape));
-    const bool is_float = info->dtype == DType::kBF16 || info->dtype == DType::kF16 || info->dtype == DType::kF32;
+    const bool is_float =
+        info->dtype == DType::kBF16 || info->dtype == DType::kF16 || info->dtype == DType::kF32;
     if (u8 ? info->dtype != DType::kU8 : !is_float)
       return Status::errorf("tensor '{}' in {} has dtype {}, expected {}", name, info->file,
                             dtype_name(info->dtype), u8 ? "U8" : "BF16, F16 or F32");
     return info;
   };
-  // Stored rows interleave gate (2r) and up (2r + 1); restacked row r < I is gate r, r >= I up r - I.
+  // Stored rows interleave gate (2r) and up (2r + 1); restacked row r < I is gate r, r >= I up r -
+  // I.
   auto stored_row = [&](int64_t r) { return r < I ? 2 * r : 2 * (r - I) + 1; };
   // Row `row` of an MXFP4 [E * rows, in] matrix (blocks [.., in / 32, 16], scales [.., in / 32]).
-  auto dequantize_row = [&](const TensorInfo& blocks, const TensorInfo& scales, int64_t row, int64_t in,
-                            uint16_t* dst) {
+  std::vector<float> decoded;
+  auto dequantize_row = [&](const TensorInfo& blocks, const TensorInfo& scales, int64_t row,
+                            int64_t in, uint16_t* dst) {
     const int64_t groups = in / 32;
-    const uint8_t* b = blocks.data + row * groups * 16;
-    const uint8_t* sc = scales.data + row * groups;
-    for (int64_t g = 0; g < groups; ++g) {
-      const int exponent = static_cast<int>(sc[g]) - 127;
-      for (int64_t j = 0; j < 16; ++j) {
-        const uint8_t byte = b[g * 16 + j];
-        dst[g * 32 + 2 * j] = f32_to_bf16(std::ldexp(kE2m1Values[byte & 0x0f], exponent));
-        dst[g * 32 + 2 * j + 1] = f32_to_bf16(std::ldexp(kE2m1Values[byte >> 4], exponent));
-      }
-    }
+    decoded.resize(static_cast<size_t>(in));
+    mxfp4_decode_row(blocks.data + row * groups * 16, scales.data + row * groups, in,
+                     decoded.data());
+    for (int64_t i = 0; i < in; ++i)
+      dst[i] = f32_to_bf16(decoded[static_cast<size_t>(i)]);  // exact
   };
   const std::vector<int64_t> shape = x.shape(part);
   int64_t numel = 1;
@@ -368,17 +349,20 @@ Result<Tensor> CheckpointSource::restacked(const StoredExperts& x, RestackedPart
       SY_ASSIGN(const TensorInfo* bias, find(label, {E, 2 * I}, false));
       for (int64_t e = 0; e < E; ++e)
         for (int64_t r = 0; r < 2 * I; ++r)
-          out[static_cast<size_t>(e * 2 * I + r)] = f32_to_bf16(read_float(*bias, e * 2 * I + stored_row(r)));
+          out[static_cast<size_t>(e * 2 * I + r)] =
+              f32_to_bf16(read_float(*bias, e * 2 * I + stored_row(r)));
       break;
     }
     case RestackedPart::kGateUp:
       if (mxfp4) {
         label = x.prefix + "gate_up_proj_blocks";
         SY_ASSIGN(const TensorInfo* blocks, find(label, {E, 2 * I, H / 32, 16}, true));
-        SY_ASSIGN(const TensorInfo* scales, find(x.prefix + "gate_up_proj_scales", {E, 2 * I, H / 32}, true));
+        SY_ASSIGN(const TensorInfo* scales,
+                  find(x.prefix + "gate_up_proj_scales", {E, 2 * I, H / 32}, true));
         for (int64_t e = 0; e < E; ++e)
           for (int64_t r = 0; r < 2 * I; ++r)
-            dequantize_row(*blocks, *scales, e * 2 * I + stored_row(r), H, out.data() + (e * 2 * I + r) * H);
+            dequantize_row(*blocks, *scales, e * 2 * I + stored_row(r), H,
+                           out.data() + (e * 2 * I + r) * H);
       } else {
         label = x.prefix + "gate_up_proj";
         SY_ASSIGN(const TensorInfo* stored, find(label, {E, H, 2 * I}, false));  // [in, out]
@@ -393,15 +377,18 @@ Result<Tensor> CheckpointSource::restacked(const StoredExperts& x, RestackedPart
       if (mxfp4) {
         label = x.prefix + "down_proj_blocks";
         SY_ASSIGN(const TensorInfo* blocks, find(label, {E, H, I / 32, 16}, true));
-        SY_ASSIGN(const TensorInfo* scales, find(x.prefix + "down_proj_scales", {E, H, I / 32}, true));
-        for (int64_t row = 0; row < E * H; ++row) dequantize_row(*blocks, *scales, row, I, out.data() + row * I);
+        SY_ASSIGN(const TensorInfo* scales,
+                  find(x.prefix + "down_proj_scales", {E, H, I / 32}, true));
+        for (int64_t row = 0; row < E * H; ++row)
+          dequantize_row(*blocks, *scales, row, I, out.data() + row * I);
       } else {
         label = x.prefix + "down_proj";
         SY_ASSIGN(const TensorInfo* stored, find(label, {E, I, H}, false));  // [in, out]
         for (int64_t e = 0; e < E; ++e)
           for (int64_t h = 0; h < H; ++h)
             for (int64_t i = 0; i < I; ++i)
-              out[static_cast<size_t>((e * H + h) * I + i)] = f32_to_bf16(read_float(*stored, (e * I + i) * H + h));
+              out[static_cast<size_t>((e * H + h) * I + i)] =
+                  f32_to_bf16(read_float(*stored, (e * I + i) * H + h));
       }
       break;
   }
@@ -410,16 +397,18 @@ Result<Tensor> CheckpointSource::restacked(const StoredExperts& x, RestackedPart
   if (place_.into) {
     SY_ASSIGN(Tensor * target, next_target(label));
     if (target->numel() != numel)
-      return Status::errorf("tensor '{}' restacked has {} elements, the loaded model {}", label, numel,
-                            target->numel());
+      return Status::errorf("tensor '{}' restacked has {} elements, the loaded model {}", label,
+                            numel, target->numel());
     if (!place_.check_only)
-      SY_TRY(backend_.load_weight_into(host, *target).with_context(fmt::format("tensor '{}': ", label)));
+      SY_TRY(backend_.load_weight_into(host, *target)
+                 .with_context(fmt::format("tensor '{}': ", label)));
     return *target;
   }
   // A buffer of the backend's own (the CPU would otherwise keep a view of `out`).
   Tensor buffer = backend_.alloc(DType::kBF16, {numel});
   if (!buffer.data)
-    return Status::error(ErrorCode::kResourceExhausted, fmt::format("out of memory restacking '{}'", label));
+    return Status::error(ErrorCode::kResourceExhausted,
+                         fmt::format("out of memory restacking '{}'", label));
   owned_.push_back(buffer);
   backend_.upload(out.data(), buffer);
   Tensor shaped = no_data(DType::kBF16, shape);
@@ -435,7 +424,8 @@ Result<Tensor> RandomSource::restacked(const StoredExperts& x, RestackedPart par
 }
 
 Result<Tensor> TensorListSource::restacked(const StoredExperts& x, RestackedPart) {
-  return Status::errorf("{}: restacked experts are a load-time conversion, not stored tensors", x.prefix);
+  return Status::errorf("{}: restacked experts are a load-time conversion, not stored tensors",
+                        x.prefix);
 }
 
 Status CheckpointSource::finish() {

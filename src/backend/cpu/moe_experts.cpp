@@ -4,19 +4,15 @@
 // run the reference GEMM over them: MXFP4 stays packed in memory. Floor: the packed weight bytes
 // (0.53 bytes/param for MXFP4) streamed once per expert, plus the decode.
 #include <algorithm>
-#include <array>
 #include <cmath>
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/cpu_matmul.h"
+#include "tensor/mxfp4.h"
 
 namespace sy::backend::cpu {
 namespace {
-
-// e2m1 code -> value (sign in bit 3), as the OCP MX spec and transformers' FP4_VALUES.
-constexpr std::array<float, 16> kE2m1 = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
-                                         -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
 
 float read_f32(const Tensor& t, int64_t i) {
   return t.dtype == DType::kBF16 ? bf16_to_f32(t.ptr<uint16_t>()[i]) : t.ptr<float>()[i];
@@ -40,16 +36,8 @@ struct ExpertMatrix {
         return;
       case moe::ExpertFormat::kMxfp4Interleaved: {
         const int64_t groups = in / 32;
-        const uint8_t* blocks = matrix->ptr<uint8_t>() + (expert * out + o) * groups * 16;
-        const uint8_t* scale = scales->ptr<uint8_t>() + (expert * out + o) * groups;
-        for (int64_t g = 0; g < groups; ++g) {
-          const int exponent = static_cast<int>(scale[g]) - 127;  // e8m0
-          for (int64_t j = 0; j < 16; ++j) {
-            const uint8_t byte = blocks[g * 16 + j];  // low nibble first
-            dst[g * 32 + 2 * j] = std::ldexp(kE2m1[byte & 0x0f], exponent);
-            dst[g * 32 + 2 * j + 1] = std::ldexp(kE2m1[byte >> 4], exponent);
-          }
-        }
+        mxfp4_decode_row(matrix->ptr<uint8_t>() + (expert * out + o) * groups * 16,
+                         scales->ptr<uint8_t>() + (expert * out + o) * groups, in, dst);
         return;
       }
     }
