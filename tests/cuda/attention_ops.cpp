@@ -398,10 +398,10 @@ void run_attention_ops(Harness& h) {
       h.run(std::string("attention.") + kind_name(kind),
             fmt::format("heads={}/{} head_dim={} block={}", hc.heads, hc.kv_heads, hc.head_dim, block_size),
             [&](Case& c) { attention_case(h, c, hc, kind, block_size); });
-  // Sliding windows (shorter than a key tile, several tiles, past every context) and sinks, on
-  // the tensor-core kernel and on the plain one (head widths that are not multiples of 8: the
-  // golden models' 18 and 12).
-  const std::vector<AttentionOptions> options = {{37, false}, {200, true}, {0, true}, {100000, false}};
+  // Sliding windows (shorter than a key tile, several tiles, past every context; gpt-oss's window
+  // of 24 with sinks) and sinks, on the tensor-core kernel and on the plain one (head widths that
+  // are not multiples of 8: the golden models' 18 and 12).
+  const std::vector<AttentionOptions> options = {{37, false}, {200, true}, {0, true}, {100000, false}, {24, true}};
   for (const HeadConfig& hc : std::vector<HeadConfig>{{32, 4, 128}, {8, 8, 64}, {5, 1, 24}, {4, 2, 18}, {6, 3, 12}})
     for (const AttentionOptions& o : options)
       for (auto [kind, block_size] : std::vector<std::pair<Kind, int>>{

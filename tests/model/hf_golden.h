@@ -65,8 +65,8 @@ inline Device test_device() {
 inline bool on_cuda() {
   return test_device() == Device::kCuda;
 }
-inline std::string kernel_name(const char* family) {
-  return std::string(on_cuda() ? "cuda-" : "cpu-") + family;
+inline std::string kernel_name(const char* family, Device device = test_device()) {
+  return std::string(device == Device::kCuda ? "cuda-" : "cpu-") + family;
 }
 // Logits tolerance against transformers' float64 reference: the CPU computes in f32; CUDA rounds
 // GEMM activations, attention's Q and P, and the KV cache to bf16 (as transformers in bf16
@@ -101,8 +101,8 @@ struct Harness {
   std::unique_ptr<model::Decoder> decoder;
 
   explicit Harness(const std::string& dir, const std::string& family = "modular",
-                   int64_t max_tokens = 512) {
-    auto made = backend::make_backend({test_device(), 2, 0});
+                   int64_t max_tokens = 512, Device device = test_device()) {
+    auto made = backend::make_backend({device, 2, 0});
     EXPECT_TRUE(made.is_ok()) << made.message();
     if (!made) return;
     backend = std::move(made).value();
@@ -111,7 +111,7 @@ struct Harness {
     EXPECT_TRUE(loaded.is_ok()) << loaded.message();
     if (!loaded) return;  // model stays null: callers ASSERT on it
     model = std::move(loaded).value();
-    auto kernel = registry.select(kernel_name(family.c_str()), {test_device(), true, true});
+    auto kernel = registry.select(kernel_name(family.c_str(), device), {device, true, true});
     EXPECT_TRUE(kernel.is_ok()) << kernel.message();
     if (!kernel) return;
     decoder =
