@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU machine's whole visit, run as it is from the repo root there, after scripts/gpu-pack.sh
 # here (carry gpu-carry/). Stages (default: all but profile): ceilings ops golden engine bench8
-# bench48 crossover serve-e2e serve-invariant (--batch-invariant tests and bench) soak (CUDA soak, SOAK_SECONDS) serve; chat-goldens (transformers' template renders); stamps (cuda-fused phase timer, STAMP_VARIANTS); ab (knob A/B, AB_VARIANTS); family-goldens (GOLDEN_FAMILIES; then the golden tests on them); long-goldens (tools/gpu/long_goldens.py, then LongGolden on them; long_goldens.tgz); moe-stalls (ncu stall reasons of cuda-fused); attn-detail (ncu full + SASS stalls of decode attention); profile (ncu per-kernel times of one decode and one prefill step;
+# bench48 crossover serve-e2e serve-invariant (--batch-invariant tests and bench) soak (CUDA soak, SOAK_SECONDS) serve; chat-goldens (transformers' template renders); stamps (cuda-fused phase timer, STAMP_VARIANTS); ab (knob A/B, AB_VARIANTS); family-goldens (GOLDEN_FAMILIES; then the golden tests on them); bf16-sensitivity (transformers bf16 vs float64 per golden model); long-goldens (tools/gpu/long_goldens.py, then LongGolden on them; long_goldens.tgz); moe-stalls (ncu stall reasons of cuda-fused); attn-detail (ncu full + SASS stalls of decode attention); profile (ncu per-kernel times of one decode and one prefill step;
 # PROFILE_STEPS=decode for one), moe-detail (ncu's full sections on one cuda-fused launch).
 # Everything it prints also goes to $OUT/gpu-check.log; JSON results land in $OUT.
 #   scripts/gpu-check.sh [stage ...]
@@ -110,6 +110,12 @@ if want attn-detail; then
   "$ncu_bin" -i /tmp/attn_detail.ncu-rep --print-details all > "$OUT/ncu_attention.txt" 2>&1
   "$ncu_bin" -i /tmp/attn_detail.ncu-rep --page source --csv --print-source sass 2>&1 | gzip > "$OUT/ncu_attention_sass.csv.gz"
   grep -E "Duration|DRAM Throughput|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|Waves|Theoretical Occ|Executed Ipc|Block Size|Grid Size|Dynamic Shared" "$OUT/ncu_attention.txt" | head -30
+fi
+if want bf16-sensitivity; then
+  # transformers in bf16 against float64 on every golden checkpoint (tools/gpu/bf16_sensitivity.py):
+  # how far bf16 rounding alone moves each model's logits, the yardstick for the CUDA tolerance.
+  section "bf16 sensitivity of the golden models (transformers bf16 vs float64)"
+  run bf16-sensitivity timeout 300 python3 tools/gpu/bf16_sensitivity.py "$OUT/bf16_sensitivity.json"
 fi
 if want ab; then
   # Batch-1 decode (48 layers) under each experiment knob of AB_VARIANTS (space-separated
