@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Cost of routed-expert capture: the same small random profile against `switchyard serve` on the
-# CPU with routes on (A) and off (B), interleaved A/B/A/B for PAIRS pairs in one session.
+# Cost of routed-expert capture: the same small random profile against `switchyard serve` (CPU by
+# default; SERVE_ARGS="--device cuda" on the GPU machine) with routes on (A) and off (B),
+# interleaved A/B/A/B for PAIRS pairs in one session.
 #   A: serve --enable-return-routed-experts, bench --routed-experts (every payload checked)
 #   B: serve without the flag,               bench --no-routed-experts
 # The server restarts for every run, so A pays capture + encoding + transfer and B pays none.
@@ -10,12 +11,14 @@
 #   Env: PAIRS (5), NUM_PROMPTS (16), INPUT_LEN (64), OUTPUT_LEN (32), CONCURRENCY (8), THREADS
 #   (server compute threads, default: all cores), MODEL_DIR (default BUILD_DIR/ab-model: made with
 #   make-model --preset qwen3-30b-a3b --layers 4 when missing), KV_TOKENS (KV cache size, 16384),
-#   PORT (18400). Loopback only.
+#   PORT (18400), BIN (the switchyard binary, default BUILD_DIR/switchyard), SERVE_ARGS (extra serve
+#   flags), RANDOM_WEIGHTS (a config.json: serve --random-weights it instead of --model; its folder
+#   must hold the tokenizer). Loopback only.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$root/build}
 out=${2:-$root/bench/results/routes_ab.json}
-bin=$build/switchyard
+bin=${BIN:-$build/switchyard}
 pairs=${PAIRS:-5}
 num_prompts=${NUM_PROMPTS:-16}
 input_len=${INPUT_LEN:-64}
@@ -37,7 +40,11 @@ stop_server() {
 }
 trap 'stop_server; rm -rf "$work"' EXIT
 
-if [[ ! -f $model/config.json ]]; then
+model_args=(--model "$model")
+if [[ -n ${RANDOM_WEIGHTS:-} ]]; then
+  model=$(dirname "$RANDOM_WEIGHTS")
+  model_args=(--random-weights "$RANDOM_WEIGHTS")
+elif [[ ! -f $model/config.json ]]; then
   echo "making $model (qwen3-30b-a3b, 4 layers, random weights)"
   "$bin" make-model --preset qwen3-30b-a3b --layers 4 --out "$model"
 fi
@@ -59,8 +66,8 @@ run_one() {  # label on|off, index
   else
     bench_flags=(--no-routed-experts)
   fi
-  "$bin" serve --model "$model" --host 127.0.0.1 --port "$port" --threads "$threads" \
-    --kv-cache-tokens "$kv_tokens" "${serve_flags[@]}" >"$work/server.log" 2>&1 &
+  "$bin" serve "${model_args[@]}" --host 127.0.0.1 --port "$port" --threads "$threads" \
+    --kv-cache-tokens "$kv_tokens" ${SERVE_ARGS:-} "${serve_flags[@]}" >"$work/server.log" 2>&1 &
   server_pid=$!
   wait_healthy
   "$bin" bench --base-url "http://127.0.0.1:$port" --tokenizer "$model" --endpoint completions \
@@ -79,9 +86,9 @@ for i in $(seq "$pairs"); do
 done
 
 python3 - "$work" "$out" "$pairs" "$(git -C "$root" rev-parse HEAD 2>/dev/null || echo unknown)" \
-  "$num_prompts" "$input_len" "$output_len" "$concurrency" "$threads" <<'EOF'
-import json, os, platform, statistics, sys, time
-work, out, pairs, commit, num_prompts, input_len, output_len, concurrency, threads = sys.argv[1:10]
+  "$num_prompts" "$input_len" "$output_len" "$concurrency" "$threads" "${RANDOM_WEIGHTS:-$model}" "${SERVE_ARGS:-}" <<'EOF'
+import json, os, platform, statistics, subprocess, sys, time
+work, out, pairs, commit, num_prompts, input_len, output_len, concurrency, threads, model, serve_args = sys.argv[1:12]
 pairs = int(pairs)
 def load(side, i):
     return json.load(open(os.path.join(work, f"{side}-{i}.json")))
@@ -93,11 +100,13 @@ same = [x / y for x, y in zip(tps(on), tps(on)[1:])] + [x / y for x, y in zip(tp
 spread = max(abs(r - 1) for r in same) if same else float("nan")
 median_ratio = statistics.median(ratios)
 doc = {
-    "what": "routes on/off A/B against switchyard serve on the CPU (bench/routes_ab.sh)",
+    "what": "routes on/off A/B against switchyard serve (bench/routes_ab.sh)", "serve_args": serve_args,
     "date": time.strftime("%Y-%m-%d %H:%M:%S %z"), "commit": commit,
     "machine": {"cpu": next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), ""),
-                "cores": os.cpu_count(), "kernel": platform.release()},
-    "profile": {"model": "qwen3-30b-a3b --layers 4 (random weights)", "num_prompts": int(num_prompts),
+                "cores": os.cpu_count(), "kernel": platform.release(),
+                "gpu": subprocess.run(["sh", "-c", "nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null"],
+                                      capture_output=True, text=True).stdout.strip()},
+    "profile": {"model": model, "num_prompts": int(num_prompts),
                 "input_len": int(input_len), "output_len": int(output_len),
                 "max_concurrency": int(concurrency), "server_threads": int(threads), "ignore_eos": True},
     "on_output_tok_s": tps(on), "off_output_tok_s": tps(off),

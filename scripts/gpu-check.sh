@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU machine's whole visit, run as it is from the repo root there, after scripts/gpu-pack.sh
 # here (carry gpu-carry/). Stages (default: all but profile): ceilings ops golden engine bench8
-# bench48 crossover serve-e2e serve-invariant (--batch-invariant tests and bench) soak (CUDA soak, SOAK_SECONDS) serve; chat-goldens (transformers' template renders); stamps (cuda-fused phase timer, STAMP_VARIANTS); ab (knob A/B, AB_VARIANTS); family-goldens (GOLDEN_FAMILIES; then the golden tests on them); bf16-sensitivity (transformers bf16 vs float64 per golden model); long-goldens (tools/gpu/long_goldens.py, then LongGolden on them; long_goldens.tgz); moe-stalls (ncu stall reasons of cuda-fused); attn-detail (ncu full + SASS stalls of decode attention); profile (ncu per-kernel times of one decode and one prefill step;
+# bench48 crossover serve-e2e serve-invariant (--batch-invariant tests and bench) soak (CUDA soak, SOAK_SECONDS) serve; chat-goldens (transformers' template renders); stamps (cuda-fused phase timer, STAMP_VARIANTS); ab (knob A/B, AB_VARIANTS); family-goldens (GOLDEN_FAMILIES; then the golden tests on them); bf16-sensitivity (transformers bf16 vs float64 per golden model); routes-ab (routes on/off over HTTP on CUDA); long-goldens (tools/gpu/long_goldens.py, then LongGolden on them; long_goldens.tgz); moe-stalls (ncu stall reasons of cuda-fused); attn-detail (ncu full + SASS stalls of decode attention); profile (ncu per-kernel times of one decode and one prefill step;
 # PROFILE_STEPS=decode for one), moe-detail (ncu's full sections on one cuda-fused launch).
 # Everything it prints also goes to $OUT/gpu-check.log; JSON results land in $OUT.
 #   scripts/gpu-check.sh [stage ...]
@@ -116,6 +116,15 @@ if want bf16-sensitivity; then
   # how far bf16 rounding alone moves each model's logits, the yardstick for the CUDA tolerance.
   section "bf16 sensitivity of the golden models (transformers bf16 vs float64)"
   run bf16-sensitivity timeout 300 python3 tools/gpu/bf16_sensitivity.py "$OUT/bf16_sensitivity.json"
+fi
+if want routes-ab; then
+  # Routes on vs off over HTTP on CUDA (bench/routes_ab.sh): 1024-token prompts, 512 new tokens,
+  # the 8-layer cut (the full model's per-run time would not fit a visit), interleaved pairs.
+  section "routes on/off A/B: serve --device cuda (8-layer cut), 1024 in / 512 out"
+  cp "$carry"/qwen3-30b-a3b/tokenizer* "$carry/qwen3-30b-a3b-8l/" 2>/dev/null
+  BIN="$carry/switchyard" SERVE_ARGS="--device cuda --max-num-seqs 64" RANDOM_WEIGHTS="$carry/qwen3-30b-a3b-8l/config.json" \
+    PAIRS=${ROUTES_AB_PAIRS:-3} NUM_PROMPTS=${ROUTES_AB_PROMPTS:-128} INPUT_LEN=1024 OUTPUT_LEN=512 CONCURRENCY=64 \
+    KV_TOKENS=200000 run routes-ab timeout 500 bash bench/routes_ab.sh build "$OUT/routes_ab_cuda.json"
 fi
 if want ab; then
   # Batch-1 decode (48 layers) under each experiment knob of AB_VARIANTS (space-separated
