@@ -57,6 +57,9 @@ enum class BackendFeature {
   // The MoE kernels read gpt-oss's experts as stored (transposed-interleaved bf16; MXFP4 too
   // with kMxfp4Weights). Without it the loader restacks them to bf16 kStacked (ExpertSpec::stored).
   kInterleavedExperts,
+  // The MoE kernels read MXFP4 experts (kMxfp4Interleaved) as stored, blocks and scales, but not
+  // the transposed-interleaved bf16 layout (that one is restacked). Needs kMxfp4Weights.
+  kMxfp4Experts,
 };
 inline const char* backend_feature_name(BackendFeature feature) {
   switch (feature) {
@@ -74,6 +77,8 @@ inline const char* backend_feature_name(BackendFeature feature) {
       return "partial rotary embedding (partial_rotary_factor)";
     case BackendFeature::kInterleavedExperts:
       return "gpt-oss's interleaved expert layouts as stored";
+    case BackendFeature::kMxfp4Experts:
+      return "MXFP4 experts read as stored by the MoE kernels";
     case BackendFeature::kFp8BlockWeights:
       return "FP8 block-quantised weights (weight_scale_inv)";
   }

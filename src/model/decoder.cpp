@@ -124,6 +124,11 @@ Status Decoder::allocate(const ModelConfig& c, int64_t num_blocks, const backend
   SY_TRY(check_backend_features(c, backend_));
   SY_TRY(backend_.reserve(full));
   const moe::RouterSpec spec = c.router_spec();
+  // The small-batch kernel is an optimisation (auto): one that does not implement this model's
+  // router or experts (cuda-fused and MXFP4) leaves every step to the large one.
+  if (kernels_.small && !c.moe_layers().empty() &&
+      (!kernels_.small->supports(spec) || !kernels_.small->supports_experts(c.experts)))
+    kernels_.small = nullptr, kernels_.small_max_tokens = 0;
   for (moe::ExpertsKernel* kernel : {kernels_.large, kernels_.small})
     if (kernel && !c.moe_layers().empty()) {
       SY_TRY(kernel->supports(spec));

@@ -5,9 +5,13 @@
 namespace sy::model {
 
 void adapt_experts_to_backend(ModelConfig& c, const backend::Backend& backend) {
-  if (c.experts.stored != moe::ExpertFormat::kStacked &&
-      !backend.supports(backend::BackendFeature::kInterleavedExperts))
-    c.experts.format = moe::ExpertFormat::kStacked;
+  if (c.experts.stored == moe::ExpertFormat::kStacked ||
+      backend.supports(backend::BackendFeature::kInterleavedExperts))
+    return;
+  const bool reads_mxfp4 = c.experts.stored == moe::ExpertFormat::kMxfp4Interleaved &&
+                           backend.supports(backend::BackendFeature::kMxfp4Experts) &&
+                           backend.supports(backend::BackendFeature::kMxfp4Weights);
+  if (!reads_mxfp4) c.experts.format = moe::ExpertFormat::kStacked;
 }
 
 Status check_backend_features(const ModelConfig& c, const backend::Backend& backend) {

@@ -88,6 +88,7 @@ struct Group {
   MoeShape shape;
   SpecKind spec;
   std::vector<int64_t> tokens;
+  bool mxfp4 = false;  // experts as gpt-oss publishes them (kMxfp4Interleaved), read packed
 };
 
 // One group's weights, on both backends (the CPU keeps views of the host tensors).
@@ -96,6 +97,7 @@ struct Weights {
   std::vector<float> router_f32;  // [E, H], for the host's double-precision logits
   std::vector<float> logit_bias, selection_bias;  // [E] each, or empty
   HostTensor gate_up_bias, down_bias;              // gpt-oss experts (kGptOss): [E, 2I], [E, H] bf16
+  HostTensor gate_up_scales, down_scales;          // MXFP4 groups: U8 [E, 2I, H/32], [E, H, I/32]
   std::unique_ptr<Pair> pair;
   moe::MoeLayerWeights cpu, dev;
 };
@@ -279,6 +281,8 @@ struct Run {
 // that these activations reach it) where the weights carry biases, else Qwen3's.
 moe::ExpertSpec expert_spec_of(const moe::MoeLayerWeights& weights) {
   moe::ExpertSpec spec;
+  if (weights.gate_up.dtype == DType::kU8)
+    spec.format = spec.stored = moe::ExpertFormat::kMxfp4Interleaved;
   if (weights.gate_up_bias.data) {
     spec.has_biases = true;
     spec.activation = moe::ExpertActivation::kClampedSwiGlu;
@@ -554,6 +558,7 @@ void run_moe_ops(Harness& h) {
               {{200, 72, 12, 3}, SpecKind::kSigmoid, {2, 33, 300}},
               {{200, 72, 12, 3}, SpecKind::kPlainSoftmax, {7, 64}},
               {{200, 72, 12, 3}, SpecKind::kGptOss, {1, 2, 33, 300}},
+              {{256, 96, 12, 3}, SpecKind::kGptOss, {1, 2, 33, 300}, true},
               {{256, 64, 64, 6}, SpecKind::kDeepSeek, {1, 2, 33, 300}},
               {{200, 72, 16, 4}, SpecKind::kGlm, {1, 7, 64}}};
   }
@@ -566,8 +571,8 @@ void run_moe_ops(Harness& h) {
 
   for (const Group& g : groups) {
     const MoeShape& s = g.shape;
-    const std::string group_desc =
-        fmt::format("H={} I={} E={} K={} {}", s.hidden, s.inter, s.experts, s.top_k, spec_name(g.spec));
+    const std::string group_desc = fmt::format("H={} I={} E={} K={} {}{}", s.hidden, s.inter, s.experts, s.top_k,
+                                               spec_name(g.spec), g.mxfp4 ? ", MXFP4 experts" : "");
     const int64_t max_tokens = *std::max_element(g.tokens.begin(), g.tokens.end());
     const moe::RouterSpec spec = make_spec(g.spec, s);
     auto desc_of = [&](int64_t T) { return fmt::format("{} T={}", group_desc, T); };
@@ -590,16 +595,36 @@ void run_moe_ops(Harness& h) {
         w.router = host_random(h.cpu, DType::kBF16, {s.experts, s.hidden}, rng.next(), router_scale);
         uint16_t* router_bits = w.router.view.ptr<uint16_t>();
         std::copy(router_bits, router_bits + s.hidden, router_bits + (s.experts - 1) * s.hidden);  // exact ties
-        w.gate_up = host_random(h.cpu, DType::kBF16, {s.experts, 2 * s.inter, s.hidden}, rng.next(),
-                                std::sqrt(3.0f / static_cast<float>(s.hidden)));
-        w.down = host_random(h.cpu, DType::kBF16, {s.experts, s.hidden, s.inter}, rng.next(),
-                             std::sqrt(3.0f / static_cast<float>(s.inter)));
+        if (g.mxfp4) {
+          // Every byte a valid pair of e2m1 codes; block scales 2^-6..2^-4 (weights ~0.01-0.4,
+          // as bf16 ones of sqrt(3/H)), one block at 2^-127 (the e8m0 minimum: subnormal values).
+          auto bytes = [&](const std::vector<int64_t>& shape, int lo, int span) {
+            HostTensor t(DType::kU8, shape);
+            for (uint8_t& b : t.bytes) b = static_cast<uint8_t>(lo + static_cast<int>(rng.below(span)));
+            return t;
+          };
+          w.gate_up = bytes({s.experts, 2 * s.inter, s.hidden / 32, 16}, 0, 256);
+          w.down = bytes({s.experts, s.hidden, s.inter / 32, 16}, 0, 256);
+          w.gate_up_scales = bytes({s.experts, 2 * s.inter, s.hidden / 32}, 121, 3);
+          w.down_scales = bytes({s.experts, s.hidden, s.inter / 32}, 122, 3);
+          w.down_scales.bytes[5] = 0;
+        } else {
+          w.gate_up = host_random(h.cpu, DType::kBF16, {s.experts, 2 * s.inter, s.hidden}, rng.next(),
+                                  std::sqrt(3.0f / static_cast<float>(s.hidden)));
+          w.down = host_random(h.cpu, DType::kBF16, {s.experts, s.hidden, s.inter}, rng.next(),
+                               std::sqrt(3.0f / static_cast<float>(s.inter)));
+        }
         w.router_f32.resize(static_cast<size_t>(s.experts * s.hidden));
         for (size_t i = 0; i < w.router_f32.size(); ++i) w.router_f32[i] = bf16_to_f32(router_bits[i]);
         auto pair = std::make_unique<Pair>(h);
         Both router = pair->weight(w.router.view), gate_up = pair->weight(w.gate_up.view), down = pair->weight(w.down.view);
-        w.cpu = {router.cpu, gate_up.cpu, down.cpu};
-        w.dev = {router.dev, gate_up.dev, down.dev};
+        w.cpu.router = router.cpu, w.cpu.gate_up = gate_up.cpu, w.cpu.down = down.cpu;
+        w.dev.router = router.dev, w.dev.gate_up = gate_up.dev, w.dev.down = down.dev;
+        if (g.mxfp4) {
+          Both gus = pair->weight(w.gate_up_scales.view), ds = pair->weight(w.down_scales.view);
+          w.cpu.gate_up_scales = gus.cpu, w.dev.gate_up_scales = gus.dev;
+          w.cpu.down_scales = ds.cpu, w.dev.down_scales = ds.dev;
+        }
         // Biases large enough to change choices: logit bias ~ the logits' spread, selection bias
         // ~ the spread of sigmoid scores near their top.
         if (spec.has_logit_bias) w.logit_bias = random_floats(rng, s.experts, 1.5f);

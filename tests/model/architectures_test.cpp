@@ -828,6 +828,10 @@ class FeaturelessBackend final : public backend::Backend {
     std::abort();
   }
   void register_kernels(moe::ExpertsKernelRegistry&) override {}
+  bool supports(backend::BackendFeature feature) const override {
+    return std::find(features.begin(), features.end(), feature) != features.end();
+  }
+  std::vector<backend::BackendFeature> features;  // none unless a test gives some
 };
 
 TEST(Architectures, ABackendWithoutGptOssFeaturesRefusesItBeforeLoadingNamingThemAll) {
@@ -856,6 +860,22 @@ TEST(Architectures, ABackendWithoutGptOssFeaturesRefusesItBeforeLoadingNamingThe
   ModelConfig kept = *config;
   adapt_experts_to_backend(kept, *cpu);
   EXPECT_EQ(kept.experts.format, moe::ExpertFormat::kMxfp4Interleaved);
+  // A backend whose kernels read MXFP4 as stored but not the bf16 transposed layout (CUDA's
+  // cuda-modular) keeps MXFP4 packed and restacks the bf16 layout; without U8 weights it restacks.
+  FeaturelessBackend mxfp4_reader;
+  mxfp4_reader.features = {backend::BackendFeature::kMxfp4Weights, backend::BackendFeature::kMxfp4Experts};
+  ModelConfig packed = *config;
+  adapt_experts_to_backend(packed, mxfp4_reader);
+  EXPECT_EQ(packed.experts.format, moe::ExpertFormat::kMxfp4Interleaved);
+  ModelConfig transposed = *config;
+  transposed.experts.stored = transposed.experts.format = moe::ExpertFormat::kTransposedInterleaved;
+  adapt_experts_to_backend(transposed, mxfp4_reader);
+  EXPECT_EQ(transposed.experts.format, moe::ExpertFormat::kStacked);
+  FeaturelessBackend no_u8;
+  no_u8.features = {backend::BackendFeature::kMxfp4Experts};
+  ModelConfig unpacked = *config;
+  adapt_experts_to_backend(unpacked, no_u8);
+  EXPECT_EQ(unpacked.experts.format, moe::ExpertFormat::kStacked);
   auto random = Model::random((dir / "config.json").string(), backend, 1);
   ASSERT_FALSE(random.is_ok());
   EXPECT_EQ(random.status().code(), ErrorCode::kUnsupported);

@@ -243,7 +243,12 @@ TEST_P(HfGolden, GreedyContinuationThroughTheEngineMatches) {
 TEST_P(HfGolden, ModularAndFusedKernelsAgreeExactly) {
   const nlohmann::json fixture = read_json(dir() + "/fixture.json");
   if (!fused_runs(fixture)) GTEST_SKIP() << "the fused kernel refuses this family's router";
-  Harness modular(dir(), "modular"), fused(dir(), "fused");
+  Harness modular(dir(), "modular");
+  ASSERT_TRUE(modular.model);
+  if (on_cuda() && modular.model->config().experts.format == moe::ExpertFormat::kMxfp4Interleaved)
+    GTEST_SKIP() << "MXFP4 experts stay packed on CUDA and only cuda-modular reads them (cuda-fused refuses them "
+                    "with kUnsupported; auto then runs every step on cuda-modular)";
+  Harness fused(dir(), "fused");
   for (const auto& prompt : fixture["prompts"]) {
     std::vector<float> logits_a, logits_b;
     std::vector<int32_t> routes_a, routes_b;

@@ -240,6 +240,8 @@ class CudaBackend final : public Backend {
       case BackendFeature::kAttentionSinks:
       case BackendFeature::kScaledRope:
       case BackendFeature::kPartialRotary:
+      case BackendFeature::kMxfp4Weights:  // U8 blocks and scales copied as they are
+      case BackendFeature::kMxfp4Experts:  // cuda-modular reads them (cuda-fused refuses MXFP4)
         return true;
       default:
         return false;
@@ -504,6 +506,7 @@ class CudaBackend final : public Backend {
   static Result<DType> convert_weight(const Tensor& host, std::vector<uint8_t>& converted, bool probe_only = false,
                                       int rank_of_result = -1) {
     converted.clear();
+    if (host.dtype == DType::kU8) return DType::kU8;  // MXFP4 blocks and scales: bytes as stored
     const bool vector = (rank_of_result >= 0 ? rank_of_result : host.rank) <= 1;
     const DType target = vector ? DType::kF32 : DType::kBF16;
     if (host.dtype != DType::kBF16 && host.dtype != DType::kF32 && host.dtype != DType::kF16)

@@ -597,11 +597,12 @@ class FusedKernel final : public moe::ExpertsKernel {
   bool captures_weights() const override { return true; }
   bool batch_invariant() const override { return false; }  // its work split follows the step's size
   // Stacked bf16 experts with SwiGLU or gpt-oss's clamped SwiGLU, biases or not (ExpertParams);
-  // gpt-oss's interleaved and MXFP4 layouts are restacked at load (ExpertSpec::stored).
+  // gpt-oss's bf16 interleaved layout is restacked at load (ExpertSpec::stored). MXFP4 experts
+  // (kept packed on CUDA) only cuda-modular reads: with auto, every step then runs cuda-modular.
   Status supports_experts(const moe::ExpertSpec& spec) const override {
     if (!ExpertParams::implements(spec))
       return Status::error(ErrorCode::kUnsupported,
-                           "MoE kernel cuda-fused reads stacked bf16 experts only (the loader restacks gpt-oss's)");
+                           "MoE kernel cuda-fused reads stacked bf16 experts only (MXFP4 experts: use cuda-modular)");
     return Status::ok();
   }
   // Every router option (moe_route.cuh), groups up to kMaxRouteGroups.
@@ -789,6 +790,7 @@ class FusedKernel final : public moe::ExpertsKernel {
 
   Status check(const moe::MoeForwardArgs& args) const {
     if (!logits_) return Status::error(ErrorCode::kInternal, "cuda-fused: forward before reserve");
+    SY_TRY(supports_experts(args.experts));  // (MXFP4: kUnsupported, as at start-up)
     const moe::MoeLayerWeights* w = args.weights;
     if (!w) return Status::error(ErrorCode::kInternal, "cuda-fused: no layer weights");
     const int64_t tokens = args.hidden.dim(0);

@@ -193,6 +193,11 @@ struct GroupedGemm {
   // gate_up: x_bf16 [T, H], row of pair p is p / top_k. down: act [padded rows, I], in perm order.
   const __nv_bfloat16* a = nullptr;
   const __nv_bfloat16* w = nullptr;  // gate_up [E, 2I, H] or down [E, H, I]
+  // MXFP4 weights instead (kMxfp4Interleaved): the same [E, rows, k] matrices as 32-value blocks
+  // (k/2 bytes a row, low nibble first) and e8m0 scales (k/32 bytes a row); gate_up rows
+  // interleave gate and up (2r, 2r+1).
+  const uint8_t* w_blocks = nullptr;
+  const uint8_t* w_scales = nullptr;
   int k_dim = 0;                     // H or I
   int n_dim = 0;                     // output columns: I or H
   int top_k = 0;
@@ -204,10 +209,36 @@ struct GroupedGemm {
   ExpertParams experts;                  // activation and biases
 };
 
+// e2m1 code (sign in bit 3) times 2^(scale - 127), as mxfp4_decode_row (tensor/mxfp4.h) computes
+// it: the magnitude's f32 bits, times the block's power of two (exact; inf and 0 as ldexp gives).
+__device__ __forceinline__ float mxfp4_value(uint32_t code, float block_scale) {
+  const uint32_t c = code & 7u;
+  const float magnitude = c < 2u ? 0.5f * static_cast<float>(c) : __uint_as_float((((c >> 1) + 126u) << 23) | ((c & 1u) << 22));
+  const float v = c ? magnitude * block_scale : 0.0f;
+  return code & 8u ? -v : v;
+}
+// 8 consecutive MXFP4 values (4 packed bytes, element j in bits 4j..4j+3) as 8 bf16.
+__device__ __forceinline__ uint4 mxfp4_to_bf16x8(uint32_t packed, uint8_t scale) {
+  const float block_scale = ldexpf(1.0f, static_cast<int>(scale) - 127);
+  uint4 out;
+  uint32_t* words = reinterpret_cast<uint32_t*>(&out);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const __nv_bfloat162 pair = __floats2bfloat162_rn(mxfp4_value(packed >> (8 * j), block_scale),
+                                                      mxfp4_value(packed >> (8 * j + 4), block_scale));
+    words[j] = *reinterpret_cast<const uint32_t*>(&pair);
+  }
+  return out;
+}
+
 // grid (N tiles, M-tile bound). One (expert, M tile, N tile) per CTA; cp.async multi-stage
 // pipeline over k; ldmatrix + mma.sync m16n8k16. Floor, gate_up: max(touched experts x 2*I*H*2
 // bytes, 2*T*K*2I*H FLOPs); down: max(touched experts x H*I*2 bytes, 2*T*K*H*I FLOPs).
-template <class Cfg, bool kGateUp>
+// kMxfp4: the weights are MXFP4 (a quarter of the bytes, plus k/32 scale bytes a row). Each
+// thread loads its packed chunks of k tile kt + kStages - 1 into registers before the mma work
+// of tile kt and decodes them into the bf16 stage after it: the same k order as bf16, so the
+// accumulation is the bf16 kernel's on the decoded values.
+template <class Cfg, bool kGateUp, bool kMxfp4 = false>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     grouped_gemm_kernel(GroupedGemm g) {
   const int m_tile = blockIdx.y;
@@ -239,17 +270,41 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   const int n_per_cta = kGateUp ? Cfg::kN / 2 : Cfg::kN;
   const int n0 = blockIdx.x * n_per_cta;
   const __nv_bfloat16* b_src[Cfg::kBChunks];  // nullptr: past n_dim, zero-filled
+  int64_t b_row[Cfg::kBChunks];               // MXFP4: the weight row, -1 past n_dim
 #pragma unroll
   for (int i = 0; i < Cfg::kBChunks; ++i) {
     const int j = row0 + i * kRowsPerPass;
     const int n = n0 + j % n_per_cta;  // gate_up: rows [0, kN/2) gate, [kN/2, kN) up
     int64_t w_row;
-    if constexpr (kGateUp)
+    if constexpr (kGateUp && kMxfp4)  // gpt-oss's interleaved rows: gate 2n, up 2n + 1
+      w_row = static_cast<int64_t>(expert) * 2 * g.n_dim + 2 * n + (j >= n_per_cta ? 1 : 0);
+    else if constexpr (kGateUp)
       w_row = static_cast<int64_t>(expert) * 2 * g.n_dim + (j >= n_per_cta ? g.n_dim : 0) + n;
     else
       w_row = static_cast<int64_t>(expert) * g.n_dim + n;
-    b_src[i] = n < g.n_dim ? g.w + w_row * g.k_dim : nullptr;
+    b_src[i] = n < g.n_dim && !kMxfp4 ? g.w + w_row * g.k_dim : nullptr;
+    b_row[i] = n < g.n_dim ? w_row : -1;
   }
+  // MXFP4: one k tile's packed chunks (4 bytes = 8 values) and their block scales, in registers
+  // between fetch_b and store_b.
+  uint32_t b_packed[Cfg::kBChunks];
+  uint8_t b_scale[Cfg::kBChunks];
+  auto fetch_b = [&](int k0) {
+    const int k = k0 + k_chunk;
+#pragma unroll
+    for (int i = 0; i < Cfg::kBChunks; ++i) {
+      const bool ok = k < g.k_dim && b_row[i] >= 0;
+      b_packed[i] = ok ? __ldg(reinterpret_cast<const uint32_t*>(g.w_blocks + b_row[i] * (g.k_dim / 2) + k / 2)) : 0u;
+      b_scale[i] = ok ? __ldg(g.w_scales + b_row[i] * (g.k_dim / 32) + k / 32) : uint8_t{127};
+    }
+  };
+  auto store_b = [&](int stage) {
+    __nv_bfloat16* b_stage = b_smem + stage * Cfg::kN * Cfg::kRowHalves;
+#pragma unroll
+    for (int i = 0; i < Cfg::kBChunks; ++i)
+      *reinterpret_cast<uint4*>(b_stage + (row0 + i * kRowsPerPass) * Cfg::kRowHalves + k_chunk) =
+          mxfp4_to_bf16x8(b_packed[i], b_scale[i]);
+  };
 
   auto load_stage = [&](int stage, int k0) {
     const int k = k0 + k_chunk;
@@ -262,11 +317,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
       cp_async_16(smem_address(a_stage + (row0 + i * kRowsPerPass) * Cfg::kRowHalves + k_chunk),
                   ok ? a_src[i] + k : g.a, ok);
     }
+    if constexpr (!kMxfp4) {
 #pragma unroll
-    for (int i = 0; i < Cfg::kBChunks; ++i) {
-      const bool ok = k_ok && b_src[i];
-      cp_async_16(smem_address(b_stage + (row0 + i * kRowsPerPass) * Cfg::kRowHalves + k_chunk),
-                  ok ? b_src[i] + k : g.w, ok);
+      for (int i = 0; i < Cfg::kBChunks; ++i) {
+        const bool ok = k_ok && b_src[i];
+        cp_async_16(smem_address(b_stage + (row0 + i * kRowsPerPass) * Cfg::kRowHalves + k_chunk),
+                    ok ? b_src[i] + k : g.w, ok);
+      }
     }
   };
 
@@ -293,14 +350,23 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   const int k_tiles = (g.k_dim + Cfg::kK - 1) / Cfg::kK;
 #pragma unroll
   for (int s = 0; s < Cfg::kStages - 1; ++s) {
-    if (s < k_tiles) load_stage(s, s * Cfg::kK);
+    if (s < k_tiles) {
+      load_stage(s, s * Cfg::kK);
+      if constexpr (kMxfp4) {
+        fetch_b(s * Cfg::kK);
+        store_b(s);
+      }
+    }
     cp_async_commit();  // always commit: the group count stays uniform
   }
   for (int kt = 0; kt < k_tiles; ++kt) {
     cp_async_wait<Cfg::kStages - 2>();  // tile kt has landed (this thread's copies)
     __syncthreads();                    // ... everyone's; and stage (kt - 1) is free again
     const int next = kt + Cfg::kStages - 1;
-    if (next < k_tiles) load_stage(next % Cfg::kStages, next * Cfg::kK);
+    if (next < k_tiles) {
+      load_stage(next % Cfg::kStages, next * Cfg::kK);
+      if constexpr (kMxfp4) fetch_b(next * Cfg::kK);  // in flight during tile kt's mma work
+    }
     cp_async_commit();
 
     const int stage = kt % Cfg::kStages;
@@ -326,6 +392,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
 #pragma unroll
         for (int j = 0; j < Cfg::kFragsN; ++j) mma_bf16(acc[mf][j], a_frag[mf], b_frag[j]);
     }
+    // Stage next % kStages held tile kt - 1, which every warp finished before this iteration's
+    // barrier; the next barrier publishes it.
+    if constexpr (kMxfp4)
+      if (next < k_tiles) store_b(next % Cfg::kStages);
   }
 
   // Epilogue. Accumulator c of fragment (mf, j): row mf*16 + lane/4 + 8*(c/2), column
@@ -433,12 +503,12 @@ void dense_gemm(const __nv_bfloat16* x, int64_t rows, int64_t k, const __nv_bflo
 
 template <class Cfg>
 void allow_shared_memory() {
-  SY_CUDA_CHECK(cudaFuncSetAttribute(grouped_gemm_kernel<Cfg, true>,
-                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     static_cast<int>(Cfg::kSmemBytes)));
-  SY_CUDA_CHECK(cudaFuncSetAttribute(grouped_gemm_kernel<Cfg, false>,
-                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     static_cast<int>(Cfg::kSmemBytes)));
+  for (const void* kernel : {reinterpret_cast<const void*>(grouped_gemm_kernel<Cfg, true, false>),
+                             reinterpret_cast<const void*>(grouped_gemm_kernel<Cfg, false, false>),
+                             reinterpret_cast<const void*>(grouped_gemm_kernel<Cfg, true, true>),
+                             reinterpret_cast<const void*>(grouped_gemm_kernel<Cfg, false, true>)})
+    SY_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(Cfg::kSmemBytes)));
 }
 
 class ModularKernel final : public moe::ExpertsKernel {
@@ -453,12 +523,14 @@ class ModularKernel final : public moe::ExpertsKernel {
   bool routes_inside() const override { return false; }
   bool captures_routes() const override { return true; }
   bool captures_weights() const override { return true; }
-  // Stacked bf16 experts with SwiGLU or gpt-oss's clamped SwiGLU, biases or not (ExpertParams);
-  // gpt-oss's interleaved and MXFP4 layouts are restacked at load (ExpertSpec::stored).
+  // Stacked bf16 experts or gpt-oss's MXFP4 experts as stored, with SwiGLU or gpt-oss's clamped
+  // SwiGLU, biases or not (ExpertParams); gpt-oss's bf16 transposed-interleaved layout is
+  // restacked at load (ExpertSpec::stored).
   Status supports_experts(const moe::ExpertSpec& spec) const override {
-    if (!ExpertParams::implements(spec))
+    if (!ExpertParams::implements(spec) && !ExpertParams::implements_mxfp4(spec))
       return Status::error(ErrorCode::kUnsupported,
-                           "MoE kernel cuda-modular reads stacked bf16 experts only (the loader restacks gpt-oss's)");
+                           "MoE kernel cuda-modular reads stacked bf16 or MXFP4 experts (the loader restacks "
+                           "gpt-oss's transposed bf16 layout)");
     return Status::ok();
   }
   // Every router option (moe_route.cuh), groups up to kMaxRouteGroups.
@@ -561,12 +633,17 @@ class ModularKernel final : public moe::ExpertsKernel {
 
     // Align + Forward, with the tile picked by the mean rows per expert (T and shapes only,
     // never the device-side counts).
+    const ExpertParams experts = ExpertParams::from(args.experts, w);
+    const bool mxfp4 = ExpertParams::implements_mxfp4(args.experts);
     if (pairs <= 24 * experts_)
-      forward_experts<SmallTile>(w, ExpertParams::from(args.experts, w), pairs, stream);
+      mxfp4 ? forward_experts<SmallTile, true>(w, experts, pairs, stream)
+            : forward_experts<SmallTile, false>(w, experts, pairs, stream);
     else if (pairs <= 96 * experts_)
-      forward_experts<MediumTile>(w, ExpertParams::from(args.experts, w), pairs, stream);
+      mxfp4 ? forward_experts<MediumTile, true>(w, experts, pairs, stream)
+            : forward_experts<MediumTile, false>(w, experts, pairs, stream);
     else
-      forward_experts<LargeTile>(w, ExpertParams::from(args.experts, w), pairs, stream);
+      mxfp4 ? forward_experts<LargeTile, true>(w, experts, pairs, stream)
+            : forward_experts<LargeTile, false>(w, experts, pairs, stream);
 
     // Combine.
     const dim3 combine_grid(static_cast<unsigned>(ceil_div(hidden_ / 4, kCombineThreads)),
@@ -578,7 +655,7 @@ class ModularKernel final : public moe::ExpertsKernel {
   }
 
  private:
-  template <class Cfg>
+  template <class Cfg, bool kMxfp4>
   void forward_experts(const moe::MoeLayerWeights& w, const ExpertParams& experts, int64_t pairs,
                        cudaStream_t stream) {
     align_kernel<<<static_cast<unsigned>(experts_), kAlignThreads, 0, stream>>>(
@@ -595,28 +672,39 @@ class ModularKernel final : public moe::ExpertsKernel {
     gemm.experts = experts;
 
     gemm.a = x_bf16_;
-    gemm.w = w.gate_up.ptr<__nv_bfloat16>();
+    if constexpr (kMxfp4) {
+      gemm.w_blocks = w.gate_up.ptr<uint8_t>();
+      gemm.w_scales = w.gate_up_scales.ptr<uint8_t>();
+    } else {
+      gemm.w = w.gate_up.ptr<__nv_bfloat16>();
+    }
     gemm.k_dim = static_cast<int>(hidden_);
     gemm.n_dim = static_cast<int>(intermediate_);
     gemm.act = act_;
     const dim3 gate_up_grid(static_cast<unsigned>(ceil_div(intermediate_, Cfg::kN / 2)), m_tiles);
-    grouped_gemm_kernel<Cfg, true><<<gate_up_grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(gemm);
+    grouped_gemm_kernel<Cfg, true, kMxfp4><<<gate_up_grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(gemm);
     SY_CUDA_LAUNCH_CHECK("grouped_gemm_kernel<gate_up>");
 
     gemm.a = act_;
-    gemm.w = w.down.ptr<__nv_bfloat16>();
+    if constexpr (kMxfp4) {
+      gemm.w_blocks = w.down.ptr<uint8_t>();
+      gemm.w_scales = w.down_scales.ptr<uint8_t>();
+    } else {
+      gemm.w = w.down.ptr<__nv_bfloat16>();
+    }
     gemm.k_dim = static_cast<int>(intermediate_);
     gemm.n_dim = static_cast<int>(hidden_);
     gemm.act = nullptr;
     gemm.y = y_;
     const dim3 down_grid(static_cast<unsigned>(ceil_div(hidden_, Cfg::kN)), m_tiles);
-    grouped_gemm_kernel<Cfg, false><<<down_grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(gemm);
+    grouped_gemm_kernel<Cfg, false, kMxfp4><<<down_grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(gemm);
     SY_CUDA_LAUNCH_CHECK("grouped_gemm_kernel<down>");
   }
 
   // Everything forward() needs to be true of its arguments, as errors naming the offender.
   Status check(const moe::MoeForwardArgs& args) const {
     if (!ids_) return Status::error(ErrorCode::kInternal, "cuda-modular: forward before reserve");
+    SY_TRY(supports_experts(args.experts));
     const Tensor& x = args.hidden;
     if (x.rank != 2 || x.dtype != DType::kF32 || x.dim(1) != hidden_)
       return Status::errorf("cuda-modular: hidden must be f32 [T, {}], got {}", hidden_,
@@ -638,7 +726,22 @@ class ModularKernel final : public moe::ExpertsKernel {
                                : t.rank == 2 && t.dim(0) == d0 && t.dim(1) == d1;
       return !shape_ok || t.dtype != DType::kBF16 || t.device != Device::kCuda || !t.data;
     };
-    if (bad_weight(w->router, experts_, hidden_, 0) ||
+    if (ExpertParams::implements_mxfp4(args.experts)) {
+      // Blocks U8 [E, rows, k/32, 16], scales U8 [E, rows, k/32] (moe/expert_spec.h).
+      auto bad_mxfp4 = [&](const Tensor& blocks, const Tensor& scales, int64_t rows, int64_t k) {
+        return k % 32 != 0 || blocks.dtype != DType::kU8 || scales.dtype != DType::kU8 ||
+               blocks.device != Device::kCuda || scales.device != Device::kCuda || !blocks.data ||
+               !scales.data || blocks.numel() != experts_ * rows * k / 2 || scales.numel() != experts_ * rows * (k / 32);
+      };
+      if (bad_weight(w->router, experts_, hidden_, 0) ||
+          bad_mxfp4(w->gate_up, w->gate_up_scales, 2 * intermediate_, hidden_) ||
+          bad_mxfp4(w->down, w->down_scales, hidden_, intermediate_))
+        return Status::errorf(
+            "cuda-modular: MXFP4 experts need hidden and moe_intermediate multiples of 32 and U8 blocks/scales on "
+            "cuda for gate_up [{}, {}, {}/32] and down [{}, {}, {}/32]; got gate_up {} / {}, down {} / {}",
+            experts_, 2 * intermediate_, hidden_, experts_, hidden_, intermediate_, w->gate_up.shape_string(),
+            w->gate_up_scales.shape_string(), w->down.shape_string(), w->down_scales.shape_string());
+    } else if (bad_weight(w->router, experts_, hidden_, 0) ||
         bad_weight(w->gate_up, experts_, 2 * intermediate_, hidden_) ||
         bad_weight(w->down, experts_, hidden_, intermediate_))
       return Status::errorf(

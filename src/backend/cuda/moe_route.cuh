@@ -17,13 +17,15 @@ constexpr int kMaxRouteExperts = 1024;
 constexpr int kMaxRouteTopK = 32;
 constexpr int kMaxRouteGroups = 32;  // group-limited top-k: one bit per group
 
-// How an expert's gate/up become its activation, and the biases (ExpertSpec; experts kStacked:
-// gpt-oss's are restacked at load). The CPU's arithmetic (backend/cpu/moe_experts.cpp): biases
-// added to the projections in f32, then SwiGLU or gpt-oss's clamped SwiGLU.
+// How an expert's gate/up become its activation, and the biases (ExpertSpec; experts kStacked,
+// or MXFP4 as stored for cuda-modular, whose gate_up rows and bias interleave gate and up). The
+// CPU's arithmetic (backend/cpu/moe_experts.cpp): biases added to the projections in f32, then
+// SwiGLU or gpt-oss's clamped SwiGLU.
 struct ExpertParams {
-  const __nv_bfloat16* gate_up_bias = nullptr;  // [E, 2I]: gate then up, or nullptr
+  const __nv_bfloat16* gate_up_bias = nullptr;  // [E, 2I]: gate then up (interleaved: 2r, 2r+1), or nullptr
   const __nv_bfloat16* down_bias = nullptr;     // [E, H] or nullptr
   bool clamped = false;
+  bool interleaved = false;  // gate_up rows and bias as gpt-oss stores them (kMxfp4Interleaved)
   float alpha = 1.702f, limit = 7.0f;
   static ExpertParams from(const moe::ExpertSpec& spec, const moe::MoeLayerWeights& w) {
     ExpertParams p;
@@ -32,17 +34,23 @@ struct ExpertParams {
       p.down_bias = w.down_bias.ptr<__nv_bfloat16>();
     }
     p.clamped = spec.activation == moe::ExpertActivation::kClampedSwiGlu;
+    p.interleaved = spec.format == moe::ExpertFormat::kMxfp4Interleaved;
     p.alpha = spec.alpha;
     p.limit = spec.limit;
     return p;
   }
-  // What the CUDA kernels compute: stacked bf16 experts, either activation, biases or not.
+  // What both CUDA kernels compute: stacked bf16 experts, either activation, biases or not
+  // (cuda-modular also reads MXFP4: implements_mxfp4).
   static bool implements(const moe::ExpertSpec& spec) { return spec.format == moe::ExpertFormat::kStacked; }
+  static bool implements_mxfp4(const moe::ExpertSpec& spec) {
+    return spec.format == moe::ExpertFormat::kMxfp4Interleaved;
+  }
   // Expert e's activation of column r from its gate and up dot products.
   __device__ __forceinline__ float activate(int64_t e, int r, int I, float gate, float up) const {
     if (gate_up_bias) {
-      gate += __bfloat162float(gate_up_bias[e * 2 * I + r]);
-      up += __bfloat162float(gate_up_bias[e * 2 * I + I + r]);
+      const int64_t gate_at = e * 2 * I + (interleaved ? 2 * r : r);
+      gate += __bfloat162float(gate_up_bias[gate_at]);
+      up += __bfloat162float(gate_up_bias[interleaved ? gate_at + 1 : gate_at + I]);
     }
     if (clamped) {
       gate = fminf(gate, limit);
