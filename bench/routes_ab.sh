@@ -7,6 +7,9 @@
 # The server restarts for every run, so A pays capture + encoding + transfer and B pays none.
 # Reports each run's output tok/s, the A/B ratio per pair and its median, and the spread of
 # same-vs-same pairs (A_i/A_i+1 and B_i/B_i+1): the target is |median - 1| within that spread and < 1%.
+# With ARMS="on off capture", a third arm C per pair: capture on at the server, the client asks
+# for no routes (capture alone, no payload). Each run also scrapes the server's /metrics before
+# stopping it: the server-side mean TPOT and TTFT (no client time in them).
 # Usage: bench/routes_ab.sh [BUILD_DIR] [OUT.json]
 #   Env: PAIRS (5), NUM_PROMPTS (16), INPUT_LEN (64), OUTPUT_LEN (32), CONCURRENCY (8), THREADS
 #   (server compute threads, default: all cores), MODEL_DIR (default BUILD_DIR/ab-model: made with
@@ -58,11 +61,14 @@ wait_healthy() {
   echo "server not healthy after 120 s"; return 1
 }
 
-run_one() {  # label on|off, index
+run_one() {  # label on|off|capture, index
   local side=$1 index=$2 serve_flags=() bench_flags=()
   if [[ $side == on ]]; then
     serve_flags=(--enable-return-routed-experts)
     bench_flags=(--routed-experts)
+  elif [[ $side == capture ]]; then
+    serve_flags=(--enable-return-routed-experts)
+    bench_flags=(--no-routed-experts)
   else
     bench_flags=(--no-routed-experts)
   fi
@@ -75,23 +81,39 @@ run_one() {  # label on|off, index
     --num-prompts "$num_prompts" --max-concurrency "$concurrency" --ignore-eos --seed 1 \
     --no-progress "${bench_flags[@]}" --result-file "$work/$side-$index.json" |
     grep -E "Successful|Failed|Output token throughput|Mean TTFT|Mean TPOT|Routes"
+  curl -sf "http://127.0.0.1:$port/metrics" >"$work/$side-$index.metrics" || true
   stop_server
 }
 
+arms=${ARMS:-on off}
 for i in $(seq "$pairs"); do
-  echo "== pair $i: A (routes on)"
-  run_one on "$i"
-  echo "== pair $i: B (routes off)"
-  run_one off "$i"
+  for side in $arms; do
+    echo "== pair $i: $side"
+    run_one "$side" "$i"
+  done
 done
 
 python3 - "$work" "$out" "$pairs" "$(git -C "$root" rev-parse HEAD 2>/dev/null || echo unknown)" \
-  "$num_prompts" "$input_len" "$output_len" "$concurrency" "$threads" "${RANDOM_WEIGHTS:-$model}" "${SERVE_ARGS:-}" <<'EOF'
+  "$num_prompts" "$input_len" "$output_len" "$concurrency" "$threads" "${RANDOM_WEIGHTS:-$model}" "${SERVE_ARGS:-}" \
+  "$arms" <<'EOF'
 import json, os, platform, statistics, subprocess, sys, time
-work, out, pairs, commit, num_prompts, input_len, output_len, concurrency, threads, model, serve_args = sys.argv[1:12]
+work, out, pairs, commit, num_prompts, input_len, output_len, concurrency, threads, model, serve_args, arms = sys.argv[1:13]
 pairs = int(pairs)
+arms = arms.split()
 def load(side, i):
     return json.load(open(os.path.join(work, f"{side}-{i}.json")))
+def server_mean(side, i, name):
+    # Mean of a server histogram (_sum / _count) from the run's /metrics scrape, in ms.
+    total = count = 0.0
+    try:
+        for line in open(os.path.join(work, f"{side}-{i}.metrics")):
+            if line.startswith(name + "_sum"):
+                total += float(line.split()[-1])
+            elif line.startswith(name + "_count"):
+                count += float(line.split()[-1])
+    except OSError:
+        return None
+    return 1000.0 * total / count if count else None
 on = [load("on", i) for i in range(1, pairs + 1)]
 off = [load("off", i) for i in range(1, pairs + 1)]
 tps = lambda runs: [r["output_throughput"] for r in runs]
@@ -119,6 +141,21 @@ doc = {
     "same_vs_same_ratios": same, "same_vs_same_max_abs_deviation": spread,
     "within_spread": abs(median_ratio - 1) <= spread, "under_1_percent": abs(median_ratio - 1) < 0.01,
 }
+for side in arms:
+    doc[f"{side}_server_mean_tpot_ms"] = [server_mean(side, i, "vllm:time_per_output_token_seconds") for i in range(1, pairs + 1)]
+    doc[f"{side}_server_mean_ttft_ms"] = [server_mean(side, i, "vllm:time_to_first_token_seconds") for i in range(1, pairs + 1)]
+def ratios_of(a, b):
+    return [x / y for x, y in zip(a, b) if x and y]
+doc["server_tpot_ratios_on_over_off"] = ratios_of(doc["on_server_mean_tpot_ms"], doc["off_server_mean_tpot_ms"])
+if "capture" in arms:
+    cap = [load("capture", i) for i in range(1, pairs + 1)]
+    doc["capture_output_tok_s"] = tps(cap)
+    doc["pair_ratios_capture_over_off"] = [a / b for a, b in zip(tps(cap), tps(off))]
+    doc["median_ratio_capture_over_off"] = statistics.median(doc["pair_ratios_capture_over_off"])
+    doc["server_tpot_ratios_capture_over_off"] = ratios_of(doc["capture_server_mean_tpot_ms"], doc["off_server_mean_tpot_ms"])
+    print(f"median capture-only/off output tok/s ratio {doc['median_ratio_capture_over_off']:.4f}; "
+          f"server TPOT capture/off {doc['server_tpot_ratios_capture_over_off']}")
+print(f"server-side mean TPOT on/off per pair {doc['server_tpot_ratios_on_over_off']}")
 json.dump(doc, open(out, "w"), indent=1)
 print(f"median on/off output tok/s ratio {median_ratio:.4f}; same-vs-same spread ±{spread:.4f}; "
       f"routes checked {doc['routes_checked']}, failed {doc['routes_failed']} -> {out}")

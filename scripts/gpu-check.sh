@@ -123,7 +123,7 @@ if want routes-ab; then
   section "routes on/off A/B: serve --device cuda (8-layer cut), 1024 in / 512 out"
   cp "$carry"/qwen3-30b-a3b/tokenizer* "$carry/qwen3-30b-a3b-8l/" 2>/dev/null
   BIN="$carry/switchyard" SERVE_ARGS="--device cuda --max-num-seqs 64" RANDOM_WEIGHTS="$carry/qwen3-30b-a3b-8l/config.json" \
-    PAIRS=${ROUTES_AB_PAIRS:-3} NUM_PROMPTS=${ROUTES_AB_PROMPTS:-128} INPUT_LEN=1024 OUTPUT_LEN=512 CONCURRENCY=64 \
+    PAIRS=${ROUTES_AB_PAIRS:-3} ARMS="on off capture" NUM_PROMPTS=${ROUTES_AB_PROMPTS:-128} INPUT_LEN=1024 OUTPUT_LEN=512 CONCURRENCY=64 \
     KV_TOKENS=200000 run routes-ab timeout 500 bash bench/routes_ab.sh build "$OUT/routes_ab_cuda.json"
 fi
 if want ab; then
