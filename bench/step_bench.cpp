@@ -248,6 +248,22 @@ int main(int argc, char** argv) {
                        {"ms", seconds * 1e3}, {"tflops", flops / seconds / 1e12},
                        {"floor", floor_s > 0 ? a.prefill / floor_s : 0.0},
                        {"fraction", floor_s > 0 ? floor_s / seconds : 0.0}});
+    // Capture overhead of the long step (T * L * K ids copied down and checked on the host): ABBA
+    // pairs as for decode, a quarter as many.
+    std::vector<double> ratios;
+    for (int pair = 0; pair < a.ab_pairs / 4; ++pair) {
+      const bool on_first = pair % 2 == 0;
+      auto once = [&](bool capture) {
+        return bench.run(bench.make_step(1, 0, a.prefill, capture, static_cast<int>(decode_blocks), prefill_blocks));
+      };
+      const double first = once(on_first), second = once(!on_first);
+      ratios.push_back(on_first ? first / second : second / first);
+    }
+    if (!ratios.empty()) {
+      std::printf("  prefill capture on/off step-time ratio: median %.4f over %zu pairs\n", median(ratios), ratios.size());
+      records.push_back({{"metric", "prefill_capture_overhead_frac"}, {"tokens", a.prefill},
+                         {"value", median(ratios) - 1.0}, {"pairs", ratios.size()}});
+    }
   }
   if (!a.json_out.empty()) {
     std::string command;

@@ -1,7 +1,10 @@
 // CUDA against the CPU reference on whole golden checkpoints, one model feature at a time.
 // The CPU matches transformers to ~3e-5 on every family (hf_golden_test.cpp), so a CPU-CUDA
-// difference far above the other families' is a CUDA defect, and switching the checkpoint's
-// features off one by one (copies written to a temporary folder) shows which one carries it.
+// difference far above the other families' is either a CUDA defect or a model more sensitive to
+// bf16 rounding. Switching the checkpoint's features off one by one (copies written to a
+// temporary folder) shows whether one feature carries it. (On gpt-oss none does: every variant
+// stays at 0.13-0.19, one layer 0.045, and transformers' own bf16 run is 0.14 from float64 on it,
+// tests/golden/bf16_sensitivity.json: the model's sensitivity, not a defect.)
 // The CUDA pass replays the CPU's routes, so a flipped near-tie cannot move the logits.
 // Runs with SY_TEST_DEVICE=cuda (scripts/gpu-check.sh golden); skipped on the CPU.
 #include <gtest/gtest.h>
@@ -123,16 +126,16 @@ TEST_F(CudaAgreement, GptOssFeatureByFeature) {
     };
   };
   std::vector<Variant> variants = {
-      {"whole model"},
+      {"whole model", {}, {}, 0.0f, -1},
       {"one layer", {}, {}, 0.0f, 1},
       {"two layers", {}, {}, 0.0f, 2},
-      {"sinks -> -100 (no sink mass)", {}, tensor({"self_attn.sinks"}), -100.0f},
-      {"no sliding window", [](nlohmann::json& c) { c["sliding_window"] = 100000; }},
-      {"no YaRN", [](nlohmann::json& c) { c.erase("rope_parameters"); c["rope_theta"] = 150000.0; }},
-      {"expert biases zero", {}, tensor({"experts.gate_up_proj_bias", "experts.down_proj_bias"}), 0.0f},
-      {"no SwiGLU clamp (limit 1e4)", [](nlohmann::json& c) { c["swiglu_limit"] = 10000.0; }},
-      {"router bias zero", {}, tensor({"router.bias"}), 0.0f},
-      {"attention biases zero", {}, tensor({"q_proj.bias", "k_proj.bias", "v_proj.bias", "o_proj.bias"}), 0.0f},
+      {"sinks -> -100 (no sink mass)", {}, tensor({"self_attn.sinks"}), -100.0f, -1},
+      {"no sliding window", [](nlohmann::json& c) { c["sliding_window"] = 100000; }, {}, 0.0f, -1},
+      {"no YaRN", [](nlohmann::json& c) { c.erase("rope_parameters"); c["rope_theta"] = 150000.0; }, {}, 0.0f, -1},
+      {"expert biases zero", {}, tensor({"experts.gate_up_proj_bias", "experts.down_proj_bias"}), 0.0f, -1},
+      {"no SwiGLU clamp (limit 1e4)", [](nlohmann::json& c) { c["swiglu_limit"] = 10000.0; }, {}, 0.0f, -1},
+      {"router bias zero", {}, tensor({"router.bias"}), 0.0f, -1},
+      {"attention biases zero", {}, tensor({"q_proj.bias", "k_proj.bias", "v_proj.bias", "o_proj.bias"}), 0.0f, -1},
   };
   const std::string root = (fs::temp_directory_path() / "sy_cuda_agreement").string();
   fs::remove_all(root);
@@ -150,7 +153,9 @@ TEST_F(CudaAgreement, GptOssFeatureByFeature) {
   std::printf("[ mixtral (control)                       ] CUDA vs CPU logits max |diff|: cuda-modular %.4f, cuda-fused %.4f\n",
               m.modular, m.fused);
   fs::remove_all(root);
-  EXPECT_LE(whole, logits_tolerance());
+  // No further from the CPU (which matches float64 to ~3e-5) than transformers' own bf16 run is
+  // from float64 on this checkpoint (bf16_sensitivity: 0.14, against 0.03 for Mixtral).
+  EXPECT_LE(whole, logits_tolerance("hf_gpt_oss/gptoss_bf16"));
 }
 
 }  // namespace

@@ -118,12 +118,12 @@ TEST_P(HfGolden, LogitsAndRoutesMatchTransformers) {
     const std::vector<float> hf_all = read_f32(prefix + "logits_all.npy");
     const float diff_all = max_abs_diff(logits, hf_all);
     worst_logits = std::max(worst_logits, diff_all);
-    EXPECT_LE(diff_all, logits_tolerance()) << "prompt " << p;
+    EXPECT_LE(diff_all, logits_tolerance(GetParam())) << "prompt " << p;
     const std::vector<float> hf_last = read_f32(prefix + "logits_last.npy");
     const int64_t vocab = static_cast<int64_t>(hf_last.size());
     std::vector<float> ours_last(logits.begin() + (prompt_len - 1) * vocab,
                                  logits.begin() + prompt_len * vocab);
-    EXPECT_LE(max_abs_diff(ours_last, hf_last), logits_tolerance()) << "prompt " << p;
+    EXPECT_LE(max_abs_diff(ours_last, hf_last), logits_tolerance(GetParam())) << "prompt " << p;
 
     FlipTracker flips(sequence.size());
     for (int layer : moe_layers) {
@@ -137,7 +137,8 @@ TEST_P(HfGolden, LogitsAndRoutesMatchTransformers) {
         if (flips.skip(t)) continue;
         const int32_t* ours = routes.data() + (t * layers + layer) * top_k;
         const RouteRowResult row = compare_route_row(router.data() + t * experts, experts, ours,
-                                                     hf_topk.data() + t * top_k, top_k, as_sets);
+                                                     hf_topk.data() + t * top_k, top_k, as_sets,
+                                                     near_tie_gap(GetParam()));
         flips.note(t, row);
         if (row.excluded) {
           ++excluded_rows;
@@ -234,12 +235,13 @@ TEST_P(HfGolden, GreedyContinuationThroughTheEngineMatches) {
       const std::vector<int64_t> hf_topk = read_ints(prefix + "topk_l" + std::to_string(layer) + ".npy");
       for (int64_t r = prompt_len; r < prompt_len + static_cast<int64_t>(j) && r < ours.rows; ++r)
         flipped |= compare_route_row(router.data() + r * shape[1], shape[1], ours.row_ptr(r) + layer * top_k,
-                                     hf_topk.data() + r * top_k, top_k, routes_as_sets(fixture))
+                                     hf_topk.data() + r * top_k, top_k, routes_as_sets(fixture),
+                                     near_tie_gap(GetParam()))
                        .flipped;
     }
     std::printf("  prompt %zu: tokens part from transformers' at step %zu (its top-2 margin %.3g%s)\n", p, j,
                 margin, flipped ? ", after a flipped near-tie route" : "");
-    EXPECT_TRUE(margin < 2 * logits_tolerance() || flipped)
+    EXPECT_TRUE(margin < 2 * logits_tolerance(GetParam()) || flipped)
         << "prompt " << p << ": the continuation parts from transformers' at step " << j
         << " where its choice was decisive (margin " << margin << ")";
   }
@@ -281,18 +283,28 @@ TEST_P(HfGolden, ModularAndFusedKernelsAgreeExactly) {
           float gap = INFINITY;
           for (int64_t j = 0; j < std::min<int64_t>(k, shape[1] - 1); ++j)
             gap = std::min(gap, sorted[j] - sorted[j + 1]);
-          EXPECT_LT(gap, near_tie_gap()) << "layer " << layer << " row " << t
+          EXPECT_LT(gap, near_tie_gap(GetParam())) << "layer " << layer << " row " << t
                                          << ": modular and fused differ on a decisive row";
         }
       }
       std::printf("[ %s ] modular vs fused: %lld route rows differ (all near-ties)\n", GetParam(),
                   static_cast<long long>(differing));
+      // A row whose routes parted (a near-tie) changes its own later layers and, through the KV
+      // cache, every later row: logits are compared on the rows before the first such row.
+      int64_t first = static_cast<int64_t>(prompt["sequence_ids"].size());
+      for (int64_t t = 0; t < first; ++t)
+        if (!std::equal(routes_a.begin() + t * layers * k, routes_a.begin() + (t + 1) * layers * k,
+                        routes_b.begin() + t * layers * k))
+          first = t;
+      const size_t vocab = logits_a.size() / prompt["sequence_ids"].size();
+      logits_a.resize(static_cast<size_t>(first) * vocab);
+      logits_b.resize(static_cast<size_t>(first) * vocab);
     } else {
       EXPECT_EQ(routes_a, routes_b);
     }
     // The CPU kernels share one accumulation order; CUDA's differ (GEMM tiles vs GEMV) while
     // their routes, computed by the same device functions, must still be identical.
-    EXPECT_LE(max_abs_diff(logits_a, logits_b), on_cuda() ? logits_tolerance() : 0.0f);
+    EXPECT_LE(max_abs_diff(logits_a, logits_b), on_cuda() ? logits_tolerance(GetParam()) : 0.0f);
   }
 }
 
@@ -317,7 +329,7 @@ TEST_P(HfGolden, ReplayReproducesCaptureAndForcedRoutesMatchTheHfOracle) {
       std::vector<int32_t> forced(forced64.begin(), forced64.end());
       ASSERT_TRUE(harness.run(sequence, forced_logits, forced_echo, &forced).is_ok());
       const std::vector<float> hf_forced = read_f32(prefix + "forced_logits_all.npy");
-      EXPECT_LE(max_abs_diff(forced_logits, hf_forced), on_cuda() ? logits_tolerance() : 1e-3f)
+      EXPECT_LE(max_abs_diff(forced_logits, hf_forced), on_cuda() ? logits_tolerance(GetParam()) : 1e-3f)
           << kernel << " prompt " << p;
       EXPECT_GT(max_abs_diff(forced_logits, logits), 1e-2f)
           << "forced routes must change the logits";
