@@ -99,11 +99,13 @@ inline double bf16_scale(const std::string& checkpoint) {
 // GEMM activations, attention's Q and P, and the KV cache to bf16 (as transformers in bf16
 // would): a relative error of ~2^-9 per rounding, seen as up to 0.063 on these logits (|logit|
 // up to ~10) on the H200 (bench/results/gpu-check-2026-12-03.log). On CUDA, for a checkpoint
-// more sensitive to bf16 than the base models: no further from float64 than transformers' own
-// bf16 run (bf16_sensitivity).
+// more sensitive to bf16 than the base models: about as far from float64 as transformers' own
+// bf16 run (bf16_sensitivity), with 25% room: that figure is one run's worst row over two
+// prompts, and CUDA's two MoE kernels alone differ by ~6% on it (gpt-oss: cuda-modular 0.136,
+// cuda-fused 0.144, transformers bf16 0.141; H100, bench/results/gpu-check-2026-12-05-9df2f8c-h100.log).
 inline float logits_tolerance(const std::string& checkpoint = "") {
   if (!on_cuda()) return 1e-3f;
-  return static_cast<float>(std::max(0.1, bf16_sensitivity(checkpoint)));
+  return static_cast<float>(std::max(0.1, 1.25 * bf16_sensitivity(checkpoint)));
 }
 // Route rows whose k-th/(k+1)-th router logit gap is below this are near-ties (excluded,
 // counted, printed): 1e-5 on the CPU; on CUDA, the same bf16 rounding moves router logits by a few
