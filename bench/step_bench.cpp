@@ -168,8 +168,22 @@ int main(int argc, char** argv) {
                 kv_out = c.num_key_value_heads * c.head_dim;
   const int64_t attention_bytes = 2 * (hidden * q_out * 2 + hidden * kv_out * 2);
   const int64_t router_bytes = 2 * c.num_experts * hidden;
-  const int64_t expert_bytes = 2 * 3 * c.moe_intermediate_size * hidden;
-  const int64_t kv_bytes_per_token = 2 * c.num_hidden_layers * kv_out * 2;  // K and V, bf16
+  // An expert's gate, up and down matrices: bf16, or MXFP4 as stored (half a byte a value and a
+  // scale byte per 32), plus gpt-oss's bf16 biases.
+  const int64_t expert_values = 3 * c.moe_intermediate_size * hidden;
+  const int64_t expert_bytes =
+      (c.experts.format == sy::moe::ExpertFormat::kMxfp4Interleaved ? expert_values / 2 + expert_values / 32
+                                                                     : 2 * expert_values) +
+      (c.experts.has_biases ? 2 * (2 * c.moe_intermediate_size + hidden) : 0);
+  // K and V (bf16) a decode token reads at `position`: a sliding-window layer only its window.
+  auto kv_bytes_at = [&](int64_t position) {
+    double bytes = 0;
+    for (const auto& layer : c.layers) {
+      const int64_t window = layer.attention.sliding_window;
+      bytes += 2.0 * kv_out * 2 * static_cast<double>(window > 0 ? std::min(position, window) : position);
+    }
+    return bytes;
+  };
 
   for (int batch : a.batches) {
     // Context: each sequence's first `context` tokens, prefilled in steps of <= max_tokens.
@@ -198,7 +212,7 @@ int main(int argc, char** argv) {
     const double experts = static_cast<double>(distinct_per_step) / a.steps;
     const double bytes = static_cast<double>(c.num_hidden_layers) * attention_bytes +
                          static_cast<double>(c.moe_layers().size()) * router_bytes + experts * expert_bytes +
-                         2.0 * c.vocab_size * hidden + static_cast<double>(batch) * position * kv_bytes_per_token;
+                         2.0 * c.vocab_size * hidden + static_cast<double>(batch) * kv_bytes_at(position);
     const double floor_s = a.bandwidth_gbs > 0 ? bytes / (a.bandwidth_gbs * 1e9) : 0.0;
     const double tok_s = batch / step_s;
     std::printf("decode batch %3d context %5d: %.3f ms/step, %.1f tok/s; %.1f experts/step, %.2f GB/step, "

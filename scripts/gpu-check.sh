@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU machine's whole visit, run as it is from the repo root there, after scripts/gpu-pack.sh
 # here (carry gpu-carry/). Stages (default: all but profile): ceilings ops golden engine bench8
-# bench48 crossover serve-e2e serve-invariant (--batch-invariant tests and bench) soak (CUDA soak, SOAK_SECONDS) serve; chat-goldens (transformers' template renders); stamps (cuda-fused phase timer, STAMP_VARIANTS); ab (knob A/B, AB_VARIANTS); family-goldens (GOLDEN_FAMILIES; then the golden tests on them); bf16-sensitivity (transformers bf16 vs float64 per golden model); routes-ab (routes on/off over HTTP on CUDA); long-goldens (tools/gpu/long_goldens.py, then LongGolden on them; long_goldens.tgz); moe-stalls (ncu stall reasons of cuda-fused); attn-detail (ncu full + SASS stalls of decode attention); profile (ncu per-kernel times of one decode and one prefill step;
+# bench48 crossover serve-e2e serve-invariant (--batch-invariant tests and bench) soak (CUDA soak, SOAK_SECONDS) serve; chat-goldens (transformers' template renders); stamps (cuda-fused phase timer, STAMP_VARIANTS); ab (knob A/B, AB_VARIANTS); family-goldens (GOLDEN_FAMILIES; then the golden tests on them); bf16-sensitivity (transformers bf16 vs float64 per golden model); routes-ab (routes on/off over HTTP on CUDA); bench-gptoss (gpt-oss-20b shapes, MXFP4 experts); long-goldens (tools/gpu/long_goldens.py, then LongGolden on them; long_goldens.tgz); moe-stalls (ncu stall reasons of cuda-fused); attn-detail (ncu full + SASS stalls of decode attention); profile (ncu per-kernel times of one decode and one prefill step;
 # PROFILE_STEPS=decode for one), moe-detail (ncu's full sections on one cuda-fused launch).
 # Everything it prints also goes to $OUT/gpu-check.log; JSON results land in $OUT.
 #   scripts/gpu-check.sh [stage ...]
@@ -65,6 +65,14 @@ if want bench48; then
   run bench48 timeout 400 "$carry/step_bench" --device cuda --random-weights "$carry/qwen3-30b-a3b/config.json" \
     --batches 1,64 --context 1024 --steps 32 --prefill 8192 --bandwidth-gbs "$bandwidth" \
     --matmul-tflops "$tflops" --json-out "$OUT/step_bench_48l.json"
+fi
+if want bench-gptoss; then
+  # gpt-oss-20b's shapes with random MXFP4 experts kept packed (cuda-modular reads them; auto runs
+  # every step on it): decode against the bytes floor (MXFP4 expert bytes, windowed KV).
+  section "step bench: gpt-oss-20b shapes, MXFP4 experts (24 layers, random weights)"
+  run bench-gptoss timeout 300 "$carry/step_bench" --device cuda --random-weights "$carry/gpt-oss-20b/config.json" \
+    --batches 1,64 --context 1024 --steps 32 --ab-pairs 8 --prefill 4096 --bandwidth-gbs "$bandwidth" \
+    --matmul-tflops "$tflops" --json-out "$OUT/step_bench_gpt_oss_20b.json"
 fi
 if want crossover; then
   section "MoE kernel crossover: monolithic (cuda-fused) vs modular (cuda-modular) decode, 48 layers"

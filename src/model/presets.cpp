@@ -229,6 +229,36 @@ json tiny_gpt_oss() {
               {"vocab_size", 151936}};
 }
 
+json gpt_oss_20b() {
+  // openai/gpt-oss-20b's dimensions as published (24 layers alternating sliding window 128 and
+  // full attention, hidden and expert width 2880, 64 query heads of 64 over 8 KV heads, 32 MXFP4
+  // experts top-4, YaRN 32x over 4,096, vocabulary 201,088), on the tiny preset's spellings: for
+  // --config-only folders that --random-weights builds on a GPU (step_bench).
+  json config = tiny_gpt_oss();
+  config["hidden_size"] = 2880;
+  config["intermediate_size"] = 2880;
+  config["head_dim"] = 64;
+  config["num_attention_heads"] = 64;
+  config["num_key_value_heads"] = 8;
+  config["num_hidden_layers"] = 24;
+  config["num_local_experts"] = 32;
+  config["num_experts_per_tok"] = 4;
+  config["experts_per_token"] = 4;
+  config["sliding_window"] = 128;
+  config["initial_context_length"] = 4096;
+  config["max_position_embeddings"] = 131072;
+  config["rope_scaling"]["factor"] = 32.0;
+  config["rope_scaling"]["original_max_position_embeddings"] = 4096;
+  config["vocab_size"] = 201088;
+  config["bos_token_id"] = 199998;
+  config["eos_token_id"] = 200002;
+  config["pad_token_id"] = 199999;
+  json types = json::array();
+  for (int layer = 0; layer < 24; ++layer) types.push_back(layer % 2 ? "full_attention" : "sliding_attention");
+  config["layer_types"] = types;
+  return config;
+}
+
 json tiny_deepseek_v3() {
   // The published DeepSeek-V3 config.json spellings, shrunk: hidden 72, 3 heads, q through a
   // rank-40 path, kv latent of rank 24 (the ranks differ so a swapped q/kv tensor fails the
@@ -453,9 +483,13 @@ Result<json> preset_config(const std::string& arch, const std::string& preset, i
           "--preset '{}' is unknown for qwen3_moe (supported: tiny, qwen3-30b-a3b)", preset);
   } else if (arch == "mixtral" || arch == "olmoe" || arch == "qwen2_moe" || arch == "gpt_oss" ||
              arch == "deepseek_v3" || arch == "glm4_moe") {
-    if (preset != "tiny")
-      return Status::errorf("--preset '{}' is unknown for {} (supported: tiny)", preset, arch);
-    config = arch == "mixtral"       ? tiny_mixtral()
+    if (arch == "gpt_oss" && preset == "gpt-oss-20b")
+      config = gpt_oss_20b();
+    else if (preset != "tiny")
+      return Status::errorf("--preset '{}' is unknown for {} (supported: tiny{})", preset, arch,
+                            arch == "gpt_oss" ? ", gpt-oss-20b" : "");
+    else
+      config = arch == "mixtral"     ? tiny_mixtral()
              : arch == "olmoe"       ? tiny_olmoe()
              : arch == "qwen2_moe"   ? tiny_qwen2_moe()
              : arch == "gpt_oss"     ? tiny_gpt_oss()

@@ -48,6 +48,26 @@ TEST(ParameterCount, FormulaGivesThePublishedGptOssTotals) {
   EXPECT_EQ((gpt_oss_parameters(c) + 5'000'000) / 10'000'000, 11683);
 }
 
+// make-model's gpt-oss-20b preset (--config-only folders for --random-weights on a GPU): the
+// published total, MXFP4 experts, and the alternating 128-token windows.
+TEST(ParameterCount, GptOss20bPresetHasThePublishedShape) {
+  auto preset = preset_config("gpt_oss", "gpt-oss-20b", 0);
+  ASSERT_TRUE(preset.is_ok()) << preset.message();
+  EXPECT_EQ((gpt_oss_parameters(*preset) + 5'000'000) / 10'000'000, 2091);
+  auto config = parse_model_config(*preset);
+  ASSERT_TRUE(config.is_ok()) << config.message();
+  EXPECT_EQ(config->experts.stored, moe::ExpertFormat::kMxfp4Interleaved);
+  EXPECT_EQ(config->num_experts, 32);
+  EXPECT_EQ(config->experts_per_token, 4);
+  ASSERT_EQ(config->layers.size(), 24u);
+  for (size_t layer = 0; layer < config->layers.size(); ++layer)
+    EXPECT_EQ(config->layers[layer].attention.sliding_window, layer % 2 ? 0 : 128) << layer;
+  auto cut = preset_config("gpt_oss", "gpt-oss-20b", 2);
+  ASSERT_TRUE(cut.is_ok());
+  EXPECT_EQ((*cut)["layer_types"].size(), 2u);
+  EXPECT_FALSE(preset_config("mixtral", "gpt-oss-20b", 0).is_ok());
+}
+
 int64_t stored_elements(const std::string& dir) {
   auto checkpoint = Checkpoint::open(dir);
   EXPECT_TRUE(checkpoint) << checkpoint.message();
