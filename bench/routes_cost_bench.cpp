@@ -8,7 +8,8 @@
 // of one request's routes (select_routes + base64 .npy) against that request's generation time.
 //   routes_cost_bench MODEL_DIR [--moe-kernel auto|cpu-modular|cpu-fused] [--pairs 8]
 //                     [--concurrency 8] [--prompt 64] [--decode 48] [--control 0|1] [--out
-//                     FILE.json]
+//                     FILE.json] [--device cpu|cuda] [--random-weights CONFIG.json]
+// (MODEL_DIR "-" with --random-weights: a seeded random model built on the device, as serve's.)
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -23,6 +24,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "backend/backend.h"
 #include "engine/engine.h"
 #include "server/api.h"
 
@@ -114,11 +116,12 @@ int main(int argc, char** argv) {
   if (argc < 2) {
     std::fprintf(stderr,
                  "usage: %s MODEL_DIR [--moe-kernel K] [--pairs N] [--concurrency N] [--prompt N] "
-                 "[--decode N] [--out FILE]\n",
+                 "[--decode N] [--out FILE] [--device cpu|cuda] [--random-weights CONFIG]\n",
                  argv[0]);
     return 2;
   }
-  std::string model_dir = argv[1], out_path, kernel = "auto";
+  std::string model_dir = argv[1], out_path, kernel = "auto", random_weights;
+  sy::Device device = sy::Device::kCpu;
   int pairs = 8;
   bool control = false;  // --control 1: both sides capture off (measures the method's own bias)
   Workload w{8, 64, 48, 0};
@@ -137,7 +140,16 @@ int main(int argc, char** argv) {
       out_path = argv[i + 1];
     else if (!std::strcmp(argv[i], "--control"))
       control = !std::strcmp(argv[i + 1], "1");
-    else {
+    else if (!std::strcmp(argv[i], "--random-weights"))
+      random_weights = argv[i + 1];
+    else if (!std::strcmp(argv[i], "--device")) {
+      auto parsed = sy::backend::parse_device(argv[i + 1]);
+      if (!parsed) {
+        std::fprintf(stderr, "%s\n", parsed.message().c_str());
+        return 2;
+      }
+      device = *parsed;
+    } else {
       std::fprintf(stderr, "unknown flag %s\n", argv[i]);
       return 2;
     }
@@ -149,7 +161,11 @@ int main(int argc, char** argv) {
 
   auto make = [&](bool capture) {
     sy::engine::EngineConfig config;
-    config.model_dir = model_dir;
+    if (random_weights.empty())
+      config.model_dir = model_dir;
+    else
+      config.random_weights_config = random_weights;
+    config.device = device;
     config.moe_kernel = kernel;
     config.capture_routes = capture;
     config.kv_cache_tokens = int64_t{w.concurrency} * (w.prompt + w.decode + 32);
@@ -244,7 +260,9 @@ int main(int argc, char** argv) {
       {"commit", command_output("git rev-parse --short HEAD 2>/dev/null")},
       {"machine", command_output("lscpu | sed -n 's/^Model name: *//p' | head -1") + ", " +
                       std::to_string(std::thread::hardware_concurrency()) + " cores"},
-      {"model", model_dir},
+      {"model", random_weights.empty() ? model_dir : "random weights: " + random_weights},
+      {"device", device == sy::Device::kCuda ? "cuda" : "cpu"},
+      {"gpu", command_output("nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null")},
       {"moe_kernel", kernel},
       {"control_both_sides_off", control},
       {"concurrency", w.concurrency},

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU machine's whole visit, run as it is from the repo root there, after scripts/gpu-pack.sh
 # here (carry gpu-carry/). Stages (default: all but profile): ceilings ops golden engine bench8
-# bench48 crossover serve-e2e serve-invariant (--batch-invariant tests and bench) soak (CUDA soak, SOAK_SECONDS) serve; chat-goldens (transformers' template renders); stamps (cuda-fused phase timer, STAMP_VARIANTS); ab (knob A/B, AB_VARIANTS); family-goldens (GOLDEN_FAMILIES; then the golden tests on them); bf16-sensitivity (transformers bf16 vs float64 per golden model); routes-ab (routes on/off over HTTP on CUDA); bench-gptoss (gpt-oss-20b shapes, MXFP4 experts); long-goldens (tools/gpu/long_goldens.py, then LongGolden on them; long_goldens.tgz); moe-stalls (ncu stall reasons of cuda-fused); attn-detail (ncu full + SASS stalls of decode attention); profile (ncu per-kernel times of one decode and one prefill step;
+# bench48 crossover serve-e2e serve-invariant (--batch-invariant tests and bench) soak (CUDA soak, SOAK_SECONDS) serve; chat-goldens (transformers' template renders); stamps (cuda-fused phase timer, STAMP_VARIANTS); ab (knob A/B, AB_VARIANTS); family-goldens (GOLDEN_FAMILIES; then the golden tests on them); bf16-sensitivity (transformers bf16 vs float64 per golden model); routes-ab (routes on/off over HTTP on CUDA); bench-gptoss (gpt-oss-20b shapes, MXFP4 experts); routes-cost (capture on/off in process on CUDA); long-goldens (tools/gpu/long_goldens.py, then LongGolden on them; long_goldens.tgz); moe-stalls (ncu stall reasons of cuda-fused); attn-detail (ncu full + SASS stalls of decode attention); profile (ncu per-kernel times of one decode and one prefill step;
 # PROFILE_STEPS=decode for one), moe-detail (ncu's full sections on one cuda-fused launch).
 # Everything it prints also goes to $OUT/gpu-check.log; JSON results land in $OUT.
 #   scripts/gpu-check.sh [stage ...]
@@ -65,6 +65,18 @@ if want bench48; then
   run bench48 timeout 400 "$carry/step_bench" --device cuda --random-weights "$carry/qwen3-30b-a3b/config.json" \
     --batches 1,64 --context 1024 --steps 32 --prefill 8192 --bandwidth-gbs "$bandwidth" \
     --matmul-tflops "$tflops" --json-out "$OUT/step_bench_48l.json"
+fi
+if want routes-cost; then
+  # Capture on/off inside the engine on CUDA, no HTTP (bench/routes_cost_bench, ABBA legs, a fresh
+  # engine each): separates the engine's share of routes-ab's serving cost from the server's and
+  # the client's. Needs the binary packed: GPU_PACK_TARGETS="... routes_cost_bench" scripts/gpu-pack.sh.
+  section "routes cost in process on CUDA (8-layer cut, 64 x 1024 in / 128 out)"
+  if [[ -x $carry/routes_cost_bench ]]; then
+    run routes-cost timeout 300 "$carry/routes_cost_bench" - --device cuda --random-weights "$carry/qwen3-30b-a3b-8l/config.json" \
+      --pairs 8 --concurrency 64 --prompt 1024 --decode 128 --out "$OUT/routes_cost_cuda.json" | tail -25
+  else
+    echo "routes_cost_bench not packed (GPU_PACK_TARGETS)"; failed+=("routes-cost")
+  fi
 fi
 if want bench-gptoss; then
   # gpt-oss-20b's shapes with random MXFP4 experts kept packed (cuda-modular reads them; auto runs
