@@ -160,3 +160,28 @@ TEST_F(CudaAgreement, GptOssFeatureByFeature) {
 
 }  // namespace
 }  // namespace sy
+
+namespace sy {
+namespace {
+
+// The measured bf16 sensitivity the CUDA tolerances read (tests/golden/bf16_sensitivity.json):
+// every committed golden checkpoint has its figure (the MXFP4 folder through its bf16 sibling),
+// and the ones the fixed tolerances were set on stay under kBf16ErrorOfTheBaseModels. Runs on the
+// CPU too, so a golden added without a measurement is noticed in CI.
+TEST(Bf16Sensitivity, EveryGoldenCheckpointHasAMeasurement) {
+  for (const char* checkpoint :
+       {"hf_qwen3_moe/qwen3moe_sharded", "hf_qwen3_moe/qwen3moe_dense_nonorm", "hf_qwen3_moe/qwen3moe_sparse_step",
+        "hf_mixtral/mixtral_window", "hf_olmoe/olmoe_nonorm", "hf_qwen2_moe/qwen2moe_shared_window",
+        "hf_long/qwen3moe_long", "hf_long/qwen3moe_long_fused"}) {
+    const double error = golden::bf16_sensitivity(checkpoint);
+    EXPECT_GT(error, 0.0) << checkpoint;
+    EXPECT_LE(error, golden::kBf16ErrorOfTheBaseModels) << checkpoint;
+    EXPECT_EQ(golden::bf16_scale(checkpoint), 1.0) << checkpoint;
+  }
+  EXPECT_GT(golden::bf16_sensitivity("hf_gpt_oss/gptoss_bf16"), golden::kBf16ErrorOfTheBaseModels);
+  EXPECT_EQ(golden::bf16_sensitivity("hf_gpt_oss/gptoss_mxfp4"), golden::bf16_sensitivity("hf_gpt_oss/gptoss_bf16"));
+  EXPECT_EQ(golden::bf16_sensitivity("hf_none/not_a_checkpoint"), 0.0);
+}
+
+}  // namespace
+}  // namespace sy
