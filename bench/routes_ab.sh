@@ -9,7 +9,8 @@
 # same-vs-same pairs (A_i/A_i+1 and B_i/B_i+1): the target is |median - 1| within that spread and < 1%.
 # With ARMS="on off capture", a third arm C per pair: capture on at the server, the client asks
 # for no routes (capture alone, no payload). Each run also scrapes the server's /metrics before
-# stopping it: the server-side mean TPOT and TTFT (no client time in them).
+# stopping it: the server-side mean TPOT and TTFT (no client time in them), and the engine thread's
+# step time and the share of it spent on routes on the host (route_host_seconds_total).
 # Usage: bench/routes_ab.sh [BUILD_DIR] [OUT.json]
 #   Env: PAIRS (5), NUM_PROMPTS (16), INPUT_LEN (64), OUTPUT_LEN (32), CONCURRENCY (8), THREADS
 #   (server compute threads, default: all cores), MODEL_DIR (default BUILD_DIR/ab-model: made with
@@ -144,6 +145,23 @@ doc = {
 for side in arms:
     doc[f"{side}_server_mean_tpot_ms"] = [server_mean(side, i, "vllm:time_per_output_token_seconds") for i in range(1, pairs + 1)]
     doc[f"{side}_server_mean_ttft_ms"] = [server_mean(side, i, "vllm:time_to_first_token_seconds") for i in range(1, pairs + 1)]
+def counter(side, i, name):
+    try:
+        for line in open(os.path.join(work, f"{side}-{i}.metrics")):
+            if line.startswith(name + "{") or line.startswith(name + " "):
+                return float(line.split()[-1])
+    except OSError:
+        pass
+    return None
+for side in arms:
+    # The engine thread's own account: its step time, and the share spent on routes on the host.
+    doc[f"{side}_engine_steps"] = [counter(side, i, "switchyard:engine_steps_total") for i in range(1, pairs + 1)]
+    doc[f"{side}_engine_step_seconds"] = [counter(side, i, "switchyard:engine_step_seconds_total") for i in range(1, pairs + 1)]
+    doc[f"{side}_route_host_fraction"] = [
+        (r / t if r is not None and t else None)
+        for r, t in zip([counter(side, i, "switchyard:route_host_seconds_total") for i in range(1, pairs + 1)],
+                        doc[f"{side}_engine_step_seconds"])]
+    print(f"{side}: engine step seconds {doc[f'{side}_engine_step_seconds']}, route host share {doc[f'{side}_route_host_fraction']}")
 def ratios_of(a, b):
     return [x / y for x, y in zip(a, b) if x and y]
 doc["server_tpot_ratios_on_over_off"] = ratios_of(doc["on_server_mean_tpot_ms"], doc["off_server_mean_tpot_ms"])

@@ -544,11 +544,22 @@ class EngineImpl final : public Engine {
     std::vector<int32_t> routes;  // [step tokens, row_ints] when capturing
     std::vector<float> weights;   // likewise, when a sequence of the step asked for weights
     int64_t poisoned_rows = 0;
+    double route_host_seconds = 0;  // finish_step's route copy and check
   };
 
   using Scheduled = ScheduledChunk;
 
   void step() {
+    const auto started = Clock::now();
+    double route_seconds = 0;
+    step_body(route_seconds);
+    std::lock_guard lock(metrics_mutex_);
+    ++metrics_.steps_total;
+    metrics_.step_seconds_total += std::chrono::duration<double>(Clock::now() - started).count();
+    metrics_.route_host_seconds_total += route_seconds;
+  }
+
+  void step_body(double& route_seconds) {
     std::vector<std::unique_ptr<Sequence>> rejected;
     std::vector<Scheduled> batch = scheduler_->schedule(paused_for_drain(), rejected);
     for (auto& seq : rejected)
@@ -557,8 +568,9 @@ class EngineImpl final : public Engine {
     if (batch.empty()) return;
     StepResult result;
     Status status = run_batch(batch, result);
+    route_seconds += result.route_host_seconds;
     if (status) {
-      apply_batch(batch, result);
+      route_seconds += apply_batch(batch, result);
       return;
     }
     if (batch.size() == 1) {
@@ -571,8 +583,9 @@ class EngineImpl final : public Engine {
       StepResult alone;
       std::vector<Scheduled> one = {s};
       Status solo = run_batch(one, alone);
+      route_seconds += alone.route_host_seconds;
       if (solo) {
-        apply_batch(one, alone);
+        route_seconds += apply_batch(one, alone);
       } else {
         fail_step(s, solo, alone.poisoned_rows);
       }
@@ -677,13 +690,17 @@ class EngineImpl final : public Engine {
     result.routes = std::move(out.routes);
     result.weights = std::move(out.weights);
     result.poisoned_rows = out.poisoned_rows;
+    result.route_host_seconds = out.route_host_seconds;
     return status;
   }
 
-  // Takes a successful step's results into its sequences and delivers their events.
-  void apply_batch(const std::vector<Scheduled>& batch, const StepResult& result) {
+  // Takes a successful step's results into its sequences and delivers their events. Returns the
+  // seconds spent on the route log and expert load.
+  double apply_batch(const std::vector<Scheduled>& batch, const StepResult& result) {
     // Route log: positions computed for the first time get the rows the kernels wrote.
+    double route_seconds = 0;
     if (config_.capture_routes) {
+      const auto route_started = Clock::now();
       size_t t = 0;
       int64_t captured = 0, replayed = 0;
       const int64_t top_k = model_->config().experts_per_token;
@@ -713,10 +730,13 @@ class EngineImpl final : public Engine {
           ++captured;
         }
       }
-      std::lock_guard lock(metrics_mutex_);
-      metrics_.routes_captured_total += captured;
-      metrics_.routes_replayed_total += replayed;
-      for (size_t i = 0; i < load.size(); ++i) metrics_.expert_load_tokens[i] += load[i];
+      {
+        std::lock_guard lock(metrics_mutex_);
+        metrics_.routes_captured_total += captured;
+        metrics_.routes_replayed_total += replayed;
+        for (size_t i = 0; i < load.size(); ++i) metrics_.expert_load_tokens[i] += load[i];
+      }
+      route_seconds = std::chrono::duration<double>(Clock::now() - route_started).count();
     }
     for (const auto& s : batch) scheduler_->computed(*s.seq, s.begin + s.count);
     // The step wrote each sequence's linear-attention state into its other buffer.
@@ -766,6 +786,7 @@ class EngineImpl final : public Engine {
       if (reason != FinishReason::kNone) finished.push_back(&seq);
     }
     for (Sequence* seq : finished) remove_running(seq);
+    return route_seconds;
   }
 
   // The step's logits rows that one consumer needs, compacted on the backend (never via the

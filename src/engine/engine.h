@@ -122,6 +122,12 @@ struct EngineMetrics {
   int64_t routes_captured_total = 0;  // rows logged from a forward pass (first computation)
   int64_t routes_replayed_total = 0;  // rows computed with forced routes (replay, recompute)
   int64_t routes_poisoned_total = 0;  // rows a kernel left unwritten (their requests failed)
+  // Engine-thread time: every step (schedule to delivered events), and the part of it spent on
+  // routes on the host after the device finished (copy and check, route log, expert load), so
+  // capture's host cost reads as route_host_seconds_total / step_seconds_total.
+  int64_t steps_total = 0;
+  double step_seconds_total = 0;
+  double route_host_seconds_total = 0;
   // Tokens routed to each expert by every forward pass, [moe_layers.size() * num_experts].
   std::vector<int> moe_layers;
   int64_t num_experts = 0;

@@ -1,6 +1,7 @@
 #include "model/decoder.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -599,6 +600,14 @@ Status Decoder::forward(const Model& model, const StepInputs& in, StepOutputs& o
 Status Decoder::finish_step(const Model& model, StepOutputs& out) {
   backend_.synchronize();
   if (!step_capture_) return Status::ok();
+  const auto started = std::chrono::steady_clock::now();
+  Status checked = check_routes(model, out);
+  out.route_host_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  return checked;
+}
+
+// The step's routes (and weights) out of the pinned copy, every row checked.
+Status Decoder::check_routes(const Model& model, StepOutputs& out) {
   const ModelConfig& c = model.config();
   const DecoderWeights& w = model.weights();
   const int64_t tokens = step_tokens_, layers = c.num_hidden_layers, top_k = c.experts_per_token;

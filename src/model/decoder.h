@@ -40,6 +40,7 @@ struct StepOutputs {
   std::vector<int32_t> routes;  // host [T, num_hidden_layers, top_k] after finish_step; dense rows 0
   std::vector<float> weights;   // host, same layout, when capture_weights; dense entries 0
   int64_t poisoned_rows = 0;    // step tokens with a route or weight no kernel wrote
+  double route_host_seconds = 0;  // finish_step's host work on the routes (copy, check)
 };
 
 // Which MoE kernel runs a step: `small` for steps of at most `small_max_tokens` tokens (a
@@ -96,6 +97,7 @@ class Decoder {
   Status finish_step(const Model& model, StepOutputs& outputs);
 
  private:
+  Status check_routes(const Model& model, StepOutputs& outputs);
   struct Workspace;
 
   backend::Backend& backend_;

@@ -129,6 +129,14 @@ std::string ServerMetrics::render(const std::string& model_name,
          "Requests failed because a route was not written by any kernel.", labels,
          double(e.route_capture_errors_total));
 
+  metric(out, "switchyard:engine_steps_total", "counter", "Steps the engine ran.", labels,
+         double(e.steps_total));
+  metric(out, "switchyard:engine_step_seconds_total", "counter",
+         "Engine-thread time of every step, scheduling to delivered events.", labels, e.step_seconds_total);
+  metric(out, "switchyard:route_host_seconds_total", "counter",
+         "Engine-thread time spent on routes after the device finished (copy and check, route log, expert "
+         "load): capture's host cost, against engine_step_seconds_total.",
+         labels, e.route_host_seconds_total);
   metric(out, "switchyard:routes_captured_total", "counter",
          "Route rows logged from a forward pass (first computation of a position).", labels,
          double(e.routes_captured_total));

@@ -295,6 +295,9 @@ TEST(RoutesMetrics, CountersExpertLoadAndImbalanceArePrometheusText) {
   e.routes_captured_total = 41;
   e.routes_replayed_total = 7;
   e.routes_poisoned_total = 3;
+  e.steps_total = 12;
+  e.step_seconds_total = 2.5;
+  e.route_host_seconds_total = 0.125;
   e.moe_layers = {1, 3};
   e.num_experts = 4;
   const uint64_t seed = test::test_seed();
@@ -309,6 +312,9 @@ TEST(RoutesMetrics, CountersExpertLoadAndImbalanceArePrometheusText) {
   EXPECT_EQ(sample(text, "switchyard:routes_captured_total{" + l + "}"), 41);
   EXPECT_EQ(sample(text, "switchyard:routes_replayed_total{" + l + "}"), 7);
   EXPECT_EQ(sample(text, "switchyard:routes_poisoned_total{" + l + "}"), 3);
+  EXPECT_EQ(sample(text, "switchyard:engine_steps_total{" + l + "}"), 12);
+  EXPECT_EQ(sample(text, "switchyard:engine_step_seconds_total{" + l + "}"), 2.5);
+  EXPECT_EQ(sample(text, "switchyard:route_host_seconds_total{" + l + "}"), 0.125);
   EXPECT_NE(text.find("# TYPE switchyard:expert_load_tokens_total counter"), std::string::npos);
   EXPECT_NE(text.find("# TYPE switchyard:expert_load_imbalance gauge"), std::string::npos);
   for (int m = 0; m < 2; ++m)
