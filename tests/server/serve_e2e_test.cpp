@@ -285,10 +285,11 @@ TEST_F(ServeE2E, MetricsCountRoutesAndExpertLoad) {
                 metric_value(before, "switchyard:routes_captured_total"),
             rows);
   EXPECT_EQ(metric_value(after, "switchyard:routes_poisoned_total"), 0);
-  // The request's steps (at least its prefill and 3 decode steps) are counted and timed, and their
-  // route work on the host is a part of that time.
+  // The request's steps (its prefill and 3 decode steps) are counted and timed, and their route
+  // work on the host is a part of that time. A step's counters land after it delivered its events,
+  // so the last step may not be in `after` yet.
   auto grew = [&](const char* name) { return metric_value(after, name) - metric_value(before, name); };
-  EXPECT_GE(grew("switchyard:engine_steps_total"), 4);
+  EXPECT_GE(grew("switchyard:engine_steps_total"), 3);
   EXPECT_GT(grew("switchyard:engine_step_seconds_total"), 0);
   EXPECT_GT(grew("switchyard:route_host_seconds_total"), 0);
   EXPECT_LT(grew("switchyard:route_host_seconds_total"), grew("switchyard:engine_step_seconds_total"));
