@@ -103,18 +103,19 @@ pairs = int(pairs)
 arms = arms.split()
 def load(side, i):
     return json.load(open(os.path.join(work, f"{side}-{i}.json")))
-def server_mean(side, i, name):
-    # Mean of a server histogram (_sum / _count) from the run's /metrics scrape, in ms.
-    total = count = 0.0
+def counter(side, i, name):
+    # A sample of the run's /metrics scrape (the server has one label set per metric), or None.
     try:
         for line in open(os.path.join(work, f"{side}-{i}.metrics")):
-            if line.startswith(name + "_sum"):
-                total += float(line.split()[-1])
-            elif line.startswith(name + "_count"):
-                count += float(line.split()[-1])
+            if line.startswith(name + "{") or line.startswith(name + " "):
+                return float(line.split()[-1])
     except OSError:
-        return None
-    return 1000.0 * total / count if count else None
+        pass
+    return None
+def server_mean(side, i, name):
+    # Mean of a server histogram (_sum / _count), in ms.
+    total, count = counter(side, i, name + "_sum"), counter(side, i, name + "_count")
+    return 1000.0 * total / count if total is not None and count else None
 on = [load("on", i) for i in range(1, pairs + 1)]
 off = [load("off", i) for i in range(1, pairs + 1)]
 tps = lambda runs: [r["output_throughput"] for r in runs]
@@ -145,15 +146,6 @@ doc = {
 for side in arms:
     doc[f"{side}_server_mean_tpot_ms"] = [server_mean(side, i, "vllm:time_per_output_token_seconds") for i in range(1, pairs + 1)]
     doc[f"{side}_server_mean_ttft_ms"] = [server_mean(side, i, "vllm:time_to_first_token_seconds") for i in range(1, pairs + 1)]
-def counter(side, i, name):
-    try:
-        for line in open(os.path.join(work, f"{side}-{i}.metrics")):
-            if line.startswith(name + "{") or line.startswith(name + " "):
-                return float(line.split()[-1])
-    except OSError:
-        pass
-    return None
-for side in arms:
     # The engine thread's own account: its step time, and the share spent on routes on the host.
     doc[f"{side}_engine_steps"] = [counter(side, i, "switchyard:engine_steps_total") for i in range(1, pairs + 1)]
     doc[f"{side}_engine_step_seconds"] = [counter(side, i, "switchyard:engine_step_seconds_total") for i in range(1, pairs + 1)]

@@ -185,6 +185,18 @@ int main(int argc, char** argv) {
     return bytes;
   };
 
+  // Capture overhead: `pairs` ABBA pairs of one step with capture on and off (`run_step(capture)`
+  // gives its time); the ratio on/off of each pair.
+  auto capture_ratios = [](int pairs, const auto& run_step) {
+    std::vector<double> ratios;
+    for (int pair = 0; pair < pairs; ++pair) {
+      const bool on_first = pair % 2 == 0;
+      const double first = run_step(on_first), second = run_step(!on_first);
+      ratios.push_back(on_first ? first / second : second / first);
+    }
+    return ratios;
+  };
+
   for (int batch : a.batches) {
     // Context: each sequence's first `context` tokens, prefilled in steps of <= max_tokens.
     const int per_step = std::max<int>(1, static_cast<int>(max_tokens / batch));
@@ -224,14 +236,9 @@ int main(int argc, char** argv) {
                        {"floor", floor_s > 0 ? batch / floor_s : 0.0}, {"fraction", floor_s > 0 ? floor_s / step_s : 0.0},
                        {"bytes_per_step", bytes}, {"experts_per_step", experts}});
 
-    // Capture overhead: ABBA pairs of (on, off) steps; the ratio of each pair, median and spread.
-    std::vector<double> ratios;
-    for (int pair = 0; pair < a.ab_pairs; ++pair) {
-      const bool on_first = pair % 2 == 0;
-      const double first = bench.run(bench.make_step(batch, position++, 1, on_first));
-      const double second = bench.run(bench.make_step(batch, position++, 1, !on_first));
-      ratios.push_back(on_first ? first / second : second / first);
-    }
+    // Capture overhead of decode steps: median and spread of the pairs' ratios.
+    const std::vector<double> ratios =
+        capture_ratios(a.ab_pairs, [&](bool capture) { return bench.run(bench.make_step(batch, position++, 1, capture)); });
     if (ratios.empty()) continue;
     std::vector<double> sorted = ratios;
     std::sort(sorted.begin(), sorted.end());
@@ -244,9 +251,11 @@ int main(int argc, char** argv) {
 
   if (a.prefill > 0) {
     // One sequence's prompt of `prefill` tokens in one step (sequence 0's blocks).
+    auto prefill_step = [&](bool capture) {
+      return bench.run(bench.make_step(1, 0, a.prefill, capture, static_cast<int>(decode_blocks), prefill_blocks));
+    };
     std::vector<double> times;
-    for (int i = 0; i < 3; ++i)
-      times.push_back(bench.run(bench.make_step(1, 0, a.prefill, true, static_cast<int>(decode_blocks), prefill_blocks)));
+    for (int i = 0; i < 3; ++i) times.push_back(prefill_step(true));
     const double seconds = *std::min_element(times.begin() + 1, times.end());
     const double active = static_cast<double>(c.num_hidden_layers) * (attention_bytes / 2) +
                           static_cast<double>(c.moe_layers().size()) *
@@ -262,17 +271,9 @@ int main(int argc, char** argv) {
                        {"ms", seconds * 1e3}, {"tflops", flops / seconds / 1e12},
                        {"floor", floor_s > 0 ? a.prefill / floor_s : 0.0},
                        {"fraction", floor_s > 0 ? floor_s / seconds : 0.0}});
-    // Capture overhead of the long step (T * L * K ids copied down and checked on the host): ABBA
-    // pairs as for decode, a quarter as many.
-    std::vector<double> ratios;
-    for (int pair = 0; pair < a.ab_pairs / 4; ++pair) {
-      const bool on_first = pair % 2 == 0;
-      auto once = [&](bool capture) {
-        return bench.run(bench.make_step(1, 0, a.prefill, capture, static_cast<int>(decode_blocks), prefill_blocks));
-      };
-      const double first = once(on_first), second = once(!on_first);
-      ratios.push_back(on_first ? first / second : second / first);
-    }
+    // Capture overhead of the long step (T * L * K ids copied down and checked on the host): a
+    // quarter as many pairs as for decode.
+    const std::vector<double> ratios = capture_ratios(a.ab_pairs / 4, prefill_step);
     if (!ratios.empty()) {
       std::printf("  prefill capture on/off step-time ratio: median %.4f over %zu pairs\n", median(ratios), ratios.size());
       records.push_back({{"metric", "prefill_capture_overhead_frac"}, {"tokens", a.prefill},

@@ -60,8 +60,8 @@ struct KernelChoice {
 Status check_backend_features(const ModelConfig& config, const backend::Backend& backend);
 // Experts stored in a layout the backend's kernels do not read (gpt-oss's interleaved bf16 or
 // MXFP4 without BackendFeature::kInterleavedExperts; MXFP4 stays packed with kMxfp4Experts) are
-// kept as bf16 kStacked instead: sets
-// config.experts.format (the adapter then asks WeightSource::restacked). Before the check.
+// kept as bf16 kStacked instead: sets config.experts.format (the adapter then asks
+// WeightSource::restacked). Before the check.
 void adapt_experts_to_backend(ModelConfig& config, const backend::Backend& backend);
 
 class Decoder {
