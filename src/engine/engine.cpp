@@ -571,6 +571,10 @@ class EngineImpl final : public Engine {
     route_seconds += result.route_host_seconds;
     if (status) {
       route_seconds += apply_batch(batch, result);
+      // The route buffers go back for the next step: their pages stay mapped (a fresh
+      // multi-megabyte vector per prefill step was page faults while the device waited).
+      step_routes_ = std::move(result.routes);
+      step_weights_ = std::move(result.weights);
       return;
     }
     if (batch.size() == 1) {
@@ -651,6 +655,8 @@ class EngineImpl final : public Engine {
     }
 
     model::StepOutputs out;
+    out.routes = std::move(step_routes_);  // capacity kept from earlier steps (forward clears them)
+    out.weights = std::move(step_weights_);
     if (comm_) SY_TRY(send_step(*comm_, in));
     Status status = decoder_->forward(*model_, in, out);
 
@@ -708,26 +714,32 @@ class EngineImpl final : public Engine {
       std::vector<int64_t> load(metrics_.expert_load_tokens.size(), 0);
       for (const auto& s : batch) {
         Sequence& seq = *s.seq;
-        const bool wants_weights = seq.request.return_route_weights && !result.weights.empty();
-        for (int64_t p = s.begin; p < s.begin + s.count; ++p, ++t) {
+        const int64_t end = s.begin + s.count;
+        const size_t first_t = t;
+        for (int64_t p = s.begin; p < end; ++p, ++t) {
           const int32_t* row = result.routes.data() + t * row_ints_;
           for (size_t m = 0; m < moe_layers.size(); ++m)
             for (int64_t k = 0; k < top_k; ++k)
               ++load[m * static_cast<size_t>(metrics_.num_experts) +
                      row[moe_layers[m] * top_k + k]];
-          if (wants_weights && p == seq.weight_rows) {
-            seq.route_weights.insert(seq.route_weights.end(),
-                                     result.weights.begin() + t * row_ints_,
-                                     result.weights.begin() + (t + 1) * row_ints_);
-            seq.weight_rows = p + 1;
-          }
-          if (p < seq.route_rows) {
-            ++replayed;
-            continue;
-          }
-          seq.routes.insert(seq.routes.end(), row, row + row_ints_);
-          seq.route_rows = p + 1;
-          ++captured;
+        }
+        // Rows of one chunk are contiguous: the positions computed for the first time (from
+        // route_rows on) are appended at once; earlier ones were replayed from the log.
+        auto rows_of = [&](int64_t p) { return static_cast<std::ptrdiff_t>((first_t + static_cast<size_t>(p - s.begin)) * static_cast<size_t>(row_ints_)); };
+        if (seq.request.return_route_weights && !result.weights.empty() && seq.weight_rows >= s.begin &&
+            seq.weight_rows < end) {
+          seq.route_weights.insert(seq.route_weights.end(), result.weights.begin() + rows_of(seq.weight_rows),
+                                   result.weights.begin() + rows_of(end));
+          seq.weight_rows = end;
+        }
+        const int64_t from = std::max(s.begin, seq.route_rows);
+        replayed += from - s.begin;
+        if (from < end) {
+          if (seq.routes.capacity() == 0)  // the prompt's rows and some decode rows, grown by doubling after
+            seq.routes.reserve(static_cast<size_t>((seq.prompt_len + std::min<int64_t>(seq.request.sampling.max_tokens, 1024)) * row_ints_));
+          seq.routes.insert(seq.routes.end(), result.routes.begin() + rows_of(from), result.routes.begin() + rows_of(end));
+          seq.route_rows = end;
+          captured += end - from;
         }
       }
       {
@@ -966,6 +978,8 @@ class EngineImpl final : public Engine {
   mutable std::mutex mutex_;
   std::condition_variable wake_;
   std::vector<std::unique_ptr<Sequence>> incoming_;
+  std::vector<int32_t> step_routes_;  // the last step's route (and weight) rows, reused (run_batch)
+  std::vector<float> step_weights_;
   std::vector<RequestId> cancelled_;
   std::vector<Task> tasks_;
   bool stopping_ = false;

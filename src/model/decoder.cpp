@@ -618,20 +618,33 @@ Status Decoder::check_routes(const Model& model, StepOutputs& out) {
     std::memcpy(out.weights.data(), bits, out.weights.size() * sizeof(float));
   }
   // Every row is checked (the count goes to /metrics); the error names the first. A prefill step
-  // holds millions of ids (8,192 tokens x 48 layers x 8 on Qwen3-30B-A3B): the common case is one
-  // unsigned compare per id, the message is built only for a bad row.
-  Status first = Status::ok();
+  // holds millions of ids (8,192 tokens x 48 layers x 8 on Qwen3-30B-A3B), and this runs while
+  // the device waits for the next step: dense layers' rows are zeroed, then one flat pass over
+  // every id and weight (vectorised: a compare and an or per id) decides; only a step with a bad
+  // id walks the rows to count them and build the message.
   const uint32_t experts = static_cast<uint32_t>(c.num_experts);
+  const size_t row_ints = static_cast<size_t>(layers * top_k);
+  for (int64_t layer = 0; layer < layers; ++layer) {
+    if (w.layers[static_cast<size_t>(layer)].is_moe) continue;
+    for (int64_t t = 0; t < tokens; ++t) {
+      const size_t at = static_cast<size_t>(t) * row_ints + static_cast<size_t>(layer * top_k);
+      std::fill_n(out.routes.begin() + static_cast<std::ptrdiff_t>(at), top_k, 0);
+      if (step_weights_) std::fill_n(out.weights.begin() + static_cast<std::ptrdiff_t>(at), top_k, 0.0f);
+    }
+  }
+  uint32_t bad = 0;
+  for (const int32_t id : out.routes) bad |= static_cast<uint32_t>(static_cast<uint32_t>(id) >= experts);  // poison -1 too
+  if (step_weights_)
+    for (const float weight : out.weights) bad |= static_cast<uint32_t>(!std::isfinite(weight));
+  if (!bad) return Status::ok();
+
+  Status first = Status::ok();
   for (int64_t t = 0; t < tokens; ++t) {
     bool poisoned = false;
     for (int64_t layer = 0; layer < layers; ++layer) {
       const size_t at = static_cast<size_t>((t * layers + layer) * top_k);
       int32_t* row = out.routes.data() + at;
-      if (!w.layers[static_cast<size_t>(layer)].is_moe) {
-        std::fill_n(row, top_k, 0);
-        if (step_weights_) std::fill_n(out.weights.begin() + static_cast<std::ptrdiff_t>(at), top_k, 0.0f);
-        continue;
-      }
+      if (!w.layers[static_cast<size_t>(layer)].is_moe) continue;  // zeroed above
       bool ok = true;
       for (int64_t j = 0; j < top_k; ++j) ok &= static_cast<uint32_t>(row[j]) < experts;  // poison -1 too
       if (step_weights_)

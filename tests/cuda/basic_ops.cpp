@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
 
 #include "backend/random_fill.h"
 #include "harness.h"
@@ -285,12 +286,13 @@ void matmul_cases(Harness& h) {
 }
 
 // Several weights over one x (the attention's q/k/v): each part must equal matmul's result,
-// whether the device runs them as one launch (small rows, no bias) or falls back per part.
+// whether the device runs them as one launch (small rows; f32 biases in the GEMV's epilogue) or
+// falls back per part.
 void matmul_parts_cases(Harness& h) {
   struct Shape {
     int64_t rows, in;
     std::vector<int64_t> outs;
-    int biased_part;  // -1: none (a bias makes the device fall back to matmul per part)
+    int biased_part;  // -1: none
   };
   const std::vector<Shape> shapes = {{1, 2048, {4096, 512, 512}, -1}, {3, 2048, {4096, 512, 512}, -1},
                                      {8, 328, {200, 72, 8}, -1},       {1, 4096, {2048}, -1},
@@ -335,23 +337,27 @@ void matmul_parts_cases(Harness& h) {
 }
 
 // The residual add + input norm fused into the q/k/v GEMV (one row): bitwise the device's own
-// add_rms_norm then matmul_parts, near the CPU's, x left as it was. Where the device declines
-// (more rows, a bias, an odd width) the case says so and checks nothing else.
+// add_rms_norm then matmul_parts, near the CPU's, x left as it was (a biased part: gpt-oss's
+// q/k/v). Where the device declines (more rows, an odd width) the case says so and checks
+// nothing else.
 void norm_matmul_parts_cases(Harness& h) {
   struct Shape {
     int64_t rows, in;
     std::vector<int64_t> outs;
     bool delta;
     bool expect_fused;
+    int biased_part = -1;  // -1: none
   };
   const std::vector<Shape> shapes = {{1, 2048, {4096, 512, 512}, true, true}, {1, 2048, {4096, 512, 512}, false, true},
                                      {1, 4096, {1000}, true, true},            {1, 200, {16, 24, 8, 40}, true, true},
                                      {1, 2880, {72, 8}, true, true},           {1, 8192, {300}, true, true},
-                                     {2, 2048, {512}, true, false},            {1, 204, {64}, true, false}};
+                                     {2, 2048, {512}, true, false},            {1, 204, {64}, true, false},
+                                     {1, 2880, {4096, 512, 512}, true, true, 0}, {1, 200, {16, 24, 8, 40}, false, true, 3}};
   for (const Shape& s : shapes) {
     std::string outs;
     for (int64_t o : s.outs) outs += fmt::format("{}{}", outs.empty() ? "" : ",", o);
-    h.run("norm_matmul_parts", fmt::format("rows={} in={} outs={}{}", s.rows, s.in, outs, s.delta ? " +delta" : ""),
+    h.run("norm_matmul_parts", fmt::format("rows={} in={} outs={}{}{}", s.rows, s.in, outs, s.delta ? " +delta" : "",
+                                           s.biased_part >= 0 ? fmt::format(" bias on part {}", s.biased_part) : ""),
           [&](Case& c) {
             const std::vector<float> x = random_floats(c.rng, s.rows * s.in, 1.0f);
             const std::vector<float> d = random_floats(c.rng, s.rows * s.in, 2.0f);
@@ -367,11 +373,18 @@ void norm_matmul_parts_cases(Harness& h) {
               fused.push_back(p.output({s.rows, o}));
               unfused.push_back(p.output({s.rows, o}));
             }
+            HostTensor bias_host;
+            std::optional<Both> bias;
+            if (s.biased_part >= 0) {
+              bias_host = host_random(h.cpu, DType::kF32, {s.outs[static_cast<size_t>(s.biased_part)]}, c.rng.next(), 0.5f);
+              bias = p.weight(bias_host.view);
+            }
             std::vector<Backend::MatmulPart> fused_parts, unfused_parts, cpu_parts;
             for (size_t i = 0; i < s.outs.size(); ++i) {
-              fused_parts.push_back({&w[i].dev, nullptr, &fused[i].dev});
-              unfused_parts.push_back({&w[i].dev, nullptr, &unfused[i].dev});
-              cpu_parts.push_back({&w[i].cpu, nullptr, &unfused[i].cpu});
+              const bool biased = static_cast<int>(i) == s.biased_part;
+              fused_parts.push_back({&w[i].dev, biased ? &bias->dev : nullptr, &fused[i].dev});
+              unfused_parts.push_back({&w[i].dev, biased ? &bias->dev : nullptr, &unfused[i].dev});
+              cpu_parts.push_back({&w[i].cpu, biased ? &bias->cpu : nullptr, &unfused[i].cpu});
             }
             const bool did = h.device.norm_matmul_parts(xt.dev, s.delta ? &dt.dev : nullptr, norm.dev, 1e-6f, fused_parts);
             const bool expect = s.expect_fused && !h.options.reference_as_device;  // the CPU never fuses

@@ -558,7 +558,7 @@ void run_moe_ops(Harness& h) {
               {{200, 72, 12, 3}, SpecKind::kSigmoid, {2, 33, 300}},
               {{200, 72, 12, 3}, SpecKind::kPlainSoftmax, {7, 64}},
               {{200, 72, 12, 3}, SpecKind::kGptOss, {1, 2, 33, 300}},
-              {{256, 96, 12, 3}, SpecKind::kGptOss, {1, 2, 33, 300}, true},
+              {{256, 96, 12, 3}, SpecKind::kGptOss, {1, 2, 33, 300, 600}, true},  // every tile size
               {{256, 64, 64, 6}, SpecKind::kDeepSeek, {1, 2, 33, 300}},
               {{200, 72, 16, 4}, SpecKind::kGlm, {1, 7, 64}}};
   }
@@ -597,7 +597,8 @@ void run_moe_ops(Harness& h) {
         std::copy(router_bits, router_bits + s.hidden, router_bits + (s.experts - 1) * s.hidden);  // exact ties
         if (g.mxfp4) {
           // Every byte a valid pair of e2m1 codes; block scales 2^-6..2^-4 (weights ~0.01-0.4,
-          // as bf16 ones of sqrt(3/H)), one block at 2^-127 (the e8m0 minimum: subnormal values).
+          // as bf16 ones of sqrt(3/H)), one block at 2^-127 (the e8m0 minimum: subnormal values)
+          // and one at 2^-126.
           auto bytes = [&](const std::vector<int64_t>& shape, int lo, int span) {
             HostTensor t(DType::kU8, shape);
             for (uint8_t& b : t.bytes) b = static_cast<uint8_t>(lo + static_cast<int>(rng.below(span)));
@@ -608,6 +609,7 @@ void run_moe_ops(Harness& h) {
           w.gate_up_scales = bytes({s.experts, 2 * s.inter, s.hidden / 32}, 121, 3);
           w.down_scales = bytes({s.experts, s.hidden, s.inter / 32}, 122, 3);
           w.down_scales.bytes[5] = 0;
+          w.gate_up_scales.bytes[7] = 1;  // the other scale the fast decode leaves to the exact path
         } else {
           w.gate_up = host_random(h.cpu, DType::kBF16, {s.experts, 2 * s.inter, s.hidden}, rng.next(),
                                   std::sqrt(3.0f / static_cast<float>(s.hidden)));

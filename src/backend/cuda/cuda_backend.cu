@@ -298,8 +298,11 @@ class CudaBackend final : public Backend {
       launch_dense_gemm(x_bf16, rows, in, weight.ptr<__nv_bfloat16>(), out_features, out.ptr<float>(),
                         static_cast<int32_t*>(dense_plan_), context_.stream);
     } else if (rows <= kGemvMaxRows) {
-      launch_gemv(x.ptr<float>(), rows, in, weight.ptr<__nv_bfloat16>(), out_features, out.ptr<float>(),
-                  context_.stream);
+      // The bias is added in the GEMV's epilogue (the same f32 sum as add_bias after it).
+      const GemvPart part{weight.ptr<__nv_bfloat16>(), out.ptr<float>(), out_features,
+                          bias && bias->data ? bias->ptr<float>() : nullptr};
+      launch_gemv_parts(x.ptr<float>(), rows, in, &part, 1, context_.stream);
+      return;
     } else {
       if (rows * in > matmul_scratch_elems_)
         cuda_fail("matmul", "step larger than reserved", __FILE__, __LINE__);
@@ -317,6 +320,14 @@ class CudaBackend final : public Backend {
     if (bias && bias->data)
       launch_add_bias(out.ptr<float>(), bias->ptr<float>(), rows, out_features, context_.stream);
   }
+  // A part's bias, if any, as the GEMV epilogue takes it: f32, one per output feature.
+  static bool bias_ok(const MatmulPart& part) {
+    return !(part.bias && part.bias->data) ||
+           (part.bias->dtype == DType::kF32 && part.bias->numel() == part.weight->dim(0));
+  }
+  static const float* bias_of(const MatmulPart& part) {
+    return part.bias && part.bias->data ? part.bias->ptr<float>() : nullptr;
+  }
   void matmul_parts(const Tensor& x, const std::vector<MatmulPart>& parts) override {
     // Small steps: one GEMV launch over every part (the weights' rows back to back).
     const int64_t in = parts.empty() ? 0 : parts[0].weight->dim(1);
@@ -326,15 +337,15 @@ class CudaBackend final : public Backend {
     GemvPart gemv[kGemvMaxParts];
     for (size_t p = 0; one_launch && p < parts.size(); ++p) {
       const MatmulPart& part = parts[p];
-      one_launch = part.weight->dim(1) == in && part.weight->dtype == DType::kBF16 && !(part.bias && part.bias->data);
-      gemv[p] = {part.weight->ptr<__nv_bfloat16>(), part.out->ptr<float>(), part.weight->dim(0)};
+      one_launch = part.weight->dim(1) == in && part.weight->dtype == DType::kBF16 && bias_ok(part);
+      gemv[p] = {part.weight->ptr<__nv_bfloat16>(), part.out->ptr<float>(), part.weight->dim(0), bias_of(part)};
     }
     if (!one_launch) return Backend::matmul_parts(x, parts);
     launch_gemv_parts(x.ptr<float>(), rows, in, gemv, static_cast<int>(parts.size()), context_.stream);
   }
   bool norm_matmul_parts(const Tensor& x, const Tensor* delta, const Tensor& weight, float eps,
                          const std::vector<MatmulPart>& parts) override {
-    // One row (batch-1 decode), bias-free bf16 parts over a width the fused GEMV takes, pointers
+    // One row (batch-1 decode), bf16 parts (f32 biases added in the epilogue) over a width the fused GEMV takes, pointers
     // aligned as launch_rms_norm's vector path needs (the unfused path it must equal).
     const int64_t in = weight.numel();
     if (no_norm_fusion_ || invariant_) return false;  // SY_NO_NORM_FUSION=1 (experiments): the unfused ops
@@ -347,9 +358,8 @@ class CudaBackend final : public Backend {
     GemvPart gemv[kGemvMaxParts];
     for (size_t p = 0; p < parts.size(); ++p) {
       const MatmulPart& part = parts[p];
-      if (part.weight->dim(1) != in || part.weight->dtype != DType::kBF16 || (part.bias && part.bias->data))
-        return false;
-      gemv[p] = {part.weight->ptr<__nv_bfloat16>(), part.out->ptr<float>(), part.weight->dim(0)};
+      if (part.weight->dim(1) != in || part.weight->dtype != DType::kBF16 || !bias_ok(part)) return false;
+      gemv[p] = {part.weight->ptr<__nv_bfloat16>(), part.out->ptr<float>(), part.weight->dim(0), bias_of(part)};
     }
     if (skip_norm_matmul_) return true;
     launch_norm_gemv_parts(x.ptr<float>(), delta ? delta->ptr<float>() : nullptr, weight.ptr<float>(), eps, in, gemv,

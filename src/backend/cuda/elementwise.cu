@@ -142,6 +142,7 @@ __global__ void f32_to_bf16_kernel(const float* src, int64_t count, __nv_bfloat1
 struct GemvParts {
   const __nv_bfloat16* w[kGemvMaxParts];
   float* out[kGemvMaxParts];
+  const float* bias[kGemvMaxParts];  // or nullptr
   int64_t features[kGemvMaxParts];
   int block_begin[kGemvMaxParts + 1];
   int count;
@@ -213,7 +214,7 @@ __global__ void __launch_bounds__(256) gemv_kernel(const float* __restrict__ x, 
   for (int r = 0; r < ROWS; ++r) {
     float v = acc[r];
     for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-    if (lane == 0) out[r * out_features + o] = v;
+    if (lane == 0) out[r * out_features + o] = parts.bias[part] ? v + parts.bias[part][o] : v;
   }
 }
 
@@ -260,7 +261,7 @@ __global__ void __launch_bounds__(256) norm_gemv_kernel(const float* __restrict_
   }
   float v = acc[0];
   for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-  if (lane == 0) parts.out[part][o] = v;
+  if (lane == 0) parts.out[part][o] = parts.bias[part] ? v + parts.bias[part][o] : v;
 }
 
 unsigned grid_stride_blocks(int64_t count) {
@@ -371,6 +372,7 @@ int gemv_table(const GemvPart* parts, int count, GemvParts& table) {
   for (int p = 0; p < count; ++p) {
     table.w[p] = parts[p].w;
     table.out[p] = parts[p].out;
+    table.bias[p] = parts[p].bias;
     table.features[p] = parts[p].out_features;
     table.block_begin[p] = blocks;
     blocks += static_cast<int>((parts[p].out_features + 7) / 8);

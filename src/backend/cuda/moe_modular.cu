@@ -88,6 +88,24 @@ using SmallTile = Tile<32, 64, 64, 1, 4, 5, 3>;
 using MediumTile = Tile<64, 128, 32, 2, 4, 4, 2>;
 using LargeTile = Tile<128, 128, 32, 2, 4, 4, 2>;
 
+// Shared memory of grouped_gemm_kernel<Cfg, *, kMxfp4>, in bytes: A stages; bf16 B stages (bf16
+// weights: cp.async'd; MXFP4: one buffer, the tile in use, decoded from its packed stage); the
+// MXFP4 packed stages (cp.async'd, k/2 bytes a row); the tile's row -> pair table; and, MXFP4 only,
+// every e8m0 scale of the block's weight rows (k_dim / 32 bytes a row, loaded once).
+template <class Cfg, bool kMxfp4>
+struct SmemPlan {
+  static constexpr size_t kA = static_cast<size_t>(Cfg::kStages) * Cfg::kM * Cfg::kRowHalves * 2;
+  static constexpr size_t kB = static_cast<size_t>(kMxfp4 ? 1 : Cfg::kStages) * Cfg::kN * Cfg::kRowHalves * 2;
+  static constexpr size_t kPackedStage = kMxfp4 ? static_cast<size_t>(Cfg::kN) * Cfg::kK / 2 : 0;
+  static constexpr size_t kPacked = static_cast<size_t>(Cfg::kStages) * kPackedStage;
+  static constexpr size_t kRowPair = static_cast<size_t>(Cfg::kM) * 4;
+  static constexpr size_t kScalesAt = kA + kB + kPacked + kRowPair;
+  static constexpr size_t bytes(int64_t k_dim) {
+    return kScalesAt + (kMxfp4 ? (static_cast<size_t>(Cfg::kN) * static_cast<size_t>(k_dim / 32) + 15) / 16 * 16 : 0);
+  }
+  static_assert(!kMxfp4 || Cfg::kK % 32 == 0, "MXFP4 k tiles hold whole 32-value blocks");
+};
+
 int64_t ceil_div(int64_t a, int64_t b) {
   return (a + b - 1) / b;
 }
@@ -217,8 +235,10 @@ __device__ __forceinline__ float mxfp4_value(uint32_t code, float block_scale) {
   const float v = c ? magnitude * block_scale : 0.0f;
   return code & 8u ? -v : v;
 }
-// 8 consecutive MXFP4 values (4 packed bytes, element j in bits 4j..4j+3) as 8 bf16.
-__device__ __forceinline__ uint4 mxfp4_to_bf16x8(uint32_t packed, uint8_t scale) {
+// 8 consecutive MXFP4 values (4 packed bytes, element j in bits 4j..4j+3) as 8 bf16, through
+// mxfp4_value (f32, then rounded to bf16): the reference for the fast path below, and the path
+// for the scales it does not cover.
+__device__ __forceinline__ uint4 mxfp4_to_bf16x8_exact(uint32_t packed, uint8_t scale) {
   const float block_scale = ldexpf(1.0f, static_cast<int>(scale) - 127);
   uint4 out;
   uint32_t* words = reinterpret_cast<uint32_t*>(&out);
@@ -227,6 +247,38 @@ __device__ __forceinline__ uint4 mxfp4_to_bf16x8(uint32_t packed, uint8_t scale)
     const __nv_bfloat162 pair = __floats2bfloat162_rn(mxfp4_value(packed >> (8 * j), block_scale),
                                                       mxfp4_value(packed >> (8 * j + 4), block_scale));
     words[j] = *reinterpret_cast<const uint32_t*>(&pair);
+  }
+  return out;
+}
+// The same 8 bf16 in ~3 integer operations a value: byte permutes look the magnitude's bf16 bytes
+// up (codes 0..7: 0, 0.5, 1, 1.5, 2, 3, 4, 6; high bytes 00 3F 3F 3F 40 40 40 40, low bytes
+// 00 00 80 C0 00 40 80 C0), the sign bits are moved to bits 15/31, and one bf16x2 multiply by
+// 2^(scale - 127) scales each pair. Exact: a normal bf16 times a power of two whose product is
+// normal or infinite both ways; scales 0, 1 (subnormal products) and 255 (no zero times it)
+// take the exact path.
+__device__ __forceinline__ uint4 mxfp4_to_bf16x8(uint32_t packed, uint8_t scale) {
+  if (scale < 2 || scale == 255) return mxfp4_to_bf16x8_exact(packed, scale);
+  const uint32_t scale_bits = static_cast<uint32_t>(scale) << 7;
+  const uint32_t scale_word = scale_bits | scale_bits << 16;
+  const __nv_bfloat162 scale2 = *reinterpret_cast<const __nv_bfloat162*>(&scale_word);
+  const uint32_t evens = (packed & 0x08080808u) << 4;  // sign of element 2i at bit 7 of byte i
+  const uint32_t odds = packed & 0x80808080u;          // sign of element 2i + 1 at bit 7 of byte i
+  uint4 out;
+  uint32_t* words = reinterpret_cast<uint32_t*>(&out);
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const uint32_t codes = (packed >> (16 * half)) & 0x7777u;  // 4 selectors (bit 3: PRMT's sign mode)
+    const uint32_t high = __byte_perm(0x3F3F3F00u, 0x40404040u, codes);
+    const uint32_t low = __byte_perm(0xC0800000u, 0xC0804000u, codes);
+#pragma unroll
+    for (int pair = 0; pair < 2; ++pair) {
+      const int byte = 2 * half + pair;  // packed byte: elements 2 * byte, 2 * byte + 1
+      const uint32_t magnitudes = __byte_perm(low, high, pair ? 0x7362u : 0x5140u);
+      const uint32_t signs = __byte_perm(evens, odds, 0x4000u + 0x1010u * static_cast<uint32_t>(byte));
+      const uint32_t bits = magnitudes | (signs & 0x80008000u);
+      const __nv_bfloat162 value = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&bits), scale2);
+      words[byte] = *reinterpret_cast<const uint32_t*>(&value);
+    }
   }
   return out;
 }
@@ -246,10 +298,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   const int expert = g.tile_expert[m_tile];
   const int64_t row_base = static_cast<int64_t>(m_tile) * Cfg::kM;
 
+  using Plan = SmemPlan<Cfg, kMxfp4>;
   extern __shared__ __align__(16) unsigned char smem[];
   __nv_bfloat16* a_smem = reinterpret_cast<__nv_bfloat16*>(smem);
-  __nv_bfloat16* b_smem = a_smem + Cfg::kStages * Cfg::kM * Cfg::kRowHalves;
-  int32_t* row_pair = reinterpret_cast<int32_t*>(b_smem + Cfg::kStages * Cfg::kN * Cfg::kRowHalves);
+  __nv_bfloat16* b_smem = reinterpret_cast<__nv_bfloat16*>(smem + Plan::kA);
+  unsigned char* packed_smem = smem + Plan::kA + Plan::kB;
+  int32_t* row_pair = reinterpret_cast<int32_t*>(smem + Plan::kA + Plan::kB + Plan::kPacked);
+  uint8_t* scale_smem = smem + Plan::kScalesAt;
 
   const int tid = threadIdx.x;
   for (int r = tid; r < Cfg::kM; r += Cfg::kThreads) row_pair[r] = g.perm[row_base + r];
@@ -269,61 +324,82 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   }
   const int n_per_cta = kGateUp ? Cfg::kN / 2 : Cfg::kN;
   const int n0 = blockIdx.x * n_per_cta;
-  const __nv_bfloat16* b_src[Cfg::kBChunks];  // nullptr: past n_dim, zero-filled
-  int64_t b_row[Cfg::kBChunks];               // MXFP4: the weight row, -1 past n_dim
+  // The weight row behind shared B row j (gate_up: rows [0, kN/2) gate, [kN/2, kN) up of the
+  // same output columns), -1 past n_dim.
+  auto weight_row = [&](int j) -> int64_t {
+    const int n = n0 + j % n_per_cta;
+    if (n >= g.n_dim) return -1;
+    if constexpr (kGateUp && kMxfp4)  // gpt-oss's interleaved rows: gate 2n, up 2n + 1
+      return static_cast<int64_t>(expert) * 2 * g.n_dim + 2 * n + (j >= n_per_cta ? 1 : 0);
+    else if constexpr (kGateUp)
+      return static_cast<int64_t>(expert) * 2 * g.n_dim + (j >= n_per_cta ? g.n_dim : 0) + n;
+    else
+      return static_cast<int64_t>(expert) * g.n_dim + n;
+  };
+  const __nv_bfloat16* b_src[Cfg::kBChunks];  // bf16 weights; nullptr: past n_dim, zero-filled
 #pragma unroll
   for (int i = 0; i < Cfg::kBChunks; ++i) {
-    const int j = row0 + i * kRowsPerPass;
-    const int n = n0 + j % n_per_cta;  // gate_up: rows [0, kN/2) gate, [kN/2, kN) up
-    int64_t w_row;
-    if constexpr (kGateUp && kMxfp4)  // gpt-oss's interleaved rows: gate 2n, up 2n + 1
-      w_row = static_cast<int64_t>(expert) * 2 * g.n_dim + 2 * n + (j >= n_per_cta ? 1 : 0);
-    else if constexpr (kGateUp)
-      w_row = static_cast<int64_t>(expert) * 2 * g.n_dim + (j >= n_per_cta ? g.n_dim : 0) + n;
-    else
-      w_row = static_cast<int64_t>(expert) * g.n_dim + n;
-    b_src[i] = n < g.n_dim && !kMxfp4 ? g.w + w_row * g.k_dim : nullptr;
-    b_row[i] = n < g.n_dim ? w_row : -1;
+    const int64_t w_row = weight_row(row0 + i * kRowsPerPass);
+    b_src[i] = w_row >= 0 && !kMxfp4 ? g.w + w_row * g.k_dim : nullptr;
   }
-  // MXFP4: one k tile's packed chunks (4 bytes = 8 values) and their block scales, in registers
-  // between fetch_b and store_b.
-  uint32_t b_packed[Cfg::kBChunks];
-  uint8_t b_scale[Cfg::kBChunks];
-  auto fetch_b = [&](int k0) {
-    const int k = k0 + k_chunk;
+  // MXFP4: a k tile of a row is kK / 32 16-byte chunks (32 values each) of packed bytes, copied
+  // like the bf16 tiles into a packed stage; this thread's chunks are fixed across stages.
+  constexpr int kPackedPerRow = Cfg::kK / 32;
+  constexpr int kPackedChunks = kMxfp4 ? Cfg::kN * kPackedPerRow : 0;
+  constexpr int kPChunks = (kPackedChunks + Cfg::kThreads - 1) / Cfg::kThreads;
+  const uint8_t* p_src[kPChunks > 0 ? kPChunks : 1];  // row start + chunk, nullptr: past n_dim
+  int p_dst[kPChunks > 0 ? kPChunks : 1];             // offset in a packed stage, -1: no chunk
+  int p_k[kPChunks > 0 ? kPChunks : 1];               // the chunk's first k within the tile
 #pragma unroll
-    for (int i = 0; i < Cfg::kBChunks; ++i) {
-      const bool ok = k < g.k_dim && b_row[i] >= 0;
-      b_packed[i] = ok ? __ldg(reinterpret_cast<const uint32_t*>(g.w_blocks + b_row[i] * (g.k_dim / 2) + k / 2)) : 0u;
-      b_scale[i] = ok ? __ldg(g.w_scales + b_row[i] * (g.k_dim / 32) + k / 32) : uint8_t{127};
-    }
-  };
-  auto store_b = [&](int stage) {
-    __nv_bfloat16* b_stage = b_smem + stage * Cfg::kN * Cfg::kRowHalves;
-#pragma unroll
-    for (int i = 0; i < Cfg::kBChunks; ++i)
-      *reinterpret_cast<uint4*>(b_stage + (row0 + i * kRowsPerPass) * Cfg::kRowHalves + k_chunk) =
-          mxfp4_to_bf16x8(b_packed[i], b_scale[i]);
-  };
+  for (int i = 0; i < kPChunks; ++i) {
+    const int c = tid + i * Cfg::kThreads;
+    const int j = c / kPackedPerRow, q = c % kPackedPerRow;
+    const int64_t w_row = c < kPackedChunks ? weight_row(j) : -1;
+    p_src[i] = w_row >= 0 ? g.w_blocks + w_row * (g.k_dim / 2) + q * 16 : nullptr;
+    p_dst[i] = c < kPackedChunks ? j * (Cfg::kK / 2) + q * 16 : -1;
+    p_k[i] = q * 32;
+  }
 
   auto load_stage = [&](int stage, int k0) {
     const int k = k0 + k_chunk;
     const bool k_ok = k < g.k_dim;  // k_dim % 8 == 0: a chunk is all in or all out
     __nv_bfloat16* a_stage = a_smem + stage * Cfg::kM * Cfg::kRowHalves;
-    __nv_bfloat16* b_stage = b_smem + stage * Cfg::kN * Cfg::kRowHalves;
 #pragma unroll
     for (int i = 0; i < Cfg::kAChunks; ++i) {
       const bool ok = k_ok && a_src[i];
       cp_async_16(smem_address(a_stage + (row0 + i * kRowsPerPass) * Cfg::kRowHalves + k_chunk),
                   ok ? a_src[i] + k : g.a, ok);
     }
-    if constexpr (!kMxfp4) {
+    if constexpr (kMxfp4) {
+      unsigned char* packed_stage = packed_smem + stage * Plan::kPackedStage;
+#pragma unroll
+      for (int i = 0; i < kPChunks; ++i) {
+        if (p_dst[i] < 0) continue;
+        const bool ok = p_src[i] && k0 + p_k[i] < g.k_dim;  // k_dim % 32 == 0: whole chunks
+        cp_async_16(smem_address(packed_stage + p_dst[i]), ok ? p_src[i] + k0 / 2 : g.w_blocks, ok);
+      }
+    } else {
+      __nv_bfloat16* b_stage = b_smem + stage * Cfg::kN * Cfg::kRowHalves;
 #pragma unroll
       for (int i = 0; i < Cfg::kBChunks; ++i) {
         const bool ok = k_ok && b_src[i];
         cp_async_16(smem_address(b_stage + (row0 + i * kRowsPerPass) * Cfg::kRowHalves + k_chunk),
                     ok ? b_src[i] + k : g.w, ok);
       }
+    }
+  };
+  // MXFP4: tile kt's packed stage decoded into the one bf16 B buffer (the same k order as the
+  // bf16 kernel, so the accumulation is the bf16 kernel's on the decoded values).
+  auto decode_b = [&](int stage, int k0) {
+    const unsigned char* packed_stage = packed_smem + stage * Plan::kPackedStage;
+    const int scales_per_row = g.k_dim / 32;
+    const int k = k0 + k_chunk;
+#pragma unroll
+    for (int i = 0; i < Cfg::kBChunks; ++i) {
+      const int j = row0 + i * kRowsPerPass;
+      const uint32_t packed = *reinterpret_cast<const uint32_t*>(packed_stage + j * (Cfg::kK / 2) + k_chunk / 2);
+      const uint8_t scale = k < g.k_dim ? scale_smem[j * scales_per_row + k / 32] : uint8_t{127};
+      *reinterpret_cast<uint4*>(b_smem + j * Cfg::kRowHalves + k_chunk) = mxfp4_to_bf16x8(packed, scale);
     }
   };
 
@@ -350,28 +426,31 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   const int k_tiles = (g.k_dim + Cfg::kK - 1) / Cfg::kK;
 #pragma unroll
   for (int s = 0; s < Cfg::kStages - 1; ++s) {
-    if (s < k_tiles) {
-      load_stage(s, s * Cfg::kK);
-      if constexpr (kMxfp4) {
-        fetch_b(s * Cfg::kK);
-        store_b(s);
-      }
-    }
+    if (s < k_tiles) load_stage(s, s * Cfg::kK);
     cp_async_commit();  // always commit: the group count stays uniform
+  }
+  if constexpr (kMxfp4) {  // every scale of the block's rows, while the first stages load
+    const int scales_per_row = g.k_dim / 32;
+    for (int idx = tid; idx < Cfg::kN * scales_per_row; idx += Cfg::kThreads) {
+      const int j = idx / scales_per_row;
+      const int64_t w_row = weight_row(j);
+      scale_smem[idx] = w_row >= 0 ? g.w_scales[w_row * scales_per_row + (idx - j * scales_per_row)] : uint8_t{127};
+    }
   }
   for (int kt = 0; kt < k_tiles; ++kt) {
     cp_async_wait<Cfg::kStages - 2>();  // tile kt has landed (this thread's copies)
     __syncthreads();                    // ... everyone's; and stage (kt - 1) is free again
     const int next = kt + Cfg::kStages - 1;
-    if (next < k_tiles) {
-      load_stage(next % Cfg::kStages, next * Cfg::kK);
-      if constexpr (kMxfp4) fetch_b(next * Cfg::kK);  // in flight during tile kt's mma work
-    }
+    if (next < k_tiles) load_stage(next % Cfg::kStages, next * Cfg::kK);
     cp_async_commit();
 
     const int stage = kt % Cfg::kStages;
     const __nv_bfloat16* a_stage = a_smem + stage * Cfg::kM * Cfg::kRowHalves;
-    const __nv_bfloat16* b_stage = b_smem + stage * Cfg::kN * Cfg::kRowHalves;
+    const __nv_bfloat16* b_stage = kMxfp4 ? b_smem : b_smem + stage * Cfg::kN * Cfg::kRowHalves;
+    if constexpr (kMxfp4) {  // the previous tile's mma work is done (the barrier above)
+      decode_b(stage, kt * Cfg::kK);
+      __syncthreads();
+    }
 #pragma unroll
     for (int kk = 0; kk < Cfg::kK; kk += 16) {
       uint32_t a_frag[Cfg::kFragsM][4];
@@ -392,10 +471,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
 #pragma unroll
         for (int j = 0; j < Cfg::kFragsN; ++j) mma_bf16(acc[mf][j], a_frag[mf], b_frag[j]);
     }
-    // Stage next % kStages held tile kt - 1, which every warp finished before this iteration's
-    // barrier; the next barrier publishes it.
-    if constexpr (kMxfp4)
-      if (next < k_tiles) store_b(next % Cfg::kStages);
   }
 
   // Epilogue. Accumulator c of fragment (mf, j): row mf*16 + lane/4 + 8*(c/2), column
@@ -501,14 +576,17 @@ void dense_gemm(const __nv_bfloat16* x, int64_t rows, int64_t k, const __nv_bflo
 
 // ---- The kernel object ----
 
+// max_k: the largest k_dim an MXFP4 launch will have (its scales live in shared memory).
 template <class Cfg>
-void allow_shared_memory() {
+void allow_shared_memory(int64_t max_k) {
   for (const void* kernel : {reinterpret_cast<const void*>(grouped_gemm_kernel<Cfg, true, false>),
-                             reinterpret_cast<const void*>(grouped_gemm_kernel<Cfg, false, false>),
-                             reinterpret_cast<const void*>(grouped_gemm_kernel<Cfg, true, true>),
-                             reinterpret_cast<const void*>(grouped_gemm_kernel<Cfg, false, true>)})
+                             reinterpret_cast<const void*>(grouped_gemm_kernel<Cfg, false, false>)})
     SY_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        static_cast<int>(Cfg::kSmemBytes)));
+  for (const void* kernel : {reinterpret_cast<const void*>(grouped_gemm_kernel<Cfg, true, true>),
+                             reinterpret_cast<const void*>(grouped_gemm_kernel<Cfg, false, true>)})
+    SY_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(SmemPlan<Cfg, true>::bytes(max_k))));
 }
 
 class ModularKernel final : public moe::ExpertsKernel {
@@ -588,9 +666,10 @@ class ModularKernel final : public moe::ExpertsKernel {
           fmt::format("cuda-modular: out of device memory for the scratch of {} tokens",
                       max_tokens));
     }
-    allow_shared_memory<SmallTile>();
-    allow_shared_memory<MediumTile>();
-    allow_shared_memory<LargeTile>();
+    const int64_t max_k = std::max(hidden, intermediate);
+    allow_shared_memory<SmallTile>(max_k);
+    allow_shared_memory<MediumTile>(max_k);
+    allow_shared_memory<LargeTile>(max_k);
     return Status::ok();
   }
 
@@ -682,7 +761,7 @@ class ModularKernel final : public moe::ExpertsKernel {
     gemm.n_dim = static_cast<int>(intermediate_);
     gemm.act = act_;
     const dim3 gate_up_grid(static_cast<unsigned>(ceil_div(intermediate_, Cfg::kN / 2)), m_tiles);
-    grouped_gemm_kernel<Cfg, true, kMxfp4><<<gate_up_grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(gemm);
+    grouped_gemm_kernel<Cfg, true, kMxfp4><<<gate_up_grid, Cfg::kThreads, SmemPlan<Cfg, kMxfp4>::bytes(hidden_), stream>>>(gemm);
     SY_CUDA_LAUNCH_CHECK("grouped_gemm_kernel<gate_up>");
 
     gemm.a = act_;
@@ -697,7 +776,7 @@ class ModularKernel final : public moe::ExpertsKernel {
     gemm.act = nullptr;
     gemm.y = y_;
     const dim3 down_grid(static_cast<unsigned>(ceil_div(hidden_, Cfg::kN)), m_tiles);
-    grouped_gemm_kernel<Cfg, false, kMxfp4><<<down_grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(gemm);
+    grouped_gemm_kernel<Cfg, false, kMxfp4><<<down_grid, Cfg::kThreads, SmemPlan<Cfg, kMxfp4>::bytes(intermediate_), stream>>>(gemm);
     SY_CUDA_LAUNCH_CHECK("grouped_gemm_kernel<down>");
   }
 
@@ -730,6 +809,7 @@ class ModularKernel final : public moe::ExpertsKernel {
       // Blocks U8 [E, rows, k/32, 16], scales U8 [E, rows, k/32] (moe/expert_spec.h).
       auto bad_mxfp4 = [&](const Tensor& blocks, const Tensor& scales, int64_t rows, int64_t k) {
         return k % 32 != 0 || blocks.dtype != DType::kU8 || scales.dtype != DType::kU8 ||
+               reinterpret_cast<uintptr_t>(blocks.data) % 16 != 0 ||  // cp.async'd in 16-byte chunks
                blocks.device != Device::kCuda || scales.device != Device::kCuda || !blocks.data ||
                !scales.data || blocks.numel() != experts_ * rows * k / 2 || scales.numel() != experts_ * rows * (k / 32);
       };
@@ -737,8 +817,8 @@ class ModularKernel final : public moe::ExpertsKernel {
           bad_mxfp4(w->gate_up, w->gate_up_scales, 2 * intermediate_, hidden_) ||
           bad_mxfp4(w->down, w->down_scales, hidden_, intermediate_))
         return Status::errorf(
-            "cuda-modular: MXFP4 experts need hidden and moe_intermediate multiples of 32 and U8 blocks/scales on "
-            "cuda for gate_up [{}, {}, {}/32] and down [{}, {}, {}/32]; got gate_up {} / {}, down {} / {}",
+            "cuda-modular: MXFP4 experts need hidden and moe_intermediate multiples of 32 and U8 blocks (16-byte "
+            "aligned)/scales on cuda for gate_up [{}, {}, {}/32] and down [{}, {}, {}/32]; got gate_up {} / {}, down {} / {}",
             experts_, 2 * intermediate_, hidden_, experts_, hidden_, intermediate_, w->gate_up.shape_string(),
             w->gate_up_scales.shape_string(), w->down.shape_string(), w->down_scales.shape_string());
     } else if (bad_weight(w->router, experts_, hidden_, 0) ||
