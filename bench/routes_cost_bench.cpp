@@ -61,7 +61,7 @@ struct RunResult {
   double seconds = 0;
   int64_t output_tokens = 0;
   int64_t route_rows = 0;  // delivered (capture side only)
-  std::vector<sy::moe::RouteArray> routes;
+  std::vector<std::shared_ptr<const sy::moe::RouteArray>> routes;  // the engine's own arrays
 };
 
 // Submits the whole batch at once and waits for every final event. Prompts differ per run (seed)
@@ -94,7 +94,7 @@ RunResult run_batch(sy::engine::Engine& engine, const Workload& w, bool want_rou
         }
         if (event.routes) {
           result.route_rows += event.routes->rows;
-          result.routes.push_back(*event.routes);
+          result.routes.push_back(event.routes);
         }
         if (--remaining == 0) all_done.set_value();
       }
@@ -212,7 +212,8 @@ int main(int argc, char** argv) {
       (capture_side ? on_tps : off_tps).push_back(tps);
       if (!capture_side || control) continue;
       // Every delivered route: (prompt + decode - 1) rows, ids in range on MoE layers.
-      for (const auto& routes : r.routes) {
+      for (const auto& shared : r.routes) {
+        const sy::moe::RouteArray& routes = *shared;
         if (routes.rows != w.prompt + w.decode - 1 || routes.layers != info.num_hidden_layers ||
             routes.top_k != info.top_k) {
           std::fprintf(stderr, "route shape (%ld, %ld, %ld) is wrong\n",
@@ -232,7 +233,7 @@ int main(int argc, char** argv) {
       sy::server::RouteOptions options;
       auto start = Clock::now();
       for (const auto& routes : r.routes) {
-        sy::moe::RouteArray selected = sy::server::select_routes(routes, options, info);
+        sy::moe::RouteArray selected = sy::server::select_routes(*routes, options, info);
         encoded_bytes += static_cast<int64_t>(
             sy::server::encode_routes_npy_base64(selected, info.num_experts).size());
       }

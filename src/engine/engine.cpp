@@ -878,22 +878,31 @@ class EngineImpl final : public Engine {
     // Only copies here; the server encodes on its own threads.
     const int64_t rows = static_cast<int64_t>(seq.tokens.size()) - 1;
     if (seq.request.stream_routes) {
-      event.new_routes = route_array(seq, seq.routes_streamed, rows);
+      event.new_routes = std::make_shared<const moe::RouteArray>(route_array(seq, seq.routes_streamed, rows));
       seq.routes_streamed = rows;
     } else if (event.finished && seq.request.return_routes) {
-      event.routes = route_array(seq, 0, rows);
+      event.routes = std::make_shared<const moe::RouteArray>(route_array(seq, 0, rows, /*take_log=*/true));
     }
     return seq.on_event ? seq.on_event(event) : Continuation::kContinue;
   }
 
   // Rows [begin, end) of the route log (and of the weights, when the request asked for them).
-  moe::RouteArray route_array(const Sequence& seq, int64_t begin, int64_t end) const {
+  // take_log: the sequence's final event takes the whole log itself (no copy; nothing reads the
+  // log of a finished sequence).
+  moe::RouteArray route_array(Sequence& seq, int64_t begin, int64_t end, bool take_log = false) const {
     moe::RouteArray routes;
     routes.first_row = begin;
     routes.rows = end - begin;
     routes.layers = model_->config().num_hidden_layers;
     routes.top_k = model_->config().experts_per_token;
-    routes.ids.assign(seq.routes.begin() + begin * row_ints_, seq.routes.begin() + end * row_ints_);
+    if (take_log && begin == 0 && static_cast<int64_t>(seq.routes.size()) >= end * row_ints_) {
+      routes.ids = std::move(seq.routes);
+      routes.ids.resize(static_cast<size_t>(end * row_ints_));
+      seq.routes.clear();
+      seq.route_rows = 0;
+    } else {
+      routes.ids.assign(seq.routes.begin() + begin * row_ints_, seq.routes.begin() + end * row_ints_);
+    }
     if (seq.request.return_route_weights) {
       // Every row of such a request was computed by it (no prefix hit); NaN would show a gap.
       routes.weights.assign(static_cast<size_t>(routes.rows * row_ints_), std::nanf(""));

@@ -95,7 +95,7 @@ struct ChoiceUpdate {
   engine::FinishReason finish_reason = engine::FinishReason::kNone;
   std::optional<int32_t> stop_token_id;
   std::string matched_stop;
-  std::optional<moe::RouteArray> routes;
+  std::shared_ptr<const moe::RouteArray> routes;  // the engine's, shared: no copy on its thread
   // stream_routed_experts: the event's new rows (all layers as the engine gave them; on the
   // strand, replaced by the selected rows the chunk carries).
   std::optional<moe::RouteArray> new_routes;
@@ -644,7 +644,7 @@ void Session::handle_generation(const http::request<http::string_body>& http_req
       update->finish_reason = event.finish_reason;
       update->stop_token_id = event.stop_token_id;
       update->routes = event.routes;
-      update->new_routes = event.new_routes;
+      if (event.new_routes) update->new_routes = *event.new_routes;  // a step's rows; the strand rewrites them
       update->error = event.error;
       job->post_to_session([weak, job, update] {
         if (auto self = weak.lock()) self->on_update(job, *update);

@@ -240,7 +240,7 @@ TEST_P(LongGolden, ChunkedPrefillAndPrefixCacheThroughTheEngineMatch) {
       size_t same = 0;
       while (same < hf.continuation.size() && run->tokens[same] == hf.continuation[same]) ++same;
       // Routes: rows whose inputs equal transformers' sequence (all, unless the tokens parted).
-      ASSERT_TRUE(run->final_event.routes.has_value()) << what;
+      ASSERT_TRUE(run->final_event.routes != nullptr) << what;
       const moe::RouteArray& routes = *run->final_event.routes;
       const int64_t expected_rows = prompt_len + static_cast<int64_t>(run->tokens.size()) - 1;
       ASSERT_EQ(routes.rows, expected_rows) << what;

@@ -244,9 +244,9 @@ class FakeEngine : public engine::Engine {
         piece.weights.assign(all.weights.begin() + static_cast<long>(a.routes_streamed * row_ints),
                              all.weights.end());
       a.routes_streamed = all.rows;
-      event.new_routes = std::move(piece);
+      event.new_routes = std::make_shared<const moe::RouteArray>(std::move(piece));
     } else if (event.finished && a.request.return_routes) {
-      event.routes = routes_of(a);
+      event.routes = std::make_shared<const moe::RouteArray>(routes_of(a));
     }
   }
 
