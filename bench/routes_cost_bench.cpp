@@ -27,7 +27,6 @@
 #include "backend/backend.h"
 #include "engine/engine.h"
 #include "server/api.h"
-#include "util/allocator.h"
 
 namespace {
 
@@ -114,7 +113,6 @@ RunResult run_batch(sy::engine::Engine& engine, const Workload& w, bool want_rou
 }  // namespace
 
 int main(int argc, char** argv) {
-  sy::util::tune_allocator();  // as switchyard itself (util/allocator.h)
   if (argc < 2) {
     std::fprintf(stderr,
                  "usage: %s MODEL_DIR [--moe-kernel K] [--pairs N] [--concurrency N] [--prompt N] "

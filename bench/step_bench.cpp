@@ -23,7 +23,6 @@
 #include "backend/backend.h"
 #include "model/decoder.h"
 #include "model/model.h"
-#include "util/allocator.h"
 
 namespace {
 
@@ -107,7 +106,6 @@ struct Bench {
 }  // namespace
 
 int main(int argc, char** argv) {
-  sy::util::tune_allocator();  // as switchyard itself (util/allocator.h)
   Bench bench;
   Args& a = bench.args;
   for (int i = 1; i < argc; ++i) {

@@ -1,9 +1,7 @@
 // `switchyard`: one binary, one subcommand per job (DESIGN.md, cli/).
 #include "cli/commands.h"
-#include "util/allocator.h"
 
 int main(int argc, char** argv) {
-  sy::util::tune_allocator();  // before any allocation that should be reused (util/allocator.h)
   // Every rank of `mpirun -np N switchyard ...` runs this; a plain run is a world of one.
   const sy::dist::MpiWorld world = sy::dist::mpi_init(&argc, &argv);
   CLI::App app{"Switchyard: MoE inference engine with exact routed-expert capture and replay"};
