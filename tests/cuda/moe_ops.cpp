@@ -558,7 +558,7 @@ void run_moe_ops(Harness& h) {
               {{200, 72, 12, 3}, SpecKind::kSigmoid, {2, 33, 300}},
               {{200, 72, 12, 3}, SpecKind::kPlainSoftmax, {7, 64}},
               {{200, 72, 12, 3}, SpecKind::kGptOss, {1, 2, 33, 300}},
-              {{256, 96, 12, 3}, SpecKind::kGptOss, {1, 2, 33, 300, 600}, true},  // every tile size
+              {{256, 96, 12, 3}, SpecKind::kGptOss, {1, 2, 8, 33, 300, 600}, true},  // every tile size, the GEMV (T <= 8)
               {{256, 64, 64, 6}, SpecKind::kDeepSeek, {1, 2, 33, 300}},
               {{200, 72, 16, 4}, SpecKind::kGlm, {1, 7, 64}}};
   }

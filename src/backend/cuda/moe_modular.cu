@@ -11,6 +11,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <string_view>
 
 #include "backend/cuda/moe_kernels.h"
 #include "backend/cuda/moe_route.cuh"
@@ -250,17 +252,11 @@ __device__ __forceinline__ uint4 mxfp4_to_bf16x8_exact(uint32_t packed, uint8_t 
   }
   return out;
 }
-// The same 8 bf16 in ~3 integer operations a value: byte permutes look the magnitude's bf16 bytes
-// up (codes 0..7: 0, 0.5, 1, 1.5, 2, 3, 4, 6; high bytes 00 3F 3F 3F 40 40 40 40, low bytes
-// 00 00 80 C0 00 40 80 C0), the sign bits are moved to bits 15/31, and one bf16x2 multiply by
-// 2^(scale - 127) scales each pair. Exact: a normal bf16 times a power of two whose product is
-// normal or infinite both ways; scales 0, 1 (subnormal products) and 255 (no zero times it)
-// take the exact path.
-__device__ __forceinline__ uint4 mxfp4_to_bf16x8(uint32_t packed, uint8_t scale) {
-  if (scale < 2 || scale == 255) return mxfp4_to_bf16x8_exact(packed, scale);
-  const uint32_t scale_bits = static_cast<uint32_t>(scale) << 7;
-  const uint32_t scale_word = scale_bits | scale_bits << 16;
-  const __nv_bfloat162 scale2 = *reinterpret_cast<const __nv_bfloat162*>(&scale_word);
+// The 8 e2m1 values of `packed` as bf16 pairs (element 2i low, 2i + 1 high of word i), unscaled:
+// byte permutes look the magnitude's bf16 bytes up (codes 0..7: 0, 0.5, 1, 1.5, 2, 3, 4, 6; high
+// bytes 00 3F 3F 3F 40 40 40 40, low bytes 00 00 80 C0 00 40 80 C0) and the sign bits move to bits
+// 15/31. Exact (every e2m1 value is a bf16).
+__device__ __forceinline__ uint4 mxfp4_unscaled_bf16x8(uint32_t packed) {
   const uint32_t evens = (packed & 0x08080808u) << 4;  // sign of element 2i at bit 7 of byte i
   const uint32_t odds = packed & 0x80808080u;          // sign of element 2i + 1 at bit 7 of byte i
   uint4 out;
@@ -275,10 +271,25 @@ __device__ __forceinline__ uint4 mxfp4_to_bf16x8(uint32_t packed, uint8_t scale)
       const int byte = 2 * half + pair;  // packed byte: elements 2 * byte, 2 * byte + 1
       const uint32_t magnitudes = __byte_perm(low, high, pair ? 0x7362u : 0x5140u);
       const uint32_t signs = __byte_perm(evens, odds, 0x4000u + 0x1010u * static_cast<uint32_t>(byte));
-      const uint32_t bits = magnitudes | (signs & 0x80008000u);
-      const __nv_bfloat162 value = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&bits), scale2);
-      words[byte] = *reinterpret_cast<const uint32_t*>(&value);
+      words[byte] = magnitudes | (signs & 0x80008000u);
     }
+  }
+  return out;
+}
+// The same 8 values scaled: one bf16x2 multiply by 2^(scale - 127) per pair. Exact: a normal bf16
+// times a power of two whose product is normal or infinite both ways; scales 0, 1 (subnormal
+// products) and 255 (no zero times it) take the exact path.
+__device__ __forceinline__ uint4 mxfp4_to_bf16x8(uint32_t packed, uint8_t scale) {
+  if (scale < 2 || scale == 255) return mxfp4_to_bf16x8_exact(packed, scale);
+  const uint32_t scale_bits = static_cast<uint32_t>(scale) << 7;
+  const uint32_t scale_word = scale_bits | scale_bits << 16;
+  const __nv_bfloat162 scale2 = *reinterpret_cast<const __nv_bfloat162*>(&scale_word);
+  uint4 out = mxfp4_unscaled_bf16x8(packed);
+  uint32_t* words = reinterpret_cast<uint32_t*>(&out);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const __nv_bfloat162 value = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&words[i]), scale2);
+    words[i] = *reinterpret_cast<const uint32_t*>(&value);
   }
   return out;
 }
@@ -510,6 +521,142 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   }
 }
 
+// ---- Few-token MXFP4 experts: warp-per-rows GEMV (SY_MXFP4_GEMV=1) ----
+//
+// A decode step of a few tokens has one row per (token, slot) pair: the grouped GEMM's 16-row mma
+// tiles and per-k-tile barriers then bound it by latency (gpt-oss-20b batch 1: 56 + 45 us a layer,
+// 643 and 390 GB/s, ncu at e4a1e63). Here each warp streams a few MXFP4 weight rows of one pair's
+// expert, every lane with all of its 16-byte chunks (32 values) of those rows in flight, decodes
+// them to f32 (mxfp4_unscaled_bf16x8; the block's 2^(s - 127) scales each 32-value partial sum,
+// exactly), and dots them with the pair's f32 input. Floor: the touched experts' MXFP4 bytes once
+// per pair; pairs of one expert re-read its rows (from L2 when they run together).
+// Until a GPU visit has checked it against the CPU (op harness, goldens) it is opt-in.
+constexpr int kGemvMaxTokens = 8;
+constexpr int kGemvThreads = 256;
+constexpr int kGemvWarps = kGemvThreads / 32;
+constexpr int kGemvChunks = 4;  // chunks per lane per row in flight: k <= 4096 in one round
+
+struct Mxfp4Gemv {
+  const uint8_t* blocks = nullptr;  // [E, rows, k/32, 16]
+  const uint8_t* scales = nullptr;  // [E, rows, k/32]
+  const float* x = nullptr;         // gate_up: hidden [T, H], row of pair p = p / top_k; down: act [pairs, I]
+  float* out = nullptr;             // gate_up: act [pairs, I]; down: y [pairs, H]
+  const int32_t* ids = nullptr;     // [pairs]
+  int top_k = 0, experts = 0;
+  int k = 0;         // H (gate_up) or I (down)
+  int n = 0;         // output columns: I (gate_up) or H (down)
+  ExpertParams params;
+};
+
+__device__ __forceinline__ float e8m0_scale(uint8_t s) {
+  return s ? __uint_as_float(static_cast<uint32_t>(s) << 23) : __uint_as_float(0x00400000u);  // 2^(s-127)
+}
+
+// ROWS weight rows starting at `rows` (row stride k/2 bytes; rows past `valid` not read) dotted
+// with x[0:k]; lane sums, reduced over the warp (every lane returns the totals).
+template <int ROWS>
+__device__ __forceinline__ void mxfp4_rows_dot(const uint8_t* __restrict__ rows, const uint8_t* __restrict__ row_scales,
+                                               int valid, int k, const float* __restrict__ x, float (&acc)[ROWS]) {
+  const int lane = threadIdx.x & 31;
+  const int chunks = k / 32;
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r) acc[r] = 0.0f;
+  for (int base = 0; base < chunks; base += 32 * kGemvChunks) {
+    uint4 w[kGemvChunks][ROWS];
+    uint8_t sc[kGemvChunks][ROWS];
+#pragma unroll
+    for (int c = 0; c < kGemvChunks; ++c) {
+      const int chunk = base + c * 32 + lane;
+#pragma unroll
+      for (int r = 0; r < ROWS; ++r) {
+        const bool ok = r < valid && chunk < chunks;
+        w[c][r] = ok ? __ldg(reinterpret_cast<const uint4*>(rows + static_cast<int64_t>(r) * (k / 2) + chunk * 16))
+                     : make_uint4(0, 0, 0, 0);
+        sc[c][r] = ok ? row_scales[static_cast<int64_t>(r) * chunks + chunk] : uint8_t{127};
+      }
+    }
+#pragma unroll
+    for (int c = 0; c < kGemvChunks; ++c) {
+      const int chunk = base + c * 32 + lane;
+      if (chunk >= chunks) continue;
+      float partial[ROWS];
+#pragma unroll
+      for (int r = 0; r < ROWS; ++r) partial[r] = 0.0f;
+      const float* xs = x + chunk * 32;
+#pragma unroll
+      for (int word = 0; word < 4; ++word) {
+        const float4 x0 = *reinterpret_cast<const float4*>(xs + word * 8);
+        const float4 x1 = *reinterpret_cast<const float4*>(xs + word * 8 + 4);
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) {
+          const uint32_t packed = word == 0 ? w[c][r].x : word == 1 ? w[c][r].y : word == 2 ? w[c][r].z : w[c][r].w;
+          const uint4 v = mxfp4_unscaled_bf16x8(packed);
+          float sum = partial[r];
+          sum = fmaf(__uint_as_float(v.x << 16), x0.x, sum);
+          sum = fmaf(__uint_as_float(v.x & 0xffff0000u), x0.y, sum);
+          sum = fmaf(__uint_as_float(v.y << 16), x0.z, sum);
+          sum = fmaf(__uint_as_float(v.y & 0xffff0000u), x0.w, sum);
+          sum = fmaf(__uint_as_float(v.z << 16), x1.x, sum);
+          sum = fmaf(__uint_as_float(v.z & 0xffff0000u), x1.y, sum);
+          sum = fmaf(__uint_as_float(v.w << 16), x1.z, sum);
+          sum = fmaf(__uint_as_float(v.w & 0xffff0000u), x1.w, sum);
+          partial[r] = sum;
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < ROWS; ++r) acc[r] = fmaf(partial[r], e8m0_scale(sc[c][r]), acc[r]);
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r)
+    for (int offset = 16; offset > 0; offset >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], offset);
+}
+
+// grid (ceil(I / (2 * kGemvWarps)), pairs): a warp computes 2 output columns r, r + 1 of pair
+// blockIdx.y from gpt-oss's interleaved rows 2r .. 2r + 3 (gate, up, gate, up), activation and
+// bias as the grouped GEMM's epilogue, into act (f32).
+__global__ void __launch_bounds__(kGemvThreads) mxfp4_gate_up_gemv_kernel(const __grid_constant__ Mxfp4Gemv g) {
+  const int pair = blockIdx.y;
+  const int r0 = (static_cast<int>(blockIdx.x) * kGemvWarps + (threadIdx.x >> 5)) * 2;
+  if (r0 >= g.n) return;
+  const int32_t e = g.ids[pair];
+  float* act = g.out + static_cast<int64_t>(pair) * g.n;
+  const int columns = min(2, g.n - r0);
+  if (static_cast<uint32_t>(e) >= static_cast<uint32_t>(g.experts)) {  // never routed: no weights to read
+    if ((threadIdx.x & 31) == 0)
+      for (int j = 0; j < columns; ++j) act[r0 + j] = 0.0f;
+    return;
+  }
+  const int64_t first_row = static_cast<int64_t>(e) * 2 * g.n + 2 * r0;
+  float acc[4];
+  mxfp4_rows_dot<4>(g.blocks + first_row * (g.k / 2), g.scales + first_row * (g.k / 32), 2 * columns, g.k,
+                    g.x + static_cast<int64_t>(pair / g.top_k) * g.k, acc);
+  if ((threadIdx.x & 31) == 0)
+    for (int j = 0; j < columns; ++j) act[r0 + j] = g.params.activate(e, r0 + j, g.n, acc[2 * j], acc[2 * j + 1]);
+}
+
+// grid (ceil(H / (4 * kGemvWarps)), pairs): a warp computes 4 hidden rows h .. h + 3 of pair
+// blockIdx.y's expert output (down bias added) into y.
+__global__ void __launch_bounds__(kGemvThreads) mxfp4_down_gemv_kernel(const __grid_constant__ Mxfp4Gemv g) {
+  const int pair = blockIdx.y;
+  const int h0 = (static_cast<int>(blockIdx.x) * kGemvWarps + (threadIdx.x >> 5)) * 4;
+  if (h0 >= g.n) return;
+  const int32_t e = g.ids[pair];
+  float* y = g.out + static_cast<int64_t>(pair) * g.n;
+  const int rows = min(4, g.n - h0);
+  if (static_cast<uint32_t>(e) >= static_cast<uint32_t>(g.experts)) {
+    if ((threadIdx.x & 31) == 0)
+      for (int j = 0; j < rows; ++j) y[h0 + j] = 0.0f;
+    return;
+  }
+  const int64_t first_row = static_cast<int64_t>(e) * g.n + h0;
+  float acc[4];
+  mxfp4_rows_dot<4>(g.blocks + first_row * (g.k / 2), g.scales + first_row * (g.k / 32), rows, g.k,
+                    g.x + static_cast<int64_t>(pair) * g.k, acc);
+  if ((threadIdx.x & 31) == 0)
+    for (int j = 0; j < rows; ++j) y[h0 + j] = acc[j] + g.params.down_bias_of(e, h0 + j, g.n);
+}
+
 // ---- Combine ----
 
 constexpr int kCombineThreads = 128;
@@ -658,7 +805,8 @@ class ModularKernel final : public moe::ExpertsKernel {
                     allocate(&x_bf16_, max_tokens * hidden * 2) &&
                     allocate(&perm_, padded_rows * 4) && allocate(&tile_expert_, tiles * 4) &&
                     allocate(&tile_count_, 4) && allocate(&act_, padded_rows * intermediate * 2) &&
-                    allocate(&y_, pairs * hidden * 4);
+                    allocate(&y_, pairs * hidden * 4) &&
+                    allocate(&act_f32_, std::min<int64_t>(max_tokens, kGemvMaxTokens) * top_k * intermediate * 4);
     if (!ok) {
       release();
       return Status::error(
@@ -714,7 +862,9 @@ class ModularKernel final : public moe::ExpertsKernel {
     // never the device-side counts).
     const ExpertParams experts = ExpertParams::from(args.experts, w);
     const bool mxfp4 = ExpertParams::implements_mxfp4(args.experts);
-    if (pairs <= 24 * experts_)
+    if (mxfp4 && mxfp4_gemv_ && tokens <= kGemvMaxTokens)
+      forward_mxfp4_gemv(w, experts, args.hidden.ptr<float>(), pairs, stream);
+    else if (pairs <= 24 * experts_)
       mxfp4 ? forward_experts<SmallTile, true>(w, experts, pairs, stream)
             : forward_experts<SmallTile, false>(w, experts, pairs, stream);
     else if (pairs <= 96 * experts_)
@@ -778,6 +928,34 @@ class ModularKernel final : public moe::ExpertsKernel {
     const dim3 down_grid(static_cast<unsigned>(ceil_div(hidden_, Cfg::kN)), m_tiles);
     grouped_gemm_kernel<Cfg, false, kMxfp4><<<down_grid, Cfg::kThreads, SmemPlan<Cfg, kMxfp4>::bytes(intermediate_), stream>>>(gemm);
     SY_CUDA_LAUNCH_CHECK("grouped_gemm_kernel<down>");
+  }
+
+  // Few-token MXFP4 steps (SY_MXFP4_GEMV=1): route ids straight to the GEMV kernels, no align.
+  void forward_mxfp4_gemv(const moe::MoeLayerWeights& w, const ExpertParams& experts, const float* hidden,
+                          int64_t pairs, cudaStream_t stream) {
+    Mxfp4Gemv g;
+    g.ids = ids_;
+    g.top_k = static_cast<int>(top_k_);
+    g.experts = static_cast<int>(experts_);
+    g.params = experts;
+    g.blocks = w.gate_up.ptr<uint8_t>();
+    g.scales = w.gate_up_scales.ptr<uint8_t>();
+    g.x = hidden;
+    g.out = act_f32_;
+    g.k = static_cast<int>(hidden_);
+    g.n = static_cast<int>(intermediate_);
+    const dim3 gate_up_grid(static_cast<unsigned>(ceil_div(intermediate_, 2 * kGemvWarps)), static_cast<unsigned>(pairs));
+    mxfp4_gate_up_gemv_kernel<<<gate_up_grid, kGemvThreads, 0, stream>>>(g);
+    SY_CUDA_LAUNCH_CHECK("mxfp4_gate_up_gemv_kernel");
+    g.blocks = w.down.ptr<uint8_t>();
+    g.scales = w.down_scales.ptr<uint8_t>();
+    g.x = act_f32_;
+    g.out = y_;
+    g.k = static_cast<int>(intermediate_);
+    g.n = static_cast<int>(hidden_);
+    const dim3 down_grid(static_cast<unsigned>(ceil_div(hidden_, 4 * kGemvWarps)), static_cast<unsigned>(pairs));
+    mxfp4_down_gemv_kernel<<<down_grid, kGemvThreads, 0, stream>>>(g);
+    SY_CUDA_LAUNCH_CHECK("mxfp4_down_gemv_kernel");
   }
 
   // Everything forward() needs to be true of its arguments, as errors naming the offender.
@@ -867,10 +1045,11 @@ class ModularKernel final : public moe::ExpertsKernel {
     for (void* p :
          {static_cast<void*>(ids_), static_cast<void*>(weights_), static_cast<void*>(x_bf16_),
           static_cast<void*>(perm_), static_cast<void*>(tile_expert_),
-          static_cast<void*>(tile_count_), static_cast<void*>(act_), static_cast<void*>(y_)})
+          static_cast<void*>(tile_count_), static_cast<void*>(act_), static_cast<void*>(y_),
+          static_cast<void*>(act_f32_)})
       if (p) cudaFree(p);
     ids_ = nullptr, weights_ = nullptr, x_bf16_ = nullptr, perm_ = nullptr, tile_expert_ = nullptr;
-    tile_count_ = nullptr, act_ = nullptr, y_ = nullptr;
+    tile_count_ = nullptr, act_ = nullptr, y_ = nullptr, act_f32_ = nullptr;
   }
 
   CudaContext& context_;
@@ -885,6 +1064,12 @@ class ModularKernel final : public moe::ExpertsKernel {
   int32_t* tile_count_ = nullptr;    // [1] M tiles of this step
   __nv_bfloat16* act_ = nullptr;     // [P, I] SiLU(gate) * up
   float* y_ = nullptr;               // [T*K, H] each pair's expert output
+  float* act_f32_ = nullptr;         // [min(T, kGemvMaxTokens) * K, I] the MXFP4 GEMV's activations
+  // SY_MXFP4_GEMV=1: few-token MXFP4 steps on the GEMV kernels (opt-in until checked on a GPU).
+  const bool mxfp4_gemv_ = [] {
+    const char* v = std::getenv("SY_MXFP4_GEMV");
+    return v && std::string_view(v) == "1";
+  }();
 };
 
 }  // namespace
