@@ -725,19 +725,27 @@ class EngineImpl final : public Engine {
         }
         // Rows of one chunk are contiguous: the positions computed for the first time (from
         // route_rows on) are appended at once; earlier ones were replayed from the log.
-        auto rows_of = [&](int64_t p) { return static_cast<std::ptrdiff_t>((first_t + static_cast<size_t>(p - s.begin)) * static_cast<size_t>(row_ints_)); };
-        if (seq.request.return_route_weights && !result.weights.empty() && seq.weight_rows >= s.begin &&
-            seq.weight_rows < end) {
-          seq.route_weights.insert(seq.route_weights.end(), result.weights.begin() + rows_of(seq.weight_rows),
+        auto rows_of = [&](int64_t p) {
+          return static_cast<std::ptrdiff_t>((first_t + static_cast<size_t>(p - s.begin)) *
+                                             static_cast<size_t>(row_ints_));
+        };
+        if (seq.request.return_route_weights && !result.weights.empty() &&
+            seq.weight_rows >= s.begin && seq.weight_rows < end) {
+          seq.route_weights.insert(seq.route_weights.end(),
+                                   result.weights.begin() + rows_of(seq.weight_rows),
                                    result.weights.begin() + rows_of(end));
           seq.weight_rows = end;
         }
         const int64_t from = std::max(s.begin, seq.route_rows);
         replayed += from - s.begin;
         if (from < end) {
-          if (seq.routes.capacity() == 0)  // the prompt's rows and some decode rows, grown by doubling after
-            seq.routes.reserve(static_cast<size_t>((seq.prompt_len + std::min<int64_t>(seq.request.sampling.max_tokens, 1024)) * row_ints_));
-          seq.routes.insert(seq.routes.end(), result.routes.begin() + rows_of(from), result.routes.begin() + rows_of(end));
+          // Room for the prompt's rows and some decode rows at once (doubling after that).
+          if (seq.routes.capacity() == 0)
+            seq.routes.reserve(static_cast<size_t>(
+                (seq.prompt_len + std::min<int64_t>(seq.request.sampling.max_tokens, 1024)) *
+                row_ints_));
+          seq.routes.insert(seq.routes.end(), result.routes.begin() + rows_of(from),
+                            result.routes.begin() + rows_of(end));
           seq.route_rows = end;
           captured += end - from;
         }
@@ -878,10 +886,12 @@ class EngineImpl final : public Engine {
     // Only copies here; the server encodes on its own threads.
     const int64_t rows = static_cast<int64_t>(seq.tokens.size()) - 1;
     if (seq.request.stream_routes) {
-      event.new_routes = std::make_shared<const moe::RouteArray>(route_array(seq, seq.routes_streamed, rows));
+      event.new_routes =
+          std::make_shared<const moe::RouteArray>(route_array(seq, seq.routes_streamed, rows));
       seq.routes_streamed = rows;
     } else if (event.finished && seq.request.return_routes) {
-      event.routes = std::make_shared<const moe::RouteArray>(route_array(seq, 0, rows, /*take_log=*/true));
+      event.routes =
+          std::make_shared<const moe::RouteArray>(route_array(seq, 0, rows, /*take_log=*/true));
     }
     return seq.on_event ? seq.on_event(event) : Continuation::kContinue;
   }
@@ -889,7 +899,8 @@ class EngineImpl final : public Engine {
   // Rows [begin, end) of the route log (and of the weights, when the request asked for them).
   // take_log: the sequence's final event takes the whole log itself (no copy; nothing reads the
   // log of a finished sequence).
-  moe::RouteArray route_array(Sequence& seq, int64_t begin, int64_t end, bool take_log = false) const {
+  moe::RouteArray route_array(Sequence& seq, int64_t begin, int64_t end,
+                              bool take_log = false) const {
     moe::RouteArray routes;
     routes.first_row = begin;
     routes.rows = end - begin;
@@ -901,7 +912,8 @@ class EngineImpl final : public Engine {
       seq.routes.clear();
       seq.route_rows = 0;
     } else {
-      routes.ids.assign(seq.routes.begin() + begin * row_ints_, seq.routes.begin() + end * row_ints_);
+      routes.ids.assign(seq.routes.begin() + begin * row_ints_,
+                        seq.routes.begin() + end * row_ints_);
     }
     if (seq.request.return_route_weights) {
       // Every row of such a request was computed by it (no prefix hit); NaN would show a gap.

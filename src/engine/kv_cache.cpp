@@ -12,7 +12,8 @@ RoutePacking::RoutePacking(int64_t num_layers, int64_t top_k, int64_t num_expert
     : num_layers_(num_layers), top_k_(top_k), id_bytes_(num_experts <= 256 ? 1 : 2), moe_layers_(std::move(moe_layers)) {}
 
 void RoutePacking::pack(const int32_t* row, uint8_t* out) const {
-  if (id_bytes_ == 1) {  // every published block's rows pass here: keep the common case a plain narrowing copy
+  if (id_bytes_ ==
+      1) {  // every published block's rows pass here: keep the common case a plain narrowing copy
     for (int layer : moe_layers_)
       for (int64_t k = 0; k < top_k_; ++k) *out++ = static_cast<uint8_t>(row[layer * top_k_ + k]);
     return;

@@ -629,11 +629,13 @@ Status Decoder::check_routes(const Model& model, StepOutputs& out) {
     for (int64_t t = 0; t < tokens; ++t) {
       const size_t at = static_cast<size_t>(t) * row_ints + static_cast<size_t>(layer * top_k);
       std::fill_n(out.routes.begin() + static_cast<std::ptrdiff_t>(at), top_k, 0);
-      if (step_weights_) std::fill_n(out.weights.begin() + static_cast<std::ptrdiff_t>(at), top_k, 0.0f);
+      if (step_weights_)
+        std::fill_n(out.weights.begin() + static_cast<std::ptrdiff_t>(at), top_k, 0.0f);
     }
   }
   uint32_t bad = 0;
-  for (const int32_t id : out.routes) bad |= static_cast<uint32_t>(static_cast<uint32_t>(id) >= experts);  // poison -1 too
+  for (const int32_t id : out.routes)
+    bad |= static_cast<uint32_t>(static_cast<uint32_t>(id) >= experts);  // poison -1 too
   if (step_weights_)
     for (const float weight : out.weights) bad |= static_cast<uint32_t>(!std::isfinite(weight));
   if (!bad) return Status::ok();

@@ -644,7 +644,8 @@ void Session::handle_generation(const http::request<http::string_body>& http_req
       update->finish_reason = event.finish_reason;
       update->stop_token_id = event.stop_token_id;
       update->routes = event.routes;
-      if (event.new_routes) update->new_routes = *event.new_routes;  // a step's rows; the strand rewrites them
+      if (event.new_routes)
+        update->new_routes = *event.new_routes;  // a step's rows; the strand rewrites them
       update->error = event.error;
       job->post_to_session([weak, job, update] {
         if (auto self = weak.lock()) self->on_update(job, *update);

@@ -348,16 +348,22 @@ void norm_matmul_parts_cases(Harness& h) {
     bool expect_fused;
     int biased_part = -1;  // -1: none
   };
-  const std::vector<Shape> shapes = {{1, 2048, {4096, 512, 512}, true, true}, {1, 2048, {4096, 512, 512}, false, true},
-                                     {1, 4096, {1000}, true, true},            {1, 200, {16, 24, 8, 40}, true, true},
-                                     {1, 2880, {72, 8}, true, true},           {1, 8192, {300}, true, true},
-                                     {2, 2048, {512}, true, false},            {1, 204, {64}, true, false},
-                                     {1, 2880, {4096, 512, 512}, true, true, 0}, {1, 200, {16, 24, 8, 40}, false, true, 3}};
+  const std::vector<Shape> shapes = {{1, 2048, {4096, 512, 512}, true, true},
+                                     {1, 2048, {4096, 512, 512}, false, true},
+                                     {1, 4096, {1000}, true, true},
+                                     {1, 200, {16, 24, 8, 40}, true, true},
+                                     {1, 2880, {72, 8}, true, true},
+                                     {1, 8192, {300}, true, true},
+                                     {2, 2048, {512}, true, false},
+                                     {1, 204, {64}, true, false},
+                                     {1, 2880, {4096, 512, 512}, true, true, 0},
+                                     {1, 200, {16, 24, 8, 40}, false, true, 3}};
   for (const Shape& s : shapes) {
     std::string outs;
     for (int64_t o : s.outs) outs += fmt::format("{}{}", outs.empty() ? "" : ",", o);
-    h.run("norm_matmul_parts", fmt::format("rows={} in={} outs={}{}{}", s.rows, s.in, outs, s.delta ? " +delta" : "",
-                                           s.biased_part >= 0 ? fmt::format(" bias on part {}", s.biased_part) : ""),
+    h.run("norm_matmul_parts",
+          fmt::format("rows={} in={} outs={}{}{}", s.rows, s.in, outs, s.delta ? " +delta" : "",
+                      s.biased_part >= 0 ? fmt::format(" bias on part {}", s.biased_part) : ""),
           [&](Case& c) {
             const std::vector<float> x = random_floats(c.rng, s.rows * s.in, 1.0f);
             const std::vector<float> d = random_floats(c.rng, s.rows * s.in, 2.0f);
@@ -376,7 +382,9 @@ void norm_matmul_parts_cases(Harness& h) {
             HostTensor bias_host;
             std::optional<Both> bias;
             if (s.biased_part >= 0) {
-              bias_host = host_random(h.cpu, DType::kF32, {s.outs[static_cast<size_t>(s.biased_part)]}, c.rng.next(), 0.5f);
+              bias_host =
+                  host_random(h.cpu, DType::kF32, {s.outs[static_cast<size_t>(s.biased_part)]},
+                              c.rng.next(), 0.5f);
               bias = p.weight(bias_host.view);
             }
             std::vector<Backend::MatmulPart> fused_parts, unfused_parts, cpu_parts;
@@ -388,7 +396,8 @@ void norm_matmul_parts_cases(Harness& h) {
             }
             const bool did = h.device.norm_matmul_parts(xt.dev, s.delta ? &dt.dev : nullptr, norm.dev, 1e-6f, fused_parts);
             const bool expect = s.expect_fused && !h.options.reference_as_device;  // the CPU never fuses
-            if (!c.expect(did == expect, fmt::format("fused: {}, expected {}", did, expect)) || !did) return;
+            if (!c.expect(did == expect, fmt::format("fused: {}, expected {}", did, expect)) || !did)
+              return;
             c.check("x unchanged", compare(to_host(h.device, xt.dev), x, s.in), 0.0);
             // The unfused sequence on both backends (the device's x and normed are written here).
             Both normed = p.output({s.rows, s.in});
@@ -396,8 +405,10 @@ void norm_matmul_parts_cases(Harness& h) {
               Tensor& xb = b == &h.cpu ? xt.cpu : xt.dev;
               Tensor& nb = b == &h.cpu ? normed.cpu : normed.dev;
               Tensor& db = b == &h.cpu ? dt.cpu : dt.dev;
-              if (s.delta) b->add_rms_norm(xb, db, b == &h.cpu ? norm.cpu : norm.dev, 1e-6f, nb);
-              else b->rms_norm(xb, b == &h.cpu ? norm.cpu : norm.dev, 1e-6f, nb);
+              if (s.delta)
+                b->add_rms_norm(xb, db, b == &h.cpu ? norm.cpu : norm.dev, 1e-6f, nb);
+              else
+                b->rms_norm(xb, b == &h.cpu ? norm.cpu : norm.dev, 1e-6f, nb);
               b->matmul_parts(nb, b == &h.cpu ? cpu_parts : unfused_parts);
             }
             for (size_t i = 0; i < s.outs.size(); ++i) {

@@ -558,7 +558,10 @@ void run_moe_ops(Harness& h) {
               {{200, 72, 12, 3}, SpecKind::kSigmoid, {2, 33, 300}},
               {{200, 72, 12, 3}, SpecKind::kPlainSoftmax, {7, 64}},
               {{200, 72, 12, 3}, SpecKind::kGptOss, {1, 2, 33, 300}},
-              {{256, 96, 12, 3}, SpecKind::kGptOss, {1, 2, 8, 33, 300, 600}, true},  // every tile size, the GEMV (T <= 8)
+              {{256, 96, 12, 3},
+               SpecKind::kGptOss,
+               {1, 2, 8, 33, 300, 600},
+               true},  // every tile size, the GEMV (T <= 8)
               {{256, 64, 64, 6}, SpecKind::kDeepSeek, {1, 2, 33, 300}},
               {{200, 72, 16, 4}, SpecKind::kGlm, {1, 7, 64}}};
   }
@@ -609,7 +612,8 @@ void run_moe_ops(Harness& h) {
           w.gate_up_scales = bytes({s.experts, 2 * s.inter, s.hidden / 32}, 121, 3);
           w.down_scales = bytes({s.experts, s.hidden, s.inter / 32}, 122, 3);
           w.down_scales.bytes[5] = 0;
-          w.gate_up_scales.bytes[7] = 1;  // the other scale the fast decode leaves to the exact path
+          w.gate_up_scales.bytes[7] =
+              1;  // the other scale the fast decode leaves to the exact path
         } else {
           w.gate_up = host_random(h.cpu, DType::kBF16, {s.experts, 2 * s.inter, s.hidden}, rng.next(),
                                   std::sqrt(3.0f / static_cast<float>(s.hidden)));

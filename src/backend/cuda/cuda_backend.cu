@@ -338,15 +338,17 @@ class CudaBackend final : public Backend {
     for (size_t p = 0; one_launch && p < parts.size(); ++p) {
       const MatmulPart& part = parts[p];
       one_launch = part.weight->dim(1) == in && part.weight->dtype == DType::kBF16 && bias_ok(part);
-      gemv[p] = {part.weight->ptr<__nv_bfloat16>(), part.out->ptr<float>(), part.weight->dim(0), bias_of(part)};
+      gemv[p] = {part.weight->ptr<__nv_bfloat16>(), part.out->ptr<float>(), part.weight->dim(0),
+                 bias_of(part)};
     }
     if (!one_launch) return Backend::matmul_parts(x, parts);
     launch_gemv_parts(x.ptr<float>(), rows, in, gemv, static_cast<int>(parts.size()), context_.stream);
   }
   bool norm_matmul_parts(const Tensor& x, const Tensor* delta, const Tensor& weight, float eps,
                          const std::vector<MatmulPart>& parts) override {
-    // One row (batch-1 decode), bf16 parts (f32 biases added in the epilogue) over a width the fused GEMV takes, pointers
-    // aligned as launch_rms_norm's vector path needs (the unfused path it must equal).
+    // One row (batch-1 decode), bf16 parts (f32 biases added in the epilogue) over a width the
+    // fused GEMV takes, pointers aligned as launch_rms_norm's vector path needs (the unfused path
+    // it must equal).
     const int64_t in = weight.numel();
     if (no_norm_fusion_ || invariant_) return false;  // SY_NO_NORM_FUSION=1 (experiments): the unfused ops
     if (x.numel() != in || !norm_gemv_supported(in) || parts.empty() ||
@@ -358,8 +360,10 @@ class CudaBackend final : public Backend {
     GemvPart gemv[kGemvMaxParts];
     for (size_t p = 0; p < parts.size(); ++p) {
       const MatmulPart& part = parts[p];
-      if (part.weight->dim(1) != in || part.weight->dtype != DType::kBF16 || !bias_ok(part)) return false;
-      gemv[p] = {part.weight->ptr<__nv_bfloat16>(), part.out->ptr<float>(), part.weight->dim(0), bias_of(part)};
+      if (part.weight->dim(1) != in || part.weight->dtype != DType::kBF16 || !bias_ok(part))
+        return false;
+      gemv[p] = {part.weight->ptr<__nv_bfloat16>(), part.out->ptr<float>(), part.weight->dim(0),
+                 bias_of(part)};
     }
     if (skip_norm_matmul_) return true;
     launch_norm_gemv_parts(x.ptr<float>(), delta ? delta->ptr<float>() : nullptr, weight.ptr<float>(), eps, in, gemv,

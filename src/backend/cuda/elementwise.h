@@ -41,7 +41,8 @@ struct GemvPart {
   const __nv_bfloat16* w = nullptr;
   float* out = nullptr;
   int64_t out_features = 0;
-  const float* bias = nullptr;  // [out_features] f32 added to the dot (as add_bias would), or nullptr
+  // [out_features] f32 added to the dot (as add_bias would), or nullptr.
+  const float* bias = nullptr;
 };
 void launch_gemv_parts(const float* x, int64_t rows, int64_t in, const GemvPart* parts, int count,
                        cudaStream_t stream);

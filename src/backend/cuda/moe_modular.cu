@@ -97,13 +97,16 @@ using LargeTile = Tile<128, 128, 32, 2, 4, 4, 2>;
 template <class Cfg, bool kMxfp4>
 struct SmemPlan {
   static constexpr size_t kA = static_cast<size_t>(Cfg::kStages) * Cfg::kM * Cfg::kRowHalves * 2;
-  static constexpr size_t kB = static_cast<size_t>(kMxfp4 ? 1 : Cfg::kStages) * Cfg::kN * Cfg::kRowHalves * 2;
+  static constexpr size_t kB =
+      static_cast<size_t>(kMxfp4 ? 1 : Cfg::kStages) * Cfg::kN * Cfg::kRowHalves * 2;
   static constexpr size_t kPackedStage = kMxfp4 ? static_cast<size_t>(Cfg::kN) * Cfg::kK / 2 : 0;
   static constexpr size_t kPacked = static_cast<size_t>(Cfg::kStages) * kPackedStage;
   static constexpr size_t kRowPair = static_cast<size_t>(Cfg::kM) * 4;
   static constexpr size_t kScalesAt = kA + kB + kPacked + kRowPair;
   static constexpr size_t bytes(int64_t k_dim) {
-    return kScalesAt + (kMxfp4 ? (static_cast<size_t>(Cfg::kN) * static_cast<size_t>(k_dim / 32) + 15) / 16 * 16 : 0);
+    return kScalesAt +
+           (kMxfp4 ? (static_cast<size_t>(Cfg::kN) * static_cast<size_t>(k_dim / 32) + 15) / 16 * 16
+                   : 0);
   }
   static_assert(!kMxfp4 || Cfg::kK % 32 == 0, "MXFP4 k tiles hold whole 32-value blocks");
 };
@@ -263,14 +266,16 @@ __device__ __forceinline__ uint4 mxfp4_unscaled_bf16x8(uint32_t packed) {
   uint32_t* words = reinterpret_cast<uint32_t*>(&out);
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    const uint32_t codes = (packed >> (16 * half)) & 0x7777u;  // 4 selectors (bit 3: PRMT's sign mode)
+    const uint32_t codes =
+        (packed >> (16 * half)) & 0x7777u;  // 4 selectors (bit 3: PRMT's sign mode)
     const uint32_t high = __byte_perm(0x3F3F3F00u, 0x40404040u, codes);
     const uint32_t low = __byte_perm(0xC0800000u, 0xC0804000u, codes);
 #pragma unroll
     for (int pair = 0; pair < 2; ++pair) {
       const int byte = 2 * half + pair;  // packed byte: elements 2 * byte, 2 * byte + 1
       const uint32_t magnitudes = __byte_perm(low, high, pair ? 0x7362u : 0x5140u);
-      const uint32_t signs = __byte_perm(evens, odds, 0x4000u + 0x1010u * static_cast<uint32_t>(byte));
+      const uint32_t signs =
+          __byte_perm(evens, odds, 0x4000u + 0x1010u * static_cast<uint32_t>(byte));
       words[byte] = magnitudes | (signs & 0x80008000u);
     }
   }
@@ -288,7 +293,8 @@ __device__ __forceinline__ uint4 mxfp4_to_bf16x8(uint32_t packed, uint8_t scale)
   uint32_t* words = reinterpret_cast<uint32_t*>(&out);
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    const __nv_bfloat162 value = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&words[i]), scale2);
+    const __nv_bfloat162 value =
+        __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&words[i]), scale2);
     words[i] = *reinterpret_cast<const uint32_t*>(&value);
   }
   return out;
@@ -408,9 +414,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
 #pragma unroll
     for (int i = 0; i < Cfg::kBChunks; ++i) {
       const int j = row0 + i * kRowsPerPass;
-      const uint32_t packed = *reinterpret_cast<const uint32_t*>(packed_stage + j * (Cfg::kK / 2) + k_chunk / 2);
+      const uint32_t packed =
+          *reinterpret_cast<const uint32_t*>(packed_stage + j * (Cfg::kK / 2) + k_chunk / 2);
       const uint8_t scale = k < g.k_dim ? scale_smem[j * scales_per_row + k / 32] : uint8_t{127};
-      *reinterpret_cast<uint4*>(b_smem + j * Cfg::kRowHalves + k_chunk) = mxfp4_to_bf16x8(packed, scale);
+      *reinterpret_cast<uint4*>(b_smem + j * Cfg::kRowHalves + k_chunk) =
+          mxfp4_to_bf16x8(packed, scale);
     }
   };
 
@@ -445,7 +453,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     for (int idx = tid; idx < Cfg::kN * scales_per_row; idx += Cfg::kThreads) {
       const int j = idx / scales_per_row;
       const int64_t w_row = weight_row(j);
-      scale_smem[idx] = w_row >= 0 ? g.w_scales[w_row * scales_per_row + (idx - j * scales_per_row)] : uint8_t{127};
+      scale_smem[idx] = w_row >= 0 ? g.w_scales[w_row * scales_per_row + (idx - j * scales_per_row)]
+                                   : uint8_t{127};
     }
   }
   for (int kt = 0; kt < k_tiles; ++kt) {
@@ -539,24 +548,28 @@ constexpr int kGemvChunks = 4;  // chunks per lane per row in flight: k <= 4096 
 struct Mxfp4Gemv {
   const uint8_t* blocks = nullptr;  // [E, rows, k/32, 16]
   const uint8_t* scales = nullptr;  // [E, rows, k/32]
-  const float* x = nullptr;         // gate_up: hidden [T, H], row of pair p = p / top_k; down: act [pairs, I]
-  float* out = nullptr;             // gate_up: act [pairs, I]; down: y [pairs, H]
-  const int32_t* ids = nullptr;     // [pairs]
+  const float* x =
+      nullptr;           // gate_up: hidden [T, H], row of pair p = p / top_k; down: act [pairs, I]
+  float* out = nullptr;  // gate_up: act [pairs, I]; down: y [pairs, H]
+  const int32_t* ids = nullptr;  // [pairs]
   int top_k = 0, experts = 0;
-  int k = 0;         // H (gate_up) or I (down)
-  int n = 0;         // output columns: I (gate_up) or H (down)
+  int k = 0;  // H (gate_up) or I (down)
+  int n = 0;  // output columns: I (gate_up) or H (down)
   ExpertParams params;
 };
 
 __device__ __forceinline__ float e8m0_scale(uint8_t s) {
-  return s ? __uint_as_float(static_cast<uint32_t>(s) << 23) : __uint_as_float(0x00400000u);  // 2^(s-127)
+  return s ? __uint_as_float(static_cast<uint32_t>(s) << 23)
+           : __uint_as_float(0x00400000u);  // 2^(s-127)
 }
 
 // ROWS weight rows starting at `rows` (row stride k/2 bytes; rows past `valid` not read) dotted
 // with x[0:k]; lane sums, reduced over the warp (every lane returns the totals).
 template <int ROWS>
-__device__ __forceinline__ void mxfp4_rows_dot(const uint8_t* __restrict__ rows, const uint8_t* __restrict__ row_scales,
-                                               int valid, int k, const float* __restrict__ x, float (&acc)[ROWS]) {
+__device__ __forceinline__ void mxfp4_rows_dot(const uint8_t* __restrict__ rows,
+                                               const uint8_t* __restrict__ row_scales, int valid,
+                                               int k, const float* __restrict__ x,
+                                               float (&acc)[ROWS]) {
   const int lane = threadIdx.x & 31;
   const int chunks = k / 32;
 #pragma unroll
@@ -570,7 +583,8 @@ __device__ __forceinline__ void mxfp4_rows_dot(const uint8_t* __restrict__ rows,
 #pragma unroll
       for (int r = 0; r < ROWS; ++r) {
         const bool ok = r < valid && chunk < chunks;
-        w[c][r] = ok ? __ldg(reinterpret_cast<const uint4*>(rows + static_cast<int64_t>(r) * (k / 2) + chunk * 16))
+        w[c][r] = ok ? __ldg(reinterpret_cast<const uint4*>(
+                           rows + static_cast<int64_t>(r) * (k / 2) + chunk * 16))
                      : make_uint4(0, 0, 0, 0);
         sc[c][r] = ok ? row_scales[static_cast<int64_t>(r) * chunks + chunk] : uint8_t{127};
       }
@@ -589,7 +603,10 @@ __device__ __forceinline__ void mxfp4_rows_dot(const uint8_t* __restrict__ rows,
         const float4 x1 = *reinterpret_cast<const float4*>(xs + word * 8 + 4);
 #pragma unroll
         for (int r = 0; r < ROWS; ++r) {
-          const uint32_t packed = word == 0 ? w[c][r].x : word == 1 ? w[c][r].y : word == 2 ? w[c][r].z : w[c][r].w;
+          const uint32_t packed = word == 0   ? w[c][r].x
+                                  : word == 1 ? w[c][r].y
+                                  : word == 2 ? w[c][r].z
+                                              : w[c][r].w;
           const uint4 v = mxfp4_unscaled_bf16x8(packed);
           float sum = partial[r];
           sum = fmaf(__uint_as_float(v.x << 16), x0.x, sum);
@@ -609,35 +626,40 @@ __device__ __forceinline__ void mxfp4_rows_dot(const uint8_t* __restrict__ rows,
   }
 #pragma unroll
   for (int r = 0; r < ROWS; ++r)
-    for (int offset = 16; offset > 0; offset >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], offset);
+    for (int offset = 16; offset > 0; offset >>= 1)
+      acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], offset);
 }
 
 // grid (ceil(I / (2 * kGemvWarps)), pairs): a warp computes 2 output columns r, r + 1 of pair
 // blockIdx.y from gpt-oss's interleaved rows 2r .. 2r + 3 (gate, up, gate, up), activation and
 // bias as the grouped GEMM's epilogue, into act (f32).
-__global__ void __launch_bounds__(kGemvThreads) mxfp4_gate_up_gemv_kernel(const __grid_constant__ Mxfp4Gemv g) {
+__global__ void __launch_bounds__(kGemvThreads)
+    mxfp4_gate_up_gemv_kernel(const __grid_constant__ Mxfp4Gemv g) {
   const int pair = blockIdx.y;
   const int r0 = (static_cast<int>(blockIdx.x) * kGemvWarps + (threadIdx.x >> 5)) * 2;
   if (r0 >= g.n) return;
   const int32_t e = g.ids[pair];
   float* act = g.out + static_cast<int64_t>(pair) * g.n;
   const int columns = min(2, g.n - r0);
-  if (static_cast<uint32_t>(e) >= static_cast<uint32_t>(g.experts)) {  // never routed: no weights to read
+  if (static_cast<uint32_t>(e) >=
+      static_cast<uint32_t>(g.experts)) {  // never routed: no weights to read
     if ((threadIdx.x & 31) == 0)
       for (int j = 0; j < columns; ++j) act[r0 + j] = 0.0f;
     return;
   }
   const int64_t first_row = static_cast<int64_t>(e) * 2 * g.n + 2 * r0;
   float acc[4];
-  mxfp4_rows_dot<4>(g.blocks + first_row * (g.k / 2), g.scales + first_row * (g.k / 32), 2 * columns, g.k,
-                    g.x + static_cast<int64_t>(pair / g.top_k) * g.k, acc);
+  mxfp4_rows_dot<4>(g.blocks + first_row * (g.k / 2), g.scales + first_row * (g.k / 32),
+                    2 * columns, g.k, g.x + static_cast<int64_t>(pair / g.top_k) * g.k, acc);
   if ((threadIdx.x & 31) == 0)
-    for (int j = 0; j < columns; ++j) act[r0 + j] = g.params.activate(e, r0 + j, g.n, acc[2 * j], acc[2 * j + 1]);
+    for (int j = 0; j < columns; ++j)
+      act[r0 + j] = g.params.activate(e, r0 + j, g.n, acc[2 * j], acc[2 * j + 1]);
 }
 
 // grid (ceil(H / (4 * kGemvWarps)), pairs): a warp computes 4 hidden rows h .. h + 3 of pair
 // blockIdx.y's expert output (down bias added) into y.
-__global__ void __launch_bounds__(kGemvThreads) mxfp4_down_gemv_kernel(const __grid_constant__ Mxfp4Gemv g) {
+__global__ void __launch_bounds__(kGemvThreads)
+    mxfp4_down_gemv_kernel(const __grid_constant__ Mxfp4Gemv g) {
   const int pair = blockIdx.y;
   const int h0 = (static_cast<int>(blockIdx.x) * kGemvWarps + (threadIdx.x >> 5)) * 4;
   if (h0 >= g.n) return;
@@ -801,12 +823,13 @@ class ModularKernel final : public moe::ExpertsKernel {
       tiles = std::max(tiles, m_tiles_bound(pairs, experts, tile_m));
       padded_rows = std::max(padded_rows, m_tiles_bound(pairs, experts, tile_m) * tile_m);
     }
-    const bool ok = allocate(&ids_, pairs * 4) && allocate(&weights_, pairs * 4) &&
-                    allocate(&x_bf16_, max_tokens * hidden * 2) &&
-                    allocate(&perm_, padded_rows * 4) && allocate(&tile_expert_, tiles * 4) &&
-                    allocate(&tile_count_, 4) && allocate(&act_, padded_rows * intermediate * 2) &&
-                    allocate(&y_, pairs * hidden * 4) &&
-                    allocate(&act_f32_, std::min<int64_t>(max_tokens, kGemvMaxTokens) * top_k * intermediate * 4);
+    const bool ok =
+        allocate(&ids_, pairs * 4) && allocate(&weights_, pairs * 4) &&
+        allocate(&x_bf16_, max_tokens * hidden * 2) && allocate(&perm_, padded_rows * 4) &&
+        allocate(&tile_expert_, tiles * 4) && allocate(&tile_count_, 4) &&
+        allocate(&act_, padded_rows * intermediate * 2) && allocate(&y_, pairs * hidden * 4) &&
+        allocate(&act_f32_,
+                 std::min<int64_t>(max_tokens, kGemvMaxTokens) * top_k * intermediate * 4);
     if (!ok) {
       release();
       return Status::error(
@@ -911,7 +934,8 @@ class ModularKernel final : public moe::ExpertsKernel {
     gemm.n_dim = static_cast<int>(intermediate_);
     gemm.act = act_;
     const dim3 gate_up_grid(static_cast<unsigned>(ceil_div(intermediate_, Cfg::kN / 2)), m_tiles);
-    grouped_gemm_kernel<Cfg, true, kMxfp4><<<gate_up_grid, Cfg::kThreads, SmemPlan<Cfg, kMxfp4>::bytes(hidden_), stream>>>(gemm);
+    grouped_gemm_kernel<Cfg, true, kMxfp4>
+        <<<gate_up_grid, Cfg::kThreads, SmemPlan<Cfg, kMxfp4>::bytes(hidden_), stream>>>(gemm);
     SY_CUDA_LAUNCH_CHECK("grouped_gemm_kernel<gate_up>");
 
     gemm.a = act_;
@@ -926,13 +950,14 @@ class ModularKernel final : public moe::ExpertsKernel {
     gemm.act = nullptr;
     gemm.y = y_;
     const dim3 down_grid(static_cast<unsigned>(ceil_div(hidden_, Cfg::kN)), m_tiles);
-    grouped_gemm_kernel<Cfg, false, kMxfp4><<<down_grid, Cfg::kThreads, SmemPlan<Cfg, kMxfp4>::bytes(intermediate_), stream>>>(gemm);
+    grouped_gemm_kernel<Cfg, false, kMxfp4>
+        <<<down_grid, Cfg::kThreads, SmemPlan<Cfg, kMxfp4>::bytes(intermediate_), stream>>>(gemm);
     SY_CUDA_LAUNCH_CHECK("grouped_gemm_kernel<down>");
   }
 
   // Few-token MXFP4 steps (SY_MXFP4_GEMV=1): route ids straight to the GEMV kernels, no align.
-  void forward_mxfp4_gemv(const moe::MoeLayerWeights& w, const ExpertParams& experts, const float* hidden,
-                          int64_t pairs, cudaStream_t stream) {
+  void forward_mxfp4_gemv(const moe::MoeLayerWeights& w, const ExpertParams& experts,
+                          const float* hidden, int64_t pairs, cudaStream_t stream) {
     Mxfp4Gemv g;
     g.ids = ids_;
     g.top_k = static_cast<int>(top_k_);
@@ -944,7 +969,8 @@ class ModularKernel final : public moe::ExpertsKernel {
     g.out = act_f32_;
     g.k = static_cast<int>(hidden_);
     g.n = static_cast<int>(intermediate_);
-    const dim3 gate_up_grid(static_cast<unsigned>(ceil_div(intermediate_, 2 * kGemvWarps)), static_cast<unsigned>(pairs));
+    const dim3 gate_up_grid(static_cast<unsigned>(ceil_div(intermediate_, 2 * kGemvWarps)),
+                            static_cast<unsigned>(pairs));
     mxfp4_gate_up_gemv_kernel<<<gate_up_grid, kGemvThreads, 0, stream>>>(g);
     SY_CUDA_LAUNCH_CHECK("mxfp4_gate_up_gemv_kernel");
     g.blocks = w.down.ptr<uint8_t>();
@@ -953,7 +979,8 @@ class ModularKernel final : public moe::ExpertsKernel {
     g.out = y_;
     g.k = static_cast<int>(intermediate_);
     g.n = static_cast<int>(hidden_);
-    const dim3 down_grid(static_cast<unsigned>(ceil_div(hidden_, 4 * kGemvWarps)), static_cast<unsigned>(pairs));
+    const dim3 down_grid(static_cast<unsigned>(ceil_div(hidden_, 4 * kGemvWarps)),
+                         static_cast<unsigned>(pairs));
     mxfp4_down_gemv_kernel<<<down_grid, kGemvThreads, 0, stream>>>(g);
     SY_CUDA_LAUNCH_CHECK("mxfp4_down_gemv_kernel");
   }
@@ -987,18 +1014,24 @@ class ModularKernel final : public moe::ExpertsKernel {
       // Blocks U8 [E, rows, k/32, 16], scales U8 [E, rows, k/32] (moe/expert_spec.h).
       auto bad_mxfp4 = [&](const Tensor& blocks, const Tensor& scales, int64_t rows, int64_t k) {
         return k % 32 != 0 || blocks.dtype != DType::kU8 || scales.dtype != DType::kU8 ||
-               reinterpret_cast<uintptr_t>(blocks.data) % 16 != 0 ||  // cp.async'd in 16-byte chunks
-               blocks.device != Device::kCuda || scales.device != Device::kCuda || !blocks.data ||
-               !scales.data || blocks.numel() != experts_ * rows * k / 2 || scales.numel() != experts_ * rows * (k / 32);
+               reinterpret_cast<uintptr_t>(blocks.data) % 16 !=
+                   0 ||  // cp.async'd in 16-byte chunks
+               blocks.device != Device::kCuda ||
+               scales.device != Device::kCuda || !blocks.data || !scales.data ||
+               blocks.numel() != experts_ * rows * k / 2 ||
+               scales.numel() != experts_ * rows * (k / 32);
       };
       if (bad_weight(w->router, experts_, hidden_, 0) ||
           bad_mxfp4(w->gate_up, w->gate_up_scales, 2 * intermediate_, hidden_) ||
           bad_mxfp4(w->down, w->down_scales, hidden_, intermediate_))
         return Status::errorf(
-            "cuda-modular: MXFP4 experts need hidden and moe_intermediate multiples of 32 and U8 blocks (16-byte "
-            "aligned)/scales on cuda for gate_up [{}, {}, {}/32] and down [{}, {}, {}/32]; got gate_up {} / {}, down {} / {}",
-            experts_, 2 * intermediate_, hidden_, experts_, hidden_, intermediate_, w->gate_up.shape_string(),
-            w->gate_up_scales.shape_string(), w->down.shape_string(), w->down_scales.shape_string());
+            "cuda-modular: MXFP4 experts need hidden and moe_intermediate multiples of 32 and U8 "
+            "blocks (16-byte "
+            "aligned)/scales on cuda for gate_up [{}, {}, {}/32] and down [{}, {}, {}/32]; got "
+            "gate_up {} / {}, down {} / {}",
+            experts_, 2 * intermediate_, hidden_, experts_, hidden_, intermediate_,
+            w->gate_up.shape_string(), w->gate_up_scales.shape_string(), w->down.shape_string(),
+            w->down_scales.shape_string());
     } else if (bad_weight(w->router, experts_, hidden_, 0) ||
         bad_weight(w->gate_up, experts_, 2 * intermediate_, hidden_) ||
         bad_weight(w->down, experts_, hidden_, intermediate_))
@@ -1042,11 +1075,10 @@ class ModularKernel final : public moe::ExpertsKernel {
                       static_cast<size_t>(std::max<int64_t>(bytes, 16))) == cudaSuccess;
   }
   void release() {
-    for (void* p :
-         {static_cast<void*>(ids_), static_cast<void*>(weights_), static_cast<void*>(x_bf16_),
-          static_cast<void*>(perm_), static_cast<void*>(tile_expert_),
-          static_cast<void*>(tile_count_), static_cast<void*>(act_), static_cast<void*>(y_),
-          static_cast<void*>(act_f32_)})
+    for (void* p : {static_cast<void*>(ids_), static_cast<void*>(weights_),
+                    static_cast<void*>(x_bf16_), static_cast<void*>(perm_),
+                    static_cast<void*>(tile_expert_), static_cast<void*>(tile_count_),
+                    static_cast<void*>(act_), static_cast<void*>(y_), static_cast<void*>(act_f32_)})
       if (p) cudaFree(p);
     ids_ = nullptr, weights_ = nullptr, x_bf16_ = nullptr, perm_ = nullptr, tile_expert_ = nullptr;
     tile_count_ = nullptr, act_ = nullptr, y_ = nullptr, act_f32_ = nullptr;
