@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU machine's whole visit, run as it is from the repo root there, after scripts/gpu-pack.sh
 # here (carry gpu-carry/). Stages (default: all but profile): ceilings ops golden engine bench8
-# bench48 crossover serve-e2e serve-invariant (--batch-invariant tests and bench) soak (CUDA soak, SOAK_SECONDS) serve; chat-goldens (transformers' template renders); stamps (cuda-fused phase timer, STAMP_VARIANTS); ab (knob A/B, AB_VARIANTS); family-goldens (GOLDEN_FAMILIES; then the golden tests on them); bf16-sensitivity (transformers bf16 vs float64 per golden model); routes-ab (routes on/off over HTTP on CUDA); bench-gptoss (gpt-oss-20b shapes, MXFP4 experts); mxfp4-gemv (the opt-in few-token MXFP4 GEMV: harness, gpt-oss goldens, decode A/B); routes-cost (capture on/off in process on CUDA); long-goldens (tools/gpu/long_goldens.py, then LongGolden on them; long_goldens.tgz); moe-stalls (ncu stall reasons of cuda-fused); attn-detail (ncu full + SASS stalls of decode attention); profile (ncu per-kernel times of one decode and one prefill step;
+# bench48 crossover serve-e2e serve-invariant (--batch-invariant tests and bench) soak (CUDA soak, SOAK_SECONDS) serve; chat-goldens (transformers' template renders); stamps (cuda-fused phase timer, STAMP_VARIANTS); ab (knob A/B, AB_VARIANTS); family-goldens (GOLDEN_FAMILIES; then the golden tests on them); bf16-sensitivity (transformers bf16 vs float64 per golden model); routes-ab (routes on/off over HTTP on CUDA); bench-gptoss (gpt-oss-20b shapes, MXFP4 experts); mxfp4-gemv (the opt-in MXFP4 GEMV and fused MXFP4: harness, gpt-oss goldens, decode A/B); routes-cost (capture on/off in process on CUDA); long-goldens (tools/gpu/long_goldens.py, then LongGolden on them; long_goldens.tgz); moe-stalls (ncu stall reasons of cuda-fused); attn-detail (ncu full + SASS stalls of decode attention); profile (ncu per-kernel times of one decode and one prefill step;
 # PROFILE_STEPS=decode for one), moe-detail (ncu's full sections on one cuda-fused launch).
 # Everything it prints also goes to $OUT/gpu-check.log; JSON results land in $OUT.
 #   scripts/gpu-check.sh [stage ...]
@@ -87,17 +87,21 @@ if want bench-gptoss; then
     --matmul-tflops "$tflops" --json-out "$OUT/step_bench_gpt_oss_20b.json"
 fi
 if want mxfp4-gemv; then
-  # The few-token MXFP4 GEMV (SY_MXFP4_GEMV=1, opt-in until this stage passes): the op harness's
-  # MXFP4 group (T <= 8 run it), the gpt-oss goldens and CUDA-vs-CPU agreement through it, then
-  # gpt-oss-20b decode with and without it in one run.
-  section "MXFP4 GEMV (SY_MXFP4_GEMV=1): op harness, gpt-oss goldens, decode A/B"
-  SY_MXFP4_GEMV=1 run mxfp4-gemv-ops timeout 300 "$carry/cuda_op_harness" --filter MXFP4 --json "$OUT/op_harness_mxfp4_gemv.json"
-  SY_MXFP4_GEMV=1 SY_TEST_DEVICE=cuda run mxfp4-gemv-golden timeout 300 "$carry/test_model" \
+  # The opt-in MXFP4 paths, unchecked until this stage passes: cuda-modular's few-token GEMV
+  # (SY_MXFP4_GEMV=1) and cuda-fused reading MXFP4 (SY_FUSED_MXFP4=1). The op harness's MXFP4
+  # group (modular T <= 8 take the GEMV; the fused cases and its input-norm variants run), the
+  # gpt-oss goldens and CUDA-vs-CPU agreement with both on, then gpt-oss-20b decode: neither, the
+  # GEMV alone, both (auto then runs small steps on cuda-fused).
+  section "MXFP4 GEMV and fused MXFP4: op harness, gpt-oss goldens, decode A/B"
+  SY_MXFP4_GEMV=1 SY_FUSED_MXFP4=1 run mxfp4-ops timeout 300 "$carry/cuda_op_harness" --filter MXFP4 \
+    --json "$OUT/op_harness_mxfp4_paths.json"
+  SY_MXFP4_GEMV=1 SY_FUSED_MXFP4=1 SY_TEST_DEVICE=cuda run mxfp4-golden timeout 300 "$carry/test_model" \
     --gtest_filter='*HfGolden*gptoss*:CudaAgreement.GptOss*' --gtest_brief=1
-  for gemv in 0 1; do
-    SY_MXFP4_GEMV=$gemv run "mxfp4-gemv-bench-$gemv" timeout 300 "$carry/step_bench" --device cuda \
-      --random-weights "$carry/gpt-oss-20b/config.json" --batches 1,8 --context 1024 --steps 32 --ab-pairs 0 \
-      --prefill 0 --bandwidth-gbs "$bandwidth" --json-out "$OUT/step_bench_gpt_oss_20b_gemv$gemv.json"
+  for arm in "0 0" "1 0" "1 1"; do
+    read -r gemv fused <<< "$arm"
+    SY_MXFP4_GEMV=$gemv SY_FUSED_MXFP4=$fused run "mxfp4-bench-$gemv$fused" timeout 300 "$carry/step_bench" \
+      --device cuda --random-weights "$carry/gpt-oss-20b/config.json" --batches 1,8 --context 1024 --steps 32 \
+      --ab-pairs 0 --prefill 0 --bandwidth-gbs "$bandwidth" --json-out "$OUT/step_bench_gpt_oss_20b_mxfp4_$gemv$fused.json"
   done
 fi
 if want crossover; then

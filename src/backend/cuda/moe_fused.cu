@@ -19,6 +19,7 @@
 
 #include "backend/cuda/moe_kernels.h"
 #include "backend/cuda/moe_route.cuh"
+#include "backend/cuda/mxfp4.cuh"
 #include "backend/cuda/norm_row.cuh"
 
 namespace sy::backend::cuda {
@@ -49,6 +50,12 @@ struct FusedLaunch {
   const __nv_bfloat16* router = nullptr;
   const __nv_bfloat16* gate_up = nullptr;
   const __nv_bfloat16* down = nullptr;
+  // MXFP4 experts instead (fused_moe_kernel<*, true>): blocks and e8m0 scales as stored, gate_up
+  // rows interleaving gate and up (2r, 2r + 1).
+  const uint8_t* gate_up_blocks = nullptr;  // [E, 2I, H/32, 16]
+  const uint8_t* gate_up_scales = nullptr;  // [E, 2I, H/32]
+  const uint8_t* down_blocks = nullptr;     // [E, H, I/32, 16]
+  const uint8_t* down_scales = nullptr;     // [E, H, I/32]
   RouteParams route;  // num_experts, top_k, hidden, scoring
   ExpertParams experts;  // activation and biases
   int tokens = 0;
@@ -407,7 +414,10 @@ __device__ __forceinline__ DownItem down_item(int it, int pass_begin, int rows_h
 // sums its k = 0..K-1 terms in order.
 // NORM_VEC > 0: the one-token kernel with the input norm fused (NormRow<NORM_VEC>); for
 // H <= kGateUpSlabs * 256 (NORM_VEC <= 2) its gate_up runs through gate_up_ring.
-template <int NORM_VEC>
+// MXFP4: the experts are read packed (SY_FUSED_MXFP4=1 until a GPU visit checks it): phase (c)
+// and (d) dot each pair's vector with the chosen rows through mxfp4_rows_dot (a pair at a time;
+// a slot's further pairs re-read its rows from L1/L2).
+template <int NORM_VEC, bool MXFP4>
 __global__ void __launch_bounds__(kThreads, 2)
     fused_moe_kernel(const __grid_constant__ FusedLaunch a) {
   extern __shared__ float4 shared_words[];
@@ -503,7 +513,20 @@ __global__ void __launch_bounds__(kThreads, 2)
     const int64_t items = static_cast<int64_t>(slots) * I;
     const int me = static_cast<int>(blockIdx.x) * kWarps + warp;
     const int64_t end = items * (me + 1) / total_warps;
-    if constexpr (ring_words(NORM_VEC) > 0) {
+    if constexpr (MXFP4) {
+      for (int64_t item = items * me / total_warps; item < end; ++item) {
+        const int j = static_cast<int>(item / I), r = static_cast<int>(item - static_cast<int64_t>(j) * I);
+        const int64_t e = slot_expert[j];
+        const int64_t row = e * 2 * I + 2 * r;  // gate 2r, up 2r + 1
+        for (int q = slot_begin[j]; q < slot_begin[j + 1]; ++q) {
+          const int pair = sorted[q];
+          float v[2];
+          mxfp4_rows_dot<2, 2>(a.gate_up_blocks + row * (H / 2), a.gate_up_scales + row * (H / 32), 2, H,
+                            hidden + static_cast<int64_t>(pair / K) * H, v);
+          if (lane == 0) a.act[static_cast<int64_t>(pair) * I + r] = a.experts.activate(e, r, I, v[0], v[1]);
+        }
+      }
+    } else if constexpr (ring_words(NORM_VEC) > 0) {
       gate_up_ring(a.gate_up, hidden, a.act, items * me / total_warps, end, I, H, slot_expert, slot_begin, sorted,
                    reinterpret_cast<uint4*>(words + layout.ring) + warp * kRingStages * kRingStageChunks,
                    a.experts);
@@ -537,6 +560,20 @@ __global__ void __launch_bounds__(kThreads, 2)
         const int first = slot_begin[d.slot];
         const int row_in_pass = d.h - pass, rows = d.rows;
         const int64_t e = slot_expert[d.slot];
+        if constexpr (MXFP4) {
+          const int64_t row = e * H + d.h;
+          for (int q = first; q < slot_begin[d.slot + 1]; ++q) {
+            const int pair = sorted[q];
+            float v[kDownRows];
+            mxfp4_rows_dot<kDownRows, 2>(a.down_blocks + row * (I / 2), a.down_scales + row * (I / 32), rows, I,
+                                      a.act + static_cast<int64_t>(pair) * I, v);
+            if (lane == 0)
+#pragma unroll
+              for (int r = 0; r < kDownRows; ++r)
+                if (r < rows) combo[pair * rows_here + row_in_pass + r] = v[r] + a.experts.down_bias_of(e, d.h + r, H);
+          }
+          continue;
+        }
         warp_rows_dot<kDownRows, kDownSlabs, kOneToken ? 1 : kDownPairs>(
             a.down + (e * H + d.h) * I, I, rows, I, a.act,
             I, 1, sorted + first, slot_begin[d.slot + 1] - first,
@@ -598,12 +635,13 @@ class FusedKernel final : public moe::ExpertsKernel {
   bool batch_invariant() const override { return false; }  // its work split follows the step's size
   // Stacked bf16 experts with SwiGLU or gpt-oss's clamped SwiGLU, biases or not (ExpertParams);
   // gpt-oss's bf16 interleaved layout is restacked at load (ExpertSpec::stored). MXFP4 experts
-  // (kept packed on CUDA) only cuda-modular reads: with auto, every step then runs cuda-modular.
+  // (kept packed on CUDA) only with SY_FUSED_MXFP4=1 (fused_moe_kernel<*, true>, not yet checked
+  // on a GPU); otherwise auto runs every such step on cuda-modular.
   Status supports_experts(const moe::ExpertSpec& spec) const override {
-    if (!ExpertParams::implements(spec))
-      return Status::error(ErrorCode::kUnsupported,
-                           "MoE kernel cuda-fused reads stacked bf16 experts only (MXFP4 experts: use cuda-modular)");
-    return Status::ok();
+    if (ExpertParams::implements(spec) || (mxfp4_enabled_ && ExpertParams::implements_mxfp4(spec)))
+      return Status::ok();
+    return Status::error(ErrorCode::kUnsupported,
+                         "MoE kernel cuda-fused reads stacked bf16 experts only (MXFP4 experts: use cuda-modular)");
   }
   // Every router option (moe_route.cuh), groups up to kMaxRouteGroups.
   Status supports(const moe::RouterSpec& spec) const override {
@@ -663,13 +701,20 @@ class FusedKernel final : public moe::ExpertsKernel {
       return Status::errorf("cuda-fused: needs {} bytes of shared memory per block, the GPU has {}",
                             shared_bytes_, optin);
     int blocks_per_sm = 0;
+    // Co-resident blocks of the kernel for `vec`: the least over the expert formats it may run
+    // (one grid size serves every launch, and a cooperative launch needs all of it resident).
     auto fit = [&](int vec, size_t bytes) {
-      const void* kernel = kernel_for(vec);
-      SY_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(bytes)));
-      int blocks = 0;
-      SY_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kThreads, bytes));
-      return blocks;
+      int least = 1 << 30;
+      for (const bool mxfp4 : {false, true}) {
+        if (mxfp4 && !mxfp4_enabled_) continue;
+        const void* kernel = kernel_for(vec, mxfp4);
+        SY_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           static_cast<int>(bytes)));
+        int blocks = 0;
+        SY_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kThreads, bytes));
+        least = std::min(least, blocks);
+      }
+      return least;
     };
     blocks_per_sm = fit(0, shared_bytes_);
     // The one-token kernel (input norm fused, where NormRow covers the width): a layout for one
@@ -725,8 +770,16 @@ class FusedKernel final : public moe::ExpertsKernel {
 
     FusedLaunch launch;
     launch.router = w.router.ptr<__nv_bfloat16>();
-    launch.gate_up = w.gate_up.ptr<__nv_bfloat16>();
-    launch.down = w.down.ptr<__nv_bfloat16>();
+    const bool mxfp4 = ExpertParams::implements_mxfp4(args.experts);
+    if (mxfp4) {
+      launch.gate_up_blocks = w.gate_up.ptr<uint8_t>();
+      launch.gate_up_scales = w.gate_up_scales.ptr<uint8_t>();
+      launch.down_blocks = w.down.ptr<uint8_t>();
+      launch.down_scales = w.down_scales.ptr<uint8_t>();
+    } else {
+      launch.gate_up = w.gate_up.ptr<__nv_bfloat16>();
+      launch.down = w.down.ptr<__nv_bfloat16>();
+    }
     launch.route = RouteParams::from(args.spec, hidden_, w);
     launch.experts = ExpertParams::from(args.experts, w);
     launch.intermediate = static_cast<int>(intermediate_);
@@ -767,7 +820,7 @@ class FusedKernel final : public moe::ExpertsKernel {
       launch.pass_rows = std::max(
           1, std::min(launch.tile_rows, launch.combo_floats / (count * static_cast<int>(top_k_))));
       void* kernel_args[] = {&launch};
-      SY_CUDA_CHECK(cudaLaunchCooperativeKernel(kernel_for(vec), dim3(static_cast<unsigned>(grid_)),
+      SY_CUDA_CHECK(cudaLaunchCooperativeKernel(kernel_for(vec, mxfp4), dim3(static_cast<unsigned>(grid_)),
                                                 dim3(kThreads), kernel_args,
                                                 vec ? norm_shared_bytes_ : shared_bytes_, context_.stream));
       SY_CUDA_LAUNCH_CHECK("fused_moe_kernel");
@@ -779,18 +832,26 @@ class FusedKernel final : public moe::ExpertsKernel {
  private:
   using RouteBuffers = moe::RouteBuffers;
 
-  static const void* kernel_for(int norm_vec) {
+  static const void* kernel_for(int norm_vec, bool mxfp4) {
+    if (mxfp4) {
+      switch (norm_vec) {
+        case 1: return reinterpret_cast<const void*>(fused_moe_kernel<1, true>);
+        case 2: return reinterpret_cast<const void*>(fused_moe_kernel<2, true>);
+        case 4: return reinterpret_cast<const void*>(fused_moe_kernel<4, true>);
+        default: return reinterpret_cast<const void*>(fused_moe_kernel<0, true>);
+      }
+    }
     switch (norm_vec) {
-      case 1: return reinterpret_cast<const void*>(fused_moe_kernel<1>);
-      case 2: return reinterpret_cast<const void*>(fused_moe_kernel<2>);
-      case 4: return reinterpret_cast<const void*>(fused_moe_kernel<4>);
-      default: return reinterpret_cast<const void*>(fused_moe_kernel<0>);
+      case 1: return reinterpret_cast<const void*>(fused_moe_kernel<1, false>);
+      case 2: return reinterpret_cast<const void*>(fused_moe_kernel<2, false>);
+      case 4: return reinterpret_cast<const void*>(fused_moe_kernel<4, false>);
+      default: return reinterpret_cast<const void*>(fused_moe_kernel<0, false>);
     }
   }
 
   Status check(const moe::MoeForwardArgs& args) const {
     if (!logits_) return Status::error(ErrorCode::kInternal, "cuda-fused: forward before reserve");
-    SY_TRY(supports_experts(args.experts));  // (MXFP4: kUnsupported, as at start-up)
+    SY_TRY(supports_experts(args.experts));  // (MXFP4 without SY_FUSED_MXFP4=1: kUnsupported, as at start-up)
     const moe::MoeLayerWeights* w = args.weights;
     if (!w) return Status::error(ErrorCode::kInternal, "cuda-fused: no layer weights");
     const int64_t tokens = args.hidden.dim(0);
@@ -813,14 +874,30 @@ class FusedKernel final : public moe::ExpertsKernel {
     if (r.dtype != DType::kBF16 || r.rank != 2 || r.dim(0) != experts_ || r.dim(1) != hidden_)
       return Status::errorf("cuda-fused: router must be bf16 [{}, {}], got {}", experts_, hidden_,
                             r.shape_string());
-    if (gu.dtype != DType::kBF16 || gu.rank != 3 || gu.dim(0) != experts_ ||
-        gu.dim(1) != 2 * intermediate_ || gu.dim(2) != hidden_)
-      return Status::errorf("cuda-fused: gate_up must be bf16 [{}, {}, {}], got {}", experts_,
-                            2 * intermediate_, hidden_, gu.shape_string());
-    if (d.dtype != DType::kBF16 || d.rank != 3 || d.dim(0) != experts_ || d.dim(1) != hidden_ ||
-        d.dim(2) != intermediate_)
-      return Status::errorf("cuda-fused: down must be bf16 [{}, {}, {}], got {}", experts_, hidden_,
-                            intermediate_, d.shape_string());
+    if (ExpertParams::implements_mxfp4(args.experts)) {
+      // Blocks U8 [E, rows, k/32, 16], scales U8 [E, rows, k/32] (moe/expert_spec.h).
+      auto bad_mxfp4 = [&](const Tensor& blocks, const Tensor& scales, int64_t rows, int64_t k) {
+        return k % 32 != 0 || blocks.dtype != DType::kU8 || scales.dtype != DType::kU8 || !blocks.data ||
+               !scales.data || !aligned16(blocks.data) || blocks.numel() != experts_ * rows * k / 2 ||
+               scales.numel() != experts_ * rows * (k / 32);
+      };
+      if (bad_mxfp4(gu, w->gate_up_scales, 2 * intermediate_, hidden_) ||
+          bad_mxfp4(d, w->down_scales, hidden_, intermediate_))
+        return Status::errorf(
+            "cuda-fused: MXFP4 experts need hidden and moe_intermediate multiples of 32 and U8 blocks (16-byte "
+            "aligned)/scales for gate_up [{}, {}, {}/32] and down [{}, {}, {}/32]; got gate_up {} / {}, down {} / {}",
+            experts_, 2 * intermediate_, hidden_, experts_, hidden_, intermediate_, gu.shape_string(),
+            w->gate_up_scales.shape_string(), d.shape_string(), w->down_scales.shape_string());
+    } else {
+      if (gu.dtype != DType::kBF16 || gu.rank != 3 || gu.dim(0) != experts_ ||
+          gu.dim(1) != 2 * intermediate_ || gu.dim(2) != hidden_)
+        return Status::errorf("cuda-fused: gate_up must be bf16 [{}, {}, {}], got {}", experts_,
+                              2 * intermediate_, hidden_, gu.shape_string());
+      if (d.dtype != DType::kBF16 || d.rank != 3 || d.dim(0) != experts_ || d.dim(1) != hidden_ ||
+          d.dim(2) != intermediate_)
+        return Status::errorf("cuda-fused: down must be bf16 [{}, {}, {}], got {}", experts_, hidden_,
+                              intermediate_, d.shape_string());
+    }
     for (const void* p : {args.hidden.data, args.out.data, r.data, gu.data, d.data})
       if (tokens > 0 && !aligned16(p))
         return Status::error(ErrorCode::kInternal, "cuda-fused: tensors must be 16-byte aligned");
@@ -907,6 +984,12 @@ class FusedKernel final : public moe::ExpertsKernel {
   int one_combo_floats_ = 0;  // the one-token kernel's combine buffer
   const bool general_grouping_ = [] {
     const char* value = std::getenv("SY_FUSED_GENERAL_GROUPING");
+    return value && value[0] == '1';
+  }();
+  // SY_FUSED_MXFP4=1: MXFP4 experts read packed (fused_moe_kernel<*, true>), opt-in until a GPU
+  // visit has checked it (gpu-check.sh mxfp4-gemv).
+  const bool mxfp4_enabled_ = [] {
+    const char* value = std::getenv("SY_FUSED_MXFP4");
     return value && value[0] == '1';
   }();
   // SY_NO_NORM_FUSION=1 (experiments): the input norm as its own launch.

@@ -1,0 +1,156 @@
+// MXFP4 on CUDA (gpt-oss's experts as stored: 32-value blocks of e2m1 codes, two a byte, low
+// nibble first, and one e8m0 scale a block), shared by cuda-modular's grouped GEMM and GEMV and
+// cuda-fused: exact decodes to bf16, and a warp's dot of MXFP4 rows with an f32 vector.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+namespace sy::backend::cuda {
+
+// e2m1 code (sign in bit 3) times 2^(scale - 127), as mxfp4_decode_row (tensor/mxfp4.h) computes
+// it: the magnitude's f32 bits, times the block's power of two (exact; inf and 0 as ldexp gives).
+__device__ __forceinline__ float mxfp4_value(uint32_t code, float block_scale) {
+  const uint32_t c = code & 7u;
+  const float magnitude = c < 2u ? 0.5f * static_cast<float>(c) : __uint_as_float((((c >> 1) + 126u) << 23) | ((c & 1u) << 22));
+  const float v = c ? magnitude * block_scale : 0.0f;
+  return code & 8u ? -v : v;
+}
+// 8 consecutive MXFP4 values (4 packed bytes, element j in bits 4j..4j+3) as 8 bf16, through
+// mxfp4_value (f32, then rounded to bf16): the reference for the fast path below, and the path
+// for the scales it does not cover.
+__device__ __forceinline__ uint4 mxfp4_to_bf16x8_exact(uint32_t packed, uint8_t scale) {
+  const float block_scale = ldexpf(1.0f, static_cast<int>(scale) - 127);
+  uint4 out;
+  uint32_t* words = reinterpret_cast<uint32_t*>(&out);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const __nv_bfloat162 pair = __floats2bfloat162_rn(mxfp4_value(packed >> (8 * j), block_scale),
+                                                      mxfp4_value(packed >> (8 * j + 4), block_scale));
+    words[j] = *reinterpret_cast<const uint32_t*>(&pair);
+  }
+  return out;
+}
+// The 8 e2m1 values of `packed` as bf16 pairs (element 2i low, 2i + 1 high of word i), unscaled:
+// byte permutes look the magnitude's bf16 bytes up (codes 0..7: 0, 0.5, 1, 1.5, 2, 3, 4, 6; high
+// bytes 00 3F 3F 3F 40 40 40 40, low bytes 00 00 80 C0 00 40 80 C0) and the sign bits move to bits
+// 15/31. Exact (every e2m1 value is a bf16).
+__device__ __forceinline__ uint4 mxfp4_unscaled_bf16x8(uint32_t packed) {
+  const uint32_t evens = (packed & 0x08080808u) << 4;  // sign of element 2i at bit 7 of byte i
+  const uint32_t odds = packed & 0x80808080u;          // sign of element 2i + 1 at bit 7 of byte i
+  uint4 out;
+  uint32_t* words = reinterpret_cast<uint32_t*>(&out);
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const uint32_t codes =
+        (packed >> (16 * half)) & 0x7777u;  // 4 selectors (bit 3: PRMT's sign mode)
+    const uint32_t high = __byte_perm(0x3F3F3F00u, 0x40404040u, codes);
+    const uint32_t low = __byte_perm(0xC0800000u, 0xC0804000u, codes);
+#pragma unroll
+    for (int pair = 0; pair < 2; ++pair) {
+      const int byte = 2 * half + pair;  // packed byte: elements 2 * byte, 2 * byte + 1
+      const uint32_t magnitudes = __byte_perm(low, high, pair ? 0x7362u : 0x5140u);
+      const uint32_t signs =
+          __byte_perm(evens, odds, 0x4000u + 0x1010u * static_cast<uint32_t>(byte));
+      words[byte] = magnitudes | (signs & 0x80008000u);
+    }
+  }
+  return out;
+}
+// The same 8 values scaled: one bf16x2 multiply by 2^(scale - 127) per pair. Exact: a normal bf16
+// times a power of two whose product is normal or infinite both ways; scales 0, 1 (subnormal
+// products) and 255 (no zero times it) take the exact path.
+__device__ __forceinline__ uint4 mxfp4_to_bf16x8(uint32_t packed, uint8_t scale) {
+  if (scale < 2 || scale == 255) return mxfp4_to_bf16x8_exact(packed, scale);
+  const uint32_t scale_bits = static_cast<uint32_t>(scale) << 7;
+  const uint32_t scale_word = scale_bits | scale_bits << 16;
+  const __nv_bfloat162 scale2 = *reinterpret_cast<const __nv_bfloat162*>(&scale_word);
+  uint4 out = mxfp4_unscaled_bf16x8(packed);
+  uint32_t* words = reinterpret_cast<uint32_t*>(&out);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const __nv_bfloat162 value =
+        __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&words[i]), scale2);
+    words[i] = *reinterpret_cast<const uint32_t*>(&value);
+  }
+  return out;
+}
+
+// 16-byte chunks (32 values) per lane per row in flight in mxfp4_rows_dot: k <= 4096 in one round.
+constexpr int kMxfp4DotChunks = 4;
+
+__device__ __forceinline__ float e8m0_scale(uint8_t s) {
+  return s ? __uint_as_float(static_cast<uint32_t>(s) << 23)
+           : __uint_as_float(0x00400000u);  // 2^(s-127)
+}
+
+// ROWS weight rows starting at `rows` (row stride k/2 bytes; rows past `valid` not read) dotted
+// with x[0:k]; lane sums, reduced over the warp (every lane returns the totals). CHUNKS: 16-byte
+// chunks per lane per row loaded before use (CHUNKS * ROWS * 4 registers).
+template <int ROWS, int CHUNKS = kMxfp4DotChunks>
+__device__ __forceinline__ void mxfp4_rows_dot(const uint8_t* __restrict__ rows,
+                                               const uint8_t* __restrict__ row_scales, int valid,
+                                               int k, const float* __restrict__ x,
+                                               float (&acc)[ROWS]) {
+  const int lane = threadIdx.x & 31;
+  const int chunks = k / 32;
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r) acc[r] = 0.0f;
+  for (int base = 0; base < chunks; base += 32 * CHUNKS) {
+    uint4 w[CHUNKS][ROWS];
+    uint8_t sc[CHUNKS][ROWS];
+#pragma unroll
+    for (int c = 0; c < CHUNKS; ++c) {
+      const int chunk = base + c * 32 + lane;
+#pragma unroll
+      for (int r = 0; r < ROWS; ++r) {
+        const bool ok = r < valid && chunk < chunks;
+        w[c][r] = ok ? __ldg(reinterpret_cast<const uint4*>(
+                           rows + static_cast<int64_t>(r) * (k / 2) + chunk * 16))
+                     : make_uint4(0, 0, 0, 0);
+        sc[c][r] = ok ? row_scales[static_cast<int64_t>(r) * chunks + chunk] : uint8_t{127};
+      }
+    }
+#pragma unroll
+    for (int c = 0; c < CHUNKS; ++c) {
+      const int chunk = base + c * 32 + lane;
+      if (chunk >= chunks) continue;
+      float partial[ROWS];
+#pragma unroll
+      for (int r = 0; r < ROWS; ++r) partial[r] = 0.0f;
+      const float* xs = x + chunk * 32;
+#pragma unroll
+      for (int word = 0; word < 4; ++word) {
+        const float4 x0 = *reinterpret_cast<const float4*>(xs + word * 8);
+        const float4 x1 = *reinterpret_cast<const float4*>(xs + word * 8 + 4);
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) {
+          const uint32_t packed = word == 0   ? w[c][r].x
+                                  : word == 1 ? w[c][r].y
+                                  : word == 2 ? w[c][r].z
+                                              : w[c][r].w;
+          const uint4 v = mxfp4_unscaled_bf16x8(packed);
+          float sum = partial[r];
+          sum = fmaf(__uint_as_float(v.x << 16), x0.x, sum);
+          sum = fmaf(__uint_as_float(v.x & 0xffff0000u), x0.y, sum);
+          sum = fmaf(__uint_as_float(v.y << 16), x0.z, sum);
+          sum = fmaf(__uint_as_float(v.y & 0xffff0000u), x0.w, sum);
+          sum = fmaf(__uint_as_float(v.z << 16), x1.x, sum);
+          sum = fmaf(__uint_as_float(v.z & 0xffff0000u), x1.y, sum);
+          sum = fmaf(__uint_as_float(v.w << 16), x1.z, sum);
+          sum = fmaf(__uint_as_float(v.w & 0xffff0000u), x1.w, sum);
+          partial[r] = sum;
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < ROWS; ++r) acc[r] = fmaf(partial[r], e8m0_scale(sc[c][r]), acc[r]);
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r)
+    for (int offset = 16; offset > 0; offset >>= 1)
+      acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], offset);
+}
+
+}  // namespace sy::backend::cuda
