@@ -62,6 +62,10 @@ struct RunResult {
   int64_t output_tokens = 0;
   int64_t route_rows = 0;  // delivered (capture side only)
   std::vector<std::shared_ptr<const sy::moe::RouteArray>> routes;  // the engine's own arrays
+  // The engine's own timers over the timed run (EngineMetrics deltas): its step time and the
+  // host work capture adds or changes.
+  int64_t steps = 0;
+  double step_seconds = 0, route_check_seconds = 0, route_log_seconds = 0, prefix_publish_seconds = 0;
 };
 
 // Submits the whole batch at once and waits for every final event. Prompts differ per run (seed)
@@ -192,11 +196,19 @@ int main(int argc, char** argv) {
     warm.concurrency = 1;
     warm.decode = 4;
     run_batch(*engine, warm, capture_side && !control, seed + 5000);
+    const sy::engine::EngineMetrics before = engine->metrics();
     RunResult r = run_batch(*engine, w, capture_side && !control, seed);
-    engine->shutdown(1000);
+    engine->shutdown(1000);  // (the last step's counters land after its events)
+    const sy::engine::EngineMetrics after = engine->metrics();
+    r.steps = after.steps_total - before.steps_total;
+    r.step_seconds = after.step_seconds_total - before.step_seconds_total;
+    r.route_check_seconds = after.route_check_seconds_total - before.route_check_seconds_total;
+    r.route_log_seconds = after.route_log_seconds_total - before.route_log_seconds_total;
+    r.prefix_publish_seconds = after.prefix_publish_seconds_total - before.prefix_publish_seconds_total;
     return r;
   };
   std::vector<double> on_tps, off_tps;
+  nlohmann::json host_times;  // per side and leg: the engine's timers (RunResult)
   int64_t rows_checked = 0, bad_ids = 0;
   std::vector<sy::moe::RouteArray> sample_routes;
   double encode_seconds = 0, encode_request_seconds = 0;
@@ -207,9 +219,18 @@ int main(int argc, char** argv) {
       const bool capture_side = (pair % 2 == 0) == (leg == 0);  // A B, then B A
       RunResult r = timed_leg(capture_side, seed++);
       const double tps = r.output_tokens / r.seconds;
-      std::fprintf(stderr, "pair %d %s: %.2f output tok/s (%.2f s)\n", pair + 1,
-                   capture_side ? "on " : "off", tps, r.seconds);
+      std::fprintf(stderr,
+                   "pair %d %s: %.2f output tok/s (%.2f s); engine %ld steps %.3f s: route check %.2f ms, "
+                   "route log %.2f ms, prefix publish %.2f ms\n",
+                   pair + 1, capture_side ? "on " : "off", tps, r.seconds, static_cast<long>(r.steps), r.step_seconds,
+                   1e3 * r.route_check_seconds, 1e3 * r.route_log_seconds, 1e3 * r.prefix_publish_seconds);
       (capture_side ? on_tps : off_tps).push_back(tps);
+      nlohmann::json& side = host_times[capture_side ? "on" : "off"];
+      side["steps"].push_back(r.steps);
+      side["step_seconds"].push_back(r.step_seconds);
+      side["route_check_seconds"].push_back(r.route_check_seconds);
+      side["route_log_seconds"].push_back(r.route_log_seconds);
+      side["prefix_publish_seconds"].push_back(r.prefix_publish_seconds);
       if (!capture_side || control) continue;
       // Every delivered route: (prompt + decode - 1) rows, ids in range on MoE layers.
       for (const auto& shared : r.routes) {
@@ -284,7 +305,8 @@ int main(int argc, char** argv) {
       {"route_ids_out_of_range", bad_ids},
       {"wire_encode_seconds_total", encode_seconds},
       {"wire_encoded_bytes_total", encoded_bytes},
-      {"wire_encode_fraction_of_request_time", encode_fraction}};
+      {"wire_encode_fraction_of_request_time", encode_fraction},
+      {"engine_host_times", host_times}};
   std::printf("%s\n", result.dump(1).c_str());
   if (!out_path.empty()) std::ofstream(out_path) << result.dump(1) << "\n";
   return bad_ids == 0 ? 0 : 1;

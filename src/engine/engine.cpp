@@ -549,17 +549,27 @@ class EngineImpl final : public Engine {
 
   using Scheduled = ScheduledChunk;
 
+  // Engine-thread seconds of one step's host work that capture adds or changes (EngineMetrics).
+  struct HostTimes {
+    double route_check = 0;     // finish_step: the copy out of pinned memory and the check
+    double route_log = 0;       // apply_batch: route log, weights, expert load
+    double prefix_publish = 0;  // scheduler computed(): full blocks into the prefix cache
+  };
+
   void step() {
     const auto started = Clock::now();
-    double route_seconds = 0;
-    step_body(route_seconds);
+    HostTimes times;
+    step_body(times);
     std::lock_guard lock(metrics_mutex_);
     ++metrics_.steps_total;
     metrics_.step_seconds_total += std::chrono::duration<double>(Clock::now() - started).count();
-    metrics_.route_host_seconds_total += route_seconds;
+    metrics_.route_host_seconds_total += times.route_check + times.route_log;
+    metrics_.route_check_seconds_total += times.route_check;
+    metrics_.route_log_seconds_total += times.route_log;
+    metrics_.prefix_publish_seconds_total += times.prefix_publish;
   }
 
-  void step_body(double& route_seconds) {
+  void step_body(HostTimes& times) {
     std::vector<std::unique_ptr<Sequence>> rejected;
     std::vector<Scheduled> batch = scheduler_->schedule(paused_for_drain(), rejected);
     for (auto& seq : rejected)
@@ -568,9 +578,9 @@ class EngineImpl final : public Engine {
     if (batch.empty()) return;
     StepResult result;
     Status status = run_batch(batch, result);
-    route_seconds += result.route_host_seconds;
+    times.route_check += result.route_host_seconds;
     if (status) {
-      route_seconds += apply_batch(batch, result);
+      apply_batch(batch, result, times);
       // The route buffers go back for the next step: their pages stay mapped (a fresh
       // multi-megabyte vector per prefill step was page faults while the device waited).
       step_routes_ = std::move(result.routes);
@@ -587,9 +597,9 @@ class EngineImpl final : public Engine {
       StepResult alone;
       std::vector<Scheduled> one = {s};
       Status solo = run_batch(one, alone);
-      route_seconds += alone.route_host_seconds;
+      times.route_check += alone.route_host_seconds;
       if (solo) {
-        route_seconds += apply_batch(one, alone);
+        apply_batch(one, alone, times);
       } else {
         fail_step(s, solo, alone.poisoned_rows);
       }
@@ -700,11 +710,10 @@ class EngineImpl final : public Engine {
     return status;
   }
 
-  // Takes a successful step's results into its sequences and delivers their events. Returns the
-  // seconds spent on the route log and expert load.
-  double apply_batch(const std::vector<Scheduled>& batch, const StepResult& result) {
+  // Takes a successful step's results into its sequences and delivers their events; adds the
+  // route log's and the prefix publish's seconds to `times`.
+  void apply_batch(const std::vector<Scheduled>& batch, const StepResult& result, HostTimes& times) {
     // Route log: positions computed for the first time get the rows the kernels wrote.
-    double route_seconds = 0;
     if (config_.capture_routes) {
       const auto route_started = Clock::now();
       size_t t = 0;
@@ -756,9 +765,11 @@ class EngineImpl final : public Engine {
         metrics_.routes_replayed_total += replayed;
         for (size_t i = 0; i < load.size(); ++i) metrics_.expert_load_tokens[i] += load[i];
       }
-      route_seconds = std::chrono::duration<double>(Clock::now() - route_started).count();
+      times.route_log += std::chrono::duration<double>(Clock::now() - route_started).count();
     }
+    const auto publish_started = Clock::now();
     for (const auto& s : batch) scheduler_->computed(*s.seq, s.begin + s.count);
+    times.prefix_publish += std::chrono::duration<double>(Clock::now() - publish_started).count();
     // The step wrote each sequence's linear-attention state into its other buffer.
     if (hybrid_)
       for (const auto& s : batch) s.seq->state_parity ^= 1;
@@ -806,7 +817,6 @@ class EngineImpl final : public Engine {
       if (reason != FinishReason::kNone) finished.push_back(&seq);
     }
     for (Sequence* seq : finished) remove_running(seq);
-    return route_seconds;
   }
 
   // The step's logits rows that one consumer needs, compacted on the backend (never via the

@@ -129,7 +129,12 @@ struct EngineMetrics {
   // capture's host cost reads as route_host_seconds_total / step_seconds_total.
   int64_t steps_total = 0;
   double step_seconds_total = 0;
-  double route_host_seconds_total = 0;
+  double route_host_seconds_total = 0;  // route_check + route_log
+  double route_check_seconds_total = 0;  // the copy out of pinned memory and the check
+  double route_log_seconds_total = 0;    // the route log, weights and expert load
+  // Full blocks published into the prefix cache (token, forced and, when capturing, route rows:
+  // its difference between capture on and off is the routes' share), capture or not.
+  double prefix_publish_seconds_total = 0;
   // Tokens routed to each expert by every forward pass, [moe_layers.size() * num_experts].
   std::vector<int> moe_layers;
   int64_t num_experts = 0;

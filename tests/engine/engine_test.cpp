@@ -73,6 +73,14 @@ TEST(Engine, RoutesUnderConcurrencyChunkingPrefixHitsAndPreemptionEqualRoutesAlo
             after.prompt_tokens_total - before.prompt_tokens_total)
       << "a prefix hit skips prefill compute";
   EXPECT_EQ(after.kv_blocks_used, 0) << "finished requests hold no blocks";
+  // The engine's host timers (routes_cost_bench splits capture's cost with them): each part ran,
+  // and the route total is its two parts.
+  EXPECT_GT(after.route_check_seconds_total, 0);
+  EXPECT_GT(after.route_log_seconds_total, 0);
+  EXPECT_GT(after.prefix_publish_seconds_total, 0);
+  EXPECT_NEAR(after.route_host_seconds_total, after.route_check_seconds_total + after.route_log_seconds_total,
+              1e-9 * after.step_seconds_total);
+  EXPECT_LT(after.route_host_seconds_total + after.prefix_publish_seconds_total, after.step_seconds_total);
 }
 
 TEST(Engine, PromptLogprobsOncePerPositionUnderChunkingAndPreemption) {
