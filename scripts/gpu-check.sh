@@ -69,7 +69,7 @@ fi
 if want routes-cost; then
   # Capture on/off inside the engine on CUDA, no HTTP (bench/routes_cost_bench, ABBA legs, a fresh
   # engine each): separates the engine's share of routes-ab's serving cost from the server's and
-  # the client's. Needs the binary packed: GPU_PACK_TARGETS="... routes_cost_bench" scripts/gpu-pack.sh.
+  # the client's. gpu-pack.sh packs routes_cost_bench by default.
   section "routes cost in process on CUDA (8-layer cut, 64 x 1024 in / 128 out)"
   if [[ -x $carry/routes_cost_bench ]]; then
     run routes-cost timeout 300 "$carry/routes_cost_bench" - --device cuda --random-weights "$carry/qwen3-30b-a3b-8l/config.json" \

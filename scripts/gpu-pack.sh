@@ -8,7 +8,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 jobs=${JOBS:-$(nproc)}
 # GPU_PACK_TARGETS: a shorter list for a visit that needs fewer (the device's upload limit).
-read -r -a targets <<< "${GPU_PACK_TARGETS:-switchyard step_bench cuda_op_harness test_model test_engine test_server}"
+read -r -a targets <<< "${GPU_PACK_TARGETS:-switchyard step_bench cuda_op_harness test_model test_engine test_server routes_cost_bench}"
 # One GPU: no MPI (the GPU image has no OpenMPI; a multi-GPU visit must carry it: docs/multi-gpu.md).
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DSWITCHYARD_NATIVE=OFF -DSWITCHYARD_MARCH=x86-64-v3 \
   -DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc -DSWITCHYARD_MPI=${GPU_PACK_MPI:-OFF} >/dev/null
