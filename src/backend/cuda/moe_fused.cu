@@ -147,20 +147,6 @@ __device__ __forceinline__ uint4 load_weights(const __nv_bfloat16* p, bool in_ra
   return v;
 }
 
-
-// 8 bf16 (one uint4; element 2i in the low half of word i) times 8 f32, added to acc.
-__device__ __forceinline__ float dot8(uint4 w, float4 a, float4 b, float acc) {
-  acc = fmaf(__uint_as_float(w.x << 16), a.x, acc);
-  acc = fmaf(__uint_as_float(w.x & 0xffff0000u), a.y, acc);
-  acc = fmaf(__uint_as_float(w.y << 16), a.z, acc);
-  acc = fmaf(__uint_as_float(w.y & 0xffff0000u), a.w, acc);
-  acc = fmaf(__uint_as_float(w.z << 16), b.x, acc);
-  acc = fmaf(__uint_as_float(w.z & 0xffff0000u), b.y, acc);
-  acc = fmaf(__uint_as_float(w.w << 16), b.z, acc);
-  acc = fmaf(__uint_as_float(w.w & 0xffff0000u), b.w, acc);
-  return acc;
-}
-
 // One warp streams R bf16 rows (row i at rows + i * row_stride, n columns, n % 8 == 0; rows past
 // valid_rows are not read) and dots each with the f32 vector of every pair in pairs[0:count]
 // (vector of pair p at vectors + (p / vector_div) * vector_stride). A round loads S slabs of
@@ -875,14 +861,8 @@ class FusedKernel final : public moe::ExpertsKernel {
       return Status::errorf("cuda-fused: router must be bf16 [{}, {}], got {}", experts_, hidden_,
                             r.shape_string());
     if (ExpertParams::implements_mxfp4(args.experts)) {
-      // Blocks U8 [E, rows, k/32, 16], scales U8 [E, rows, k/32] (moe/expert_spec.h).
-      auto bad_mxfp4 = [&](const Tensor& blocks, const Tensor& scales, int64_t rows, int64_t k) {
-        return k % 32 != 0 || blocks.dtype != DType::kU8 || scales.dtype != DType::kU8 || !blocks.data ||
-               !scales.data || !aligned16(blocks.data) || blocks.numel() != experts_ * rows * k / 2 ||
-               scales.numel() != experts_ * rows * (k / 32);
-      };
-      if (bad_mxfp4(gu, w->gate_up_scales, 2 * intermediate_, hidden_) ||
-          bad_mxfp4(d, w->down_scales, hidden_, intermediate_))
+      if (!mxfp4_experts_readable(gu, w->gate_up_scales, experts_, 2 * intermediate_, hidden_) ||
+          !mxfp4_experts_readable(d, w->down_scales, experts_, hidden_, intermediate_))
         return Status::errorf(
             "cuda-fused: MXFP4 experts need hidden and moe_intermediate multiples of 32 and U8 blocks (16-byte "
             "aligned)/scales for gate_up [{}, {}, {}/32] and down [{}, {}, {}/32]; got gate_up {} / {}, down {} / {}",

@@ -9,6 +9,7 @@
 // (rows [0, I) gate, [I, 2I) up), down [E, H, I]. hidden/out are f32 [T, H].
 #pragma once
 
+#include <cstdint>
 #include <memory>
 
 #include "backend/cuda/cuda_context.h"
@@ -17,6 +18,17 @@
 namespace sy::backend::cuda {
 
 std::unique_ptr<moe::ExpertsKernel> make_cuda_modular_kernel(CudaContext& context);
+
+// Whether MXFP4 experts (moe/expert_spec.h) are as both kernels read them: U8 blocks
+// [experts, rows, k/32, 16] on the device, 16-byte aligned (copied and loaded in 16-byte chunks),
+// and U8 scales [experts, rows, k/32]; k a multiple of 32.
+inline bool mxfp4_experts_readable(const Tensor& blocks, const Tensor& scales, int64_t experts, int64_t rows,
+                                   int64_t k) {
+  return k % 32 == 0 && blocks.dtype == DType::kU8 && scales.dtype == DType::kU8 && blocks.data && scales.data &&
+         reinterpret_cast<uintptr_t>(blocks.data) % 16 == 0 && blocks.device == Device::kCuda &&
+         scales.device == Device::kCuda && blocks.numel() == experts * rows * k / 2 &&
+         scales.numel() == experts * rows * (k / 32);
+}
 std::unique_ptr<moe::ExpertsKernel> make_cuda_fused_kernel(CudaContext& context);
 
 // out[rows, n] = x[rows, k] . w[n, k]^T (x, w bf16; out f32) with cuda-modular's grouped GEMM as

@@ -490,53 +490,36 @@ struct Mxfp4Gemv {
   ExpertParams params;
 };
 
-// grid (ceil(I / (2 * kGemvWarps)), pairs): a warp computes 2 output columns r, r + 1 of pair
-// blockIdx.y from gpt-oss's interleaved rows 2r .. 2r + 3 (gate, up, gate, up), activation and
-// bias as the grouped GEMM's epilogue, into act (f32).
-__global__ void __launch_bounds__(kGemvThreads)
-    mxfp4_gate_up_gemv_kernel(const __grid_constant__ Mxfp4Gemv g) {
+// grid (ceil(n / (outputs a warp * kGemvWarps)), pairs): a warp streams 4 weight rows of pair
+// blockIdx.y's expert. kGateUp: gpt-oss's interleaved rows 2r .. 2r + 3 (gate, up, gate, up) give
+// output columns r, r + 1, activation and bias as the grouped GEMM's epilogue, into act (f32);
+// else hidden rows h .. h + 3, down bias added, into y. A pair never routed (an invalid id) reads
+// no weights and writes zeros.
+template <bool kGateUp>
+__global__ void __launch_bounds__(kGemvThreads) mxfp4_gemv_kernel(const __grid_constant__ Mxfp4Gemv g) {
+  constexpr int kOutputs = kGateUp ? 2 : 4;
   const int pair = blockIdx.y;
-  const int r0 = (static_cast<int>(blockIdx.x) * kGemvWarps + (threadIdx.x >> 5)) * 2;
-  if (r0 >= g.n) return;
+  const int first = (static_cast<int>(blockIdx.x) * kGemvWarps + (threadIdx.x >> 5)) * kOutputs;
+  if (first >= g.n) return;
+  const int outputs = min(kOutputs, g.n - first);
   const int32_t e = g.ids[pair];
-  float* act = g.out + static_cast<int64_t>(pair) * g.n;
-  const int columns = min(2, g.n - r0);
-  if (static_cast<uint32_t>(e) >=
-      static_cast<uint32_t>(g.experts)) {  // never routed: no weights to read
-    if ((threadIdx.x & 31) == 0)
-      for (int j = 0; j < columns; ++j) act[r0 + j] = 0.0f;
+  float* out = g.out + static_cast<int64_t>(pair) * g.n;
+  const bool lead = (threadIdx.x & 31) == 0;
+  if (static_cast<uint32_t>(e) >= static_cast<uint32_t>(g.experts)) {
+    if (lead)
+      for (int j = 0; j < outputs; ++j) out[first + j] = 0.0f;
     return;
   }
-  const int64_t first_row = static_cast<int64_t>(e) * 2 * g.n + 2 * r0;
+  const int64_t first_row =
+      kGateUp ? static_cast<int64_t>(e) * 2 * g.n + 2 * first : static_cast<int64_t>(e) * g.n + first;
+  const int64_t x_row = kGateUp ? pair / g.top_k : pair;
   float acc[4];
   mxfp4_rows_dot<4>(g.blocks + first_row * (g.k / 2), g.scales + first_row * (g.k / 32),
-                    2 * columns, g.k, g.x + static_cast<int64_t>(pair / g.top_k) * g.k, acc);
-  if ((threadIdx.x & 31) == 0)
-    for (int j = 0; j < columns; ++j)
-      act[r0 + j] = g.params.activate(e, r0 + j, g.n, acc[2 * j], acc[2 * j + 1]);
-}
-
-// grid (ceil(H / (4 * kGemvWarps)), pairs): a warp computes 4 hidden rows h .. h + 3 of pair
-// blockIdx.y's expert output (down bias added) into y.
-__global__ void __launch_bounds__(kGemvThreads)
-    mxfp4_down_gemv_kernel(const __grid_constant__ Mxfp4Gemv g) {
-  const int pair = blockIdx.y;
-  const int h0 = (static_cast<int>(blockIdx.x) * kGemvWarps + (threadIdx.x >> 5)) * 4;
-  if (h0 >= g.n) return;
-  const int32_t e = g.ids[pair];
-  float* y = g.out + static_cast<int64_t>(pair) * g.n;
-  const int rows = min(4, g.n - h0);
-  if (static_cast<uint32_t>(e) >= static_cast<uint32_t>(g.experts)) {
-    if ((threadIdx.x & 31) == 0)
-      for (int j = 0; j < rows; ++j) y[h0 + j] = 0.0f;
-    return;
-  }
-  const int64_t first_row = static_cast<int64_t>(e) * g.n + h0;
-  float acc[4];
-  mxfp4_rows_dot<4>(g.blocks + first_row * (g.k / 2), g.scales + first_row * (g.k / 32), rows, g.k,
-                    g.x + static_cast<int64_t>(pair) * g.k, acc);
-  if ((threadIdx.x & 31) == 0)
-    for (int j = 0; j < rows; ++j) y[h0 + j] = acc[j] + g.params.down_bias_of(e, h0 + j, g.n);
+                    kGateUp ? 2 * outputs : outputs, g.k, g.x + x_row * g.k, acc);
+  if (lead)
+    for (int j = 0; j < outputs; ++j)
+      out[first + j] = kGateUp ? g.params.activate(e, first + j, g.n, acc[2 * j], acc[2 * j + 1])
+                               : acc[j] + g.params.down_bias_of(e, first + j, g.n);
 }
 
 // ---- Combine ----
@@ -733,19 +716,22 @@ class ModularKernel final : public moe::ExpertsKernel {
     route.weights = weights_;
     launch_route(route, stream);
 
-    // The bf16 copy of the hidden states; the gate_up GEMM gathers its rows in expert order.
-    const int64_t chunks = tokens * hidden_ / 8;
-    const int64_t convert_blocks =
-        std::min<int64_t>(ceil_div(chunks, 256), 8 * std::max(context_.sm_count, 1));
-    to_bf16_kernel<<<static_cast<unsigned>(convert_blocks), 256, 0, stream>>>(
-        args.hidden.ptr<float>(), chunks, x_bf16_);
-    SY_CUDA_LAUNCH_CHECK("to_bf16_kernel");
+    const ExpertParams experts = ExpertParams::from(args.experts, w);
+    const bool mxfp4 = ExpertParams::implements_mxfp4(args.experts);
+    const bool gemv = mxfp4 && mxfp4_gemv_ && tokens <= kGemvMaxTokens;  // reads the f32 rows itself
+    if (!gemv) {
+      // The bf16 copy of the hidden states; the gate_up GEMM gathers its rows in expert order.
+      const int64_t chunks = tokens * hidden_ / 8;
+      const int64_t convert_blocks =
+          std::min<int64_t>(ceil_div(chunks, 256), 8 * std::max(context_.sm_count, 1));
+      to_bf16_kernel<<<static_cast<unsigned>(convert_blocks), 256, 0, stream>>>(
+          args.hidden.ptr<float>(), chunks, x_bf16_);
+      SY_CUDA_LAUNCH_CHECK("to_bf16_kernel");
+    }
 
     // Align + Forward, with the tile picked by the mean rows per expert (T and shapes only,
     // never the device-side counts).
-    const ExpertParams experts = ExpertParams::from(args.experts, w);
-    const bool mxfp4 = ExpertParams::implements_mxfp4(args.experts);
-    if (mxfp4 && mxfp4_gemv_ && tokens <= kGemvMaxTokens)
+    if (gemv)
       forward_mxfp4_gemv(w, experts, args.hidden.ptr<float>(), pairs, stream);
     else if (pairs <= 24 * experts_)
       mxfp4 ? forward_experts<SmallTile, true>(w, experts, pairs, stream)
@@ -823,26 +809,20 @@ class ModularKernel final : public moe::ExpertsKernel {
     g.top_k = static_cast<int>(top_k_);
     g.experts = static_cast<int>(experts_);
     g.params = experts;
-    g.blocks = w.gate_up.ptr<uint8_t>();
-    g.scales = w.gate_up_scales.ptr<uint8_t>();
-    g.x = hidden;
-    g.out = act_f32_;
-    g.k = static_cast<int>(hidden_);
-    g.n = static_cast<int>(intermediate_);
-    const dim3 gate_up_grid(static_cast<unsigned>(ceil_div(intermediate_, 2 * kGemvWarps)),
-                            static_cast<unsigned>(pairs));
-    mxfp4_gate_up_gemv_kernel<<<gate_up_grid, kGemvThreads, 0, stream>>>(g);
-    SY_CUDA_LAUNCH_CHECK("mxfp4_gate_up_gemv_kernel");
-    g.blocks = w.down.ptr<uint8_t>();
-    g.scales = w.down_scales.ptr<uint8_t>();
-    g.x = act_f32_;
-    g.out = y_;
-    g.k = static_cast<int>(intermediate_);
-    g.n = static_cast<int>(hidden_);
-    const dim3 down_grid(static_cast<unsigned>(ceil_div(hidden_, 4 * kGemvWarps)),
-                         static_cast<unsigned>(pairs));
-    mxfp4_down_gemv_kernel<<<down_grid, kGemvThreads, 0, stream>>>(g);
-    SY_CUDA_LAUNCH_CHECK("mxfp4_down_gemv_kernel");
+    auto launch = [&](auto kernel, int outputs_per_warp, const Tensor& blocks, const Tensor& scales, const float* x,
+                      float* out, int64_t k, int64_t n) {
+      g.blocks = blocks.ptr<uint8_t>();
+      g.scales = scales.ptr<uint8_t>();
+      g.x = x;
+      g.out = out;
+      g.k = static_cast<int>(k);
+      g.n = static_cast<int>(n);
+      const dim3 grid(static_cast<unsigned>(ceil_div(n, outputs_per_warp * kGemvWarps)), static_cast<unsigned>(pairs));
+      kernel<<<grid, kGemvThreads, 0, stream>>>(g);
+      SY_CUDA_LAUNCH_CHECK("mxfp4_gemv_kernel");
+    };
+    launch(mxfp4_gemv_kernel<true>, 2, w.gate_up, w.gate_up_scales, hidden, act_f32_, hidden_, intermediate_);
+    launch(mxfp4_gemv_kernel<false>, 4, w.down, w.down_scales, act_f32_, y_, intermediate_, hidden_);
   }
 
   // Everything forward() needs to be true of its arguments, as errors naming the offender.
@@ -871,19 +851,9 @@ class ModularKernel final : public moe::ExpertsKernel {
       return !shape_ok || t.dtype != DType::kBF16 || t.device != Device::kCuda || !t.data;
     };
     if (ExpertParams::implements_mxfp4(args.experts)) {
-      // Blocks U8 [E, rows, k/32, 16], scales U8 [E, rows, k/32] (moe/expert_spec.h).
-      auto bad_mxfp4 = [&](const Tensor& blocks, const Tensor& scales, int64_t rows, int64_t k) {
-        return k % 32 != 0 || blocks.dtype != DType::kU8 || scales.dtype != DType::kU8 ||
-               reinterpret_cast<uintptr_t>(blocks.data) % 16 !=
-                   0 ||  // cp.async'd in 16-byte chunks
-               blocks.device != Device::kCuda ||
-               scales.device != Device::kCuda || !blocks.data || !scales.data ||
-               blocks.numel() != experts_ * rows * k / 2 ||
-               scales.numel() != experts_ * rows * (k / 32);
-      };
       if (bad_weight(w->router, experts_, hidden_, 0) ||
-          bad_mxfp4(w->gate_up, w->gate_up_scales, 2 * intermediate_, hidden_) ||
-          bad_mxfp4(w->down, w->down_scales, hidden_, intermediate_))
+          !mxfp4_experts_readable(w->gate_up, w->gate_up_scales, experts_, 2 * intermediate_, hidden_) ||
+          !mxfp4_experts_readable(w->down, w->down_scales, experts_, hidden_, intermediate_))
         return Status::errorf(
             "cuda-modular: MXFP4 experts need hidden and moe_intermediate multiples of 32 and U8 "
             "blocks (16-byte "

@@ -1,6 +1,7 @@
 // MXFP4 on CUDA (gpt-oss's experts as stored: 32-value blocks of e2m1 codes, two a byte, low
 // nibble first, and one e8m0 scale a block), shared by cuda-modular's grouped GEMM and GEMV and
-// cuda-fused: exact decodes to bf16, and a warp's dot of MXFP4 rows with an f32 vector.
+// cuda-fused: exact decodes to bf16, the bf16x8 dot (also cuda-fused's bf16 path), and a warp's
+// dot of MXFP4 rows with an f32 vector.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -77,6 +78,19 @@ __device__ __forceinline__ uint4 mxfp4_to_bf16x8(uint32_t packed, uint8_t scale)
   return out;
 }
 
+// 8 bf16 (one uint4; element 2i in the low half of word i) times 8 f32, added to acc.
+__device__ __forceinline__ float dot8(uint4 w, float4 a, float4 b, float acc) {
+  acc = fmaf(__uint_as_float(w.x << 16), a.x, acc);
+  acc = fmaf(__uint_as_float(w.x & 0xffff0000u), a.y, acc);
+  acc = fmaf(__uint_as_float(w.y << 16), a.z, acc);
+  acc = fmaf(__uint_as_float(w.y & 0xffff0000u), a.w, acc);
+  acc = fmaf(__uint_as_float(w.z << 16), b.x, acc);
+  acc = fmaf(__uint_as_float(w.z & 0xffff0000u), b.y, acc);
+  acc = fmaf(__uint_as_float(w.w << 16), b.z, acc);
+  acc = fmaf(__uint_as_float(w.w & 0xffff0000u), b.w, acc);
+  return acc;
+}
+
 // 16-byte chunks (32 values) per lane per row in flight in mxfp4_rows_dot: k <= 4096 in one round.
 constexpr int kMxfp4DotChunks = 4;
 
@@ -130,17 +144,7 @@ __device__ __forceinline__ void mxfp4_rows_dot(const uint8_t* __restrict__ rows,
                                   : word == 1 ? w[c][r].y
                                   : word == 2 ? w[c][r].z
                                               : w[c][r].w;
-          const uint4 v = mxfp4_unscaled_bf16x8(packed);
-          float sum = partial[r];
-          sum = fmaf(__uint_as_float(v.x << 16), x0.x, sum);
-          sum = fmaf(__uint_as_float(v.x & 0xffff0000u), x0.y, sum);
-          sum = fmaf(__uint_as_float(v.y << 16), x0.z, sum);
-          sum = fmaf(__uint_as_float(v.y & 0xffff0000u), x0.w, sum);
-          sum = fmaf(__uint_as_float(v.z << 16), x1.x, sum);
-          sum = fmaf(__uint_as_float(v.z & 0xffff0000u), x1.y, sum);
-          sum = fmaf(__uint_as_float(v.w << 16), x1.z, sum);
-          sum = fmaf(__uint_as_float(v.w & 0xffff0000u), x1.w, sum);
-          partial[r] = sum;
+          partial[r] = dot8(mxfp4_unscaled_bf16x8(packed), x0, x1, partial[r]);
         }
       }
 #pragma unroll
