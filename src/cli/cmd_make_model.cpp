@@ -24,7 +24,9 @@ void add_make_model_command(CLI::App& app, int& exit_code) {
       "--arch", options->arch,
       "Architecture: qwen3_moe, mixtral, olmoe, qwen2_moe, gpt_oss, deepseek_v3, glm4_moe, "
       "qwen3_5_moe");
-  command->add_option("--preset", options->preset, "tiny (every arch) | qwen3-30b-a3b (qwen3_moe) | gpt-oss-20b (gpt_oss)");
+  command->add_option("--preset", options->preset,
+                      "tiny (every arch) | qwen3-30b-a3b (qwen3_moe) | gpt-oss-20b (gpt_oss) | "
+                      "moonlight-16b-a3b (deepseek_v3) | qwen3.5-35b-a3b (qwen3_5_moe)");
   command->add_option("--layers", options->layers, "Cut the preset to this many layers");
   command->add_option("--out", options->out, "Output folder")->required();
   command->add_option("--seed", options->seed, "Random seed for the weights");

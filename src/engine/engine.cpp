@@ -19,6 +19,7 @@
 
 #include "dist/nccl_communicator.h"
 #include "dist/shard_model.h"
+#include "engine/expert_load.h"
 #include "engine/kv_cache.h"
 #include "engine/scheduler.h"
 #include "engine/sequence.h"
@@ -181,9 +182,13 @@ class EngineImpl final : public Engine {
     eos_ids_ = c.eos_token_ids;
     metrics_.moe_layers = c.moe_layers();
     metrics_.num_experts = c.num_experts;
-    if (config.capture_routes)
+    if (config.capture_routes) {
       metrics_.expert_load_tokens.assign(
           metrics_.moe_layers.size() * static_cast<size_t>(c.num_experts), 0);
+      if (!follower_)
+        load_counter_ = std::make_unique<ExpertLoadCounter>(
+            metrics_.moe_layers, c.num_experts, c.num_hidden_layers, c.experts_per_token);
+    }
     if (!follower_) thread_ = std::thread([this] { loop(); });
     return Status::ok();
   }
@@ -250,8 +255,14 @@ class EngineImpl final : public Engine {
   }
 
   EngineMetrics metrics() const override {
-    std::lock_guard lock(metrics_mutex_);
-    return metrics_;
+    EngineMetrics metrics;
+    {
+      std::lock_guard lock(metrics_mutex_);
+      metrics = metrics_;
+    }
+    // Every step handed over so far, counted (the counter waits for its thread).
+    if (load_counter_) metrics.expert_load_tokens = load_counter_->totals();
+    return metrics;
   }
 
   ModelInfo model_info() const override {
@@ -544,15 +555,16 @@ class EngineImpl final : public Engine {
     std::vector<int32_t> routes;  // [step tokens, row_ints] when capturing
     std::vector<float> weights;   // likewise, when a sequence of the step asked for weights
     int64_t poisoned_rows = 0;
-    double route_host_seconds = 0;  // finish_step's route copy and check
+    double route_host_seconds = 0;  // collect_routes' copy and check
+    bool routes_logged = false;     // log_routes ran (while the device finished the step)
   };
 
   using Scheduled = ScheduledChunk;
 
   // Engine-thread seconds of one step's host work that capture adds or changes (EngineMetrics).
   struct HostTimes {
-    double route_check = 0;     // finish_step: the copy out of pinned memory and the check
-    double route_log = 0;       // apply_batch: route log, weights, expert load
+    double route_check = 0;     // collect_routes: the copy out of pinned memory and the check
+    double route_log = 0;       // log_routes: route log and weights (expert load: its thread)
     double prefix_publish = 0;  // scheduler computed(): full blocks into the prefix cache
   };
 
@@ -577,13 +589,13 @@ class EngineImpl final : public Engine {
              Status::error(ErrorCode::kResourceExhausted, "KV cache too small for this request"));
     if (batch.empty()) return;
     StepResult result;
-    Status status = run_batch(batch, result);
+    Status status = run_batch(batch, result, times);
     times.route_check += result.route_host_seconds;
     if (status) {
       apply_batch(batch, result, times);
-      // The route buffers go back for the next step: their pages stay mapped (a fresh
-      // multi-megabyte vector per prefill step was page faults while the device waited).
-      step_routes_ = std::move(result.routes);
+      // The weights buffer goes back for the next step (the route rows went to the expert-load
+      // counter, which hands them back): their pages stay mapped (a fresh multi-megabyte vector
+      // per prefill step was page faults while the device waited).
       step_weights_ = std::move(result.weights);
       return;
     }
@@ -596,7 +608,7 @@ class EngineImpl final : public Engine {
     for (const Scheduled& s : batch) {
       StepResult alone;
       std::vector<Scheduled> one = {s};
-      Status solo = run_batch(one, alone);
+      Status solo = run_batch(one, alone, times);
       times.route_check += alone.route_host_seconds;
       if (solo) {
         apply_batch(one, alone, times);
@@ -615,8 +627,11 @@ class EngineImpl final : public Engine {
     fail_running(s.seq, status);
   }
 
-  // Builds the step's inputs, runs the model, scores and samples; touches no sequence state.
-  Status run_batch(const std::vector<Scheduled>& batch, StepResult& result) {
+  // Builds the step's inputs, runs the model, scores and samples. Touches no sequence state but
+  // the route log (and the prefix blocks it completes), and that only once the step's routes
+  // passed their check: log_routes runs as soon as they are on the host, while the device
+  // computes the logits and samples (the step cannot fail after that check).
+  Status run_batch(const std::vector<Scheduled>& batch, StepResult& result, HostTimes& times) {
     const int64_t bs = kv_->block_size();
     model::StepInputs in;
     in.capture_routes = config_.capture_routes;
@@ -665,7 +680,7 @@ class EngineImpl final : public Engine {
     }
 
     model::StepOutputs out;
-    out.routes = std::move(step_routes_);  // capacity kept from earlier steps (forward clears them)
+    if (load_counter_) out.routes = load_counter_->spare();  // an earlier step's capacity
     out.weights = std::move(step_weights_);
     if (comm_) SY_TRY(send_step(*comm_, in));
     Status status = decoder_->forward(*model_, in, out);
@@ -693,8 +708,22 @@ class EngineImpl final : public Engine {
     if (status) {
       if (!score_targets.empty())
         backend_->score_tokens(gather_logits(out.logits, result.score_uses), score_targets, max_prompt_top, result.scored);
-      if (!rows.empty()) backend_->sample(gather_logits(out.logits, sample_logit_rows), rows, result.sampled);
-      status = decoder_->finish_step(*model_, out);
+      if (!rows.empty())
+        backend_->sample_async(gather_logits(out.logits, sample_logit_rows), rows, result.sampled);
+      // (Not when the ranks compare their routes after the step: that check may still fail it.)
+      const bool early = in.capture_routes && !(comm_ && config_.check_routes_agree);
+      Status routes = early ? decoder_->collect_routes(*model_, out) : Status::ok();
+      if (early && routes) {
+        result.routes = std::move(out.routes);
+        result.weights = std::move(out.weights);
+        log_routes(batch, result, times);
+        const auto publish_started = Clock::now();
+        for (const auto& s : batch) scheduler_->publish(*s.seq, s.begin + s.count);
+        times.prefix_publish +=
+            std::chrono::duration<double>(Clock::now() - publish_started).count();
+      }
+      status = decoder_->finish_step(*model_, out);  // waits for the device and the samples
+      if (!routes) status = routes;
     }
     if (comm_ && in.capture_routes && config_.check_routes_agree) {
       // Every rank checks whatever its step gave (an empty log on a failed step: the sizes differ
@@ -703,70 +732,68 @@ class EngineImpl final : public Engine {
                                               model_->config().experts_per_token);
       if (status) status = agree;
     }
-    result.routes = std::move(out.routes);
-    result.weights = std::move(out.weights);
+    if (!result.routes_logged) {
+      result.routes = std::move(out.routes);
+      result.weights = std::move(out.weights);
+    }
     result.poisoned_rows = out.poisoned_rows;
     result.route_host_seconds = out.route_host_seconds;
     return status;
   }
 
+  // Route log: positions computed for the first time get the rows the kernels wrote (checked);
+  // the step's rows then go to the expert-load counter. Adds its seconds to `times`.
+  void log_routes(const std::vector<Scheduled>& batch, StepResult& result, HostTimes& times) {
+    result.routes_logged = true;
+    if (!config_.capture_routes) return;
+    const auto route_started = Clock::now();
+    size_t t = 0;
+    int64_t captured = 0, replayed = 0;
+    for (const auto& s : batch) {
+      Sequence& seq = *s.seq;
+      const int64_t end = s.begin + s.count;
+      const size_t first_t = t;
+      t += static_cast<size_t>(s.count);
+      // Rows of one chunk are contiguous: the positions computed for the first time (from
+      // route_rows on) are appended at once; earlier ones were replayed from the log.
+      auto rows_of = [&](int64_t p) {
+        return static_cast<std::ptrdiff_t>((first_t + static_cast<size_t>(p - s.begin)) *
+                                           static_cast<size_t>(row_ints_));
+      };
+      if (seq.request.return_route_weights && !result.weights.empty() &&
+          seq.weight_rows >= s.begin && seq.weight_rows < end) {
+        seq.route_weights.insert(seq.route_weights.end(),
+                                 result.weights.begin() + rows_of(seq.weight_rows),
+                                 result.weights.begin() + rows_of(end));
+        seq.weight_rows = end;
+      }
+      const int64_t from = std::max(s.begin, seq.route_rows);
+      replayed += from - s.begin;
+      if (from < end) {
+        // Room for the prompt's rows and some decode rows at once (doubling after that).
+        if (seq.routes.capacity() == 0)
+          seq.routes.reserve(static_cast<size_t>(
+              (seq.prompt_len + std::min<int64_t>(seq.request.sampling.max_tokens, 1024)) *
+              row_ints_));
+        seq.routes.insert(seq.routes.end(), result.routes.begin() + rows_of(from),
+                          result.routes.begin() + rows_of(end));
+        seq.route_rows = end;
+        captured += end - from;
+      }
+    }
+    {
+      std::lock_guard lock(metrics_mutex_);
+      metrics_.routes_captured_total += captured;
+      metrics_.routes_replayed_total += replayed;
+    }
+    if (load_counter_) load_counter_->add(std::move(result.routes), static_cast<int64_t>(t));
+    times.route_log += std::chrono::duration<double>(Clock::now() - route_started).count();
+  }
+
   // Takes a successful step's results into its sequences and delivers their events; adds the
   // route log's and the prefix publish's seconds to `times`.
-  void apply_batch(const std::vector<Scheduled>& batch, const StepResult& result, HostTimes& times) {
-    // Route log: positions computed for the first time get the rows the kernels wrote.
-    if (config_.capture_routes) {
-      const auto route_started = Clock::now();
-      size_t t = 0;
-      int64_t captured = 0, replayed = 0;
-      const int64_t top_k = model_->config().experts_per_token;
-      const std::vector<int>& moe_layers = metrics_.moe_layers;  // fixed at start
-      std::vector<int64_t> load(metrics_.expert_load_tokens.size(), 0);
-      for (const auto& s : batch) {
-        Sequence& seq = *s.seq;
-        const int64_t end = s.begin + s.count;
-        const size_t first_t = t;
-        for (int64_t p = s.begin; p < end; ++p, ++t) {
-          const int32_t* row = result.routes.data() + t * row_ints_;
-          for (size_t m = 0; m < moe_layers.size(); ++m)
-            for (int64_t k = 0; k < top_k; ++k)
-              ++load[m * static_cast<size_t>(metrics_.num_experts) +
-                     row[moe_layers[m] * top_k + k]];
-        }
-        // Rows of one chunk are contiguous: the positions computed for the first time (from
-        // route_rows on) are appended at once; earlier ones were replayed from the log.
-        auto rows_of = [&](int64_t p) {
-          return static_cast<std::ptrdiff_t>((first_t + static_cast<size_t>(p - s.begin)) *
-                                             static_cast<size_t>(row_ints_));
-        };
-        if (seq.request.return_route_weights && !result.weights.empty() &&
-            seq.weight_rows >= s.begin && seq.weight_rows < end) {
-          seq.route_weights.insert(seq.route_weights.end(),
-                                   result.weights.begin() + rows_of(seq.weight_rows),
-                                   result.weights.begin() + rows_of(end));
-          seq.weight_rows = end;
-        }
-        const int64_t from = std::max(s.begin, seq.route_rows);
-        replayed += from - s.begin;
-        if (from < end) {
-          // Room for the prompt's rows and some decode rows at once (doubling after that).
-          if (seq.routes.capacity() == 0)
-            seq.routes.reserve(static_cast<size_t>(
-                (seq.prompt_len + std::min<int64_t>(seq.request.sampling.max_tokens, 1024)) *
-                row_ints_));
-          seq.routes.insert(seq.routes.end(), result.routes.begin() + rows_of(from),
-                            result.routes.begin() + rows_of(end));
-          seq.route_rows = end;
-          captured += end - from;
-        }
-      }
-      {
-        std::lock_guard lock(metrics_mutex_);
-        metrics_.routes_captured_total += captured;
-        metrics_.routes_replayed_total += replayed;
-        for (size_t i = 0; i < load.size(); ++i) metrics_.expert_load_tokens[i] += load[i];
-      }
-      times.route_log += std::chrono::duration<double>(Clock::now() - route_started).count();
-    }
+  void apply_batch(const std::vector<Scheduled>& batch, StepResult& result, HostTimes& times) {
+    if (!result.routes_logged) log_routes(batch, result, times);
     const auto publish_started = Clock::now();
     for (const auto& s : batch) scheduler_->computed(*s.seq, s.begin + s.count);
     times.prefix_publish += std::chrono::duration<double>(Clock::now() - publish_started).count();
@@ -1009,8 +1036,8 @@ class EngineImpl final : public Engine {
   mutable std::mutex mutex_;
   std::condition_variable wake_;
   std::vector<std::unique_ptr<Sequence>> incoming_;
-  std::vector<int32_t> step_routes_;  // the last step's route (and weight) rows, reused (run_batch)
-  std::vector<float> step_weights_;
+  std::vector<float> step_weights_;  // the last step's gating weights, reused (run_batch)
+  std::unique_ptr<ExpertLoadCounter> load_counter_;  // with capture (not on followers)
   std::vector<RequestId> cancelled_;
   std::vector<Task> tasks_;
   bool stopping_ = false;

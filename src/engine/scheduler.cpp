@@ -78,9 +78,13 @@ std::vector<ScheduledChunk> Scheduler::schedule(bool admission_paused,
 
 void Scheduler::computed(Sequence& seq, int64_t end) {
   seq.num_computed = end;
+  publish(seq, end);
+}
+
+void Scheduler::publish(Sequence& seq, int64_t end) {
   if (!config_.enable_prefix_caching) return;
   const int64_t bs = kv_.block_size();
-  const int64_t full = seq.num_computed / bs;
+  const int64_t full = end / bs;
   for (int64_t b = seq.published_blocks; b < full; ++b) {
     if (config_.capture_routes && seq.route_rows < (b + 1) * bs) break;
     const std::vector<uint8_t> forced = forced_mask(seq, b);

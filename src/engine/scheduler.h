@@ -55,6 +55,9 @@ class Scheduler {
                                        std::vector<std::unique_ptr<Sequence>>& rejected);
   // After a successful step: positions up to `end` of seq are computed; full blocks are published.
   void computed(Sequence& seq, int64_t end);
+  // Publishes seq's full blocks below `end` now, before computed() (whose publishing then finds
+  // them done): once a step's routes are logged, while the device finishes the step.
+  void publish(Sequence& seq, int64_t end);
   // Removes a running or waiting sequence (by pointer or id), giving its blocks back.
   std::unique_ptr<Sequence> remove(const Sequence* seq);
   std::unique_ptr<Sequence> remove(RequestId id);

@@ -134,8 +134,14 @@ Status Decoder::allocate(const ModelConfig& c, int64_t num_blocks, const backend
     if (kernel && !c.moe_layers().empty()) {
       SY_TRY(kernel->supports(spec));
       SY_TRY(kernel->supports_experts(c.experts));
-      SY_TRY(kernel->reserve(limits.max_tokens, spec, c.hidden_size, c.moe_intermediate_size)
-                 .with_context(fmt::format("MoE kernel {}: ", kernel->name())));
+      Status reserved =
+          kernel->reserve(limits.max_tokens, spec, c.hidden_size, c.moe_intermediate_size);
+      if (!reserved && reserved.code() == ErrorCode::kUnsupported && kernel == kernels_.small &&
+          kernel != kernels_.large) {
+        kernels_.small = nullptr, kernels_.small_max_tokens = 0;  // (shapes it does not take)
+        continue;
+      }
+      SY_TRY(reserved.with_context(fmt::format("MoE kernel {}: ", kernel->name())));
     }
 
   const int64_t slots = num_blocks * block_size_;
@@ -441,8 +447,10 @@ Status Decoder::forward(const Model& model, const StepInputs& in, StepOutputs& o
       } else if (attention.latent) {
         // Multi-head latent attention: q (through the low-rank path where there is one) and the
         // compressed kv row of input_norm(x + pending); the backend op does the rest.
-        if (pending) backend_.add_rms_norm(x, *pending, lw.input_norm, c.rms_norm_eps, normed);
-        else backend_.rms_norm(x, lw.input_norm, c.rms_norm_eps, normed);
+        if (pending)
+          backend_.add_rms_norm(x, *pending, lw.input_norm, c.rms_norm_eps, normed);
+        else
+          backend_.rms_norm(x, lw.input_norm, c.rms_norm_eps, normed);
         pending = nullptr;
         const LatentAttentionSpec& mla = c.latent_attention;
         Tensor q_rows = q.reshaped({T, heads * head_dim});
@@ -560,31 +568,49 @@ Status Decoder::forward(const Model& model, const StepInputs& in, StepOutputs& o
       pending = fused_norm ? nullptr : &ffn_out;  // a fused-norm kernel adds its output into x itself
     }
     if (pending) backend_.add_inplace(x, *pending);
-    // Logits for the requested rows only.
-    if (R > 0) {
-      Tensor picked = ws.picked.slice_rows(0, R), picked_normed = ws.picked_normed.slice_rows(0, R);
-      Tensor logits = ws.logits.slice_rows(0, R);
-      backend_.gather_rows(x, v.logits_rows, picked);
-      backend_.rms_norm(picked, wt.final_norm, c.rms_norm_eps, picked_normed);
-      backend_.matmul(picked_normed, wt.lm_head, nullptr, logits);
-    }
+  };
+  // Logits for the requested rows only.
+  auto logits_body = [&] {
+    if (R == 0) return;
+    Tensor x = ws.x.slice_rows(0, T);
+    Tensor picked = ws.picked.slice_rows(0, R), picked_normed = ws.picked_normed.slice_rows(0, R);
+    Tensor logits = ws.logits.slice_rows(0, R);
+    backend_.gather_rows(x, v.logits_rows, picked);
+    backend_.rms_norm(picked, wt.final_norm, c.rms_norm_eps, picked_normed);
+    backend_.matmul(picked_normed, wt.lm_head, nullptr, logits);
+  };
+  // With capture, the step's one copy of routes (and weights, behind them) to the host is
+  // enqueued right after the last layer, then a mark: the host checks and logs the routes
+  // (collect_routes) while the device still computes the logits and samples.
+  auto routes_out = [&] {
+    backend_.download_async(
+        ws.route_out.slice_rows(0, capture_weights ? 2 * route_ints : route_ints), ws.routes_host);
+    backend_.record_mark();
   };
   if (graph) {
-    // The key names everything the recorded kernels' arguments depend on.
+    // The key names everything the recorded kernels' arguments depend on. With capture the
+    // graph holds the layers only (the copy and the mark stay outside it).
     uint64_t key = static_cast<uint64_t>(T);
     key = key * 1000003u + static_cast<uint64_t>(stride);
     key = key * 8u + (capture_weights ? 4u : 0u) + (capture ? 2u : 0u) + (forced ? 1u : 0u);
     key = key * 2u + (&kernel == kernels_.small ? 1u : 0u);
-    backend_.run_graph(key, body);
+    if (capture) {
+      backend_.run_graph(key, body);
+      routes_out();
+      logits_body();
+    } else {
+      backend_.run_graph(key, [&] {
+        body();
+        logits_body();
+      });
+    }
   } else {
     body();
+    if (capture) routes_out();
+    logits_body();
   }
   SY_TRY(layer_status);
 
-  // The step's one copy of routes (and weights, behind them) to the host (checked in finish_step).
-  if (capture)
-    backend_.download_async(
-        ws.route_out.slice_rows(0, capture_weights ? 2 * route_ints : route_ints), ws.routes_host);
   out.logits = ws.logits.slice_rows(0, rows);
   out.routes.clear();
   out.weights.clear();
@@ -594,15 +620,23 @@ Status Decoder::forward(const Model& model, const StepInputs& in, StepOutputs& o
   step_capture_ = capture;
   step_weights_ = capture_weights;
   step_kernel_ = &kernel;
+  step_routes_collected_ = false;
   return Status::ok();
 }
 
-Status Decoder::finish_step(const Model& model, StepOutputs& out) {
-  backend_.synchronize();
-  if (!step_capture_) return Status::ok();
+Status Decoder::collect_routes(const Model& model, StepOutputs& out) {
+  if (!step_capture_ || step_routes_collected_) return Status::ok();
+  backend_.wait_mark();
+  step_routes_collected_ = true;
   const auto started = std::chrono::steady_clock::now();
   Status checked = check_routes(model, out);
   out.route_host_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  return checked;
+}
+
+Status Decoder::finish_step(const Model& model, StepOutputs& out) {
+  Status checked = collect_routes(model, out);  // (at once if collected already)
+  backend_.synchronize();
   return checked;
 }
 

@@ -1,8 +1,8 @@
 // The decoder forward pass, written once for every architecture the adapters describe:
 // embed -> per layer (norm, attention over the paged KV cache, norm, dense MLP or MoE block)
 // -> final norm -> logits of the requested rows. Routes go from the MoE kernels straight into
-// the step's route buffer, which is poisoned before the step, copied to the host once at its
-// end, and checked there (finish_step) after the step's one synchronisation.
+// the step's route buffer, which is poisoned before the step, copied to the host once after the
+// last layer, and checked there (collect_routes) while the device computes the logits.
 #pragma once
 
 #include <cstdint>
@@ -37,10 +37,10 @@ struct StepInputs {
 
 struct StepOutputs {
   Tensor logits;                // backend buffer [logits_rows, vocab] f32, valid until next step
-  std::vector<int32_t> routes;  // host [T, num_hidden_layers, top_k] after finish_step; dense rows 0
+  std::vector<int32_t> routes;  // host [T, num_hidden_layers, top_k] once collected; dense rows 0
   std::vector<float> weights;   // host, same layout, when capture_weights; dense entries 0
   int64_t poisoned_rows = 0;    // step tokens with a route or weight no kernel wrote
-  double route_host_seconds = 0;  // finish_step's host work on the routes (copy, check)
+  double route_host_seconds = 0;  // collect_routes' host work on the routes (copy, check)
 };
 
 // Which MoE kernel runs a step: `small` for steps of at most `small_max_tokens` tokens (a
@@ -92,8 +92,13 @@ class Decoder {
   // Enqueues one step; on a device, the step may still be running when this returns. Logits
   // are usable by the backend's next operations (sampling).
   Status forward(const Model& model, const StepInputs& inputs, StepOutputs& outputs);
-  // Completes the step: waits for the device and checks the routes (and gating weights). A
-  // route the kernel left unwritten is an error naming layer and kernel.
+  // Waits until the step's routes (and gating weights) are on the host, not for the rest of the
+  // step (the device may still compute logits and sample), and checks them into outputs.routes /
+  // outputs.weights. A route the kernel left unwritten is an error naming layer and kernel.
+  // Optional: finish_step collects them if this was not called.
+  Status collect_routes(const Model& model, StepOutputs& outputs);
+  // Completes the step: collects the routes (if not yet; their error is returned) and waits for
+  // the device either way.
   Status finish_step(const Model& model, StepOutputs& outputs);
 
  private:
@@ -115,6 +120,7 @@ class Decoder {
   int64_t step_tokens_ = 0;
   bool step_capture_ = false;
   bool step_weights_ = false;
+  bool step_routes_collected_ = false;
   int64_t step_padded_tokens_ = 0;  // the step's route buffer rows (graph padding included)
   moe::ExpertsKernel* step_kernel_ = nullptr;
 };

@@ -368,6 +368,72 @@ json tiny_qwen3_5_moe() {
               {"transformers_version", "5.2.0"}};
 }
 
+json moonlight_16b_a3b() {
+  // moonshotai/Moonlight-16B-A3B's config.json (the DeepSeek-V3 architecture: 27 layers, the
+  // first dense, hidden 2048, 16 heads of 128 nope + 64 rope dims over a kv latent of rank 512,
+  // no q low-rank path, v heads of 128; 64 experts of 1408 top-6 with 2 shared, sigmoid router
+  // with one group and routed_scaling_factor 2.446, rope_theta 50000 without YaRN, vocabulary
+  // 163,840), on the tiny preset's spellings: for --config-only folders that --random-weights
+  // builds on a GPU (step_bench).
+  json config = tiny_deepseek_v3();
+  config["bos_token_id"] = 163584;
+  config["eos_token_id"] = 163586;
+  config["hidden_size"] = 2048;
+  config["intermediate_size"] = 11264;
+  config["kv_lora_rank"] = 512;
+  config["max_position_embeddings"] = 8192;
+  config["moe_intermediate_size"] = 1408;
+  config["n_group"] = 1;
+  config["n_routed_experts"] = 64;
+  config["n_shared_experts"] = 2;
+  config["num_attention_heads"] = 16;
+  config["num_experts_per_tok"] = 6;
+  config["num_hidden_layers"] = 27;
+  config["num_key_value_heads"] = 16;
+  config["q_lora_rank"] = nullptr;
+  config["qk_nope_head_dim"] = 128;
+  config["qk_rope_head_dim"] = 64;
+  config["rms_norm_eps"] = 1e-05;
+  config["rope_scaling"] = nullptr;
+  config["rope_theta"] = 50000.0;
+  config["routed_scaling_factor"] = 2.446;
+  config["topk_group"] = 1;
+  config["v_head_dim"] = 128;
+  config["vocab_size"] = 163840;
+  return config;
+}
+
+json qwen3_5_35b_a3b() {
+  // Qwen3.5-35B-A3B's text model as issue 14 gives it (40 layers, three gated-DeltaNet layers to
+  // one gated full-attention layer, hidden 2048; full attention 16 query / 2 KV heads of 256
+  // with output gate and partial rotary 0.25; DeltaNet 16 key / 32 value heads of 128, conv
+  // kernel 4; 256 experts of 512 top-8 and a shared expert of 512; vocabulary 248,320), on the
+  // tiny preset's spellings: for --config-only folders (step_bench, throughput runs).
+  json config = tiny_qwen3_5_moe();
+  json& text = config["text_config"];
+  json types = json::array();
+  for (int layer = 0; layer < 40; ++layer)
+    types.push_back(layer % 4 == 3 ? "full_attention" : "linear_attention");
+  text["layer_types"] = types;
+  text["head_dim"] = 256;
+  text["hidden_size"] = 2048;
+  text["linear_key_head_dim"] = 128;
+  text["linear_num_key_heads"] = 16;
+  text["linear_num_value_heads"] = 32;
+  text["linear_value_head_dim"] = 128;
+  text["max_position_embeddings"] = 262144;
+  text["moe_intermediate_size"] = 512;
+  text["num_attention_heads"] = 16;
+  text["num_experts"] = 256;
+  text["num_experts_per_tok"] = 8;
+  text["num_hidden_layers"] = 40;
+  text["num_key_value_heads"] = 2;
+  text["shared_expert_intermediate_size"] = 512;
+  text["vocab_size"] = 248320;
+  text["rope_parameters"]["mrope_section"] = {11, 11, 10};
+  return config;
+}
+
 json tiny_glm4_moe() {
   // The published GLM-4.5-Air config.json spellings (transformers 4.54), shrunk: hidden 72, 6
   // query heads of 20 over 2 KV heads (q width 120: no multiple of 16), partial rotary 0.5 (RoPE
@@ -485,9 +551,13 @@ Result<json> preset_config(const std::string& arch, const std::string& preset, i
              arch == "deepseek_v3" || arch == "glm4_moe") {
     if (arch == "gpt_oss" && preset == "gpt-oss-20b")
       config = gpt_oss_20b();
+    else if (arch == "deepseek_v3" && preset == "moonlight-16b-a3b")
+      config = moonlight_16b_a3b();
     else if (preset != "tiny")
       return Status::errorf("--preset '{}' is unknown for {} (supported: tiny{})", preset, arch,
-                            arch == "gpt_oss" ? ", gpt-oss-20b" : "");
+                            arch == "gpt_oss"       ? ", gpt-oss-20b"
+                            : arch == "deepseek_v3" ? ", moonlight-16b-a3b"
+                                                    : "");
     else
       config = arch == "mixtral"     ? tiny_mixtral()
              : arch == "olmoe"       ? tiny_olmoe()
@@ -496,9 +566,13 @@ Result<json> preset_config(const std::string& arch, const std::string& preset, i
              : arch == "deepseek_v3" ? tiny_deepseek_v3()
                                      : tiny_glm4_moe();
   } else if (arch == "qwen3_5_moe") {
-    if (preset != "tiny")
-      return Status::errorf("--preset '{}' is unknown for {} (supported: tiny)", preset, arch);
-    config = tiny_qwen3_5_moe();
+    if (preset == "qwen3.5-35b-a3b")
+      config = qwen3_5_35b_a3b();
+    else if (preset == "tiny")
+      config = tiny_qwen3_5_moe();
+    else
+      return Status::errorf("--preset '{}' is unknown for {} (supported: tiny, qwen3.5-35b-a3b)",
+                            preset, arch);
   } else {
     return Status::errorf(
         "--arch '{}' is not supported (supported: qwen3_moe, mixtral, olmoe, qwen2_moe, gpt_oss, "

@@ -359,9 +359,157 @@ void prep_attention_case(Harness& h, Case& c, const HeadConfig& hc, int block_si
   c.info(fmt::format("{} tokens, {} seqs, max_context_len {}", tokens, l.seqs, l.max_context_len));
 }
 
+// Qwen3.5's gated attention: query and output gate interleaved per head in q_gate, q/k norms,
+// partial rotary, the cache write, attention and the sigmoid gate, on the attention layouts
+// (the CPU's op is verified against transformers; the device composes its own ops).
+void gated_attention_case(Harness& h, Case& c, const HeadConfig& hc, Kind kind, int block_size) {
+  const Layout l = make_layout(c.rng, specs_for(kind, c.rng, h.options.quick), block_size,
+                               kind == Kind::kDecode ? 3 : 0, kind == Kind::kMixed);
+  const int64_t heads = hc.heads, kv_heads = hc.kv_heads, head_dim = hc.head_dim;
+  const int64_t slots = l.num_blocks * block_size, kv_row = kv_heads * head_dim;
+  Pair p(h);
+  Tensor cpu_k = p.cpu.alloc(h.cpu.kv_cache_dtype(), {slots, kv_heads, head_dim});
+  Tensor cpu_v = p.cpu.alloc(h.cpu.kv_cache_dtype(), {slots, kv_heads, head_dim});
+  Tensor dev_k = p.dev.alloc(h.device.kv_cache_dtype(), {slots, kv_heads, head_dim});
+  Tensor dev_v = p.dev.alloc(h.device.kv_cache_dtype(), {slots, kv_heads, head_dim});
+  for (Tensor* t : {&cpu_k, &cpu_v}) p.cpu.zero(*t);
+  for (Tensor* t : {&dev_k, &dev_v}) p.dev.zero(*t);
+  const int64_t history = static_cast<int64_t>(l.history_slots.size());
+  for (int64_t begin = 0; begin < history; begin += kWriteChunk) {
+    const int64_t n = std::min(kWriteChunk, history - begin);
+    auto part = [&](const std::vector<int32_t>& v) {
+      return std::vector<int32_t>(v.begin() + begin, v.begin() + begin + n);
+    };
+    Batches b =
+        upload_batch(p, l, part(l.history_positions), part(l.history_seq), part(l.history_slots), n,
+                     l.history_positions[static_cast<size_t>(begin + n - 1)] + 1);
+    Both k = p.f32(random_floats(c.rng, n * kv_row, 1.7f), {n, kv_heads, head_dim});
+    Both v = p.f32(random_floats(c.rng, n * kv_row, 1.7f), {n, kv_heads, head_dim});
+    h.cpu.write_kv(k.cpu, v.cpu, cpu_k, cpu_v, b.cpu);
+    h.device.write_kv(k.dev, v.dev, dev_k, dev_v, b.dev);
+  }
+  const int64_t tokens = static_cast<int64_t>(l.positions.size());
+  Batches b = upload_batch(p, l, l.positions, l.token_seq, l.slot_mapping, l.max_query_len,
+                           l.max_context_len);
+  Both q_gate = p.f32(random_floats(c.rng, tokens * heads * 2 * head_dim, 3.0f),
+                      {tokens, heads, 2 * head_dim});
+  Both q = p.output({tokens, heads, head_dim});  // written by the op (the query part of q_gate)
+  Both k = p.f32(random_floats(c.rng, tokens * kv_row, 3.0f), {tokens, kv_heads, head_dim});
+  Both v = p.f32(random_floats(c.rng, tokens * kv_row, 1.7f), {tokens, kv_heads, head_dim});
+  Both out = p.output({tokens, heads * head_dim});
+  HostTensor qn = host_random(h.cpu, DType::kF32, {head_dim}, c.rng.next(), 0.5f, 1.0f);
+  HostTensor kn = host_random(h.cpu, DType::kF32, {head_dim}, c.rng.next(), 0.5f, 1.0f);
+  Both q_norm = p.weight(qn.view), k_norm = p.weight(kn.view);
+  const backend::RopeSpec rope{1e7, head_dim / 4 * 2};  // Qwen3.5: partial_rotary_factor 0.25
+  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  h.cpu.gated_attention(q_gate.cpu, q.cpu, k.cpu, v.cpu, q_norm.cpu, k_norm.cpu, 1e-6f, b.cpu, rope,
+                        cpu_k, cpu_v, scale, out.cpu);
+  h.device.gated_attention(q_gate.dev, q.dev, k.dev, v.dev, q_norm.dev, k_norm.dev, 1e-6f, b.dev,
+                           rope, dev_k, dev_v, scale, out.dev);
+  c.check("out",
+          compare(to_host(h.device, out.dev), to_host(h.cpu, out.cpu), heads * head_dim, &l.real),
+          kAttentionTol);
+  c.check("k_cache", compare(to_host(h.device, dev_k), to_host(h.cpu, cpu_k), kv_row), kCacheTol);
+  c.check("v_cache", compare(to_host(h.device, dev_v), to_host(h.cpu, cpu_v), kv_row), kCacheTol);
+  c.info(fmt::format("{} tokens, {} seqs, rotary {}", tokens, l.seqs, rope.head_dim));
+}
+
+// DeepSeek-V3's multi-head latent attention (the device absorbs the up-projections as the CPU
+// does; the CPU's op is verified against transformers): earlier context written by the op itself
+// in chunks, then the step. Checked: every real token's output, the roped q and the normed and
+// roped latent rows (in place), and the whole cache (f32 on the CPU, bf16 on the device).
+struct LatentConfig {
+  int64_t heads, lora, nope, rope, v_dim;
+  bool interleave, yarn;
+};
+
+void latent_attention_case(Harness& h, Case& c, const LatentConfig& lc, Kind kind, int block_size) {
+  const Layout l = make_layout(c.rng, specs_for(kind, c.rng, h.options.quick), block_size,
+                               kind == Kind::kDecode ? 3 : 0, kind == Kind::kMixed);
+  const int64_t heads = lc.heads, row = lc.lora + lc.rope, q_row = lc.nope + lc.rope;
+  const int64_t slots = l.num_blocks * block_size;
+  Pair p(h);
+  Tensor cpu_cache = p.cpu.alloc(h.cpu.kv_cache_dtype(), {slots, 1, row});
+  Tensor dev_cache = p.dev.alloc(h.device.kv_cache_dtype(), {slots, 1, row});
+  p.cpu.zero(cpu_cache);
+  p.dev.zero(dev_cache);
+  HostTensor norm_host = host_random(h.cpu, DType::kF32, {lc.lora}, c.rng.next(), 0.5f, 1.0f);
+  HostTensor kv_b_host = host_random(h.cpu, DType::kBF16, {heads * (lc.nope + lc.v_dim), lc.lora},
+                                     c.rng.next(), std::sqrt(3.0f / static_cast<float>(lc.lora)));
+  Both kv_norm = p.weight(norm_host.view), kv_b = p.weight(kv_b_host.view);
+  backend::RopeSpec rope{1e4, lc.rope};
+  std::vector<float> inv_freq(static_cast<size_t>(lc.rope / 2));
+  for (size_t i = 0; i < inv_freq.size(); ++i)
+    inv_freq[i] = static_cast<float>(
+        std::pow(1e4, -2.0 * static_cast<double>(i) / static_cast<double>(lc.rope)) /
+        (i >= inv_freq.size() / 2 ? 40.0 : 1.0));
+  if (lc.yarn) {
+    rope.inv_freq = inv_freq.data();
+    rope.attention_factor = 1.37f;
+  }
+  const backend::Backend::LatentShape shape{lc.lora, lc.nope, lc.rope, lc.v_dim, lc.interleave};
+  const float scale = 0.8f / std::sqrt(static_cast<float>(q_row));
+  auto run_both = [&](Batches& b, Both& q, Both& latent, Both& out) {
+    h.cpu.latent_attention(q.cpu, latent.cpu, kv_norm.cpu, 1e-6f, kv_b.cpu, shape, b.cpu, rope,
+                           cpu_cache, scale, out.cpu);
+    h.device.latent_attention(q.dev, latent.dev, kv_norm.dev, 1e-6f, kv_b.dev, shape, b.dev, rope,
+                              dev_cache, scale, out.dev);
+  };
+  const int64_t history = static_cast<int64_t>(l.history_slots.size());
+  for (int64_t begin = 0; begin < history; begin += kWriteChunk) {
+    const int64_t n = std::min(kWriteChunk, history - begin);
+    auto part = [&](const std::vector<int32_t>& v) {
+      return std::vector<int32_t>(v.begin() + begin, v.begin() + begin + n);
+    };
+    Batches b =
+        upload_batch(p, l, part(l.history_positions), part(l.history_seq), part(l.history_slots), n,
+                     l.history_positions[static_cast<size_t>(begin + n - 1)] + 1);
+    Both q = p.f32(random_floats(c.rng, n * heads * q_row, 2.0f), {n, heads, q_row});
+    Both latent = p.f32(random_floats(c.rng, n * row, 2.0f), {n, row});
+    Both out = p.output({n, heads * lc.v_dim});
+    run_both(b, q, latent, out);
+  }
+  const int64_t tokens = static_cast<int64_t>(l.positions.size());
+  Batches b = upload_batch(p, l, l.positions, l.token_seq, l.slot_mapping, l.max_query_len,
+                           l.max_context_len);
+  Both q = p.f32(random_floats(c.rng, tokens * heads * q_row, 2.0f), {tokens, heads, q_row});
+  Both latent = p.f32(random_floats(c.rng, tokens * row, 2.0f), {tokens, row});
+  Both out = p.output({tokens, heads * lc.v_dim});
+  run_both(b, q, latent, out);
+  c.check("out",
+          compare(to_host(h.device, out.dev), to_host(h.cpu, out.cpu), heads * lc.v_dim, &l.real),
+          kAttentionTol);
+  c.check("q (roped)", compare(to_host(h.device, q.dev), to_host(h.cpu, q.cpu), heads * q_row),
+          kPrepTol);
+  c.check("latent (normed, roped)",
+          compare(to_host(h.device, latent.dev), to_host(h.cpu, latent.cpu), row), kPrepTol);
+  c.check("cache", compare(to_host(h.device, dev_cache), to_host(h.cpu, cpu_cache), row),
+          kCacheTol);
+  c.info(fmt::format("{} tokens, {} seqs, max_context_len {}", tokens, l.seqs, l.max_context_len));
+}
+
 }  // namespace
 
 void run_attention_ops(Harness& h) {
+  // The golden model's MLA (3 heads, latent 24, 12 nope + 10 rope, v 14, YaRN) and
+  // DeepSeek-V3/Moonlight's (latent 512, 128 nope + 64 rope, v 128; 16 heads here).
+  for (const LatentConfig& lc : std::vector<LatentConfig>{{3, 24, 12, 10, 14, true, true},
+                                                          {16, 512, 128, 64, 128, true, false},
+                                                          {5, 40, 8, 16, 24, false, false}})
+    for (auto [kind, block_size] : std::vector<std::pair<Kind, int>>{
+             {Kind::kDecode, 16}, {Kind::kPrefill, 16}, {Kind::kChunked, 5}, {Kind::kMixed, 16}})
+      h.run(std::string("latent_attention.") + kind_name(kind),
+            fmt::format("heads={} lora={} nope={} rope={} v={}{}{} block={}", lc.heads, lc.lora,
+                        lc.nope, lc.rope, lc.v_dim, lc.interleave ? " interleaved" : "",
+                        lc.yarn ? " yarn" : "", block_size),
+            [&](Case& c) { latent_attention_case(h, c, lc, kind, block_size); });
+  for (const HeadConfig& hc : std::vector<HeadConfig>{{16, 2, 256}, {4, 2, 20}, {6, 3, 12}})
+    for (auto [kind, block_size] : std::vector<std::pair<Kind, int>>{
+             {Kind::kDecode, 16}, {Kind::kPrefill, 16}, {Kind::kChunked, 5}, {Kind::kMixed, 16}})
+      h.run(std::string("gated_attention.") + kind_name(kind),
+            fmt::format("heads={}/{} head_dim={} block={}", hc.heads, hc.kv_heads, hc.head_dim,
+                        block_size),
+            [&](Case& c) { gated_attention_case(h, c, hc, kind, block_size); });
   for (const HeadConfig& hc : std::vector<HeadConfig>{{32, 4, 128}, {6, 2, 200}, {8, 8, 64}, {4, 1, 256}, {5, 5, 72}})
     for (int64_t tokens : {int64_t{1}, int64_t{7}, int64_t{300}})
       for (bool norms : {true, false})

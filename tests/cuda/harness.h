@@ -239,6 +239,7 @@ void run_basic_ops(Harness& h);
 void run_weight_ops(Harness& h);
 void run_attention_ops(Harness& h);
 void run_sampling_ops(Harness& h);
+void run_linear_ops(Harness& h);
 void run_moe_ops(Harness& h);
 void run_graph_ops(Harness& h);
 // `invariant`: a second device backend made with BackendOptions::batch_invariant (reserved).

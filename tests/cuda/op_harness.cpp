@@ -134,6 +134,7 @@ int main(int argc, char** argv) {
   sy::harness::run_weight_ops(h);
   sy::harness::run_basic_ops(h);
   sy::harness::run_attention_ops(h);
+  sy::harness::run_linear_ops(h);
   sy::harness::run_sampling_ops(h);
   sy::harness::run_moe_ops(h);
   sy::harness::run_graph_ops(h);

@@ -471,8 +471,52 @@ void distribution_cases(Harness& h) {
 
 }  // namespace
 
+// sample_async + record_mark/wait_mark, as the engine uses them with capture on: a download
+// enqueued before the mark is on the host once wait_mark returns, while the sampling behind it
+// may still run; the next synchronize() fills the samples, bitwise equal to sample()'s (which
+// the other cases compare with the CPU's).
+void async_cases(Harness& h) {
+  const int64_t vocab = 151936, rows = h.options.quick ? 16 : 64, ints = 1 << 20;
+  h.run("sample.async", fmt::format("vocab={} rows={} marked download={} ints", vocab, rows, ints),
+        [&](Case& c) {
+          Pair p(h);
+          Logits l = upload_logits(p, random_floats(c.rng, rows * vocab, 6.0f), rows, vocab);
+          std::vector<SamplingRow> params(static_cast<size_t>(rows));
+          for (size_t r = 0; r < params.size(); ++r) {
+            params[r].temperature = r % 2 ? 0.8f : 0.0f;
+            params[r].top_p = 0.9f;
+            params[r].seed = c.rng.next();
+            params[r].logprobs = static_cast<int>(r % 3);
+          }
+          std::vector<int32_t> marked(static_cast<size_t>(ints));
+          for (int32_t& v : marked) v = static_cast<int32_t>(c.rng.next() & 0x7fffffff);
+          Tensor marked_dev = p.dev.i32(marked, {ints});
+          auto* host = static_cast<int32_t*>(h.device.alloc_host(static_cast<size_t>(ints) * 4));
+          if (!c.expect(host != nullptr, "alloc_host failed")) return;
+          std::fill_n(host, ints, -1);
+          std::vector<SampledToken> sync_out,
+              async_out(static_cast<size_t>(rows), SampledToken{-7, NAN, {}});
+          h.device.sample(l.t.dev, params, sync_out);
+          h.device.download_async(marked_dev, host);
+          h.device.record_mark();
+          h.device.sample_async(l.t.dev, params, async_out);
+          h.device.wait_mark();
+          c.expect(std::equal(marked.begin(), marked.end(), host),
+                   "the download before the mark is not on the host after wait_mark");
+          h.device.synchronize();
+          h.device.free_host(host);
+          bool same = async_out.size() == sync_out.size();
+          for (size_t r = 0; same && r < sync_out.size(); ++r)
+            same = async_out[r].token_id == sync_out[r].token_id &&
+                   async_out[r].logprob == sync_out[r].logprob &&
+                   async_out[r].top == sync_out[r].top;
+          c.expect(same, "sample_async + synchronize differs from sample");
+        });
+}
+
 void run_sampling_ops(Harness& h) {
   greedy_cases(h);
+  async_cases(h);
   score_cases(h);
   penalty_cases(h);
   distribution_cases(h);

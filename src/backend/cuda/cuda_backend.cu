@@ -15,6 +15,8 @@
 #include "backend/cuda/attention.h"
 #include "backend/cuda/cuda_context.h"
 #include "backend/cuda/elementwise.h"
+#include "backend/cuda/latent_attention.h"
+#include "backend/cuda/linear_attention.h"
 #include "backend/cuda/moe_kernels.h"
 #include "backend/cuda/sampler.h"
 
@@ -57,6 +59,7 @@ class CudaBackend final : public Backend {
   ~CudaBackend() override {
     clear_graphs();
     cudaStreamSynchronize(context_.stream);
+    if (mark_) cudaEventDestroy(mark_);
     if (matmul_scratch_) cudaFree(matmul_scratch_);
     if (dense_plan_) cudaFree(dense_plan_);
     if (attention_scratch_) cudaFree(attention_scratch_);
@@ -102,6 +105,7 @@ class CudaBackend final : public Backend {
       return Status::error(ErrorCode::kResourceExhausted, "cuda: out of memory for the attention counters");
     SY_CUDA_CHECK(cudaMemset(attention_arrivals_, 0, arrivals * sizeof(int)));
     if (limits.vocab_size > 0) sampler_.reserve(limits.max_logits_rows, limits.vocab_size);
+    prepare_gated_delta_net(context_.device);
     return Status::ok();
   }
 
@@ -214,7 +218,18 @@ class CudaBackend final : public Backend {
     if (src.nbytes() == 0) return;
     SY_CUDA_CHECK(cudaMemcpyAsync(host, src.data, src.nbytes(), cudaMemcpyDeviceToHost, context_.stream));
   }
-  void synchronize() override { SY_CUDA_CHECK(cudaStreamSynchronize(context_.stream)); }
+  void synchronize() override {
+    SY_CUDA_CHECK(cudaStreamSynchronize(context_.stream));
+    sampler_.complete();
+  }
+  void record_mark() override {
+    check_not_capturing("record_mark");
+    if (!mark_) SY_CUDA_CHECK(cudaEventCreateWithFlags(&mark_, cudaEventDisableTiming));
+    SY_CUDA_CHECK(cudaEventRecord(mark_, context_.stream));
+  }
+  void wait_mark() override {
+    if (mark_) SY_CUDA_CHECK(cudaEventSynchronize(mark_));
+  }
   void* alloc_host(size_t bytes) override {
     void* host = nullptr;
     if (cudaMallocHost(&host, std::max<size_t>(bytes, 64)) != cudaSuccess) {
@@ -232,7 +247,8 @@ class CudaBackend final : public Backend {
 
   // Matmuls, norms and MoE kernels already serve these families; the features below are the
   // attention and rope options of Mixtral, OLMoE, Qwen2-MoE, gpt-oss and GLM (attention.cu,
-  // elementwise.cu). Not yet: MXFP4 experts, MLA, DeltaNet, gated attention, FP8 at load.
+  // elementwise.cu), Qwen3.5's DeltaNet and gated attention (linear_attention.cu) and
+  // DeepSeek-V3's MLA (latent_attention.cu). Not yet: FP8 at load.
   bool supports(BackendFeature feature) const override {
     switch (feature) {
       case BackendFeature::kSlidingWindow:
@@ -242,6 +258,11 @@ class CudaBackend final : public Backend {
       case BackendFeature::kPartialRotary:
       case BackendFeature::kMxfp4Weights:  // U8 blocks and scales copied as they are
       case BackendFeature::kMxfp4Experts:  // cuda-modular reads them (cuda-fused refuses MXFP4)
+      case BackendFeature::kLatentAttention:  // kv_lora <= 1024, rope <= 256
+                                              // (latent_attention_supported)
+      case BackendFeature::kGatedAttention:
+      case BackendFeature::kGatedDeltaNet:  // head dims <= 1024, conv kernel <= 8
+                                            // (delta_net_supported)
         return true;
       default:
         return false;
@@ -297,8 +318,9 @@ class CudaBackend final : public Backend {
       launch_f32_to_bf16(x.ptr<float>(), rows * in, x_bf16, context_.stream);
       launch_dense_gemm(x_bf16, rows, in, weight.ptr<__nv_bfloat16>(), out_features, out.ptr<float>(),
                         static_cast<int32_t*>(dense_plan_), context_.stream);
-    } else if (rows <= kGemvMaxRows) {
-      // The bias is added in the GEMV's epilogue (the same f32 sum as add_bias after it).
+    } else if (rows <= kGemvMaxRows && in % 8 == 0) {
+      // The bias is added in the GEMV's epilogue (the same f32 sum as add_bias after it). (Rows
+      // whose width is not a multiple of 8, tiny test models' expert widths, go to cuBLAS.)
       const GemvPart part{weight.ptr<__nv_bfloat16>(), out.ptr<float>(), out_features,
                           bias && bias->data ? bias->ptr<float>() : nullptr};
       launch_gemv_parts(x.ptr<float>(), rows, in, &part, 1, context_.stream);
@@ -332,7 +354,7 @@ class CudaBackend final : public Backend {
     // Small steps: one GEMV launch over every part (the weights' rows back to back).
     const int64_t in = parts.empty() ? 0 : parts[0].weight->dim(1);
     const int64_t rows = in > 0 ? x.numel() / in : 0;
-    bool one_launch = !invariant_ && rows > 0 && rows <= kGemvMaxRows &&
+    bool one_launch = !invariant_ && rows > 0 && rows <= kGemvMaxRows && in % 8 == 0 &&
                       parts.size() <= static_cast<size_t>(kGemvMaxParts);
     GemvPart gemv[kGemvMaxParts];
     for (size_t p = 0; one_launch && p < parts.size(); ++p) {
@@ -458,6 +480,88 @@ class CudaBackend final : public Backend {
     launch_qk_norm_rope_write_kv(prep_params(q, k, v, q_norm, k_norm, eps, batch, spec, k_cache, v_cache),
                                  context_.stream);
   }
+  // DeepSeek-V3's multi-head latent attention, absorbed (latent_attention.cu).
+  void latent_attention(Tensor& q, Tensor& kv_latent, const Tensor& kv_norm, float eps,
+                        const Tensor& kv_b_proj, const LatentShape& shape,
+                        const AttentionBatch& batch, const RopeSpec& rope, Tensor& cache,
+                        float scale, Tensor& out) override {
+    if (kv_norm.dtype != DType::kF32 || kv_b_proj.dtype != DType::kBF16 ||
+        cache.dtype != DType::kBF16)
+      cuda_fail("latent_attention", "kv_norm must be f32, kv_b_proj and the cache bf16", __FILE__,
+                __LINE__);
+    LatentParams p;
+    p.q = q.ptr<float>();
+    p.kv_latent = kv_latent.ptr<float>();
+    p.kv_norm = kv_norm.ptr<float>();
+    p.kv_b_proj = kv_b_proj.ptr<__nv_bfloat16>();
+    p.cache = cache.ptr<__nv_bfloat16>();
+    p.positions = batch.positions.ptr<int32_t>();
+    p.token_seq = batch.token_seq.ptr<int32_t>();
+    p.slot_mapping = batch.slot_mapping.ptr<int32_t>();
+    p.block_tables = batch.block_tables.ptr<int32_t>();
+    p.block_table_stride = static_cast<int>(batch.block_tables.dim(1));
+    p.block_size = batch.block_size;
+    p.out = out.ptr<float>();
+    p.tokens = q.dim(0);
+    p.heads = static_cast<int>(q.dim(1));
+    p.kv_lora = static_cast<int>(shape.kv_lora_rank);
+    p.nope = static_cast<int>(shape.nope);
+    p.rope = static_cast<int>(shape.rope);
+    p.v_dim = static_cast<int>(shape.v_dim);
+    p.interleave = shape.interleave;
+    p.eps = eps;
+    p.scale = scale;
+    launch_latent_attention(
+        p, make_rope_table(rope.theta, p.rope, rope.inv_freq, rope.attention_factor),
+        context_.stream);
+  }
+  // Qwen3.5's token mixers (linear_attention.cu). Gated attention: the query split from its
+  // gate, then the usual q/k norm + (partial) rope + cache write and attention, then the gate.
+  void gated_attention(const Tensor& q_gate, Tensor& q, Tensor& k, const Tensor& v,
+                       const Tensor& q_norm, const Tensor& k_norm, float eps,
+                       const AttentionBatch& batch, const RopeSpec& rope, Tensor& k_cache,
+                       Tensor& v_cache, float scale, Tensor& out) override {
+    const int64_t rows = q.dim(0) * q.dim(1), head_dim = q.dim(2);
+    launch_split_query(q_gate.ptr<float>(), rows, head_dim, q.ptr<float>(), context_.stream);
+    qk_norm_rope_write_kv(q, k, v, &q_norm, &k_norm, eps, batch, rope, k_cache, v_cache);
+    attention(q, k_cache, v_cache, batch, scale, out);
+    launch_sigmoid_gate(q_gate.ptr<float>(), rows, head_dim, out.ptr<float>(), context_.stream);
+  }
+  void gated_delta_net(const Tensor& qkv, const Tensor& z, const Tensor& b, const Tensor& a,
+                       const LinearWeights& weights, const LinearShape& shape, float eps,
+                       const AttentionBatch& batch, const LinearState& state,
+                       Tensor& out) override {
+    if (weights.conv1d->dtype != DType::kBF16 || weights.a_log->dtype != DType::kF32 ||
+        weights.dt_bias->dtype != DType::kF32 || weights.norm->dtype != DType::kF32)
+      cuda_fail("gated_delta_net",
+                "conv1d must be bf16 and A_log, dt_bias, norm f32 (as load_weight makes them)",
+                __FILE__, __LINE__);
+    DeltaNetParams p;
+    p.qkv = qkv.ptr<float>();
+    p.z = z.ptr<float>();
+    p.b = b.ptr<float>();
+    p.a = a.ptr<float>();
+    p.conv_w = weights.conv1d->ptr<__nv_bfloat16>();
+    p.a_log = weights.a_log->ptr<float>();
+    p.dt_bias = weights.dt_bias->ptr<float>();
+    p.norm = weights.norm->ptr<float>();
+    p.positions = batch.positions.ptr<int32_t>();
+    p.token_seq = batch.token_seq.ptr<int32_t>();
+    p.state_read = state.read.ptr<int32_t>();
+    p.state_write = state.write.ptr<int32_t>();
+    p.conv_state = state.conv->ptr<float>();
+    p.recurrent = state.recurrent->ptr<float>();
+    p.out = out.ptr<float>();
+    p.tokens = qkv.dim(0);
+    p.seqs = static_cast<int>(state.read.numel());
+    p.key_heads = static_cast<int>(shape.key_heads);
+    p.value_heads = static_cast<int>(shape.value_heads);
+    p.key_head_dim = static_cast<int>(shape.key_head_dim);
+    p.value_head_dim = static_cast<int>(shape.value_head_dim);
+    p.kernel = static_cast<int>(shape.kernel);
+    p.eps = eps;
+    launch_gated_delta_net(p, context_.stream);
+  }
   void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttentionBatch& batch,
                  float scale, Tensor& out) override {
     if (skip_attention_) return;
@@ -484,6 +588,11 @@ class CudaBackend final : public Backend {
   void sample(const Tensor& logits, const std::vector<SamplingRow>& rows, std::vector<SampledToken>& out) override {
     check_not_capturing("sample");
     sampler_.sample(logits, rows, out);
+  }
+  void sample_async(const Tensor& logits, const std::vector<SamplingRow>& rows,
+                    std::vector<SampledToken>& out) override {
+    check_not_capturing("sample");
+    sampler_.sample(logits, rows, out, /*wait=*/false);
   }
   void score_tokens(const Tensor& logits, const std::vector<int32_t>& targets, int top_k,
                     std::vector<SampledToken>& out) override {
@@ -559,6 +668,7 @@ class CudaBackend final : public Backend {
   int64_t attention_decode_tokens_ = 0;
   std::unordered_map<uint64_t, cudaGraphExec_t> graphs_;
   bool capturing_ = false;
+  cudaEvent_t mark_ = nullptr;  // record_mark / wait_mark
   // Experiment knobs (read once): SY_NO_NORM_FUSION=1, SY_NO_PREP_FUSION=1 run the unfused ops.
   const bool no_norm_fusion_ = env_flag("SY_NO_NORM_FUSION"), no_prep_fusion_ = env_flag("SY_NO_PREP_FUSION");
   const bool skip_attention_ = skip_op("attention"), skip_matmul_ = skip_op("matmul"),

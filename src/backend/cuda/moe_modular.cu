@@ -463,6 +463,49 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   }
 }
 
+// ---- Expert widths that are not a multiple of 8 (tiny test models only) ----
+//
+// The grouped GEMM's 16-byte loads need rows of a multiple of 8 bf16. For other widths, one
+// thread per output element of the same aligned rows (perm, tile_expert from align_kernel):
+// a plain dot over k in order, the same epilogues (ExpertParams). Slow and exact enough; no
+// published model has such a width.
+__global__ void simple_gate_up_kernel(GroupedGemm g, int tile_m, int64_t padded_rows) {
+  const int n = blockIdx.x * blockDim.x + threadIdx.x;
+  for (int64_t r = blockIdx.y; r < padded_rows; r += gridDim.y) {
+    const int m_tile = static_cast<int>(r / tile_m);
+    if (m_tile >= *g.tile_count || n >= g.n_dim) return;
+    const int32_t pair = g.perm[r];
+    if (pair < 0) continue;
+    const int64_t expert = g.tile_expert[m_tile], k_dim = g.k_dim, n_dim = g.n_dim;
+    const __nv_bfloat16* x = g.a + static_cast<int64_t>(pair / g.top_k) * k_dim;
+    const __nv_bfloat16* w_gate = g.w + (expert * 2 * n_dim + n) * k_dim;
+    const __nv_bfloat16* w_up = w_gate + n_dim * k_dim;
+    float gate = 0.0f, up = 0.0f;
+    for (int64_t k = 0; k < k_dim; ++k) {
+      const float xv = __bfloat162float(x[k]);
+      gate += xv * __bfloat162float(w_gate[k]);
+      up += xv * __bfloat162float(w_up[k]);
+    }
+    g.act[r * n_dim + n] = __float2bfloat16(g.experts.activate(expert, n, g.n_dim, gate, up));
+  }
+}
+
+__global__ void simple_down_kernel(GroupedGemm g, int tile_m, int64_t padded_rows) {
+  const int n = blockIdx.x * blockDim.x + threadIdx.x;
+  for (int64_t r = blockIdx.y; r < padded_rows; r += gridDim.y) {
+    const int m_tile = static_cast<int>(r / tile_m);
+    if (m_tile >= *g.tile_count || n >= g.n_dim) return;
+    const int32_t pair = g.perm[r];
+    if (pair < 0) continue;
+    const int64_t expert = g.tile_expert[m_tile], k_dim = g.k_dim, n_dim = g.n_dim;
+    const __nv_bfloat16* a = g.a + r * k_dim;
+    const __nv_bfloat16* w = g.w + (expert * n_dim + n) * k_dim;
+    float acc = 0.0f;
+    for (int64_t k = 0; k < k_dim; ++k) acc += __bfloat162float(a[k]) * __bfloat162float(w[k]);
+    g.y[static_cast<int64_t>(pair) * n_dim + n] = acc + g.experts.down_bias_of(expert, n, g.n_dim);
+  }
+}
+
 // ---- Few-token MXFP4 experts: warp-per-rows GEMV (SY_MXFP4_GEMV=1) ----
 //
 // A decode step of a few tokens has one row per (token, slot) pair: the grouped GEMM's 16-row mma
@@ -642,11 +685,13 @@ class ModularKernel final : public moe::ExpertsKernel {
     if (top_k < 1 || top_k > std::min<int64_t>(kMaxRouteTopK, experts))
       return Status::errorf("cuda-modular: top_k must be in [1, {}], got {}",
                             std::min<int64_t>(kMaxRouteTopK, experts), top_k);
-    if (hidden < 8 || hidden % 8 != 0 || intermediate < 8 || intermediate % 8 != 0)
-      return Status::error(ErrorCode::kUnsupported, fmt::format(
-          "cuda-modular: hidden and moe_intermediate must be multiples of 8, "
-          "got {} and {}",
-          hidden, intermediate));
+    // (moe_intermediate not a multiple of 8: forward_experts_simple.)
+    if (hidden < 8 || hidden % 8 != 0 || intermediate < 1)
+      return Status::error(
+          ErrorCode::kUnsupported,
+          fmt::format("cuda-modular: hidden must be a multiple of 8 and moe_intermediate positive, "
+                      "got {} and {}",
+                      hidden, intermediate));
     if (max_tokens < 1 || max_tokens > 65535)  // combine's grid.y
       return Status::errorf("cuda-modular: max_tokens must be in [1, 65535], got {}", max_tokens);
     const int64_t pairs = max_tokens * top_k;
@@ -733,6 +778,8 @@ class ModularKernel final : public moe::ExpertsKernel {
     // never the device-side counts).
     if (gemv)
       forward_mxfp4_gemv(w, experts, args.hidden.ptr<float>(), pairs, stream);
+    else if (intermediate_ % 8 != 0)  // (bf16 only: MXFP4 widths are multiples of 32)
+      forward_experts_simple(w, experts, pairs, stream);
     else if (pairs <= 24 * experts_)
       mxfp4 ? forward_experts<SmallTile, true>(w, experts, pairs, stream)
             : forward_experts<SmallTile, false>(w, experts, pairs, stream);
@@ -799,6 +846,41 @@ class ModularKernel final : public moe::ExpertsKernel {
     grouped_gemm_kernel<Cfg, false, kMxfp4>
         <<<down_grid, Cfg::kThreads, SmemPlan<Cfg, kMxfp4>::bytes(intermediate_), stream>>>(gemm);
     SY_CUDA_LAUNCH_CHECK("grouped_gemm_kernel<down>");
+  }
+
+  // Expert widths the grouped GEMM does not tile (simple_gate_up_kernel / simple_down_kernel).
+  void forward_experts_simple(const moe::MoeLayerWeights& w, const ExpertParams& experts,
+                              int64_t pairs, cudaStream_t stream) {
+    constexpr int tile_m = SmallTile::kM;
+    align_kernel<<<static_cast<unsigned>(experts_), kAlignThreads, 0, stream>>>(
+        ids_, static_cast<int>(pairs), static_cast<int>(experts_), tile_m, perm_, tile_expert_,
+        tile_count_);
+    SY_CUDA_LAUNCH_CHECK("align_kernel");
+    const int64_t padded_rows = m_tiles_bound(pairs, experts_, tile_m) * tile_m;
+    const unsigned rows_grid = static_cast<unsigned>(std::min<int64_t>(padded_rows, 65535));
+    GroupedGemm gemm;
+    gemm.top_k = static_cast<int>(top_k_);
+    gemm.perm = perm_;
+    gemm.tile_expert = tile_expert_;
+    gemm.tile_count = tile_count_;
+    gemm.experts = experts;
+    gemm.a = x_bf16_;
+    gemm.w = w.gate_up.ptr<__nv_bfloat16>();
+    gemm.k_dim = static_cast<int>(hidden_);
+    gemm.n_dim = static_cast<int>(intermediate_);
+    gemm.act = act_;
+    simple_gate_up_kernel<<<dim3(static_cast<unsigned>(ceil_div(intermediate_, 64)), rows_grid), 64,
+                            0, stream>>>(gemm, tile_m, padded_rows);
+    SY_CUDA_LAUNCH_CHECK("simple_gate_up_kernel");
+    gemm.a = act_;
+    gemm.w = w.down.ptr<__nv_bfloat16>();
+    gemm.k_dim = static_cast<int>(intermediate_);
+    gemm.n_dim = static_cast<int>(hidden_);
+    gemm.act = nullptr;
+    gemm.y = y_;
+    simple_down_kernel<<<dim3(static_cast<unsigned>(ceil_div(hidden_, 64)), rows_grid), 64, 0,
+                         stream>>>(gemm, tile_m, padded_rows);
+    SY_CUDA_LAUNCH_CHECK("simple_down_kernel");
   }
 
   // Few-token MXFP4 steps (SY_MXFP4_GEMV=1): route ids straight to the GEMV kernels, no align.

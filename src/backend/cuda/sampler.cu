@@ -846,6 +846,10 @@ struct CudaSampler::State {
   std::vector<Adjust> row_adjust;
   std::vector<int32_t> row_counts;
   std::vector<int32_t> slot_of_id;  // id -> index in row_adjust, -1 when absent
+  // The launch whose results complete() fills (sample with wait = false), or none.
+  std::vector<SampledToken>* pending_out = nullptr;
+  int64_t pending_first = 0;
+  size_t pending_rows = 0;
 
   void release() {
     if (upload_host) cudaFreeHost(upload_host);
@@ -902,6 +906,14 @@ struct CudaSampler::State {
   // Runs the staged rows on logits rows [first_row, first_row + params.size()) and fills their
   // results: one upload, one launch, one download, one synchronisation.
   void run(CudaContext& context, const Tensor& logits, int64_t first_row, std::vector<SampledToken>& out) {
+    launch(context, logits, first_row, out);
+    complete(context);
+  }
+  // The first half of run(): enqueues the upload, the launch and the download; complete() waits
+  // and fills `out` (which the caller keeps alive until then).
+  void launch(CudaContext& context, const Tensor& logits, int64_t first_row,
+              std::vector<SampledToken>& out) {
+    complete(context);  // one launch in flight: the results buffer is reused
     const size_t rows = params.size();
     if (rows == 0) return;
     const int64_t row_vocab = logits.dim(1);
@@ -922,7 +934,19 @@ struct CudaSampler::State {
     SY_CUDA_LAUNCH_CHECK("sampler_kernel");
     SY_CUDA_CHECK(cudaMemcpyAsync(results_host, results_device, rows * sizeof(RowResult),
                                   cudaMemcpyDeviceToHost, context.stream));
+    pending_out = &out;
+    pending_first = first_row;
+    pending_rows = rows;
+    params.clear();
+    adjust.clear();
+  }
+  void complete(CudaContext& context) {
+    if (!pending_out) return;
     SY_CUDA_CHECK(cudaStreamSynchronize(context.stream));
+    std::vector<SampledToken>& out = *pending_out;
+    const int64_t first_row = pending_first;
+    const size_t rows = pending_rows;
+    pending_out = nullptr;
     for (size_t r = 0; r < rows; ++r) {
       const RowResult& result = results_host[r];
       SampledToken& token = out[static_cast<size_t>(first_row) + r];
@@ -932,8 +956,6 @@ struct CudaSampler::State {
       for (int i = 0; i < result.top_count; ++i)
         token.top.emplace_back(result.top_ids[i], result.top_logprobs[i]);
     }
-    params.clear();
-    adjust.clear();
   }
 };
 
@@ -967,8 +989,9 @@ void CudaSampler::reserve(int64_t max_rows, int64_t vocab) {
 }
 
 void CudaSampler::sample(const Tensor& logits, const std::vector<SamplingRow>& rows,
-                         std::vector<SampledToken>& out) {
+                         std::vector<SampledToken>& out, bool wait) {
   State& s = *state_;
+  s.complete(context_);
   const int64_t n = static_cast<int64_t>(rows.size());
   const int64_t vocab = logits.dim(1);
   out.resize(rows.size());
@@ -997,12 +1020,18 @@ void CudaSampler::sample(const Tensor& logits, const std::vector<SamplingRow>& r
     s.adjust.insert(s.adjust.end(), s.row_adjust.begin(), s.row_adjust.end());
     s.params.push_back(p);
   }
-  s.run(context_, logits, first, out);
+  s.launch(context_, logits, first, out);
+  if (wait) s.complete(context_);
+}
+
+void CudaSampler::complete() {
+  state_->complete(context_);
 }
 
 void CudaSampler::score(const Tensor& logits, const std::vector<int32_t>& targets, int top_k,
                         std::vector<SampledToken>& out) {
   State& s = *state_;
+  s.complete(context_);
   const int64_t n = static_cast<int64_t>(targets.size());
   const int64_t vocab = logits.dim(1);
   out.resize(targets.size());

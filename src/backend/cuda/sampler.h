@@ -19,8 +19,12 @@ class CudaSampler {
   ~CudaSampler();
   // Scratch for up to `max_rows` rows of `vocab` logits (called once, before any step).
   void reserve(int64_t max_rows, int64_t vocab);
-  // logits: device f32 [rows, vocab]. Synchronises the stream (results come back to the host).
-  void sample(const Tensor& logits, const std::vector<SamplingRow>& rows, std::vector<SampledToken>& out);
+  // logits: device f32 [rows, vocab]. Synchronises the stream (results come back to the host);
+  // with `wait` false it only enqueues, and complete() (or the next sample/score) waits and fills
+  // `out`, which the caller keeps alive until then.
+  void sample(const Tensor& logits, const std::vector<SamplingRow>& rows,
+              std::vector<SampledToken>& out, bool wait = true);
+  void complete();
   void score(const Tensor& logits, const std::vector<int32_t>& targets, int top_k,
              std::vector<SampledToken>& out);
 

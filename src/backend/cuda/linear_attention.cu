@@ -1,0 +1,261 @@
+#include "backend/cuda/linear_attention.h"
+
+namespace sy::backend::cuda {
+namespace {
+
+constexpr int kMaxKernel = 8;
+
+__device__ float silu(float x) {
+  return x / (1.0f + expf(-x));
+}
+__device__ float sigmoid(float x) {
+  return 1.0f / (1.0f + expf(-x));
+}
+// torch's threshold
+__device__ float softplus(float x) {
+  return x > 20.0f ? x : log1pf(expf(x));
+}
+
+// Sums a and b over the block (every thread gets the same sums, added in the same order).
+// `red` holds 64 floats; the block's size is a multiple of 32.
+__device__ float2 block_sum2(float a, float b, float* red) {
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    a += __shfl_xor_sync(0xffffffffu, a, offset);
+    b += __shfl_xor_sync(0xffffffffu, b, offset);
+  }
+  const int warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  if (threadIdx.x % 32 == 0) {
+    red[warp] = a;
+    red[32 + warp] = b;
+  }
+  __syncthreads();
+  a = 0.0f;
+  b = 0.0f;
+  for (int w = 0; w < warps; ++w) {
+    a += red[w];
+    b += red[32 + w];
+  }
+  __syncthreads();  // red is reused by the next call
+  return make_float2(a, b);
+}
+
+// One channel's causal conv1d over its last HISTORY raw inputs and the new one, then SiLU; the
+// window slides by one. The sum's order is the CPU's: oldest input first.
+template <int HISTORY>
+struct ConvChannel {
+  float w[HISTORY + 1];
+  float window[HISTORY > 0 ? HISTORY : 1];
+  __device__ void load(const __nv_bfloat16* conv_w, const float* state, int64_t channel,
+                       bool fresh) {
+    for (int m = 0; m <= HISTORY; ++m) w[m] = __bfloat162float(conv_w[channel * (HISTORY + 1) + m]);
+    for (int m = 0; m < HISTORY; ++m) window[m] = fresh ? 0.0f : state[m];
+  }
+  __device__ float step(float x) {
+    float acc = 0.0f;
+    for (int m = 0; m < HISTORY; ++m) acc += w[m] * window[m];
+    acc += w[HISTORY] * x;
+    for (int m = 0; m + 1 < HISTORY; ++m) window[m] = window[m + 1];
+    if (HISTORY > 0) window[HISTORY - 1] = x;
+    return silu(acc);
+  }
+  __device__ void store(float* state) const {
+    for (int m = 0; m < HISTORY; ++m) state[m] = window[m];
+  }
+};
+
+template <int HISTORY>
+__global__ void delta_net_kernel(DeltaNetParams p) {
+  extern __shared__ float smem[];
+  const int kd = p.key_head_dim, vd = p.value_head_dim;
+  float* S = smem;          // [kd, vd]: the head's recurrent state
+  float* qs = S + kd * vd;  // this token's normalised q and k
+  float* ks = qs + kd;
+  float* red = ks + kd;  // 64 floats for block_sum2
+  const int s = blockIdx.x / p.value_heads, h = blockIdx.x % p.value_heads;
+  const int group = p.value_heads / p.key_heads, key_head = h / group;
+  const int64_t key_dim = int64_t{p.key_heads} * kd, value_dim = int64_t{p.value_heads} * vd;
+  const int64_t conv_dim = 2 * key_dim + value_dim;
+  const int tid = threadIdx.x;
+  const bool owns_qk = tid < kd, owns_v = tid < vd;
+  const int read = p.state_read[s], write = p.state_write[s];
+
+  int64_t first = -1;  // the sequence's first token in the step (they come in position order)
+  for (int64_t t = 0; t < p.tokens && first < 0; ++t)
+    if (p.token_seq[t] == s) first = t;
+  if (first < 0) return;  // no tokens: its states stay as they are (the CPU's too)
+  if (read < 0) {         // a padding sequence: its rows' output is zero
+    for (int64_t t = first; t < p.tokens; ++t)
+      if (p.token_seq[t] == s && owns_v) p.out[t * value_dim + int64_t{h} * vd + tid] = 0.0f;
+    return;
+  }
+  const bool fresh = p.positions[first] == 0;
+
+  const int64_t q_channel = int64_t{key_head} * kd + tid, k_channel = key_dim + q_channel;
+  const int64_t v_channel = 2 * key_dim + int64_t{h} * vd + tid;
+  const float* conv_read = p.conv_state + int64_t{read} * conv_dim * HISTORY;
+  ConvChannel<HISTORY> conv_q, conv_k, conv_v;
+  if (owns_qk) {
+    conv_q.load(p.conv_w, conv_read + q_channel * HISTORY, q_channel, fresh);
+    conv_k.load(p.conv_w, conv_read + k_channel * HISTORY, k_channel, fresh);
+  }
+  if (owns_v) conv_v.load(p.conv_w, conv_read + v_channel * HISTORY, v_channel, fresh);
+  const int64_t state_values = int64_t{kd} * vd;
+  const float* recurrent_read = p.recurrent + (int64_t{read} * p.value_heads + h) * state_values;
+  for (int64_t i = tid; i < state_values; i += blockDim.x) S[i] = fresh ? 0.0f : recurrent_read[i];
+  __syncthreads();
+
+  const float A = expf(p.a_log[h]), dt_bias = p.dt_bias[h];
+  const float inv_sqrt_kd = 1.0f / sqrtf(static_cast<float>(kd));
+  for (int64_t t = first; t < p.tokens; ++t) {
+    if (p.token_seq[t] != s) continue;  // (uniform over the block)
+    const float* row = p.qkv + t * conv_dim;
+    float q = 0.0f, k = 0.0f, v = 0.0f;
+    if (owns_qk) {
+      q = conv_q.step(row[q_channel]);
+      k = conv_k.step(row[k_channel]);
+    }
+    if (owns_v) v = conv_v.step(row[v_channel]);
+    // q and k l2-normalised (x / sqrt(sum x^2 + 1e-6), as transformers' l2norm), q scaled.
+    const float2 squares = block_sum2(q * q, k * k, red);
+    if (owns_qk) {
+      qs[tid] = q * (1.0f / sqrtf(squares.x + 1e-6f) * inv_sqrt_kd);
+      ks[tid] = k * (1.0f / sqrtf(squares.y + 1e-6f));
+    }
+    __syncthreads();
+    const float beta = sigmoid(p.b[t * p.value_heads + h]);
+    const float decay = expf(-A * softplus(p.a[t * p.value_heads + h] + dt_bias));
+    float o = 0.0f;
+    if (owns_v) {
+      // Column tid of the state: decay, read with k, the delta, update, read with q.
+      float read_k = 0.0f;
+      for (int i = 0; i < kd; ++i) {
+        const float value = S[i * vd + tid] * decay;
+        S[i * vd + tid] = value;
+        read_k += value * ks[i];
+      }
+      const float delta = (v - read_k) * beta;
+      for (int i = 0; i < kd; ++i) {
+        const float value = S[i * vd + tid] + ks[i] * delta;
+        S[i * vd + tid] = value;
+        o += value * qs[i];
+      }
+    }
+    // RMSNorm over the head's outputs, times the norm weight and silu(z).
+    const float2 sum = block_sum2(o * o, 0.0f, red);  // (also: every thread is past the loop above)
+    if (owns_v) {
+      const float scale = 1.0f / sqrtf(sum.x / static_cast<float>(vd) + p.eps);
+      const int64_t at = t * value_dim + int64_t{h} * vd + tid;
+      p.out[at] = p.norm[tid] * (o * scale) * silu(p.z[at]);
+    }
+  }
+
+  float* conv_write = p.conv_state + int64_t{write} * conv_dim * HISTORY;
+  if (owns_qk && h % group == 0) {  // the key head's q and k channels: one writer
+    conv_q.store(conv_write + q_channel * HISTORY);
+    conv_k.store(conv_write + k_channel * HISTORY);
+  }
+  if (owns_v) conv_v.store(conv_write + v_channel * HISTORY);
+  float* recurrent_write = p.recurrent + (int64_t{write} * p.value_heads + h) * state_values;
+  for (int64_t i = tid; i < state_values; i += blockDim.x) recurrent_write[i] = S[i];
+}
+
+size_t delta_net_smem(int kd, int vd) {
+  return (static_cast<size_t>(kd) * vd + 2 * kd + 64) * sizeof(float);
+}
+
+template <int HISTORY>
+void launch_history(const DeltaNetParams& p, cudaStream_t stream) {
+  const size_t smem = delta_net_smem(p.key_head_dim, p.value_head_dim);
+  const int widest = p.key_head_dim > p.value_head_dim ? p.key_head_dim : p.value_head_dim;
+  const unsigned threads = static_cast<unsigned>((widest + 31) / 32 * 32);
+  const unsigned blocks = static_cast<unsigned>(p.seqs) * static_cast<unsigned>(p.value_heads);
+  delta_net_kernel<HISTORY><<<blocks, threads, smem, stream>>>(p);
+  SY_CUDA_LAUNCH_CHECK("delta_net_kernel");
+}
+
+__global__ void split_query_kernel(const float* q_gate, int64_t rows, int64_t head_dim, float* q) {
+  const int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (i >= rows * head_dim) return;
+  const int64_t r = i / head_dim, d = i % head_dim;
+  q[i] = q_gate[r * 2 * head_dim + d];
+}
+
+__global__ void sigmoid_gate_kernel(const float* q_gate, int64_t rows, int64_t head_dim,
+                                    float* out) {
+  const int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (i >= rows * head_dim) return;
+  const int64_t r = i / head_dim, d = i % head_dim;
+  out[i] *= sigmoid(q_gate[r * 2 * head_dim + head_dim + d]);
+}
+
+unsigned blocks_for(int64_t count) {
+  return static_cast<unsigned>((count + 255) / 256);
+}
+
+}  // namespace
+
+template <int HISTORY>
+void allow_smem(int bytes) {
+  SY_CUDA_CHECK(cudaFuncSetAttribute(delta_net_kernel<HISTORY>,
+                                     cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+}
+
+void prepare_gated_delta_net(int device) {
+  int bytes = 0;
+  SY_CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  allow_smem<0>(bytes);
+  allow_smem<1>(bytes);
+  allow_smem<2>(bytes);
+  allow_smem<3>(bytes);
+  allow_smem<4>(bytes);
+  allow_smem<5>(bytes);
+  allow_smem<6>(bytes);
+  allow_smem<7>(bytes);
+}
+
+bool delta_net_supported(int key_head_dim, int value_head_dim, int kernel) {
+  return key_head_dim > 0 && value_head_dim > 0 && key_head_dim <= 1024 && value_head_dim <= 1024 &&
+         kernel >= 1 && kernel <= kMaxKernel &&
+         delta_net_smem(key_head_dim, value_head_dim) <= 227 * 1024;
+}
+
+void launch_gated_delta_net(const DeltaNetParams& p, cudaStream_t stream) {
+  if (p.seqs == 0 || p.tokens == 0) return;
+  if (!delta_net_supported(p.key_head_dim, p.value_head_dim, p.kernel) || p.key_heads <= 0 ||
+      p.value_heads % p.key_heads != 0)
+    cuda_fail("gated_delta_net", "unsupported shape (see delta_net_supported)", __FILE__, __LINE__);
+  switch (p.kernel - 1) {
+    case 0:
+      return launch_history<0>(p, stream);
+    case 1:
+      return launch_history<1>(p, stream);
+    case 2:
+      return launch_history<2>(p, stream);
+    case 3:
+      return launch_history<3>(p, stream);
+    case 4:
+      return launch_history<4>(p, stream);
+    case 5:
+      return launch_history<5>(p, stream);
+    case 6:
+      return launch_history<6>(p, stream);
+    default:
+      return launch_history<7>(p, stream);
+  }
+}
+
+void launch_split_query(const float* q_gate, int64_t rows, int64_t head_dim, float* q,
+                        cudaStream_t stream) {
+  if (rows * head_dim == 0) return;
+  split_query_kernel<<<blocks_for(rows * head_dim), 256, 0, stream>>>(q_gate, rows, head_dim, q);
+  SY_CUDA_LAUNCH_CHECK("split_query_kernel");
+}
+
+void launch_sigmoid_gate(const float* q_gate, int64_t rows, int64_t head_dim, float* out,
+                         cudaStream_t stream) {
+  if (rows * head_dim == 0) return;
+  sigmoid_gate_kernel<<<blocks_for(rows * head_dim), 256, 0, stream>>>(q_gate, rows, head_dim, out);
+  SY_CUDA_LAUNCH_CHECK("sigmoid_gate_kernel");
+}
+
+}  // namespace sy::backend::cuda

@@ -1,0 +1,52 @@
+// Qwen3.5's two token mixers on CUDA (the CPU reference: backend/cpu/linear_attention.cpp).
+// Gated DeltaNet: one block per (sequence, value head) runs the sequence's tokens of the step in
+// order — causal conv1d + SiLU of the head's q, k and v channels, l2-normalised q and k, the
+// gated delta rule over the head's [key_head_dim, value_head_dim] state (in shared memory),
+// then the silu(z)-gated RMSNorm of its output — in the CPU's summation order per column. The
+// recurrent form, token by token: exact, and as fast as decode needs; prefill of long prompts
+// would want the chunked form (the same sum reordered), which is not written yet.
+// Floor per decode step and layer: the states read and written once, 2 * value_heads *
+// key_head_dim * value_head_dim * 4 bytes per sequence.
+#pragma once
+
+#include <cstdint>
+
+#include "backend/cuda/cuda_context.h"
+
+namespace sy::backend::cuda {
+
+struct DeltaNetParams {
+  const float* qkv = nullptr;             // [tokens, conv_dim] (q | k | v channels)
+  const float* z = nullptr;               // [tokens, value_heads * value_head_dim]
+  const float* b = nullptr;               // [tokens, value_heads]
+  const float* a = nullptr;               // [tokens, value_heads]
+  const __nv_bfloat16* conv_w = nullptr;  // [conv_dim, kernel]
+  const float* a_log = nullptr;           // [value_heads]
+  const float* dt_bias = nullptr;         // [value_heads]
+  const float* norm = nullptr;            // [value_head_dim]
+  const int32_t* positions = nullptr;     // [tokens]
+  const int32_t* token_seq = nullptr;     // [tokens]
+  const int32_t* state_read = nullptr;    // [seqs] (-1: a padding sequence)
+  const int32_t* state_write = nullptr;   // [seqs]
+  float* conv_state = nullptr;            // [buffers, conv_dim, kernel - 1]
+  float* recurrent = nullptr;             // [buffers, value_heads, key_head_dim, value_head_dim]
+  float* out = nullptr;                   // [tokens, value_heads * value_head_dim]
+  int64_t tokens = 0;
+  int seqs = 0, key_heads = 0, value_heads = 0, key_head_dim = 0, value_head_dim = 0, kernel = 0;
+  float eps = 0;
+};
+// Shapes the kernel takes (head dims up to 1024, conv kernel 1..8, the state in shared memory).
+bool delta_net_supported(int key_head_dim, int value_head_dim, int kernel);
+// Lets the kernel take its state's shared memory (what the device allows a block: 227 KB on
+// Hopper); once, outside graph recording.
+void prepare_gated_delta_net(int device);
+void launch_gated_delta_net(const DeltaNetParams& p, cudaStream_t stream);
+
+// Gated attention's two elementwise ends: q[r] = q_gate[r, :head_dim] for rows r of
+// [tokens * heads], and out[r] *= sigmoid(q_gate[r, head_dim:]).
+void launch_split_query(const float* q_gate, int64_t rows, int64_t head_dim, float* q,
+                        cudaStream_t stream);
+void launch_sigmoid_gate(const float* q_gate, int64_t rows, int64_t head_dim, float* out,
+                         cudaStream_t stream);
+
+}  // namespace sy::backend::cuda
