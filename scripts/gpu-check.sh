@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU machine's whole visit, run as it is from the repo root there, after scripts/gpu-pack.sh
 # here (carry gpu-carry/). Stages (default: all but profile): ceilings ops golden engine bench8
-# bench48 crossover serve-e2e serve-invariant (--batch-invariant tests and bench) soak (CUDA soak, SOAK_SECONDS) serve; chat-goldens (transformers' template renders); stamps (cuda-fused phase timer, STAMP_VARIANTS); ab (knob A/B, AB_VARIANTS); family-goldens (GOLDEN_FAMILIES; then the golden tests on them); bf16-sensitivity (transformers bf16 vs float64 per golden model); routes-ab (routes on/off over HTTP on CUDA); bench-gptoss (gpt-oss-20b shapes, MXFP4 experts); bench-new (Moonlight-16B-A3B and Qwen3.5-35B-A3B shapes: MLA, DeltaNet); mxfp4-gemv (the opt-in MXFP4 GEMV and fused MXFP4: harness, gpt-oss goldens, decode A/B); routes-cost (capture on/off in process on CUDA); long-goldens (tools/gpu/long_goldens.py, then LongGolden on them; long_goldens.tgz); moe-stalls (ncu stall reasons of cuda-fused); attn-detail (ncu full + SASS stalls of decode attention); profile (ncu per-kernel times of one decode and one prefill step;
+# bench48 crossover serve-e2e serve-invariant (--batch-invariant tests and bench) soak (CUDA soak, SOAK_SECONDS) serve; chat-goldens (transformers' template renders); stamps (cuda-fused phase timer, STAMP_VARIANTS); ab (knob A/B, AB_VARIANTS); family-goldens (GOLDEN_FAMILIES; then the golden tests on them); bf16-sensitivity (transformers bf16 vs float64 per golden model); routes-ab (routes on/off over HTTP on CUDA); bench-gptoss (gpt-oss-20b shapes, MXFP4 experts); bench-new (Moonlight-16B-A3B and Qwen3.5-35B-A3B shapes: MLA, DeltaNet); serve-new (their and gpt-oss-20b's throughput profiles, SERVE_MODELS); mxfp4-gemv (the opt-in MXFP4 GEMV and fused MXFP4: harness, gpt-oss goldens, decode A/B); routes-cost (capture on/off in process on CUDA); long-goldens (tools/gpu/long_goldens.py, then LongGolden on them; long_goldens.tgz); moe-stalls (ncu stall reasons of cuda-fused); attn-detail (ncu full + SASS stalls of decode attention); profile (ncu per-kernel times of one decode and one prefill step;
 # PROFILE_STEPS=decode for one), moe-detail (ncu's full sections on one cuda-fused launch).
 # Everything it prints also goes to $OUT/gpu-check.log; JSON results land in $OUT.
 #   scripts/gpu-check.sh [stage ...]
@@ -291,6 +291,37 @@ if want serve; then
     --routed-experts --no-progress --result-file "$OUT/throughput_1024_512.json"
   kill -TERM $server; wait $server
   tail -5 "$OUT/serve.log"
+fi
+if want serve-new; then
+  # Issue 13/14's throughput profiles on the other families' shapes (random weights, capture on,
+  # every request returning its routes): gpt-oss-20b 1024/512 x 500, Qwen3.5-35B-A3B 1024/128 x
+  # 1000, Moonlight-16B-A3B 1024/512 x 500. SERVE_MODELS picks (default: all three, in that
+  # order); SERVE_ARGS_<model with _> adds server flags. The Qwen3 tokenizer makes the prompts and
+  # decodes (ids it lacks decode to nothing; usage counts every token). Qwen3.5 keeps two DeltaNet
+  # state buffers per sequence (~131 MB each at these shapes): its default caps sequences at 64.
+  for model in ${SERVE_MODELS:-gpt-oss-20b qwen3.5-35b-a3b moonlight-16b-a3b}; do
+    case $model in
+      gpt-oss-20b) profile="1024 512 500" ;;
+      qwen3.5-35b-a3b) profile="1024 128 1000" ;;
+      *) profile="1024 512 500" ;;
+    esac
+    read -r in_len out_len prompts <<< "$profile"
+    var="SERVE_ARGS_${model//[.-]/_}"
+    extra=${!var:-}
+    [[ $model == qwen3.5-35b-a3b && -z $extra ]] && extra="--max-num-seqs 64"
+    cp -n "$carry/qwen3-30b-a3b/"tokenizer*.json "$carry/$model/" 2>/dev/null
+    section "serve --device cuda $model + switchyard bench ($in_len in / $out_len out x $prompts) $extra"
+    "$carry/switchyard" serve --device cuda --random-weights "$carry/$model/config.json" --port 8392 \
+      --enable-return-routed-experts --return-routed-experts-default --max-num-batched-tokens 8192 $extra \
+      > "$OUT/serve_$model.log" 2>&1 &
+    server=$!
+    for _ in $(seq 1 300); do curl -sf localhost:8392/health >/dev/null && break; sleep 1; done
+    run "throughput-$model" timeout 500 "$carry/switchyard" bench --base-url http://localhost:8392 --endpoint completions \
+      --tokenizer "$carry/qwen3-30b-a3b" --input-len "$in_len" --output-len "$out_len" --num-prompts "$prompts" \
+      --ignore-eos --routed-experts --no-progress --result-file "$OUT/throughput_${model}_${in_len}_${out_len}.json"
+    kill -TERM $server; wait $server
+    tail -5 "$OUT/serve_$model.log"
+  done
 fi
 section "summary"
 if [[ ${#failed[@]} == 0 ]]; then echo "gpu-check: all stages passed"; else echo "gpu-check: FAILED: ${failed[*]}"; fi
