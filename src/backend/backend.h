@@ -53,7 +53,7 @@ enum class BackendFeature {
   kGatedDeltaNet,    // gated_delta_net (Qwen3.5's linear-attention layers)
   kGatedAttention,   // gated_attention (Qwen3.5's output-gated, partially rotary attention)
   kPartialRotary,    // rope() turns only the first RopeSpec::head_dim dims of wider heads (GLM)
-  kFp8BlockWeights,  // alloc() is host memory: FP8 weights are dequantised to bf16 into it
+  kFp8BlockWeights,  // FP8 block-quantised checkpoints load (dequantised to bf16 at load)
   // The MoE kernels read gpt-oss's experts as stored (transposed-interleaved bf16; MXFP4 too
   // with kMxfp4Weights). Without it the loader restacks them to bf16 kStacked (ExpertSpec::stored).
   kInterleavedExperts,

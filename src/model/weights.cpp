@@ -179,13 +179,21 @@ Result<Tensor> CheckpointSource::load(const std::string& name, const std::vector
                    .with_context(fmt::format("tensor '{}': ", name)));
       return *target;
     }
-    // The backend keeps host bf16 weights as views (kFp8BlockWeights): the values go into a
-    // buffer of its own, which the model frees with the other converted tensors.
     if (!backend_.supports(backend::BackendFeature::kFp8BlockWeights))
       return Status::error(ErrorCode::kUnsupported,
                            fmt::format("tensor '{}': the {} backend does not load FP8 block-"
                                        "quantised weights",
                                        name, backend_.name()));
+    // A device backend copies the dequantised values as it copies any bf16 weight.
+    if (backend_.device() != Device::kCpu) {
+      auto loaded = backend_.load_weight(host);
+      if (!loaded) return loaded.status().with_context(fmt::format("tensor '{}': ", name));
+      owned_.push_back(*loaded);
+      if (place_.order) place_.order->push_back(*loaded);
+      return *loaded;
+    }
+    // The CPU keeps host bf16 weights as views: the values go into a buffer of its own, which the
+    // model frees with the other converted tensors.
     Tensor buffer = backend_.alloc(DType::kBF16, {host.numel()});
     if (!buffer.data)
       return Status::error(ErrorCode::kResourceExhausted,

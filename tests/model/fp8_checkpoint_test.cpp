@@ -142,15 +142,26 @@ struct Outputs {
   std::vector<int32_t> routes;
 };
 
+// SY_TEST_DEVICE=cuda (scripts/gpu-check.sh): the same checks with the CUDA backend, which
+// copies the host-dequantised values to the device like any bf16 weight.
+bool on_cuda() {
+  const char* device = std::getenv("SY_TEST_DEVICE");
+  return device && std::string(device) == "cuda";
+}
+
 Outputs run(const fs::path& dir) {
   Outputs result;
-  auto backend = backend::make_cpu_backend({2});
+  auto made = backend::make_backend({on_cuda() ? Device::kCuda : Device::kCpu, 2, 0});
+  EXPECT_TRUE(made.is_ok()) << made.message();
+  if (!made) return result;
+  std::unique_ptr<backend::Backend> backend = std::move(made).value();
   moe::ExpertsKernelRegistry registry;
   backend->register_kernels(registry);
   auto model = Model::load(dir.string(), *backend);
   EXPECT_TRUE(model.is_ok()) << model.message();
   if (!model) return result;
-  Decoder decoder(*backend, KernelChoice{*registry.select("cpu-modular", {}), nullptr, 0}, 16);
+  const char* kernel = on_cuda() ? "cuda-modular" : "cpu-modular";
+  Decoder decoder(*backend, KernelChoice{*registry.select(kernel, {backend->device()}), nullptr, 0}, 16);
   EXPECT_TRUE(decoder.allocate((*model)->config(), 4, {32, 1, 2, 32}).is_ok());
   StepInputs in;
   for (int32_t p = 0; p < 24; ++p) {
@@ -188,8 +199,10 @@ class Fp8Checkpoint : public ::testing::TestWithParam<const char*> {
       fs::remove_all(base_.string() + tail);
   }
   std::string load_error(const Fp8Pair& pair) {
-    auto backend = backend::make_cpu_backend({1});
-    auto model = Model::load(pair.fp8.string(), *backend);
+    auto made = backend::make_backend({on_cuda() ? Device::kCuda : Device::kCpu, 1, 0});
+    EXPECT_TRUE(made.is_ok()) << made.message();
+    if (!made) return "";
+    auto model = Model::load(pair.fp8.string(), **made);
     EXPECT_FALSE(model.is_ok());
     return model.is_ok() ? "" : model.message();
   }

@@ -248,7 +248,7 @@ class CudaBackend final : public Backend {
   // Matmuls, norms and MoE kernels already serve these families; the features below are the
   // attention and rope options of Mixtral, OLMoE, Qwen2-MoE, gpt-oss and GLM (attention.cu,
   // elementwise.cu), Qwen3.5's DeltaNet and gated attention (linear_attention.cu) and
-  // DeepSeek-V3's MLA (latent_attention.cu). Not yet: FP8 at load.
+  // DeepSeek-V3's MLA (latent_attention.cu); FP8 checkpoints are dequantised at load.
   bool supports(BackendFeature feature) const override {
     switch (feature) {
       case BackendFeature::kSlidingWindow:
@@ -263,6 +263,7 @@ class CudaBackend final : public Backend {
       case BackendFeature::kGatedAttention:
       case BackendFeature::kGatedDeltaNet:  // head dims <= 1024, conv kernel <= 8
                                             // (delta_net_supported)
+      case BackendFeature::kFp8BlockWeights:  // dequantised on the host, copied as bf16
         return true;
       default:
         return false;
