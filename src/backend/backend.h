@@ -355,6 +355,16 @@ class Backend {
     (void)qkv, (void)z, (void)b, (void)a, (void)weights, (void)shape, (void)eps, (void)batch,
         (void)state, (void)out;
   }
+  // Whether the kernels take a model's latent / linear attention shapes (a backend whose kernels
+  // have limits: an error naming them, checked when the model loads, never a failed launch).
+  virtual Status supports_shape(const LatentShape& shape) const {
+    (void)shape;
+    return Status::ok();
+  }
+  virtual Status supports_shape(const LinearShape& shape) const {
+    (void)shape;
+    return Status::ok();
+  }
   // out[r] = x[rows[r]].
   virtual void gather_rows(const Tensor& x, const Tensor& rows, Tensor& out) = 0;
   // Samples one token per logits row and its logprobs.

@@ -48,6 +48,24 @@ Status check_backend_features(const ModelConfig& c, const backend::Backend& back
         ErrorCode::kUnsupported,
         fmt::format("the {} backend does not implement {} yet, which this {} model needs",
                     backend.name(), missing, c.model_type));
+  const auto shape_error = [&](const Status& status) {
+    return Status::error(ErrorCode::kUnsupported,
+                         fmt::format("config.json: this {} model's {}", c.model_type, status.message()));
+  };
+  if (latent) {
+    const LatentAttentionSpec& m = c.latent_attention;
+    if (Status shape = backend.supports_shape(backend::Backend::LatentShape{
+            m.kv_lora_rank, m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim, m.interleave});
+        !shape)
+      return shape_error(shape);
+  }
+  if (linear) {
+    const LinearAttentionSpec& l = c.linear_attention;
+    if (Status shape = backend.supports_shape(backend::Backend::LinearShape{
+            l.num_key_heads, l.num_value_heads, l.key_head_dim, l.value_head_dim, l.conv_kernel});
+        !shape)
+      return shape_error(shape);
+  }
   return Status::ok();
 }
 

@@ -831,8 +831,41 @@ class FeaturelessBackend final : public backend::Backend {
   bool supports(backend::BackendFeature feature) const override {
     return std::find(features.begin(), features.end(), feature) != features.end();
   }
+  Status supports_shape(const LatentShape&) const override {
+    return shape_refusal.empty() ? Status::ok() : Status::error("latent " + shape_refusal);
+  }
+  Status supports_shape(const LinearShape&) const override {
+    return shape_refusal.empty() ? Status::ok() : Status::error("linear " + shape_refusal);
+  }
   std::vector<backend::BackendFeature> features;  // none unless a test gives some
+  std::string shape_refusal;                      // refuse latent/linear attention shapes so
 };
+
+// A backend that has the features but whose kernels do not take the model's latent or linear
+// attention shapes (CUDA's limits) refuses it when it loads, naming the shape, before any weight
+// is read (this backend aborts on any allocation).
+TEST(Architectures, ABackendRefusesLatentAndLinearShapesItsKernelsDoNotTakeBeforeLoading) {
+  for (const auto& [arch, kind, needs] :
+       std::vector<std::tuple<const char*, const char*, std::vector<backend::BackendFeature>>>{
+           {"deepseek_v3", "latent", {backend::BackendFeature::kLatentAttention, backend::BackendFeature::kScaledRope}},
+           {"qwen3_5_moe",
+            "linear",
+            {backend::BackendFeature::kGatedDeltaNet, backend::BackendFeature::kGatedAttention,
+             backend::BackendFeature::kPartialRotary, backend::BackendFeature::kSigmoidGatedAdd}}}) {
+    const auto dir = std::filesystem::temp_directory_path() /
+                     (std::string("sy_shape_refuse_") + arch + "_" + std::to_string(::getpid()));
+    ASSERT_TRUE(write_random_checkpoint(tiny(arch), json::object(), dir.string(), 1, false).is_ok());
+    FeaturelessBackend backend;
+    backend.features = needs;
+    backend.shape_refusal = "shape outside the test kernel's limits";
+    auto refused = Model::load(dir.string(), backend);
+    ASSERT_FALSE(refused.is_ok()) << arch;
+    EXPECT_EQ(refused.status().code(), ErrorCode::kUnsupported) << arch;
+    for (const std::string named : {std::string("config.json"), std::string(kind) + " shape outside"})
+      EXPECT_NE(refused.message().find(named), std::string::npos) << named << ": " << refused.message();
+    std::filesystem::remove_all(dir);
+  }
+}
 
 TEST(Architectures, ABackendWithoutGptOssFeaturesRefusesItBeforeLoadingNamingThemAll) {
   const auto dir =

@@ -481,6 +481,27 @@ class CudaBackend final : public Backend {
     launch_qk_norm_rope_write_kv(prep_params(q, k, v, q_norm, k_norm, eps, batch, spec, k_cache, v_cache),
                                  context_.stream);
   }
+  Status supports_shape(const LatentShape& shape) const override {
+    if (latent_attention_supported(static_cast<int>(shape.kv_lora_rank), static_cast<int>(shape.nope),
+                                   static_cast<int>(shape.rope), static_cast<int>(shape.v_dim)))
+      return Status::ok();
+    return Status::errorf(
+        "multi-head latent attention (kv_lora_rank {}, qk_nope_head_dim {}, qk_rope_head_dim {}, v_head_dim {}) "
+        "is outside what the CUDA kernel takes (kv_lora_rank <= 1024, an even qk_rope_head_dim <= 256, "
+        "qk_nope_head_dim and v_head_dim <= 1024)",
+        shape.kv_lora_rank, shape.nope, shape.rope, shape.v_dim);
+  }
+  Status supports_shape(const LinearShape& shape) const override {
+    if (shape.key_heads > 0 && shape.value_heads % shape.key_heads == 0 &&
+        delta_net_supported(static_cast<int>(shape.key_head_dim), static_cast<int>(shape.value_head_dim),
+                            static_cast<int>(shape.kernel)))
+      return Status::ok();
+    return Status::errorf(
+        "gated DeltaNet ({} key / {} value heads of {} / {}, conv kernel {}) is outside what the CUDA kernel "
+        "takes (value heads a multiple of key heads, head dims <= 1024 with a key_head_dim x value_head_dim "
+        "state that fits shared memory, conv kernel <= 8)",
+        shape.key_heads, shape.value_heads, shape.key_head_dim, shape.value_head_dim, shape.kernel);
+  }
   // DeepSeek-V3's multi-head latent attention, absorbed (latent_attention.cu).
   void latent_attention(Tensor& q, Tensor& kv_latent, const Tensor& kv_norm, float eps,
                         const Tensor& kv_b_proj, const LatentShape& shape,
