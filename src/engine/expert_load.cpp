@@ -67,7 +67,8 @@ void ExpertLoadCounter::run() {
 // lock); four interleaved histograms so repeated ids do not chain through one counter.
 void ExpertLoadCounter::count(const std::vector<int32_t>& routes, int64_t rows) {
   const size_t cells = totals_.size();
-  std::vector<int64_t> local(4 * cells, 0);
+  std::vector<int64_t>& local = local_;  // (only this thread touches it)
+  local.assign(4 * cells, 0);
   const size_t experts = static_cast<size_t>(num_experts_);
   for (int64_t r = 0; r < rows; ++r) {
     const int32_t* row = routes.data() + r * row_ints_;

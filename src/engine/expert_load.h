@@ -46,6 +46,7 @@ class ExpertLoadCounter {
   bool busy_ = false, stopping_ = false;
   std::vector<std::vector<int32_t>> spares_;
   std::vector<int64_t> totals_;  // written by the counter's thread under mutex_
+  std::vector<int64_t> local_;   // the counter's thread's histograms, kept between steps
   std::thread thread_;
 };
 
