@@ -227,8 +227,10 @@ std::string Harness::device_kernel(const std::string& cuda_name) const {
 }
 
 bool Harness::selected(std::string_view op, std::string_view desc) const {
-  if (options.filters.empty()) return true;
   const std::string name = std::string(op) + " " + std::string(desc);
+  for (const std::string& x : options.excludes)
+    if (name.find(x) != std::string::npos) return false;
+  if (options.filters.empty()) return true;
   for (const std::string& f : options.filters)
     if (name.find(f) != std::string::npos) return true;
   return false;

@@ -22,6 +22,7 @@ using backend::Backend;
 struct Options {
   uint64_t seed = 0;
   std::vector<std::string> filters;  // substrings of "op desc"; a case runs if any matches
+  std::vector<std::string> excludes;  // ... and none of these does
   bool quick = false;
   std::string json_path;
   int threads = 0;

@@ -4,6 +4,7 @@
 // then "N passed, M failed"; exit code 1 if any failed.
 //   --seed N        rerun with the inputs of a previous run (the seed each line prints)
 //   --filter A,B    run only cases whose "op desc" contains A or B (e.g. matmul, moe.cuda-fused)
+//   --exclude A,B   leave out cases whose "op desc" contains A or B
 //   --quick         fewer and smaller cases
 //   --json FILE     every case as JSON (rewritten after each case, so a crash keeps the rest)
 //   --threads N     CPU reference threads (default: all cores)
@@ -26,7 +27,7 @@ namespace {
 using sy::harness::Options;
 
 int usage(const char* program, const char* problem) {
-  std::fprintf(stderr, "%s: %s\nusage: %s [--seed N] [--filter NAME[,NAME...]] [--quick] [--json FILE] [--threads N] "
+  std::fprintf(stderr, "%s: %s\nusage: %s [--seed N] [--filter NAME[,NAME...]] [--exclude NAME[,NAME...]] [--quick] [--json FILE] [--threads N] "
                "[--reference-as-device]\n", program, problem, program);
   return 2;
 }
@@ -53,15 +54,16 @@ int main(int argc, char** argv) {
       const char* v = value();
       if (!v) return usage(argv[0], "--seed needs a number");
       options.seed = std::strtoull(v, nullptr, 10);
-    } else if (arg == "--filter") {
+    } else if (arg == "--filter" || arg == "--exclude") {
       const char* v = value();
-      if (!v) return usage(argv[0], "--filter needs a name");
+      if (!v) return usage(argv[0], (arg + " needs a name").c_str());
+      std::vector<std::string>& names = arg == "--filter" ? options.filters : options.excludes;
       std::string list = v;
       size_t start = 0;
       while (start <= list.size()) {
         const size_t comma = list.find(',', start);
         const std::string part = list.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-        if (!part.empty()) options.filters.push_back(part);
+        if (!part.empty()) names.push_back(part);
         if (comma == std::string::npos) break;
         start = comma + 1;
       }
