@@ -199,12 +199,22 @@ class Backend {
   virtual void download(const Tensor& src, void* host) = 0;
   virtual void download_async(const Tensor& src, void* host) { download(src, host); }
   virtual void synchronize() {}
-  // A point in the enqueued work the host can wait for while the work behind it still runs
-  // (the step's routes are on the host before its logits and sampling are done). One mark at a
-  // time: record_mark replaces the last; wait_mark returns once everything enqueued before it is
-  // done (outside graph recording only). Synchronous backends: nothing to do.
-  virtual void record_mark() {}
-  virtual void wait_mark() {}
+  // download_async of some columns: bytes [begin, begin + width) of each of `rows` rows of
+  // `row_bytes` in src, to the same offsets of `host` (laid out like src). This default copies
+  // all of src (correct, not lean).
+  virtual void download_columns_async(const Tensor& src, void* host, int64_t rows,
+                                      int64_t row_bytes, int64_t begin, int64_t width) {
+    (void)rows, (void)row_bytes, (void)begin, (void)width;
+    download_async(src, host);
+  }
+  // Points in the enqueued work the host can wait for while the work behind them still runs
+  // (a step's routes are on the host before its logits and sampling are done; a prefill step's
+  // first layers' routes before its last layers are). kMaxMarks slots: record_mark(slot)
+  // replaces that slot's last mark; wait_mark(slot) returns once everything enqueued before it
+  // is done (outside graph recording only). Synchronous backends: nothing to do.
+  static constexpr int kMaxMarks = 8;
+  virtual void record_mark(int slot) { (void)slot; }
+  virtual void wait_mark(int slot) { (void)slot; }
   virtual void* alloc_host(size_t bytes) {  // pinned on devices that have it
     return std::aligned_alloc(64, (std::max<size_t>(bytes, 64) + 63) / 64 * 64);
   }

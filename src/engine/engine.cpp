@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <cstring>
 #include <deque>
 #include <future>
 #include <mutex>
@@ -712,16 +713,8 @@ class EngineImpl final : public Engine {
         backend_->sample_async(gather_logits(out.logits, sample_logit_rows), rows, result.sampled);
       // (Not when the ranks compare their routes after the step: that check may still fail it.)
       const bool early = in.capture_routes && !(comm_ && config_.check_routes_agree);
-      Status routes = early ? decoder_->collect_routes(*model_, out) : Status::ok();
-      if (early && routes) {
-        result.routes = std::move(out.routes);
-        result.weights = std::move(out.weights);
-        log_routes(batch, result, times);
-        const auto publish_started = Clock::now();
-        for (const auto& s : batch) scheduler_->publish(*s.seq, s.begin + s.count);
-        times.prefix_publish +=
-            std::chrono::duration<double>(Clock::now() - publish_started).count();
-      }
+      const Status routes =
+          early ? collect_and_log_routes(batch, out, result, times) : Status::ok();
       status = decoder_->finish_step(*model_, out);  // waits for the device and the samples
       if (!routes) status = routes;
     }
@@ -741,45 +734,85 @@ class EngineImpl final : public Engine {
     return status;
   }
 
-  // Route log: positions computed for the first time get the rows the kernels wrote (checked);
-  // the step's rows then go to the expert-load counter. Adds its seconds to `times`.
-  void log_routes(const std::vector<Scheduled>& batch, StepResult& result, HostTimes& times) {
-    result.routes_logged = true;
-    if (!config_.capture_routes) return;
-    const auto route_started = Clock::now();
+  // Route log: positions computed for the first time get the rows the kernels wrote (checked).
+  // A sequence's log grows by the step's new rows (from its route_rows on; earlier positions were
+  // replayed from the log), filled piece by piece (layer ranges) as the decoder collects them;
+  // route_rows moves only once every piece passed its check.
+  struct LogGrowth {
+    Sequence* seq;
+    size_t first_t;     // the first new row's index in the step's routes
+    int64_t from, end;  // positions whose rows are new
+    size_t old_size;    // the log's size before the step
+  };
+  std::vector<LogGrowth> grow_route_logs(const std::vector<Scheduled>& batch) {
+    std::vector<LogGrowth> growth;
     size_t t = 0;
-    int64_t captured = 0, replayed = 0;
     for (const auto& s : batch) {
       Sequence& seq = *s.seq;
-      const int64_t end = s.begin + s.count;
-      const size_t first_t = t;
-      t += static_cast<size_t>(s.count);
-      // Rows of one chunk are contiguous: the positions computed for the first time (from
-      // route_rows on) are appended at once; earlier ones were replayed from the log.
-      auto rows_of = [&](int64_t p) {
-        return static_cast<std::ptrdiff_t>((first_t + static_cast<size_t>(p - s.begin)) *
-                                           static_cast<size_t>(row_ints_));
-      };
-      if (seq.request.return_route_weights && !result.weights.empty() &&
-          seq.weight_rows >= s.begin && seq.weight_rows < end) {
-        seq.route_weights.insert(seq.route_weights.end(),
-                                 result.weights.begin() + rows_of(seq.weight_rows),
-                                 result.weights.begin() + rows_of(end));
-        seq.weight_rows = end;
-      }
-      const int64_t from = std::max(s.begin, seq.route_rows);
-      replayed += from - s.begin;
+      const int64_t end = s.begin + s.count, from = std::max(s.begin, seq.route_rows);
       if (from < end) {
         // Room for the prompt's rows and some decode rows at once (doubling after that).
         if (seq.routes.capacity() == 0)
           seq.routes.reserve(static_cast<size_t>(
               (seq.prompt_len + std::min<int64_t>(seq.request.sampling.max_tokens, 1024)) *
               row_ints_));
-        seq.routes.insert(seq.routes.end(), result.routes.begin() + rows_of(from),
-                          result.routes.begin() + rows_of(end));
-        seq.route_rows = end;
-        captured += end - from;
+        growth.push_back(
+            {&seq, t + static_cast<size_t>(from - s.begin), from, end, seq.routes.size()});
       }
+      t += static_cast<size_t>(s.count);
+    }
+    return growth;
+  }
+  // Layers [layer_begin, layer_end) of the new rows into the logs.
+  void fill_route_logs(const std::vector<LogGrowth>& growth, const std::vector<int32_t>& routes,
+                       int64_t layer_begin, int64_t layer_end) {
+    const int64_t top_k = model_->config().experts_per_token;
+    const int64_t layers = model_->config().num_hidden_layers;
+    const size_t row = static_cast<size_t>(row_ints_);
+    for (const LogGrowth& g : growth) {
+      std::vector<int32_t>& log = g.seq->routes;
+      const int32_t* rows = routes.data() + g.first_t * row;
+      const size_t count = static_cast<size_t>(g.end - g.from);
+      if (layer_begin == 0 && layer_end == layers) {  // whole rows, contiguous
+        log.insert(log.end(), rows, rows + count * row);
+        continue;
+      }
+      if (log.size() == g.old_size) log.resize(g.old_size + count * row);
+      const size_t column = static_cast<size_t>(layer_begin * top_k);
+      const size_t width = static_cast<size_t>((layer_end - layer_begin) * top_k);
+      int32_t* dst = log.data() + g.old_size;
+      for (size_t r = 0; r < count; ++r)
+        std::memcpy(dst + r * row + column, rows + r * row + column, width * sizeof(int32_t));
+    }
+  }
+  // Every piece is in: route_rows, the gating weights, the counts, and the step's rows to the
+  // expert-load counter.
+  void finish_route_logs(const std::vector<Scheduled>& batch, const std::vector<LogGrowth>& growth,
+                         StepResult& result) {
+    result.routes_logged = true;
+    int64_t captured = 0, replayed = 0;
+    size_t t = 0;
+    for (const auto& s : batch) {
+      Sequence& seq = *s.seq;
+      const int64_t end = s.begin + s.count;
+      const size_t first_t = t;
+      t += static_cast<size_t>(s.count);
+      replayed += std::clamp(seq.route_rows, s.begin, end) - s.begin;
+      if (seq.request.return_route_weights && !result.weights.empty() &&
+          seq.weight_rows >= s.begin && seq.weight_rows < end) {
+        auto rows_of = [&](int64_t p) {
+          return static_cast<std::ptrdiff_t>((first_t + static_cast<size_t>(p - s.begin)) *
+                                             static_cast<size_t>(row_ints_));
+        };
+        seq.route_weights.insert(seq.route_weights.end(),
+                                 result.weights.begin() + rows_of(seq.weight_rows),
+                                 result.weights.begin() + rows_of(end));
+        seq.weight_rows = end;
+      }
+    }
+    for (const LogGrowth& g : growth) {
+      g.seq->route_rows = g.end;
+      captured += g.end - g.from;
     }
     {
       std::lock_guard lock(metrics_mutex_);
@@ -787,7 +820,50 @@ class EngineImpl final : public Engine {
       metrics_.routes_replayed_total += replayed;
     }
     if (load_counter_) load_counter_->add(std::move(result.routes), static_cast<int64_t>(t));
-    times.route_log += std::chrono::duration<double>(Clock::now() - route_started).count();
+  }
+  // The whole route log of a step whose routes were collected with it (not early).
+  void log_routes(const std::vector<Scheduled>& batch, StepResult& result, HostTimes& times) {
+    if (!config_.capture_routes) {
+      result.routes_logged = true;
+      return;
+    }
+    const auto started = Clock::now();
+    const std::vector<LogGrowth> growth = grow_route_logs(batch);
+    fill_route_logs(growth, result.routes, 0, model_->config().num_hidden_layers);
+    finish_route_logs(batch, growth, result);
+    times.route_log += std::chrono::duration<double>(Clock::now() - started).count();
+  }
+  // The early path: each piece of the step's routes checked (Decoder::collect_route_piece) and
+  // logged as it reaches the host (a prefill's first layers while the device computes its last
+  // ones, every step's last piece while it computes the logits and samples), then the full blocks
+  // they complete published. A piece that fails its check undoes the logs' growth.
+  Status collect_and_log_routes(const std::vector<Scheduled>& batch, model::StepOutputs& out,
+                                StepResult& result, HostTimes& times) {
+    double log_seconds = 0;
+    auto timed = [&](auto work) {
+      const auto started = Clock::now();
+      work();
+      log_seconds += std::chrono::duration<double>(Clock::now() - started).count();
+    };
+    std::vector<LogGrowth> growth;
+    timed([&] { growth = grow_route_logs(batch); });
+    for (int piece = 0; piece < decoder_->route_pieces(); ++piece) {
+      if (Status checked = decoder_->collect_route_piece(*model_, out, piece); !checked) {
+        for (const LogGrowth& g : growth) g.seq->routes.resize(g.old_size);
+        times.route_log += log_seconds;
+        return checked;
+      }
+      const auto [layer_begin, layer_end] = decoder_->route_piece_layers(piece);
+      timed([&] { fill_route_logs(growth, out.routes, layer_begin, layer_end); });
+    }
+    result.routes = std::move(out.routes);
+    result.weights = std::move(out.weights);
+    timed([&] { finish_route_logs(batch, growth, result); });
+    times.route_log += log_seconds;
+    const auto publish_started = Clock::now();
+    for (const auto& s : batch) scheduler_->publish(*s.seq, s.begin + s.count);
+    times.prefix_publish += std::chrono::duration<double>(Clock::now() - publish_started).count();
+    return Status::ok();
   }
 
   // Takes a successful step's results into its sequences and delivers their events; adds the

@@ -351,6 +351,39 @@ Status Decoder::forward(const Model& model, const StepInputs& in, StepOutputs& o
     }
   }
 
+  // A large step's routes come to the host in pieces of layers (up to kMaxRoutePieces), each
+  // copied and marked as soon as its last MoE layer is done, so the host checks and logs the
+  // first layers' routes while the device computes the last ones (collect_route_piece). Small
+  // steps (and graphs, and steps capturing gating weights) copy them in one piece after the last
+  // layer.
+  std::vector<std::pair<int64_t, int64_t>> pieces = {{0, layers}};
+  if (capture && !graph && !capture_weights && tokens >= kRoutePieceMinTokens) {
+    const std::vector<int> moe = c.moe_layers();
+    const int64_t count = std::min<int64_t>(kMaxRoutePieces, static_cast<int64_t>(moe.size()));
+    if (count > 1) {
+      pieces.clear();
+      int64_t begin = 0;
+      for (int64_t p = 0; p + 1 < count; ++p) {
+        const int64_t end =
+            moe[static_cast<size_t>((p + 1) * static_cast<int64_t>(moe.size()) / count - 1)] + 1;
+        pieces.push_back({begin, end});
+        begin = end;
+      }
+      pieces.push_back({begin, layers});
+    }
+  }
+  auto copy_piece = [&](size_t piece) {
+    const auto [begin, end] = pieces[piece];
+    if (pieces.size() == 1)
+      backend_.download_async(
+          ws.route_out.slice_rows(0, capture_weights ? 2 * route_ints : route_ints),
+          ws.routes_host);
+    else
+      backend_.download_columns_async(ws.route_out, ws.routes_host, T, layers * top_k * 4,
+                                      begin * top_k * 4, (end - begin) * top_k * 4);
+    backend_.record_mark(static_cast<int>(piece));
+  };
+
   Status layer_status = Status::ok();
   auto body = [&] {
     moe::RouteBuffers routes;
@@ -566,6 +599,8 @@ Status Decoder::forward(const Model& model, const StepInputs& in, StepOutputs& o
       }
       reduce(ffn_out);
       pending = fused_norm ? nullptr : &ffn_out;  // a fused-norm kernel adds its output into x itself
+      for (size_t piece = 0; piece + 1 < pieces.size(); ++piece)
+        if (pieces[piece].second == layer + 1) copy_piece(piece);
     }
     if (pending) backend_.add_inplace(x, *pending);
   };
@@ -582,11 +617,7 @@ Status Decoder::forward(const Model& model, const StepInputs& in, StepOutputs& o
   // With capture, the step's one copy of routes (and weights, behind them) to the host is
   // enqueued right after the last layer, then a mark: the host checks and logs the routes
   // (collect_routes) while the device still computes the logits and samples.
-  auto routes_out = [&] {
-    backend_.download_async(
-        ws.route_out.slice_rows(0, capture_weights ? 2 * route_ints : route_ints), ws.routes_host);
-    backend_.record_mark();
-  };
+  auto routes_out = [&] { copy_piece(pieces.size() - 1); };
   if (graph) {
     // The key names everything the recorded kernels' arguments depend on. With capture the
     // graph holds the layers only (the copy and the mark stay outside it).
@@ -615,23 +646,39 @@ Status Decoder::forward(const Model& model, const StepInputs& in, StepOutputs& o
   out.routes.clear();
   out.weights.clear();
   out.poisoned_rows = 0;
+  out.route_host_seconds = 0;
   step_tokens_ = tokens;
   step_padded_tokens_ = T;
   step_capture_ = capture;
   step_weights_ = capture_weights;
   step_kernel_ = &kernel;
-  step_routes_collected_ = false;
+  step_pieces_ = capture ? pieces : std::vector<std::pair<int64_t, int64_t>>{};
+  step_pieces_collected_ = 0;
+  step_poisoned_.assign(capture ? static_cast<size_t>(tokens) : 0, 0);
   return Status::ok();
 }
 
-Status Decoder::collect_routes(const Model& model, StepOutputs& out) {
-  if (!step_capture_ || step_routes_collected_) return Status::ok();
-  backend_.wait_mark();
-  step_routes_collected_ = true;
+Status Decoder::collect_route_piece(const Model& model, StepOutputs& out, int piece) {
+  if (piece != step_pieces_collected_ || piece >= route_pieces())
+    return Status::error(ErrorCode::kInternal,
+                         "decoder: route pieces are collected once each, in order");
+  backend_.wait_mark(piece);
+  ++step_pieces_collected_;
   const auto started = std::chrono::steady_clock::now();
-  Status checked = check_routes(model, out);
-  out.route_host_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  const auto [begin, end] = step_pieces_[static_cast<size_t>(piece)];
+  Status checked = check_routes(model, out, begin, end);
+  out.route_host_seconds +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   return checked;
+}
+
+Status Decoder::collect_routes(const Model& model, StepOutputs& out) {
+  Status first = Status::ok();
+  while (step_pieces_collected_ < route_pieces()) {
+    Status piece = collect_route_piece(model, out, step_pieces_collected_);
+    if (first && !piece) first = piece;
+  }
+  return first;
 }
 
 Status Decoder::finish_step(const Model& model, StepOutputs& out) {
@@ -640,25 +687,38 @@ Status Decoder::finish_step(const Model& model, StepOutputs& out) {
   return checked;
 }
 
-// The step's routes (and weights) out of the pinned copy, every row checked.
-Status Decoder::check_routes(const Model& model, StepOutputs& out) {
+// Layers [layer_begin, layer_end) of the step's routes (and weights) out of the pinned copy,
+// every row checked. The whole range in one call (one piece) copies the rows as they are; a
+// piece copies its columns of every row into out.routes (sized by the first piece).
+Status Decoder::check_routes(const Model& model, StepOutputs& out, int64_t layer_begin,
+                             int64_t layer_end) {
   const ModelConfig& c = model.config();
   const DecoderWeights& w = model.weights();
   const int64_t tokens = step_tokens_, layers = c.num_hidden_layers, top_k = c.experts_per_token;
-  out.routes.assign(ws_->routes_host, ws_->routes_host + tokens * layers * top_k);
-  if (step_weights_) {
+  const size_t row_ints = static_cast<size_t>(layers * top_k);
+  const size_t column = static_cast<size_t>(layer_begin * top_k);
+  const size_t width = static_cast<size_t>((layer_end - layer_begin) * top_k);
+  const bool whole = layer_begin == 0 && layer_end == layers;
+  if (whole) {
+    out.routes.assign(ws_->routes_host, ws_->routes_host + tokens * layers * top_k);
+  } else {
+    if (layer_begin == 0) out.routes.resize(static_cast<size_t>(tokens) * row_ints);
+    for (int64_t t = 0; t < tokens; ++t)
+      std::memcpy(out.routes.data() + t * row_ints + column,
+                  ws_->routes_host + t * row_ints + column, width * sizeof(int32_t));
+  }
+  if (step_weights_) {  // (steps capturing weights come in one piece)
     const int32_t* bits = ws_->routes_host + step_padded_tokens_ * layers * top_k;
     out.weights.resize(static_cast<size_t>(tokens * layers * top_k));
     std::memcpy(out.weights.data(), bits, out.weights.size() * sizeof(float));
   }
   // Every row is checked (the count goes to /metrics); the error names the first. A prefill step
-  // holds millions of ids (8,192 tokens x 48 layers x 8 on Qwen3-30B-A3B), and this runs while
-  // the device waits for the next step: dense layers' rows are zeroed, then one flat pass over
-  // every id and weight (vectorised: a compare and an or per id) decides; only a step with a bad
-  // id walks the rows to count them and build the message.
+  // holds millions of ids (8,192 tokens x 48 layers x 8 on Qwen3-30B-A3B): dense layers' rows
+  // are zeroed, then one flat pass over every id and weight of the range (vectorised: a compare
+  // and an or per id) decides; only a step with a bad id walks the rows to count them and build
+  // the message.
   const uint32_t experts = static_cast<uint32_t>(c.num_experts);
-  const size_t row_ints = static_cast<size_t>(layers * top_k);
-  for (int64_t layer = 0; layer < layers; ++layer) {
+  for (int64_t layer = layer_begin; layer < layer_end; ++layer) {
     if (w.layers[static_cast<size_t>(layer)].is_moe) continue;
     for (int64_t t = 0; t < tokens; ++t) {
       const size_t at = static_cast<size_t>(t) * row_ints + static_cast<size_t>(layer * top_k);
@@ -668,16 +728,23 @@ Status Decoder::check_routes(const Model& model, StepOutputs& out) {
     }
   }
   uint32_t bad = 0;
-  for (const int32_t id : out.routes)
-    bad |= static_cast<uint32_t>(static_cast<uint32_t>(id) >= experts);  // poison -1 too
+  if (whole) {
+    for (const int32_t id : out.routes)
+      bad |= static_cast<uint32_t>(static_cast<uint32_t>(id) >= experts);  // poison -1 too
+  } else {
+    for (int64_t t = 0; t < tokens; ++t) {
+      const int32_t* ids = out.routes.data() + t * row_ints + column;
+      for (size_t i = 0; i < width; ++i)
+        bad |= static_cast<uint32_t>(static_cast<uint32_t>(ids[i]) >= experts);
+    }
+  }
   if (step_weights_)
     for (const float weight : out.weights) bad |= static_cast<uint32_t>(!std::isfinite(weight));
   if (!bad) return Status::ok();
 
   Status first = Status::ok();
   for (int64_t t = 0; t < tokens; ++t) {
-    bool poisoned = false;
-    for (int64_t layer = 0; layer < layers; ++layer) {
+    for (int64_t layer = layer_begin; layer < layer_end; ++layer) {
       const size_t at = static_cast<size_t>((t * layers + layer) * top_k);
       int32_t* row = out.routes.data() + at;
       if (!w.layers[static_cast<size_t>(layer)].is_moe) continue;  // zeroed above
@@ -686,7 +753,7 @@ Status Decoder::check_routes(const Model& model, StepOutputs& out) {
       if (step_weights_)
         for (int64_t j = 0; j < top_k; ++j) ok &= std::isfinite(out.weights[at + static_cast<size_t>(j)]);
       if (ok) continue;
-      poisoned = true;
+      step_poisoned_[static_cast<size_t>(t)] = 1;
       if (!first) continue;
       for (int64_t j = 0; j < top_k; ++j) {
         std::string problem;
@@ -709,8 +776,9 @@ Status Decoder::check_routes(const Model& model, StepOutputs& out) {
         break;
       }
     }
-    out.poisoned_rows += poisoned ? 1 : 0;
   }
+  // Rows poisoned in any piece so far, each once.
+  out.poisoned_rows = std::count(step_poisoned_.begin(), step_poisoned_.end(), uint8_t{1});
   return first;
 }
 

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <utility>
 #include <vector>
 
 #include "backend/backend.h"
@@ -92,17 +93,28 @@ class Decoder {
   // Enqueues one step; on a device, the step may still be running when this returns. Logits
   // are usable by the backend's next operations (sampling).
   Status forward(const Model& model, const StepInputs& inputs, StepOutputs& outputs);
-  // Waits until the step's routes (and gating weights) are on the host, not for the rest of the
-  // step (the device may still compute logits and sample), and checks them into outputs.routes /
-  // outputs.weights. A route the kernel left unwritten is an error naming layer and kernel.
-  // Optional: finish_step collects them if this was not called.
+  // The step's routes come to the host in route_pieces() pieces (layer ranges, in order, that
+  // cover every layer once: one piece for small steps, up to kMaxRoutePieces for a prefill).
+  // collect_route_piece(p) waits until piece p is on the host, not for the rest of the step (the
+  // device may still compute later layers, the logits, the samples), and checks it into
+  // outputs.routes (its columns of every row; gating weights come in one piece). A route the
+  // kernel left unwritten is an error naming layer and kernel. Optional: collect_routes
+  // collects the pieces not yet collected, finish_step all of them.
+  static constexpr int kMaxRoutePieces = 4;
+  static constexpr int64_t kRoutePieceMinTokens = 64;
+  int route_pieces() const { return static_cast<int>(step_pieces_.size()); }
+  std::pair<int64_t, int64_t> route_piece_layers(int piece) const {
+    return step_pieces_[static_cast<size_t>(piece)];
+  }
+  Status collect_route_piece(const Model& model, StepOutputs& outputs, int piece);
   Status collect_routes(const Model& model, StepOutputs& outputs);
   // Completes the step: collects the routes (if not yet; their error is returned) and waits for
   // the device either way.
   Status finish_step(const Model& model, StepOutputs& outputs);
 
  private:
-  Status check_routes(const Model& model, StepOutputs& outputs);
+  Status check_routes(const Model& model, StepOutputs& outputs, int64_t layer_begin,
+                      int64_t layer_end);
   struct Workspace;
 
   backend::Backend& backend_;
@@ -120,7 +132,9 @@ class Decoder {
   int64_t step_tokens_ = 0;
   bool step_capture_ = false;
   bool step_weights_ = false;
-  bool step_routes_collected_ = false;
+  std::vector<std::pair<int64_t, int64_t>> step_pieces_;  // layer ranges (empty: no capture)
+  int step_pieces_collected_ = 0;
+  std::vector<uint8_t> step_poisoned_;  // [tokens] 1: a row with a route no kernel wrote
   int64_t step_padded_tokens_ = 0;  // the step's route buffer rows (graph padding included)
   moe::ExpertsKernel* step_kernel_ = nullptr;
 };

@@ -471,8 +471,9 @@ void distribution_cases(Harness& h) {
 
 }  // namespace
 
-// sample_async + record_mark/wait_mark, as the engine uses them with capture on: a download
-// enqueued before the mark is on the host once wait_mark returns, while the sampling behind it
+// sample_async + record_mark/wait_mark (two slots) and download_columns_async, as the engine
+// uses them with capture on: a download enqueued before a mark is on the host once wait_mark
+// returns (only the columns asked for), while the sampling behind it
 // may still run; the next synchronize() fills the samples, bitwise equal to sample()'s (which
 // the other cases compare with the CPU's).
 void async_cases(Harness& h) {
@@ -497,14 +498,33 @@ void async_cases(Harness& h) {
           std::vector<SampledToken> sync_out,
               async_out(static_cast<size_t>(rows), SampledToken{-7, NAN, {}});
           h.device.sample(l.t.dev, params, sync_out);
+          // Columns [40, 100) of a [1024, 1024] int matrix first (mark slot 2), then all of it
+          // (slot 5), then the sampling.
+          const int64_t width = 1024, matrix_rows = ints / width, begin = 40, end = 100;
+          auto* columns = static_cast<int32_t*>(h.device.alloc_host(static_cast<size_t>(ints) * 4));
+          if (!c.expect(columns != nullptr, "alloc_host failed")) return;
+          std::fill_n(columns, ints, -1);
+          h.device.download_columns_async(marked_dev, columns, matrix_rows, width * 4, begin * 4,
+                                          (end - begin) * 4);
+          h.device.record_mark(2);
           h.device.download_async(marked_dev, host);
-          h.device.record_mark();
+          h.device.record_mark(5);
           h.device.sample_async(l.t.dev, params, async_out);
-          h.device.wait_mark();
+          h.device.wait_mark(2);
+          bool columns_ok = true;
+          for (int64_t i = 0; i < ints; ++i) {
+            const int64_t column = i % width;
+            columns_ok &= columns[i] ==
+                          (column >= begin && column < end ? marked[static_cast<size_t>(i)] : -1);
+          }
+          c.expect(columns_ok,
+                   "download_columns_async copied other columns or missed some by wait_mark(2)");
+          h.device.wait_mark(5);
           c.expect(std::equal(marked.begin(), marked.end(), host),
                    "the download before the mark is not on the host after wait_mark");
           h.device.synchronize();
           h.device.free_host(host);
+          h.device.free_host(columns);
           bool same = async_out.size() == sync_out.size();
           for (size_t r = 0; same && r < sync_out.size(); ++r)
             same = async_out[r].token_id == sync_out[r].token_id &&

@@ -362,6 +362,61 @@ TEST(RouteCapture, TheEngineFailsTheRequestAndKeepsServing) {
   EXPECT_EQ(runner.engine->metrics().kv_blocks_used, 0);
 }
 
+// A large step's routes are collected and logged in pieces of layers (Decoder::
+// collect_route_piece; the tiny model's MoE layers 0, 2, 3 make three). A kernel that leaves layer
+// 2 unwritten in steps of 64 tokens or more poisons the middle piece of the step that holds a
+// 100-token prompt beside a running request: the first piece was already logged into the running
+// request's log, so the failure must undo it; the rerun alone (a one-token step, not poisoned)
+// then logs it once. The running request's tokens and routes equal a healthy engine's.
+class SkipsLayerInLargeStepsKernel final : public moe::ExpertsKernel {
+ public:
+  SkipsLayerInLargeStepsKernel(moe::ExpertsKernel& inner, int skipped)
+      : inner_(inner), skipped_(skipped) {}
+  std::string_view name() const override { return "test-skips-layer-large"; }
+  Device device() const override { return Device::kCpu; }
+  bool routes_inside() const override { return false; }
+  bool captures_routes() const override { return true; }
+  bool replays_routes() const override { return true; }
+  Status forward(const moe::MoeForwardArgs& args) override {
+    moe::MoeForwardArgs copy = args;
+    if (args.layer == skipped_ && args.hidden.dim(0) >= 64) copy.routes.sink = Tensor();
+    return inner_.forward(copy);
+  }
+
+ private:
+  moe::ExpertsKernel& inner_;
+  int skipped_;
+};
+
+TEST(RouteCapture, APoisonedMiddlePieceUndoesTheLogsItsFirstPieceGrew) {
+  const engine::GenerationRequest running = greedy({5, 9, 2, 7, 11}, 40);
+  std::vector<int32_t> long_prompt;
+  for (int i = 0; i < 100; ++i) long_prompt.push_back(1 + (i * 37) % 400);
+  Outcome reference;
+  {
+    Runner healthy(capture_config());
+    reference = healthy.run(running);
+  }
+  moe::ExpertsKernel* modular = nullptr;
+  engine::EngineConfig config = capture_config();
+  config.moe_kernel = "test-skips-layer-large";
+  config.register_extra_kernels = [&](moe::ExpertsKernelRegistry& registry) {
+    modular = *registry.select("cpu-modular", {Device::kCpu, true, false});
+    registry.add(std::make_unique<SkipsLayerInLargeStepsKernel>(*modular, 2));
+  };
+  Runner runner(config);
+  auto survivor = runner.start(running);
+  auto poisoned = runner.start(greedy(long_prompt, 3));
+  const Outcome failed = poisoned.get();
+  EXPECT_EQ(failed.final_event.finish_reason, engine::FinishReason::kError);
+  EXPECT_NE(failed.final_event.error.message().find("layer 2"), std::string::npos)
+      << failed.final_event.error.message();
+  const Outcome kept = survivor.get();
+  EXPECT_EQ(kept.final_event.finish_reason, engine::FinishReason::kLength);
+  expect_same(kept, reference, "the running request beside the poisoned step");
+  EXPECT_GE(runner.engine->metrics().route_capture_errors_total, 1);
+}
+
 TEST(KernelGuard, CaptureWithAKernelThatCannotIsRefusedNamingThoseThatCan) {
   engine::EngineConfig config = capture_config();
   config.model_dir = kModel;

@@ -1,6 +1,7 @@
 // The CPU backend: host memory, f32 compute over BF16/F32 weights, multi-threaded, batch-invariant.
 #pragma once
 
+#include <cstring>
 #include <memory>
 #include <vector>
 
@@ -27,6 +28,13 @@ class CpuBackend final : public Backend {
   void fill_random(Tensor& dst, uint64_t seed, float scale, float offset) override;
   void upload(const void* host, Tensor& dst) override;
   void download(const Tensor& src, void* host) override;
+  void download_columns_async(const Tensor& src, void* host, int64_t rows, int64_t row_bytes,
+                              int64_t begin, int64_t width) override {
+    for (int64_t r = 0; r < rows; ++r)
+      std::memcpy(static_cast<char*>(host) + r * row_bytes + begin,
+                  static_cast<const char*>(src.data) + r * row_bytes + begin,
+                  static_cast<size_t>(width));
+  }
   void fill_i32(Tensor& dst, int32_t value) override;
 
   void embedding(const Tensor& table, const Tensor& ids, Tensor& out) override;

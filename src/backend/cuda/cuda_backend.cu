@@ -59,7 +59,8 @@ class CudaBackend final : public Backend {
   ~CudaBackend() override {
     clear_graphs();
     cudaStreamSynchronize(context_.stream);
-    if (mark_) cudaEventDestroy(mark_);
+    for (cudaEvent_t mark : marks_)
+      if (mark) cudaEventDestroy(mark);
     if (matmul_scratch_) cudaFree(matmul_scratch_);
     if (dense_plan_) cudaFree(dense_plan_);
     if (attention_scratch_) cudaFree(attention_scratch_);
@@ -222,13 +223,26 @@ class CudaBackend final : public Backend {
     SY_CUDA_CHECK(cudaStreamSynchronize(context_.stream));
     sampler_.complete();
   }
-  void record_mark() override {
-    check_not_capturing("record_mark");
-    if (!mark_) SY_CUDA_CHECK(cudaEventCreateWithFlags(&mark_, cudaEventDisableTiming));
-    SY_CUDA_CHECK(cudaEventRecord(mark_, context_.stream));
+  void download_columns_async(const Tensor& src, void* host, int64_t rows, int64_t row_bytes,
+                              int64_t begin, int64_t width) override {
+    if (rows == 0 || width == 0) return;
+    SY_CUDA_CHECK(
+        cudaMemcpy2DAsync(static_cast<char*>(host) + begin, static_cast<size_t>(row_bytes),
+                          static_cast<const char*>(src.data) + begin,
+                          static_cast<size_t>(row_bytes), static_cast<size_t>(width),
+                          static_cast<size_t>(rows), cudaMemcpyDeviceToHost, context_.stream));
   }
-  void wait_mark() override {
-    if (mark_) SY_CUDA_CHECK(cudaEventSynchronize(mark_));
+  void record_mark(int slot) override {
+    check_not_capturing("record_mark");
+    if (slot < 0 || slot >= kMaxMarks)
+      cuda_fail("record_mark", "slot out of range", __FILE__, __LINE__);
+    if (!marks_[slot])
+      SY_CUDA_CHECK(cudaEventCreateWithFlags(&marks_[slot], cudaEventDisableTiming));
+    SY_CUDA_CHECK(cudaEventRecord(marks_[slot], context_.stream));
+  }
+  void wait_mark(int slot) override {
+    if (slot >= 0 && slot < kMaxMarks && marks_[slot])
+      SY_CUDA_CHECK(cudaEventSynchronize(marks_[slot]));
   }
   void* alloc_host(size_t bytes) override {
     void* host = nullptr;
@@ -690,7 +704,7 @@ class CudaBackend final : public Backend {
   int64_t attention_decode_tokens_ = 0;
   std::unordered_map<uint64_t, cudaGraphExec_t> graphs_;
   bool capturing_ = false;
-  cudaEvent_t mark_ = nullptr;  // record_mark / wait_mark
+  cudaEvent_t marks_[kMaxMarks] = {};  // record_mark / wait_mark
   // Experiment knobs (read once): SY_NO_NORM_FUSION=1, SY_NO_PREP_FUSION=1 run the unfused ops.
   const bool no_norm_fusion_ = env_flag("SY_NO_NORM_FUSION"), no_prep_fusion_ = env_flag("SY_NO_PREP_FUSION");
   const bool skip_attention_ = skip_op("attention"), skip_matmul_ = skip_op("matmul"),
