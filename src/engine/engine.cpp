@@ -853,8 +853,8 @@ class EngineImpl final : public Engine {
         times.route_log += log_seconds;
         return checked;
       }
-      const auto [layer_begin, layer_end] = decoder_->route_piece_layers(piece);
-      timed([&] { fill_route_logs(growth, out.routes, layer_begin, layer_end); });
+      const std::pair<int64_t, int64_t> layers = decoder_->route_piece_layers(piece);
+      timed([&] { fill_route_logs(growth, out.routes, layers.first, layers.second); });
     }
     result.routes = std::move(out.routes);
     result.weights = std::move(out.weights);
