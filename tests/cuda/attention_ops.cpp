@@ -178,6 +178,27 @@ Batches upload_batch(Pair& p, const Layout& l, const std::vector<int32_t>& posit
   return b;
 }
 
+// The earlier context of a layout, written into both backends' caches as earlier steps would
+// have (chunks of at most kWriteChunk; random K/V, the same on both).
+void write_history(Harness& h, Case& c, Pair& p, const Layout& l, int64_t kv_heads,
+                   int64_t head_dim, Tensor& cpu_k, Tensor& cpu_v, Tensor& dev_k, Tensor& dev_v) {
+  const int64_t history = static_cast<int64_t>(l.history_slots.size()),
+                kv_row = kv_heads * head_dim;
+  for (int64_t begin = 0; begin < history; begin += kWriteChunk) {
+    const int64_t n = std::min(kWriteChunk, history - begin);
+    auto part = [&](const std::vector<int32_t>& v) {
+      return std::vector<int32_t>(v.begin() + begin, v.begin() + begin + n);
+    };
+    Batches b =
+        upload_batch(p, l, part(l.history_positions), part(l.history_seq), part(l.history_slots), n,
+                     l.history_positions[static_cast<size_t>(begin + n - 1)] + 1);
+    Both k = p.f32(random_floats(c.rng, n * kv_row, 1.7f), {n, kv_heads, head_dim});
+    Both v = p.f32(random_floats(c.rng, n * kv_row, 1.7f), {n, kv_heads, head_dim});
+    h.cpu.write_kv(k.cpu, v.cpu, cpu_k, cpu_v, b.cpu);
+    h.device.write_kv(k.dev, v.dev, dev_k, dev_v, b.dev);
+  }
+}
+
 void attention_case(Harness& h, Case& c, const HeadConfig& hc, Kind kind, int block_size,
                     const AttentionOptions& options = {}) {
   const Layout l = make_layout(c.rng, specs_for(kind, c.rng, h.options.quick), block_size,
@@ -193,20 +214,7 @@ void attention_case(Harness& h, Case& c, const HeadConfig& hc, Kind kind, int bl
   for (Tensor* t : {&dev_k, &dev_v}) p.dev.zero(*t);
 
   // The earlier context, written as earlier steps would have (chunks of at most kWriteChunk).
-  const int64_t history = static_cast<int64_t>(l.history_slots.size());
-  for (int64_t begin = 0; begin < history; begin += kWriteChunk) {
-    const int64_t n = std::min(kWriteChunk, history - begin);
-    auto part = [&](const std::vector<int32_t>& v) {
-      return std::vector<int32_t>(v.begin() + begin, v.begin() + begin + n);
-    };
-    Pair& chunk = p;  // kept until the case ends: no buffer is freed under queued device work
-    Batches b = upload_batch(chunk, l, part(l.history_positions), part(l.history_seq), part(l.history_slots), n,
-                             l.history_positions[static_cast<size_t>(begin + n - 1)] + 1);
-    Both k = chunk.f32(random_floats(c.rng, n * kv_row, 1.7f), {n, kv_heads, head_dim});
-    Both v = chunk.f32(random_floats(c.rng, n * kv_row, 1.7f), {n, kv_heads, head_dim});
-    h.cpu.write_kv(k.cpu, v.cpu, cpu_k, cpu_v, b.cpu);
-    h.device.write_kv(k.dev, v.dev, dev_k, dev_v, b.dev);
-  }
+  write_history(h, c, p, l, kv_heads, head_dim, cpu_k, cpu_v, dev_k, dev_v);
 
   // The step: write this step's K/V, then attend.
   const int64_t tokens = static_cast<int64_t>(l.positions.size());
@@ -374,20 +382,7 @@ void gated_attention_case(Harness& h, Case& c, const HeadConfig& hc, Kind kind, 
   Tensor dev_v = p.dev.alloc(h.device.kv_cache_dtype(), {slots, kv_heads, head_dim});
   for (Tensor* t : {&cpu_k, &cpu_v}) p.cpu.zero(*t);
   for (Tensor* t : {&dev_k, &dev_v}) p.dev.zero(*t);
-  const int64_t history = static_cast<int64_t>(l.history_slots.size());
-  for (int64_t begin = 0; begin < history; begin += kWriteChunk) {
-    const int64_t n = std::min(kWriteChunk, history - begin);
-    auto part = [&](const std::vector<int32_t>& v) {
-      return std::vector<int32_t>(v.begin() + begin, v.begin() + begin + n);
-    };
-    Batches b =
-        upload_batch(p, l, part(l.history_positions), part(l.history_seq), part(l.history_slots), n,
-                     l.history_positions[static_cast<size_t>(begin + n - 1)] + 1);
-    Both k = p.f32(random_floats(c.rng, n * kv_row, 1.7f), {n, kv_heads, head_dim});
-    Both v = p.f32(random_floats(c.rng, n * kv_row, 1.7f), {n, kv_heads, head_dim});
-    h.cpu.write_kv(k.cpu, v.cpu, cpu_k, cpu_v, b.cpu);
-    h.device.write_kv(k.dev, v.dev, dev_k, dev_v, b.dev);
-  }
+  write_history(h, c, p, l, kv_heads, head_dim, cpu_k, cpu_v, dev_k, dev_v);
   const int64_t tokens = static_cast<int64_t>(l.positions.size());
   Batches b = upload_batch(p, l, l.positions, l.token_seq, l.slot_mapping, l.max_query_len,
                            l.max_context_len);

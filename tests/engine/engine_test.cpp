@@ -276,9 +276,11 @@ TEST(Engine, StopFromTheCallbackEndsWithRoutes) {
 // ---- Deliberately broken kernels (test-only) ----
 
 // Delegates to cpu-modular but leaves one layer's routes unwritten.
+// Leaves layer `skipped`'s routes unwritten in steps of at least `min_tokens` tokens.
 class SkipsLayerKernel final : public moe::ExpertsKernel {
  public:
-  SkipsLayerKernel(moe::ExpertsKernel& inner, int skipped) : inner_(inner), skipped_(skipped) {}
+  SkipsLayerKernel(moe::ExpertsKernel& inner, int skipped, int64_t min_tokens = 0)
+      : inner_(inner), skipped_(skipped), min_tokens_(min_tokens) {}
   std::string_view name() const override { return "test-skips-layer"; }
   Device device() const override { return Device::kCpu; }
   bool routes_inside() const override { return false; }
@@ -286,13 +288,14 @@ class SkipsLayerKernel final : public moe::ExpertsKernel {
   bool replays_routes() const override { return true; }   // cpu-modular's replay, passed through
   Status forward(const moe::MoeForwardArgs& args) override {
     moe::MoeForwardArgs copy = args;
-    if (args.layer == skipped_) copy.routes.sink = Tensor();
+    if (args.layer == skipped_ && args.hidden.dim(0) >= min_tokens_) copy.routes.sink = Tensor();
     return inner_.forward(copy);
   }
 
  private:
   moe::ExpertsKernel& inner_;
   int skipped_;
+  int64_t min_tokens_;
 };
 
 class NoCaptureKernel final : public moe::ExpertsKernel {
@@ -368,26 +371,6 @@ TEST(RouteCapture, TheEngineFailsTheRequestAndKeepsServing) {
 // 100-token prompt beside a running request: the first piece was already logged into the running
 // request's log, so the failure must undo it; the rerun alone (a one-token step, not poisoned)
 // then logs it once. The running request's tokens and routes equal a healthy engine's.
-class SkipsLayerInLargeStepsKernel final : public moe::ExpertsKernel {
- public:
-  SkipsLayerInLargeStepsKernel(moe::ExpertsKernel& inner, int skipped)
-      : inner_(inner), skipped_(skipped) {}
-  std::string_view name() const override { return "test-skips-layer-large"; }
-  Device device() const override { return Device::kCpu; }
-  bool routes_inside() const override { return false; }
-  bool captures_routes() const override { return true; }
-  bool replays_routes() const override { return true; }
-  Status forward(const moe::MoeForwardArgs& args) override {
-    moe::MoeForwardArgs copy = args;
-    if (args.layer == skipped_ && args.hidden.dim(0) >= 64) copy.routes.sink = Tensor();
-    return inner_.forward(copy);
-  }
-
- private:
-  moe::ExpertsKernel& inner_;
-  int skipped_;
-};
-
 TEST(RouteCapture, APoisonedMiddlePieceUndoesTheLogsItsFirstPieceGrew) {
   const engine::GenerationRequest running = greedy({5, 9, 2, 7, 11}, 40);
   std::vector<int32_t> long_prompt;
@@ -399,10 +382,10 @@ TEST(RouteCapture, APoisonedMiddlePieceUndoesTheLogsItsFirstPieceGrew) {
   }
   moe::ExpertsKernel* modular = nullptr;
   engine::EngineConfig config = capture_config();
-  config.moe_kernel = "test-skips-layer-large";
+  config.moe_kernel = "test-skips-layer";
   config.register_extra_kernels = [&](moe::ExpertsKernelRegistry& registry) {
     modular = *registry.select("cpu-modular", {Device::kCpu, true, false});
-    registry.add(std::make_unique<SkipsLayerInLargeStepsKernel>(*modular, 2));
+    registry.add(std::make_unique<SkipsLayerKernel>(*modular, 2, 64));
   };
   Runner runner(config);
   auto survivor = runner.start(running);
