@@ -26,7 +26,7 @@ run() {  # name command...: runs, records failure, never stops the visit
   [[ $rc == 0 ]] || { echo "!!! $name exited $rc"; failed+=("$name"); }
 }
 
-for packed in "$carry"/*.xz; do
+for packed in "$carry"/*.xz "$carry"/*/*.xz; do
   [[ -e $packed && $packed != *.tar.xz ]] && xz -d -f "$packed"
 done  # gpu-pack.sh compresses them
 section "machine"
