@@ -199,6 +199,13 @@ class Backend {
   virtual void download(const Tensor& src, void* host) = 0;
   virtual void download_async(const Tensor& src, void* host) { download(src, host); }
   virtual void synchronize() {}
+  // dst = src on the device, in stream order (same byte count; views of backend buffers). The
+  // default goes through the host; backends with their own memory copy directly.
+  virtual void copy(const Tensor& src, Tensor& dst) {
+    std::vector<char> staged(src.nbytes());
+    download(src, staged.data());
+    upload(staged.data(), dst);
+  }
   // download_async of some columns: bytes [begin, begin + width) of each of `rows` rows of
   // `row_bytes` in src, to the same offsets of `host` (laid out like src). This default copies
   // all of src (correct, not lean).

@@ -201,6 +201,12 @@ void add_serve_command(CLI::App& app, int& exit_code, const dist::MpiWorld& worl
       ->capture_default_str();
   command->add_flag("--no-enable-prefix-caching", options->no_prefix_caching,
                     "turn the prefix cache off");
+  command
+      ->add_option("--state-snapshots", e.state_snapshots,
+                   "models with linear attention (Qwen3.5): prompts whose state the prefix cache "
+                   "keeps (the state after a prompt's last full block; 0 = no prefix cache)")
+      ->check(CLI::Range(0, 1 << 16))
+      ->capture_default_str();
   command->add_option("--max-waiting-requests", e.max_waiting_requests, "queue length before 429")
       ->capture_default_str();
   command->add_option("--threads", e.num_threads, "CPU threads for the engine (0 = all cores)")

@@ -117,6 +117,33 @@ class EngineImpl final : public Engine {
                                                int64_t{config.max_num_seqs} + config.max_prompt_logprob_rows);
     backend::StepLimits limits{config.max_num_batched_tokens, config.max_num_seqs,
                                (max_model_len_ + config.block_size_tokens - 1) / config.block_size_tokens, max_rows};
+    // Linear-attention layers keep per-sequence state, not KV: two buffers per sequence (read,
+    // write) and the prefix cache's snapshots of it, beside the KV cache and out of its budget.
+    hybrid_ = c.has_linear_attention();
+    bool prefix_caching = config.enable_prefix_caching;
+    const int snapshots = hybrid_ && prefix_caching ? std::max(config.state_snapshots, 0) : 0;
+    if (hybrid_ && prefix_caching && snapshots == 0) {
+      prefix_caching = false;
+      std::fprintf(
+          stderr,
+          "switchyard: prefix caching is off for this model: a hit needs a snapshot of its "
+          "linear-attention state, and --state-snapshots is 0\n");
+    }
+    int64_t state_bytes = 0;
+    if (hybrid_) {
+      int64_t linear_layers = 0;
+      for (const model::LayerSpec& layer : c.layers)
+        linear_layers += layer.attention.linear ? 1 : 0;
+      const model::LinearAttentionSpec& lin = c.linear_attention;
+      state_bytes = (2 * int64_t{config.max_num_seqs} + snapshots) * linear_layers *
+                    (lin.conv_state_values() + lin.recurrent_state_values()) * 4;
+      std::fprintf(
+          stderr,
+          "switchyard: linear-attention state: %.1f MB ((2 x %d sequences + %d snapshots) x "
+          "%lld layers)\n",
+          static_cast<double>(state_bytes) / 1e6, config.max_num_seqs, snapshots,
+          static_cast<long long>(linear_layers));
+    }
     int64_t kv_tokens = config.kv_cache_tokens;
     if (kv_tokens <= 0) {
       const int64_t per_token = c.kv_cache_values_per_token() *
@@ -133,13 +160,15 @@ class EngineImpl final : public Engine {
         // largest buffer is the logits, [rows, vocab] f32, held twice) and the kernels' scratch.
         const int64_t workspace = 2 * max_rows * c.vocab_size * 4 +
                                   int64_t{config.max_num_batched_tokens} * c.hidden_size * 4 * 24 + (int64_t{2} << 30);
-        budget = static_cast<int64_t>(0.9 * static_cast<double>(backend_->free_memory_bytes() - workspace));
+        budget = static_cast<int64_t>(
+            0.9 * static_cast<double>(backend_->free_memory_bytes() - workspace - state_bytes));
       }
       kv_tokens = std::clamp<int64_t>(budget / per_token, 4096, int64_t{4} << 20);
     }
     int64_t blocks = std::max<int64_t>(2, (kv_tokens + config.block_size_tokens - 1) / config.block_size_tokens);
     decoder_ = std::make_unique<model::Decoder>(*backend_, kernels, config.block_size_tokens);
     decoder_->set_graphs_enabled(config.cuda_graphs);
+    decoder_->set_state_snapshots(snapshots);
     if (comm_) {
       // Rank 0's plan names KV slots: every rank holds the same number of blocks (the fewest).
       SY_ASSIGN(blocks, agree_on_blocks(blocks));
@@ -148,37 +177,13 @@ class EngineImpl final : public Engine {
       });
     }
     SY_TRY(decoder_->allocate(c, blocks, limits));
-    kv_ = std::make_unique<KvCache>(blocks, config.block_size_tokens,
-                                    RoutePacking(c.num_hidden_layers, c.experts_per_token, c.num_experts, c.moe_layers()));
-    // Linear-attention layers keep per-sequence state, not KV: a prefix-cache hit would need
-    // that state at the block boundary, which the cache does not keep, so the cache is off.
-    hybrid_ = c.has_linear_attention();
-    bool prefix_caching = config.enable_prefix_caching;
-    if (hybrid_ && prefix_caching) {
-      prefix_caching = false;
-      std::fprintf(
-          stderr,
-          "switchyard: prefix caching is off for this model: its linear-attention layers keep "
-          "per-sequence state that the prefix cache does not store\n");
-    }
-    if (hybrid_) {
-      // Beside the KV cache (and not counted in its budget): two state buffers per sequence.
-      int64_t linear_layers = 0;
-      for (const model::LayerSpec& layer : c.layers)
-        linear_layers += layer.attention.linear ? 1 : 0;
-      const model::LinearAttentionSpec& lin = c.linear_attention;
-      const double state_bytes =
-          2.0 * config.max_num_seqs * static_cast<double>(linear_layers) *
-          static_cast<double>(lin.conv_state_values() + lin.recurrent_state_values()) * 4;
-      std::fprintf(
-          stderr,
-          "switchyard: linear-attention state: %.1f MB (2 buffers x %d sequences x %lld layers)\n",
-          state_bytes / 1e6, config.max_num_seqs, static_cast<long long>(linear_layers));
-    }
+    kv_ = std::make_unique<KvCache>(
+        blocks, config.block_size_tokens,
+        RoutePacking(c.num_hidden_layers, c.experts_per_token, c.num_experts, c.moe_layers()));
     scheduler_ = std::make_unique<Scheduler>(
         SchedulerConfig{config.max_num_seqs, config.max_num_batched_tokens,
                         config.max_prompt_logprob_rows, prefix_caching, config.capture_routes,
-                        row_ints_, hybrid_},
+                        row_ints_, hybrid_, snapshots},
         *kv_);
     eos_ids_ = c.eos_token_ids;
     metrics_.moe_layers = c.moe_layers();
@@ -683,6 +688,8 @@ class EngineImpl final : public Engine {
     model::StepOutputs out;
     if (load_counter_) out.routes = load_counter_->spare();  // an earlier step's capacity
     out.weights = std::move(step_weights_);
+    for (const StateCopy& copy : scheduler_->state_copies())
+      in.state_copies.emplace_back(copy.from, copy.to);
     if (comm_) SY_TRY(send_step(*comm_, in));
     Status status = decoder_->forward(*model_, in, out);
 
@@ -870,12 +877,10 @@ class EngineImpl final : public Engine {
   // route log's and the prefix publish's seconds to `times`.
   void apply_batch(const std::vector<Scheduled>& batch, StepResult& result, HostTimes& times) {
     if (!result.routes_logged) log_routes(batch, result, times);
+    scheduler_->state_copies_done();  // this step did them; computed() may queue the next step's
     const auto publish_started = Clock::now();
     for (const auto& s : batch) scheduler_->computed(*s.seq, s.begin + s.count);
     times.prefix_publish += std::chrono::duration<double>(Clock::now() - publish_started).count();
-    // The step wrote each sequence's linear-attention state into its other buffer.
-    if (hybrid_)
-      for (const auto& s : batch) s.seq->state_parity ^= 1;
     {
       std::lock_guard lock(metrics_mutex_);
       for (const auto& s : batch) {
@@ -1071,6 +1076,8 @@ class EngineImpl final : public Engine {
     metrics_.preemptions_total = stats.preemptions_total;
     metrics_.prefix_cache_queries_tokens = stats.prefix_cache_queries_tokens;
     metrics_.prefix_cache_hits_tokens = stats.prefix_cache_hits_tokens;
+    metrics_.state_snapshots_taken = stats.state_snapshots_taken;
+    metrics_.state_snapshots_restored = stats.state_snapshots_restored;
     metrics_.kv_blocks_total = kv_->num_blocks();
     metrics_.kv_blocks_used = kv_->used();
     metrics_.kv_blocks_cached = kv_->cached();
@@ -1097,7 +1104,7 @@ class EngineImpl final : public Engine {
   std::unique_ptr<KvCache> kv_;
   int64_t max_model_len_ = 0;
   int64_t row_ints_ = 0;
-  bool hybrid_ = false;  // linear-attention layers: per-sequence state slots, no prefix cache
+  bool hybrid_ = false;  // linear-attention layers: per-sequence state slots and snapshots
   std::vector<int32_t> eos_ids_;
   bool capture_weights_ = false;
   std::string weights_unavailable_;

@@ -119,6 +119,8 @@ struct EngineMetrics {
   int64_t prompt_tokens_computed = 0;   // prompt tokens that went through the forward pass
   int64_t generation_tokens_total = 0;
   int64_t preemptions_total = 0;
+  int64_t state_snapshots_taken = 0;     // linear-attention states kept for prefix hits
+  int64_t state_snapshots_restored = 0;  // prefix hits that resumed from one
   int64_t route_capture_errors_total = 0;
   // Route capture (all zero when capture is off).
   int64_t routes_captured_total = 0;  // rows logged from a forward pass (first computation)
@@ -163,6 +165,9 @@ struct EngineConfig {
   int block_size_tokens = 16;
   int64_t max_model_len = 0;          // 0 = from config.json
   bool enable_prefix_caching = true;
+  // Models with linear attention (Qwen3.5): state snapshots kept for prefix-cache hits, one per
+  // cached prompt (the state after its last full block); 0 turns the prefix cache off for them.
+  int state_snapshots = 16;
   int max_waiting_requests = 4096;    // beyond this submit fails with kResourceExhausted (429)
   int num_threads = 0;                // 0 = all cores
   bool show_progress = false;         // loading progress on a terminal

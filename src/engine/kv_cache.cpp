@@ -74,14 +74,23 @@ bool KvCache::matches(const Block& block, int32_t parent, const BlockContent& ex
   return true;
 }
 
-std::optional<int32_t> KvCache::lookup(uint64_t hash, int32_t parent, const BlockContent& expected) {
+std::optional<int32_t> KvCache::find(uint64_t hash, int32_t parent,
+                                     const BlockContent& expected) const {
   auto it = by_hash_.find(hash);
   if (it == by_hash_.end()) return std::nullopt;
-  Block& block = blocks_[it->second];
-  if (!matches(block, parent, expected)) return std::nullopt;  // a collision, or other routes
+  if (!matches(blocks_[it->second], parent, expected))
+    return std::nullopt;  // a collision, or other routes
+  return it->second;
+}
+
+std::optional<int32_t> KvCache::lookup(uint64_t hash, int32_t parent,
+                                       const BlockContent& expected) {
+  const std::optional<int32_t> found = find(hash, parent, expected);
+  if (!found) return std::nullopt;
+  Block& block = blocks_[*found];
   if (block.ref_count == 0) lru_.erase(block.lru_position);
   ++block.ref_count;
-  return it->second;
+  return found;
 }
 
 void KvCache::release(int32_t index) {

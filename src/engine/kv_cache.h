@@ -65,12 +65,17 @@ class KvCache {
   // (the block the caller holds for the previous position range; -1 for the first block); on a
   // hit takes a reference.
   std::optional<int32_t> lookup(uint64_t hash, int32_t parent, const BlockContent& expected);
+  // As lookup, without taking a reference (the registered block with that content, if any).
+  std::optional<int32_t> find(uint64_t hash, int32_t parent, const BlockContent& expected) const;
   void release(int32_t block);
   // Registers a full, computed block under `hash`, after `parent` (-1 for the first block; a
   // parent that is not itself registered means no registration). False when not registered.
   bool publish(int32_t block, uint64_t hash, int32_t parent, const BlockContent& content);
   // The block's stored routes, unpacked into [block_size, row_ints] (known rows only).
   int64_t known_route_rows(int32_t block) const { return blocks_[block].known_rows; }
+  // The block's current registration (unique per publish; 0 = not registered): what it holds is
+  // one prefix's KV for exactly as long as this stays the same.
+  uint64_t generation(int32_t block) const { return blocks_[block].generation; }
   void routes(int32_t block, int32_t* out) const;
   // Forgets every hash (and the routes with them); referenced blocks stay in use.
   void flush();

@@ -12,8 +12,12 @@ std::vector<ScheduledChunk> Scheduler::schedule(bool admission_paused,
   // of this step's rows (at least one token, so it always advances).
   int64_t score_rows = std::max(config_.max_prompt_logprob_rows, 1);
   auto tokens_to_run = [&](const Sequence& seq) {
-    const int64_t count =
+    int64_t count =
         std::min<int64_t>(static_cast<int64_t>(seq.tokens.size()) - seq.num_computed, budget);
+    // A chunk ends at the snapshot boundary, where the state is snapshotted.
+    const int64_t boundary = snapshot_boundary(seq);
+    if (seq.num_computed < boundary && seq.num_computed + count > boundary)
+      count = boundary - seq.num_computed;
     if (!scores_prompt(seq)) return count;
     const int64_t unscored_from = std::max(seq.num_computed, seq.prompt_scored);
     return std::min(count, unscored_from - seq.num_computed + std::max<int64_t>(score_rows, 1));
@@ -69,6 +73,10 @@ std::vector<ScheduledChunk> Scheduler::schedule(bool admission_paused,
       seq.state_slot = free_state_slots_.back();
       seq.state_parity = 0;
       free_state_slots_.pop_back();
+      if (seq.restore_snapshot >= 0)  // a prefix hit: its state comes from the snapshot
+        pending_copies_.push_back({{snapshot_buffer(seq.restore_snapshot), seq.state_read_buffer()},
+                                   &seq,
+                                   seq.restore_snapshot});
     }
     running_.push_back(std::move(waiting_.front()));
     waiting_.pop_front();
@@ -79,6 +87,64 @@ std::vector<ScheduledChunk> Scheduler::schedule(bool admission_paused,
 void Scheduler::computed(Sequence& seq, int64_t end) {
   seq.num_computed = end;
   publish(seq, end);
+  if (seq.state_slot < 0) return;
+  seq.state_parity ^= 1;  // the step wrote the state into the other buffer
+  if (end == snapshot_boundary(seq)) take_snapshot(seq, end);
+}
+
+int64_t Scheduler::snapshot_boundary(const Sequence& seq) const {
+  if (snapshots_.empty()) return 0;
+  const int64_t bs = kv_.block_size();
+  return (seq.prompt_len - 1) / bs * bs;
+}
+
+int32_t Scheduler::snapshot_of(int32_t block) const {
+  const uint64_t generation = kv_.generation(block);
+  if (generation == 0) return -1;
+  for (size_t i = 0; i < snapshots_.size(); ++i)
+    if (snapshots_[i].block == block && snapshots_[i].generation == generation)
+      return static_cast<int32_t>(i);
+  return -1;
+}
+
+// Queues a copy of seq's state (after positions [0, end), end a block boundary) into a snapshot
+// that follows its block end/bs - 1, unless one is there already or every snapshot is pinned.
+void Scheduler::take_snapshot(Sequence& seq, int64_t end) {
+  const size_t index = static_cast<size_t>(end / kv_.block_size() - 1);
+  if (seq.cached_blocks.size() <= index) return;  // not in the prefix cache: nothing could hit it
+  const int32_t block = seq.cached_blocks[index];
+  if (block < 0 || kv_.generation(block) != seq.cached_generations[index]) return;
+  if (const int32_t existing = snapshot_of(block); existing >= 0) {
+    snapshots_[static_cast<size_t>(existing)].last_used = ++snapshot_clock_;
+    return;
+  }
+  int32_t victim = -1;
+  for (size_t i = 0; i < snapshots_.size(); ++i) {
+    const Snapshot& candidate = snapshots_[i];
+    if (candidate.pins > 0) continue;
+    if (victim < 0 || candidate.last_used < snapshots_[static_cast<size_t>(victim)].last_used)
+      victim = static_cast<int32_t>(i);
+  }
+  if (victim < 0) return;
+  snapshots_[static_cast<size_t>(victim)] = {block, kv_.generation(block), 0, ++snapshot_clock_};
+  pending_copies_.push_back({{seq.state_read_buffer(), snapshot_buffer(victim)}, nullptr, -1});
+  ++stats_.state_snapshots_taken;
+}
+
+std::vector<StateCopy> Scheduler::state_copies() const {
+  std::vector<StateCopy> copies;
+  for (const PendingCopy& pending : pending_copies_) copies.push_back(pending.copy);
+  return copies;
+}
+
+void Scheduler::state_copies_done() {
+  for (const PendingCopy& pending : pending_copies_) {
+    if (pending.restored < 0) continue;
+    --snapshots_[static_cast<size_t>(pending.restored)].pins;
+    pending.owner->restore_snapshot = -1;
+    ++stats_.state_snapshots_restored;
+  }
+  pending_copies_.clear();
 }
 
 void Scheduler::publish(Sequence& seq, int64_t end) {
@@ -87,10 +153,21 @@ void Scheduler::publish(Sequence& seq, int64_t end) {
   const int64_t full = end / bs;
   for (int64_t b = seq.published_blocks; b < full; ++b) {
     if (config_.capture_routes && seq.route_rows < (b + 1) * bs) break;
-    const std::vector<uint8_t> forced = forced_mask(seq, b);
-    kv_.publish(seq.blocks[b], block_hash(seq, b), b ? seq.blocks[b - 1] : -1,
-                block_content(seq, b, forced));
     seq.published_blocks = b + 1;
+    // The chain continues from the cached block for b - 1 while it still holds that content.
+    const int32_t parent = b ? seq.cached_blocks[b - 1] : -1;
+    const bool chained =
+        b == 0 || (parent >= 0 && kv_.generation(parent) == seq.cached_generations[b - 1]);
+    std::optional<int32_t> cached;
+    if (chained) {
+      const std::vector<uint8_t> forced = forced_mask(seq, b);
+      const BlockContent content = block_content(seq, b, forced);
+      const uint64_t hash = block_hash(seq, b);
+      cached = kv_.publish(seq.blocks[b], hash, parent, content) ? seq.blocks[b]
+                                                                 : kv_.find(hash, parent, content);
+    }
+    seq.cached_blocks.push_back(cached ? *cached : -1);
+    seq.cached_generations.push_back(cached ? kv_.generation(*cached) : 0);
   }
 }
 
@@ -155,7 +232,17 @@ void Scheduler::free_blocks(Sequence& seq) {
   for (auto it = seq.blocks.rbegin(); it != seq.blocks.rend(); ++it) kv_.release(*it);
   seq.blocks.clear();
   seq.published_blocks = 0;
-  // The linear-attention state goes with the KV: what remains of the sequence restarts at 0.
+  seq.cached_blocks.clear();
+  seq.cached_generations.clear();
+  // The linear-attention state goes with the KV: what remains of the sequence restarts at 0
+  // (or at a prefix hit's snapshot). A restore still queued for it goes too (its read buffer may
+  // be another sequence's by the next step); a snapshot it is taking stays queued: the next
+  // step copies it before any layer could write that buffer, and copies run in queue order.
+  if (seq.restore_snapshot >= 0) {
+    --snapshots_[static_cast<size_t>(seq.restore_snapshot)].pins;
+    seq.restore_snapshot = -1;
+  }
+  std::erase_if(pending_copies_, [&](const PendingCopy& pending) { return pending.owner == &seq; });
   if (seq.state_slot >= 0) {
     free_state_slots_.push_back(seq.state_slot);
     seq.state_slot = -1;
@@ -217,15 +304,33 @@ void Scheduler::lookup_prefix(Sequence& seq) {
         kv_.lookup(block_hash(seq, b), b ? seq.blocks[b - 1] : -1, block_content(seq, b, forced));
     if (!block) break;
     seq.blocks.push_back(*block);
+    ++hits;
+  }
+  if (config_.state_slots) {
+    // Linear attention: a hit needs the state after its last block, which only a snapshot has.
+    int32_t snapshot = -1;
+    while (hits > 0 && (snapshot = snapshot_of(seq.blocks[static_cast<size_t>(hits - 1)])) < 0) {
+      kv_.release(seq.blocks.back());
+      seq.blocks.pop_back();
+      --hits;
+    }
+    if (snapshot >= 0) {
+      seq.restore_snapshot = snapshot;
+      ++snapshots_[static_cast<size_t>(snapshot)].pins;
+      snapshots_[static_cast<size_t>(snapshot)].last_used = ++snapshot_clock_;
+    }
+  }
+  for (int64_t b = 0; b < hits; ++b) {
     if (config_.capture_routes && seq.route_rows < (b + 1) * bs) {
       // Every cached block of a capturing engine holds all its rows (publish waits for them).
       seq.routes.resize(static_cast<size_t>((b + 1) * bs * row_ints));
-      kv_.routes(*block, seq.routes.data() + b * bs * row_ints);
+      kv_.routes(seq.blocks[static_cast<size_t>(b)], seq.routes.data() + b * bs * row_ints);
       seq.route_rows = (b + 1) * bs;
     }
-    ++hits;
   }
   seq.published_blocks = hits;
+  seq.cached_blocks.assign(seq.blocks.begin(), seq.blocks.end());
+  for (int32_t block : seq.cached_blocks) seq.cached_generations.push_back(kv_.generation(block));
   seq.num_computed = hits * bs;
   // Only the first lookup counts: later ones (after a preemption, or a failed admission) may hit
   // blocks this request computed itself.

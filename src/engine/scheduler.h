@@ -4,6 +4,7 @@
 // nothing of the model: the engine runs the chunks it returns and reports back what was computed.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -24,6 +25,15 @@ struct SchedulerConfig {
   // Models with linear attention: a state slot per running sequence (slots 0 .. max_num_seqs-1,
   // Sequence::state_slot), taken at admission and given back with the blocks.
   bool state_slots = false;
+  // With state slots and the prefix cache: state buffers for snapshots of the linear-attention
+  // state after a prompt's last full block (state buffers 2 * max_num_seqs + i), so that a
+  // prefix hit ending there resumes from the state there. 0: no prefix hits for such models.
+  int state_snapshots = 0;
+};
+
+// A whole-buffer copy of linear-attention state that the next step does before its layers.
+struct StateCopy {
+  int32_t from = 0, to = 0;
 };
 
 // Positions [begin, begin + count) of `seq` run this step.
@@ -36,6 +46,8 @@ struct SchedulerStats {
   int64_t preemptions_total = 0;
   int64_t prefix_cache_queries_tokens = 0;
   int64_t prefix_cache_hits_tokens = 0;
+  int64_t state_snapshots_taken = 0;
+  int64_t state_snapshots_restored = 0;
 };
 
 class Scheduler {
@@ -44,6 +56,8 @@ class Scheduler {
     if (config_.state_slots)
       for (int32_t slot = config_.max_num_seqs - 1; slot >= 0; --slot)
         free_state_slots_.push_back(slot);
+    if (config_.state_slots && config_.enable_prefix_caching)
+      snapshots_.resize(static_cast<size_t>(std::max(config_.state_snapshots, 0)));
   }
 
   void add(std::unique_ptr<Sequence> seq) { waiting_.push_back(std::move(seq)); }
@@ -53,8 +67,14 @@ class Scheduler {
   // A sequence that cannot fit even in an empty cache is moved to `rejected`.
   std::vector<ScheduledChunk> schedule(bool admission_paused,
                                        std::vector<std::unique_ptr<Sequence>>& rejected);
-  // After a successful step: positions up to `end` of seq are computed; full blocks are published.
+  // After a successful step: positions up to `end` of seq are computed; full blocks are published;
+  // a linear-attention state is now in the sequence's other buffer (its parity flips), and if
+  // `end` is the sequence's snapshot boundary a snapshot of it is queued (state_copies()).
   void computed(Sequence& seq, int64_t end);
+  // The state copies the next step must do before its layers (snapshots taken, hits restored),
+  // in order; state_copies_done() once a step that did them succeeded.
+  std::vector<StateCopy> state_copies() const;
+  void state_copies_done();
   // Publishes seq's full blocks below `end` now, before computed() (whose publishing then finds
   // them done): once a step's routes are logged, while the device finishes the step.
   void publish(Sequence& seq, int64_t end);
@@ -85,6 +105,12 @@ class Scheduler {
   bool reserve(Sequence& seq, int64_t end);
   void free_blocks(Sequence& seq);
   void lookup_prefix(Sequence& seq);
+  // Linear-attention models: the position after the prompt's last full block that leaves a
+  // token to compute (where its state is snapshotted; 0: none, or no snapshots).
+  int64_t snapshot_boundary(const Sequence& seq) const;
+  int32_t snapshot_of(int32_t block) const;  // a valid snapshot after `block`, or -1
+  void take_snapshot(Sequence& seq, int64_t end);
+  int32_t snapshot_buffer(int32_t snapshot) const { return 2 * config_.max_num_seqs + snapshot; }
   void preempt(std::unique_ptr<Sequence> seq);
   std::vector<uint8_t> forced_mask(const Sequence& seq, int64_t index) const;
   uint64_t block_hash(Sequence& seq, int64_t index);
@@ -96,6 +122,22 @@ class Scheduler {
   std::deque<std::unique_ptr<Sequence>> waiting_;  // preempted ones at the front
   std::vector<std::unique_ptr<Sequence>> running_;
   std::vector<int32_t> free_state_slots_;  // never fewer than max_num_seqs - running
+  // Linear-attention state snapshots: each follows one registration of one cached block.
+  struct Snapshot {
+    int32_t block = -1;
+    uint64_t generation = 0;  // kv_.generation(block) when taken (0: empty)
+    int pins = 0;             // hits whose restore has not run yet
+    uint64_t last_used = 0;   // eviction: least recently taken or hit first
+  };
+  std::vector<Snapshot> snapshots_;
+  uint64_t snapshot_clock_ = 0;
+  // Copies for the next step, in order; a restore names its sequence (dropped if it leaves first).
+  struct PendingCopy {
+    StateCopy copy;
+    Sequence* owner = nullptr;  // restores only
+    int32_t restored = -1;      // the snapshot a restore reads (unpinned when done), else -1
+  };
+  std::vector<PendingCopy> pending_copies_;
   SchedulerStats stats_;
 };
 

@@ -20,7 +20,12 @@ struct Sequence {
   int64_t prompt_len = 0;
   int64_t num_computed = 0;     // positions whose KV is in the cache
   std::vector<int32_t> blocks;  // block table
-  int64_t published_blocks = 0; // leading full blocks already registered in the prefix cache
+  int64_t published_blocks = 0;  // leading full blocks already offered to the prefix cache
+  // Per offered block, the block the prefix cache holds for it and that block's registration: the
+  // sequence's own, or (when the same content was there first) the cached one, whose chain the
+  // next blocks continue; -1 when neither (the chain stops there).
+  std::vector<int32_t> cached_blocks;
+  std::vector<uint64_t> cached_generations;
   std::vector<uint64_t> block_hashes;  // chained hashes of the leading full blocks
 
   // Route log by position (DESIGN.md): rows [0, route_rows) are known, [route_rows*row_ints).
@@ -54,6 +59,9 @@ struct Sequence {
   int32_t state_parity = 0;
   int32_t state_read_buffer() const { return 2 * state_slot + state_parity; }
   int32_t state_write_buffer() const { return 2 * state_slot + 1 - state_parity; }
+  // A prefix-cache hit resumes from the state snapshot taken after its last hit block: that
+  // snapshot (-1: none), pinned until its copy into the read buffer has run.
+  int32_t restore_snapshot = -1;
 
   int64_t output_len() const { return static_cast<int64_t>(tokens.size()) - prompt_len; }
 };

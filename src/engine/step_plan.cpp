@@ -7,7 +7,7 @@ namespace {
 
 struct Header {
   uint32_t kind = 0;
-  uint32_t reserved = 0;
+  uint32_t state_copies = 0;  // {from, to} pairs (linear-attention state snapshots)
   int64_t payload_bytes = 0;
 };
 static_assert(sizeof(Header) == 16);
@@ -17,7 +17,7 @@ struct StepHeader {
   int32_t num_seqs = 0;
   int32_t max_blocks_per_seq = 0;
   uint32_t flags = 0;  // 1: capture_routes, 2: capture_weights
-  uint32_t reserved = 0;
+  uint32_t state_copies = 0;  // {from, to} pairs (linear-attention state snapshots)
   int64_t tokens = 0;
   int64_t block_table_entries = 0;
   int64_t logits_rows = 0;
@@ -67,6 +67,9 @@ std::vector<uint8_t> encode_step(const model::StepInputs& step) {
   h.forced = static_cast<int64_t>(step.forced.size());
   h.forced_routes = static_cast<int64_t>(step.forced_routes.size());
   h.state_entries = static_cast<int64_t>(step.state_read.size());
+  h.state_copies = static_cast<uint32_t>(step.state_copies.size());
+  std::vector<int32_t> copies;
+  for (const auto& [from, to] : step.state_copies) copies.insert(copies.end(), {from, to});
   std::vector<uint8_t> out(sizeof(h));
   std::memcpy(out.data(), &h, sizeof(h));
   put(out, step.token_ids);
@@ -79,6 +82,7 @@ std::vector<uint8_t> encode_step(const model::StepInputs& step) {
   put(out, step.forced_routes);
   put(out, step.state_read);
   put(out, step.state_write);
+  put(out, copies);
   return out;
 }
 
@@ -103,6 +107,10 @@ Result<model::StepInputs> decode_step(const uint8_t* data, int64_t bytes) {
   SY_TRY(in.take(step.forced_routes, h.forced_routes, "forced_routes"));
   SY_TRY(in.take(step.state_read, h.state_entries, "state_read"));
   SY_TRY(in.take(step.state_write, h.state_entries, "state_write"));
+  std::vector<int32_t> copies;
+  SY_TRY(in.take(copies, 2 * int64_t{h.state_copies}, "state_copies"));
+  for (size_t i = 0; i < copies.size(); i += 2)
+    step.state_copies.emplace_back(copies[i], copies[i + 1]);
   if (in.left() != 0) return Status::errorf("step plan: {} bytes left over", in.left());
   if (h.num_seqs < 0 || h.max_blocks_per_seq < 0 ||
       h.block_table_entries != int64_t{h.num_seqs} * h.max_blocks_per_seq)

@@ -171,8 +171,8 @@ Status Decoder::allocate(const ModelConfig& c, int64_t num_blocks, const backend
   }
 
   // Linear-attention state: two buffers per sequence a step can hold (a step reads one and
-  // writes the other), allocated once and zero-filled.
-  state_buffers_ = linear ? 2 * limits.max_seqs : 0;
+  // writes the other) and the prefix cache's snapshots, allocated once and zero-filled.
+  state_buffers_ = linear ? 2 * limits.max_seqs + state_snapshots_ : 0;
   for (int64_t layer = 0; layer < c.num_hidden_layers; ++layer) {
     const bool linear_layer = c.layers[static_cast<size_t>(layer)].attention.linear;
     conv_state_.push_back(
@@ -282,6 +282,21 @@ Status Decoder::forward(const Model& model, const StepInputs& in, StepOutputs& o
           "decoder: a step of a model with linear attention needs a read and a distinct "
           "write state buffer per sequence");
   }
+  for (const auto& [from, to] : in.state_copies)
+    if (from < 0 || from >= state_buffers_ || to < 0 || to >= state_buffers_ || from == to)
+      return Status::error(ErrorCode::kInternal,
+                           fmt::format("decoder: state copy {} -> {} outside the {} state buffers",
+                                       from, to, state_buffers_));
+  // Before anything of the step (and outside its graph): stream order puts them after the
+  // previous step's writes and before this step's reads.
+  for (const auto& [from, to] : in.state_copies)
+    for (size_t layer = 0; layer < conv_state_.size(); ++layer)
+      for (std::vector<Tensor>* states : {&conv_state_, &recurrent_state_}) {
+        Tensor& state = (*states)[layer];
+        if (!state.data) continue;
+        Tensor dst = state.slice_rows(to, 1);
+        backend_.copy(state.slice_rows(from, 1), dst);
+      }
 
   // A pure decode step (one token per sequence, every row's logits) on a graph-capable backend
   // is padded to its bucket and replayed from a recorded graph.

@@ -34,6 +34,9 @@ struct StepInputs {
   // [0, state_buffers()) and never equal (a failed step leaves the read buffer intact, so a
   // rerun computes the same). A sequence whose first token here is at position 0 reads zeros.
   std::vector<int32_t> state_read, state_write;
+  // Whole-buffer state copies {from, to} done before the step's layers, in order (prefix-cache
+  // snapshots of linear-attention state: taking one, restoring one into a sequence's read buffer).
+  std::vector<std::pair<int32_t, int32_t>> state_copies;
 };
 
 struct StepOutputs {
@@ -77,8 +80,10 @@ class Decoder {
   Status allocate(const ModelConfig& config, int64_t num_blocks, const backend::StepLimits& limits);
   int block_size() const { return block_size_; }
   // Per-sequence state buffers of the linear-attention layers (2 per sequence the step limits
-  // allow: read and write), allocated once by allocate(); 0 for a model without such layers.
+  // allow: read and write, then `snapshots` more for the prefix cache's state snapshots),
+  // allocated once by allocate(); 0 for a model without such layers.
   int64_t state_buffers() const { return state_buffers_; }
+  void set_state_snapshots(int64_t snapshots) { state_snapshots_ = snapshots; }
   const KernelChoice& kernels() const { return kernels_; }
   // Graph recording of decode steps (backends that support it); on by default.
   void set_graphs_enabled(bool enabled) { graphs_enabled_ = enabled; }
@@ -127,6 +132,7 @@ class Decoder {
   // value_heads, key_head_dim, value_head_dim] f32 (undefined for other layers).
   std::vector<Tensor> conv_state_, recurrent_state_;
   int64_t state_buffers_ = 0;
+  int64_t state_snapshots_ = 0;
   std::unique_ptr<Workspace> ws_;
   // The step in flight (between forward and finish_step).
   int64_t step_tokens_ = 0;

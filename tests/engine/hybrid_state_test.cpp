@@ -3,7 +3,7 @@
 // of several chunk sizes, in a batch of concurrent requests, and with preemption forced by a
 // small KV cache (the recompute restarts the state from position 0 and replays the logged
 // routes); a step that fails and is rerun request by request reads the state it read the first
-// time; the prefix cache is off for such a model, so a repeated prompt is computed again.
+// time; the prefix cache resumes a hit from a snapshot of the state (without snapshots it is off).
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -159,10 +159,11 @@ TEST_F(HybridEngine, AFailedStepRerunReadsTheSameState) {
   expect_same(a_alone, a_out, "A after the failed step's rerun");
 }
 
-TEST_F(HybridEngine, ThePrefixCacheIsOffAndARepeatedPromptIsComputedAgain) {
+TEST_F(HybridEngine, WithoutStateSnapshotsThePrefixCacheIsOffAndARepeatedPromptIsComputedAgain) {
   if (on_cuda()) GTEST_SKIP() << "the CUDA backend has no gated DeltaNet";
   engine::EngineConfig on = config();
-  on.enable_prefix_caching = true;  // asked for, turned off at start-up for this model
+  on.enable_prefix_caching = true;  // asked for, turned off at start-up: no snapshots
+  on.state_snapshots = 0;
   Runner runner(on);
   const auto request = greedy(seeded_prompt(5, 50), 4);
   const Outcome first = runner.run(request);
@@ -170,6 +171,98 @@ TEST_F(HybridEngine, ThePrefixCacheIsOffAndARepeatedPromptIsComputedAgain) {
   expect_same(first, second, "repeat");
   EXPECT_EQ(second.cached_prompt_tokens, 0);
   EXPECT_EQ(runner.engine->metrics().prefix_cache_hits_tokens, 0);
+}
+
+// The cold outcome of each request: an engine without a prefix cache, each request alone.
+std::vector<Outcome> cold_outcomes(const engine::EngineConfig& base,
+                                   const std::vector<engine::GenerationRequest>& list) {
+  engine::EngineConfig off = base;
+  off.enable_prefix_caching = false;
+  Runner runner(off);
+  std::vector<Outcome> outcomes;
+  for (const auto& request : list) outcomes.push_back(runner.run(request));
+  return outcomes;
+}
+
+// A prefix hit on a hybrid model resumes from the snapshot of the linear-attention state taken
+// after the prompt's last full block (blocks of 16: a 50-token prompt is snapshotted after 48),
+// and gives the tokens and routes of a cold run. A prompt that shares only shorter leading
+// blocks (no snapshot there) gets no hit and is computed from position 0.
+TEST_F(HybridEngine, APrefixHitResumesFromTheStateSnapshotAfterThePromptsLastFullBlock) {
+  if (on_cuda()) GTEST_SKIP() << "the CUDA backend has no gated DeltaNet";
+  engine::EngineConfig cached = config();
+  cached.block_size_tokens = 16;
+  const std::vector<int32_t> a_prompt = seeded_prompt(41, 50);
+  std::vector<int32_t> b_prompt(a_prompt.begin(), a_prompt.begin() + 40);  // blocks 0-1 shared
+  const std::vector<int32_t> tail = seeded_prompt(42, 20);
+  b_prompt.insert(b_prompt.end(), tail.begin(), tail.end());
+  const std::vector<engine::GenerationRequest> list = {greedy(a_prompt, 8), greedy(b_prompt, 8)};
+  const std::vector<Outcome> cold = cold_outcomes(cached, list);
+
+  Runner runner(cached);
+  expect_same(cold[0], runner.run(list[0]), "A, first");
+  const Outcome a_again = runner.run(list[0]);
+  expect_same(cold[0], a_again, "A, a prefix hit");
+  EXPECT_EQ(a_again.cached_prompt_tokens, 48);
+  const Outcome b = runner.run(list[1]);
+  expect_same(cold[1], b, "B, sharing two blocks with A but not A's snapshot");
+  EXPECT_EQ(b.cached_prompt_tokens, 0);
+  const Outcome b_again = runner.run(list[1]);
+  expect_same(cold[1], b_again, "B, a prefix hit");
+  EXPECT_EQ(b_again.cached_prompt_tokens, 48);
+  const engine::EngineMetrics metrics = runner.engine->metrics();
+  EXPECT_EQ(metrics.state_snapshots_taken, 2);
+  EXPECT_EQ(metrics.state_snapshots_restored, 2);
+  EXPECT_EQ(metrics.prefix_cache_hits_tokens, 96);
+}
+
+// With one snapshot, a second prompt's evicts the first's: the first, repeated, is computed
+// again (no hit on its still-cached KV blocks, whose state is gone), exactly, and takes it back.
+TEST_F(HybridEngine, AnEvictedSnapshotMeansNoHitEvenWithTheBlocksStillCached) {
+  if (on_cuda()) GTEST_SKIP() << "the CUDA backend has no gated DeltaNet";
+  engine::EngineConfig one = config();
+  one.block_size_tokens = 16;
+  one.state_snapshots = 1;
+  const std::vector<engine::GenerationRequest> list = {greedy(seeded_prompt(51, 40), 6),
+                                                       greedy(seeded_prompt(52, 37), 6)};
+  const std::vector<Outcome> cold = cold_outcomes(one, list);
+  Runner runner(one);
+  expect_same(cold[0], runner.run(list[0]), "A");
+  expect_same(cold[1], runner.run(list[1]), "C, taking the one snapshot");
+  const Outcome a_again = runner.run(list[0]);
+  expect_same(cold[0], a_again, "A again");
+  EXPECT_EQ(a_again.cached_prompt_tokens, 0);
+  // A again took the snapshot back: A hits, then C (evicted) does not.
+  const Outcome a_third = runner.run(list[0]);
+  expect_same(cold[0], a_third, "A a third time");
+  EXPECT_EQ(a_third.cached_prompt_tokens, 32);
+  const Outcome c_again = runner.run(list[1]);
+  expect_same(cold[1], c_again, "C again");
+  EXPECT_EQ(c_again.cached_prompt_tokens, 0);
+}
+
+// Hits, snapshots and preemption together: prompts that repeat and share prefixes, run
+// concurrently in small steps in a cache too small for all of them; each gives its cold outcome.
+TEST_F(HybridEngine, HitsSnapshotsAndPreemptionTogetherGiveTheColdOutcomes) {
+  if (on_cuda()) GTEST_SKIP() << "the CUDA backend has no gated DeltaNet";
+  engine::EngineConfig small = config();
+  small.block_size_tokens = 16;
+  small.max_num_batched_tokens = 24;
+  small.kv_cache_tokens = 16 * 10;
+  small.state_snapshots = 2;
+  std::vector<engine::GenerationRequest> list;
+  for (int i = 0; i < 3; ++i) list.push_back(greedy(seeded_prompt(60 + i, 35 + 7 * i), 6 + i));
+  for (int i = 0; i < 3; ++i) list.push_back(list[static_cast<size_t>(i)]);  // repeats
+  const std::vector<Outcome> cold = cold_outcomes(small, list);
+  Runner runner(small);
+  expect_same(cold[0], runner.run(list[0]), "first alone");
+  std::vector<std::future<Outcome>> pending;
+  for (const auto& request : list) pending.push_back(runner.start(request));
+  for (size_t i = 0; i < list.size(); ++i)
+    expect_same(cold[i], pending[i].get(), "together, request " + std::to_string(i));
+  const engine::EngineMetrics metrics = runner.engine->metrics();
+  EXPECT_GT(metrics.preemptions_total, 0) << "the cache was meant to be too small";
+  EXPECT_GT(metrics.state_snapshots_restored, 0) << "no request resumed from a snapshot";
 }
 
 }  // namespace

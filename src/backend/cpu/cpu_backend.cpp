@@ -90,6 +90,9 @@ void CpuBackend::upload(const void* host, Tensor& dst) {
 void CpuBackend::download(const Tensor& src, void* host) {
   if (src.nbytes() > 0) std::memcpy(host, src.data, src.nbytes());
 }
+void CpuBackend::copy(const Tensor& src, Tensor& dst) {
+  if (src.nbytes() > 0) std::memmove(dst.data, src.data, src.nbytes());
+}
 void CpuBackend::fill_i32(Tensor& dst, int32_t value) {
   std::fill_n(dst.ptr<int32_t>(), dst.numel(), value);
 }

@@ -28,6 +28,7 @@ class CpuBackend final : public Backend {
   void fill_random(Tensor& dst, uint64_t seed, float scale, float offset) override;
   void upload(const void* host, Tensor& dst) override;
   void download(const Tensor& src, void* host) override;
+  void copy(const Tensor& src, Tensor& dst) override;
   void download_columns_async(const Tensor& src, void* host, int64_t rows, int64_t row_bytes,
                               int64_t begin, int64_t width) override {
     for (int64_t r = 0; r < rows; ++r)

@@ -215,6 +215,11 @@ class CudaBackend final : public Backend {
     SY_CUDA_CHECK(cudaMemcpyAsync(host, src.data, src.nbytes(), cudaMemcpyDeviceToHost, context_.stream));
     SY_CUDA_CHECK(cudaStreamSynchronize(context_.stream));
   }
+  void copy(const Tensor& src, Tensor& dst) override {
+    if (src.nbytes() == 0) return;
+    SY_CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, src.nbytes(), cudaMemcpyDeviceToDevice,
+                                  context_.stream));
+  }
   void download_async(const Tensor& src, void* host) override {
     if (src.nbytes() == 0) return;
     SY_CUDA_CHECK(cudaMemcpyAsync(host, src.data, src.nbytes(), cudaMemcpyDeviceToHost, context_.stream));
