@@ -70,6 +70,10 @@ fi
 if want engine; then
   section "engine tests on CUDA"
   SY_TEST_DEVICE=cuda run engine timeout "${STAGE_TIMEOUT:-300}" "$carry/test_engine" --gtest_filter='Engine.*' --gtest_brief=1
+  # The hybrid (gated DeltaNet) engine tests: chunked prefill, preemption, failed-step reruns,
+  # prefix hits from state snapshots (Backend::copy), on the CUDA kernels.
+  section "hybrid engine tests on CUDA"
+  SY_TEST_DEVICE=cuda run engine-hybrid timeout "${STAGE_TIMEOUT:-300}" "$carry/test_engine" --gtest_filter='HybridEngine.*' --gtest_brief=1
 fi
 if want bench8; then
   section "step bench: Qwen3-30B-A3B 8-layer cut"

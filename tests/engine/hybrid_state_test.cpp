@@ -53,7 +53,6 @@ class HybridEngine : public ::testing::Test {
 };
 
 TEST_F(HybridEngine, ChunkedPrefillConcurrencyAndPreemptionGiveTheTokensAndRoutesOfEachAlone) {
-  if (on_cuda()) GTEST_SKIP() << "the CUDA backend has no gated DeltaNet";
   const auto list = requests();
   std::vector<Outcome> alone;
   {
@@ -111,7 +110,6 @@ class RefusesReplayKernel final : public moe::ExpertsKernel {
 // reruns each request alone: A's rerun must read the linear-attention state the failed step
 // read (a step writes the other buffer), else its tokens would differ from A alone.
 TEST_F(HybridEngine, AFailedStepRerunReadsTheSameState) {
-  if (on_cuda()) GTEST_SKIP() << "the CUDA backend has no gated DeltaNet";
   engine::EngineConfig refusing = config();
   refusing.moe_kernel = "test-refuses-replay";
   refusing.register_extra_kernels = [](moe::ExpertsKernelRegistry& registry) {
@@ -160,7 +158,6 @@ TEST_F(HybridEngine, AFailedStepRerunReadsTheSameState) {
 }
 
 TEST_F(HybridEngine, WithoutStateSnapshotsThePrefixCacheIsOffAndARepeatedPromptIsComputedAgain) {
-  if (on_cuda()) GTEST_SKIP() << "the CUDA backend has no gated DeltaNet";
   engine::EngineConfig on = config();
   on.enable_prefix_caching = true;  // asked for, turned off at start-up: no snapshots
   on.state_snapshots = 0;
@@ -189,7 +186,6 @@ std::vector<Outcome> cold_outcomes(const engine::EngineConfig& base,
 // and gives the tokens and routes of a cold run. A prompt that shares only shorter leading
 // blocks (no snapshot there) gets no hit and is computed from position 0.
 TEST_F(HybridEngine, APrefixHitResumesFromTheStateSnapshotAfterThePromptsLastFullBlock) {
-  if (on_cuda()) GTEST_SKIP() << "the CUDA backend has no gated DeltaNet";
   engine::EngineConfig cached = config();
   cached.block_size_tokens = 16;
   const std::vector<int32_t> a_prompt = seeded_prompt(41, 50);
@@ -219,7 +215,6 @@ TEST_F(HybridEngine, APrefixHitResumesFromTheStateSnapshotAfterThePromptsLastFul
 // With one snapshot, a second prompt's evicts the first's: the first, repeated, is computed
 // again (no hit on its still-cached KV blocks, whose state is gone), exactly, and takes it back.
 TEST_F(HybridEngine, AnEvictedSnapshotMeansNoHitEvenWithTheBlocksStillCached) {
-  if (on_cuda()) GTEST_SKIP() << "the CUDA backend has no gated DeltaNet";
   engine::EngineConfig one = config();
   one.block_size_tokens = 16;
   one.state_snapshots = 1;
@@ -244,7 +239,6 @@ TEST_F(HybridEngine, AnEvictedSnapshotMeansNoHitEvenWithTheBlocksStillCached) {
 // Hits, snapshots and preemption together: prompts that repeat and share prefixes, run
 // concurrently in small steps in a cache too small for all of them; each gives its cold outcome.
 TEST_F(HybridEngine, HitsSnapshotsAndPreemptionTogetherGiveTheColdOutcomes) {
-  if (on_cuda()) GTEST_SKIP() << "the CUDA backend has no gated DeltaNet";
   engine::EngineConfig small = config();
   small.block_size_tokens = 16;
   small.max_num_batched_tokens = 24;
