@@ -141,6 +141,43 @@ TEST(Scheduler, PrefixHitsSkipCachedBlocksAndCountOnce) {
   EXPECT_EQ(describe(h.step()), "3:16+16");
 }
 
+// Two sequences with the same first two blocks, admitted together (no hit: nothing is cached
+// yet): the second's duplicates are not registered, but its third block continues the chain of
+// the first's cached copies, so a later prompt equal to the second's hits all three blocks.
+TEST(Scheduler, ASequenceDuplicatingCachedBlocksContinuesTheirChain) {
+  Harness h(32, 256);
+  h.scheduler.add(fake_sequence(1, 40));
+  auto b = fake_sequence(2, 60);
+  std::iota(b->tokens.begin() + 32, b->tokens.end(), 500);  // blocks 0-1 as 1's, then its own
+  b->request.prompt_ids = b->tokens;
+  const std::vector<int32_t> b_tokens = b->tokens;
+  h.scheduler.add(std::move(b));
+  EXPECT_EQ(describe(h.step()), "1:0+40 2:0+60");
+  h.scheduler.remove(RequestId{1});
+  h.scheduler.remove(RequestId{2});
+  auto c = fake_sequence(3, 60);
+  c->tokens = b_tokens;
+  c->request.prompt_ids = b_tokens;
+  h.scheduler.add(std::move(c));
+  EXPECT_EQ(describe(h.step()), "3:48+12");
+}
+
+// Linear-attention models with snapshots: a prompt's prefill chunk ends at its snapshot
+// boundary (the start of the block holding its last token), the tail runs in the next step.
+TEST(Scheduler, WithStateSnapshotsAPrefillChunkEndsAtTheSnapshotBoundary) {
+  KvCache kv(32, kBlock, RoutePacking(1, 2, 16, {0}));
+  Scheduler scheduler(SchedulerConfig{4, 256, 256, true, false, 2, true, 2}, kv);
+  std::vector<std::unique_ptr<Sequence>> rejected;
+  scheduler.add(fake_sequence(1, 40));
+  scheduler.add(fake_sequence(2, 16, 100));  // boundary 0: no snapshot, no cut
+  auto chunks = scheduler.schedule(false, rejected);
+  EXPECT_EQ(describe(chunks), "1:0+32 2:0+16");
+  for (const ScheduledChunk& c : chunks) scheduler.computed(*c.seq, c.begin + c.count);
+  ASSERT_EQ(scheduler.state_copies().size(), 1u) << "1's state after 32 tokens is snapshotted";
+  EXPECT_EQ(scheduler.state_copies()[0].to, 2 * 4 + 0) << "snapshot buffers follow 2 per slot";
+  EXPECT_EQ(scheduler.stats().state_snapshots_taken, 1);
+}
+
 TEST(Scheduler, ASequenceLargerThanTheCacheIsRejectedAndSlotsAreCapped) {
   Harness h(4, 256, /*max_seqs=*/2);
   h.scheduler.add(fake_sequence(1, 100));  // 7 blocks > 4
