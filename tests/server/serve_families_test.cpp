@@ -105,9 +105,11 @@ TEST_P(ServeFamily, ModelCardAndRoutesEqualGenerate) {
   ASSERT_TRUE(error.empty()) << error;
 
   const json card = http_call(serve.port(), "GET", "/v1/models").json()["data"][0];
-  const std::vector<int> moe_layers = expected_moe_layers(config);
-  const int64_t layers = config["num_hidden_layers"], top_k = config["num_experts_per_tok"];
-  const int64_t experts = experts_of(config);
+  // Multimodal wrappers (Qwen3.5) keep the language model's fields under text_config.
+  const json& text = config.contains("text_config") ? config["text_config"] : config;
+  const std::vector<int> moe_layers = expected_moe_layers(text);
+  const int64_t layers = text["num_hidden_layers"], top_k = text["num_experts_per_tok"];
+  const int64_t experts = experts_of(text);
   EXPECT_EQ(card["architecture"], config["architectures"][0]);
   EXPECT_EQ(card["moe_layers"], json(moe_layers));
   EXPECT_EQ(card["num_hidden_layers"], layers);
@@ -185,6 +187,16 @@ TEST_P(ServeFamily, ModelCardAndRoutesEqualGenerate) {
   if (experts > 256) {
     EXPECT_GT(*std::max_element(used.begin(), used.end()), 255) << "ids above 255 were routed";
   }
+
+  // The same request again is a prefix-cache hit (27 tokens: the first 16-token block; for the
+  // hybrid family, from its linear-attention state snapshot) and returns the same tokens and
+  // routes, the cached rows included.
+  HttpResponse again = post_json(serve.port(), "/v1/completions", request);
+  ASSERT_EQ(again.status, 200) << again.body;
+  EXPECT_EQ(again.json()["usage"]["prompt_tokens_details"]["cached_tokens"], 16) << again.body;
+  EXPECT_EQ(again.json()["choices"][0]["token_ids"], choice["token_ids"]);
+  EXPECT_EQ(decode_npy(again.json()["choices"][0]["routed_experts"]).data, routes.data)
+      << "routes of a prefix hit differ";
 
   // The "moe" layout is the same routes with the dense layers left out.
   request["routed_experts_layers"] = "moe";
@@ -310,6 +322,8 @@ INSTANTIATE_TEST_SUITE_P(
         Family{"gpt_oss", "gpt_oss", json::object(), DType::kU8},
         // first_k_dense_replace 1: layer 0 dense.
         Family{"deepseek_v3", "deepseek_v3", json::object(), DType::kU8},
+        // Gated DeltaNet and gated attention layers; prefix hits from state snapshots.
+        Family{"qwen3_5_moe", "qwen3_5_moe", json::object(), DType::kU8},
         // More experts than uint8 holds: uint16 on the wire.
         Family{"qwen3_moe_300_experts", "qwen3_moe", json{{"num_experts", 300}}, DType::kU16}),
     [](const ::testing::TestParamInfo<Family>& info) { return std::string(info.param.name); });
