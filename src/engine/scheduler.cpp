@@ -330,6 +330,7 @@ void Scheduler::lookup_prefix(Sequence& seq) {
   }
   seq.published_blocks = hits;
   seq.cached_blocks.assign(seq.blocks.begin(), seq.blocks.end());
+  seq.cached_generations.clear();
   for (int32_t block : seq.cached_blocks) seq.cached_generations.push_back(kv_.generation(block));
   seq.num_computed = hits * bs;
   // Only the first lookup counts: later ones (after a preemption, or a failed admission) may hit
