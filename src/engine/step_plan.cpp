@@ -7,7 +7,7 @@ namespace {
 
 struct Header {
   uint32_t kind = 0;
-  uint32_t state_copies = 0;  // {from, to} pairs (linear-attention state snapshots)
+  uint32_t reserved = 0;
   int64_t payload_bytes = 0;
 };
 static_assert(sizeof(Header) == 16);

@@ -180,10 +180,10 @@ Batches upload_batch(Pair& p, const Layout& l, const std::vector<int32_t>& posit
 
 // The earlier context of a layout, written into both backends' caches as earlier steps would
 // have (chunks of at most kWriteChunk; random K/V, the same on both).
-void write_history(Harness& h, Case& c, Pair& p, const Layout& l, int64_t kv_heads,
-                   int64_t head_dim, Tensor& cpu_k, Tensor& cpu_v, Tensor& dev_k, Tensor& dev_v) {
-  const int64_t history = static_cast<int64_t>(l.history_slots.size()),
-                kv_row = kv_heads * head_dim;
+// The earlier context of a layout in steps of at most kWriteChunk tokens: body(batch, tokens).
+template <typename Body>
+void for_each_history_chunk(Pair& p, const Layout& l, Body&& body) {
+  const int64_t history = static_cast<int64_t>(l.history_slots.size());
   for (int64_t begin = 0; begin < history; begin += kWriteChunk) {
     const int64_t n = std::min(kWriteChunk, history - begin);
     auto part = [&](const std::vector<int32_t>& v) {
@@ -192,11 +192,19 @@ void write_history(Harness& h, Case& c, Pair& p, const Layout& l, int64_t kv_hea
     Batches b =
         upload_batch(p, l, part(l.history_positions), part(l.history_seq), part(l.history_slots), n,
                      l.history_positions[static_cast<size_t>(begin + n - 1)] + 1);
+    body(b, n);
+  }
+}
+
+void write_history(Harness& h, Case& c, Pair& p, const Layout& l, int64_t kv_heads,
+                   int64_t head_dim, Tensor& cpu_k, Tensor& cpu_v, Tensor& dev_k, Tensor& dev_v) {
+  const int64_t kv_row = kv_heads * head_dim;
+  for_each_history_chunk(p, l, [&](Batches& b, int64_t n) {
     Both k = p.f32(random_floats(c.rng, n * kv_row, 1.7f), {n, kv_heads, head_dim});
     Both v = p.f32(random_floats(c.rng, n * kv_row, 1.7f), {n, kv_heads, head_dim});
     h.cpu.write_kv(k.cpu, v.cpu, cpu_k, cpu_v, b.cpu);
     h.device.write_kv(k.dev, v.dev, dev_k, dev_v, b.dev);
-  }
+  });
 }
 
 void attention_case(Harness& h, Case& c, const HeadConfig& hc, Kind kind, int block_size,
@@ -450,20 +458,12 @@ void latent_attention_case(Harness& h, Case& c, const LatentConfig& lc, Kind kin
     h.device.latent_attention(q.dev, latent.dev, kv_norm.dev, 1e-6f, kv_b.dev, shape, b.dev, rope,
                               dev_cache, scale, out.dev);
   };
-  const int64_t history = static_cast<int64_t>(l.history_slots.size());
-  for (int64_t begin = 0; begin < history; begin += kWriteChunk) {
-    const int64_t n = std::min(kWriteChunk, history - begin);
-    auto part = [&](const std::vector<int32_t>& v) {
-      return std::vector<int32_t>(v.begin() + begin, v.begin() + begin + n);
-    };
-    Batches b =
-        upload_batch(p, l, part(l.history_positions), part(l.history_seq), part(l.history_slots), n,
-                     l.history_positions[static_cast<size_t>(begin + n - 1)] + 1);
+  for_each_history_chunk(p, l, [&](Batches& b, int64_t n) {
     Both q = p.f32(random_floats(c.rng, n * heads * q_row, 2.0f), {n, heads, q_row});
     Both latent = p.f32(random_floats(c.rng, n * row, 2.0f), {n, row});
     Both out = p.output({n, heads * lc.v_dim});
     run_both(b, q, latent, out);
-  }
+  });
   const int64_t tokens = static_cast<int64_t>(l.positions.size());
   Batches b = upload_batch(p, l, l.positions, l.token_seq, l.slot_mapping, l.max_query_len,
                            l.max_context_len);

@@ -181,6 +181,17 @@ std::vector<Outcome> cold_outcomes(const engine::EngineConfig& base,
   return outcomes;
 }
 
+// Runs `request` and expects its cold outcome and, unless -1, `cached` prompt tokens from the
+// prefix cache.
+void expect_run(Runner& runner, const engine::GenerationRequest& request, const Outcome& cold,
+                int64_t cached, const std::string& what) {
+  const Outcome outcome = runner.run(request);
+  expect_same(cold, outcome, what);
+  if (cached >= 0) {
+    EXPECT_EQ(outcome.cached_prompt_tokens, cached) << what;
+  }
+}
+
 // A prefix hit on a hybrid model resumes from the snapshot of the linear-attention state taken
 // after the prompt's last full block (blocks of 16: a 50-token prompt is snapshotted after 48),
 // and gives the tokens and routes of a cold run. A prompt that shares only shorter leading
@@ -196,16 +207,10 @@ TEST_F(HybridEngine, APrefixHitResumesFromTheStateSnapshotAfterThePromptsLastFul
   const std::vector<Outcome> cold = cold_outcomes(cached, list);
 
   Runner runner(cached);
-  expect_same(cold[0], runner.run(list[0]), "A, first");
-  const Outcome a_again = runner.run(list[0]);
-  expect_same(cold[0], a_again, "A, a prefix hit");
-  EXPECT_EQ(a_again.cached_prompt_tokens, 48);
-  const Outcome b = runner.run(list[1]);
-  expect_same(cold[1], b, "B, sharing two blocks with A but not A's snapshot");
-  EXPECT_EQ(b.cached_prompt_tokens, 0);
-  const Outcome b_again = runner.run(list[1]);
-  expect_same(cold[1], b_again, "B, a prefix hit");
-  EXPECT_EQ(b_again.cached_prompt_tokens, 48);
+  expect_run(runner, list[0], cold[0], -1, "A, first");
+  expect_run(runner, list[0], cold[0], 48, "A, a prefix hit");
+  expect_run(runner, list[1], cold[1], 0, "B, sharing two blocks with A but not A's snapshot");
+  expect_run(runner, list[1], cold[1], 48, "B, a prefix hit");
   const engine::EngineMetrics metrics = runner.engine->metrics();
   EXPECT_EQ(metrics.state_snapshots_taken, 2);
   EXPECT_EQ(metrics.state_snapshots_restored, 2);
@@ -222,18 +227,12 @@ TEST_F(HybridEngine, AnEvictedSnapshotMeansNoHitEvenWithTheBlocksStillCached) {
                                                        greedy(seeded_prompt(52, 37), 6)};
   const std::vector<Outcome> cold = cold_outcomes(one, list);
   Runner runner(one);
-  expect_same(cold[0], runner.run(list[0]), "A");
-  expect_same(cold[1], runner.run(list[1]), "C, taking the one snapshot");
-  const Outcome a_again = runner.run(list[0]);
-  expect_same(cold[0], a_again, "A again");
-  EXPECT_EQ(a_again.cached_prompt_tokens, 0);
+  expect_run(runner, list[0], cold[0], -1, "A");
+  expect_run(runner, list[1], cold[1], -1, "C, taking the one snapshot");
+  expect_run(runner, list[0], cold[0], 0, "A again");
   // A again took the snapshot back: A hits, then C (evicted) does not.
-  const Outcome a_third = runner.run(list[0]);
-  expect_same(cold[0], a_third, "A a third time");
-  EXPECT_EQ(a_third.cached_prompt_tokens, 32);
-  const Outcome c_again = runner.run(list[1]);
-  expect_same(cold[1], c_again, "C again");
-  EXPECT_EQ(c_again.cached_prompt_tokens, 0);
+  expect_run(runner, list[0], cold[0], 32, "A a third time");
+  expect_run(runner, list[1], cold[1], 0, "C again");
 }
 
 // Hits, snapshots and preemption together: prompts that repeat and share prefixes, run
