@@ -149,15 +149,15 @@ Status Decoder::allocate(const ModelConfig& c, int64_t num_blocks, const backend
   // Zero-filled now, so the whole cache is resident from the start: memory use does not creep
   // up later as the prefix cache reaches blocks never touched before.
   for (int64_t layer = 0; layer < c.num_hidden_layers; ++layer) {
-    // A latent-attention layer caches one row of latent + k_pe per token (k_cache_; its v_cache_
-    // is a placeholder).
+    // A latent-attention layer caches one row of latent + k_pe per token in the backend's KV
+    // dtype (k_cache_; its v_cache_ is a placeholder).
     const bool latent_layer = c.layers[static_cast<size_t>(layer)].attention.latent;
     const bool linear_layer = c.layers[static_cast<size_t>(layer)].attention.linear;
     for (auto* cache : {&k_cache_, &v_cache_}) {
       if (linear_layer)  // per-sequence state instead (below); placeholders keep the indexing
         cache->push_back(backend_.alloc(DType::kF32, {1, 1, 1}));
       else if (latent_layer)
-        cache->push_back(cache == &k_cache_ ? backend_.alloc(DType::kF32, {slots, 1, mla.cache_row()})
+        cache->push_back(cache == &k_cache_ ? backend_.alloc(kv_dtype, {slots, 1, mla.cache_row()})
                                             : backend_.alloc(DType::kF32, {1, 1, 1}));
       else
         cache->push_back(backend_.alloc(kv_dtype, {slots, c.num_key_value_heads, c.head_dim}));
