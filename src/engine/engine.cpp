@@ -33,6 +33,29 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// The KV cache's size at start-up, and for latent (MLA) layers what expanded per-head K/V would
+// take per token: the compression the latent cache buys.
+void log_kv_cache(const model::ModelConfig& c, int64_t tokens, size_t dtype_bytes) {
+  const int64_t per_token = c.kv_cache_values_per_token() * static_cast<int64_t>(dtype_bytes);
+  std::string latent;
+  int64_t expanded = 0;
+  for (const model::LayerSpec& layer : c.layers)
+    if (layer.attention.latent) {
+      const model::LatentAttentionSpec& mla = c.latent_attention;
+      expanded +=
+          c.num_attention_heads * (mla.qk_nope_head_dim + mla.qk_rope_head_dim + mla.v_head_dim);
+    } else if (!layer.attention.linear) {
+      expanded += 2 * c.num_key_value_heads * c.head_dim;
+    }
+  expanded *= static_cast<int64_t>(dtype_bytes);
+  if (c.latent_attention.kv_lora_rank > 0 && expanded > 0)
+    latent = fmt::format(" (latent attention; expanded K/V would take {} bytes/token, {:.1f}x)",
+                         expanded, static_cast<double>(expanded) / static_cast<double>(per_token));
+  std::fprintf(stderr, "switchyard: KV cache: %lld tokens, %lld bytes/token%s, %.2f GB\n",
+               static_cast<long long>(tokens), static_cast<long long>(per_token), latent.c_str(),
+               static_cast<double>(tokens * per_token) / 1e9);
+}
+
 class EngineImpl final : public Engine {
  public:
   ~EngineImpl() override {
@@ -166,6 +189,7 @@ class EngineImpl final : public Engine {
       kv_tokens = std::clamp<int64_t>(budget / per_token, 4096, int64_t{4} << 20);
     }
     int64_t blocks = std::max<int64_t>(2, (kv_tokens + config.block_size_tokens - 1) / config.block_size_tokens);
+    log_kv_cache(c, blocks * config.block_size_tokens, dtype_size(backend_->kv_cache_dtype()));
     decoder_ = std::make_unique<model::Decoder>(*backend_, kernels, config.block_size_tokens);
     decoder_->set_graphs_enabled(config.cuda_graphs);
     decoder_->set_state_snapshots(snapshots);
