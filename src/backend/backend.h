@@ -136,6 +136,8 @@ struct StepLimits {
   int64_t num_heads = 0;
   int64_t head_dim = 0;
   int64_t max_feature_dim = 0;  // widest matmul input (hidden, heads * head_dim, MLP widths)
+  // Multi-head latent attention's kv_lora_rank and qk_rope_head_dim (0: no latent layers).
+  int64_t latent_kv_lora = 0, latent_rope = 0;
 };
 
 class Backend {

@@ -109,6 +109,10 @@ Status Decoder::allocate(const ModelConfig& c, int64_t num_blocks, const backend
   const LatentAttentionSpec& mla = c.latent_attention;
   bool latent = false;
   for (const LayerSpec& layer : c.layers) latent |= layer.attention.latent;
+  if (latent) {
+    full.latent_kv_lora = mla.kv_lora_rank;
+    full.latent_rope = mla.qk_rope_head_dim;
+  }
   const LinearAttentionSpec& lin = c.linear_attention;
   const bool linear = c.has_linear_attention();
   bool output_gate = false;

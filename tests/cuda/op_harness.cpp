@@ -116,6 +116,8 @@ int main(int argc, char** argv) {
   limits.num_heads = 32;
   limits.head_dim = 256;
   limits.max_feature_dim = 4096;  // widest matmul input
+  limits.latent_kv_lora = 512;    // the latent attention cases' largest
+  limits.latent_rope = 64;
   for (sy::backend::Backend* b : {cpu.get(), device.get(), invariant.get()}) {
     sy::Status reserved = b->reserve(limits);
     if (!reserved) return setup_failure("backend.reserve", b->name() + ": " + reserved.message(), options.seed);

@@ -64,6 +64,7 @@ class CudaBackend final : public Backend {
     if (matmul_scratch_) cudaFree(matmul_scratch_);
     if (dense_plan_) cudaFree(dense_plan_);
     if (attention_scratch_) cudaFree(attention_scratch_);
+    if (latent_scratch_) cudaFree(latent_scratch_);
     if (attention_arrivals_) cudaFree(attention_arrivals_);
     cudaFree(context_.cublas_workspace);
     cublasLtDestroy(context_.cublas_lt);
@@ -107,6 +108,16 @@ class CudaBackend final : public Backend {
     SY_CUDA_CHECK(cudaMemset(attention_arrivals_, 0, arrivals * sizeof(int)));
     if (limits.vocab_size > 0) sampler_.reserve(limits.max_logits_rows, limits.vocab_size);
     prepare_gated_delta_net(context_.device);
+    if (limits.latent_kv_lora > 0) {
+      latent_scratch_bytes_ = latent_attention_scratch_bytes(
+          static_cast<int>(limits.num_heads), static_cast<int>(limits.latent_kv_lora),
+          static_cast<int>(limits.latent_rope));
+      if (latent_scratch_) cudaFree(latent_scratch_);
+      if (cudaMalloc(&latent_scratch_, latent_scratch_bytes_) != cudaSuccess)
+        return Status::error(ErrorCode::kResourceExhausted,
+                             "cuda: out of memory for the latent attention scratch");
+      prepare_latent_attention(context_.device);
+    }
     return Status::ok();
   }
 
@@ -277,7 +288,7 @@ class CudaBackend final : public Backend {
       case BackendFeature::kPartialRotary:
       case BackendFeature::kMxfp4Weights:  // U8 blocks and scales copied as they are
       case BackendFeature::kMxfp4Experts:  // cuda-modular reads them (cuda-fused refuses MXFP4)
-      case BackendFeature::kLatentAttention:  // kv_lora <= 1024, rope <= 256
+      case BackendFeature::kLatentAttention:  // kv_lora <= 1024, rope <= 256, nope <= 512
                                               // (latent_attention_supported)
       case BackendFeature::kGatedAttention:
       case BackendFeature::kGatedDeltaNet:  // head dims <= 1024, conv kernel <= 8
@@ -505,9 +516,11 @@ class CudaBackend final : public Backend {
                                    static_cast<int>(shape.rope), static_cast<int>(shape.v_dim)))
       return Status::ok();
     return Status::errorf(
-        "multi-head latent attention (kv_lora_rank {}, qk_nope_head_dim {}, qk_rope_head_dim {}, v_head_dim {}) "
-        "is outside what the CUDA kernel takes (kv_lora_rank <= 1024, an even qk_rope_head_dim <= 256, "
-        "qk_nope_head_dim and v_head_dim <= 1024)",
+        "multi-head latent attention (kv_lora_rank {}, qk_nope_head_dim {}, qk_rope_head_dim {}, "
+        "v_head_dim {}) "
+        "is outside what the CUDA kernels take (an even kv_lora_rank <= 1024, an even "
+        "qk_rope_head_dim <= 256, "
+        "their sum <= 1152, qk_nope_head_dim <= 512, v_head_dim <= 1024)",
         shape.kv_lora_rank, shape.nope, shape.rope, shape.v_dim);
   }
   Status supports_shape(const LinearShape& shape) const override {
@@ -552,6 +565,9 @@ class CudaBackend final : public Backend {
     p.interleave = shape.interleave;
     p.eps = eps;
     p.scale = scale;
+    p.scratch = latent_scratch_;
+    p.scratch_bytes = latent_scratch_bytes_;
+    p.sm_count = context_.sm_count;
     launch_latent_attention(
         p, make_rope_table(rope.theta, p.rope, rope.inv_freq, rope.attention_factor),
         context_.stream);
@@ -704,6 +720,8 @@ class CudaBackend final : public Backend {
   void* matmul_scratch_ = nullptr;
   int64_t matmul_scratch_elems_ = 0;
   void* attention_scratch_ = nullptr;
+  float* latent_scratch_ = nullptr;  // latent_attention.cu's (StepLimits::latent_*)
+  size_t latent_scratch_bytes_ = 0;
   int* attention_arrivals_ = nullptr;
   size_t attention_scratch_bytes_ = 0;
   int64_t attention_decode_tokens_ = 0;

@@ -1,11 +1,19 @@
 #include "backend/cuda/latent_attention.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace sy::backend::cuda {
 namespace {
 
 constexpr int kThreads = 256, kWarps = kThreads / 32;
+constexpr int kGroup = 2 * kWarps;  // heads per attention block (a warp scores two per row)
+constexpr int kTile = 32;           // cached rows per step of the attention loop (a lane each)
+constexpr int kMaxCols = 4;         // latent columns per thread: kv_lora <= 1024
+constexpr int kMaxRow = 1152;       // kv_lora + rope: the attention block's shared memory (150 KB)
+constexpr int kMaxNope = 512;       // the absorb kernel's query tile (32 KB)
+constexpr int kAbsorbTokens = 16, kOutTokens = 8, kOutChunk = 64;
+constexpr int kMaxSplits = 32;
 
 __device__ float warp_sum(float v) {
   for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
@@ -58,94 +66,296 @@ __global__ void __launch_bounds__(kThreads)
   for (int i = threadIdx.x; i < row_width; i += kThreads) dst[i] = __float2bfloat16(row[i]);
 }
 
-// One block per (token, head). Shared: q_latent [lora] (then o_latent), q_pe [rope], per warp
-// an output accumulator [lora] and its running max and sum.
-__global__ void __launch_bounds__(kThreads) latent_attention_kernel(LatentParams p) {
-  extern __shared__ float smem[];
-  const int lora = p.kv_lora, rope = p.rope, row_width = lora + rope;
-  float* q_latent = smem;
-  float* q_pe = q_latent + lora;
-  float* acc = q_pe + rope;               // [kWarps, lora]
-  float* warp_max = acc + kWarps * lora;  // [kWarps]
-  float* warp_sum_exp = warp_max + kWarps;
-  const int64_t t = blockIdx.x / p.heads;
-  const int h = blockIdx.x % p.heads;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int q_row = p.nope + rope, b_rows = p.nope + p.v_dim;
-  const float* qv = p.q + (t * p.heads + h) * q_row;
-  const __nv_bfloat16* w_k = p.kv_b_proj + static_cast<int64_t>(h) * b_rows * lora;
-  const __nv_bfloat16* w_v = w_k + static_cast<int64_t>(p.nope) * lora;
+// Bits of a bf16 pair as two floats (a bf16 is the top half of an f32).
+__device__ __forceinline__ float2 bf16x2_to_float2(uint32_t pair) {
+  return make_float2(__uint_as_float(pair << 16), __uint_as_float(pair & 0xffff0000u));
+}
 
-  // W_k^T q_nope (over nope in order, as the CPU sums it).
-  for (int l = threadIdx.x; l < lora; l += kThreads) {
-    float value = 0.0f;
-    for (int j = 0; j < p.nope; ++j)
-      value += qv[j] * __bfloat162float(w_k[static_cast<int64_t>(j) * lora + l]);
-    q_latent[l] = value;
+__device__ float warp_max(float v) {
+  for (int offset = 16; offset > 0; offset >>= 1)
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  return v;
+}
+
+// The scratch of one chunk of tokens (latent_attention_scratch_bytes).
+struct Chunk {
+  int64_t first = 0;          // the chunk's first token of the step
+  int n = 0;                  // its tokens
+  int splits = 1;             // context splits per (token, head group)
+  float* q_abs = nullptr;     // [n, heads, kv_lora + rope]: W_k^T q_nope | q_pe
+  float* o_latent = nullptr;  // [n, heads, kv_lora]: softmax-weighted latent rows
+  float* part_acc = nullptr;  // [n, heads, splits, kv_lora]: a split's unnormalised sum
+  float* part_ml = nullptr;   // [n, heads, splits, 2]: its running max and sum
+};
+
+// W_k^T q_nope per (token, head), and q_pe beside it. Grid (column chunks of 256, heads, token
+// tiles of kAbsorbTokens): each thread one latent column for the tile's tokens, so kv_b_proj's
+// W_k is read once per tile. The sum runs over nope in order, as the CPU's.
+__global__ void __launch_bounds__(kThreads) latent_absorb_kernel(LatentParams p, Chunk chunk) {
+  extern __shared__ float q_nope[];  // [kAbsorbTokens, nope]
+  const int h = blockIdx.y, lora = p.kv_lora, row_width = lora + p.rope, q_row = p.nope + p.rope;
+  const int t0 = blockIdx.z * kAbsorbTokens, count = min(kAbsorbTokens, chunk.n - t0);
+  for (int i = threadIdx.x; i < kAbsorbTokens * p.nope; i += kThreads) {
+    const int tt = i / p.nope, j = i % p.nope;
+    q_nope[i] = tt < count ? p.q[((chunk.first + t0 + tt) * p.heads + h) * q_row + j] : 0.0f;
   }
-  for (int i = threadIdx.x; i < rope; i += kThreads) q_pe[i] = qv[p.nope + i];
-  float* mine = acc + warp * lora;
-  for (int l = lane; l < lora; l += 32) mine[l] = 0.0f;
   __syncthreads();
+  const int l = blockIdx.x * kThreads + threadIdx.x;
+  if (l < lora) {
+    float acc[kAbsorbTokens] = {};
+    const __nv_bfloat16* w_k =
+        p.kv_b_proj + static_cast<int64_t>(h) * (p.nope + p.v_dim) * lora + l;
+    for (int j = 0; j < p.nope; ++j) {
+      const float w = __bfloat162float(w_k[static_cast<int64_t>(j) * lora]);
+#pragma unroll
+      for (int tt = 0; tt < kAbsorbTokens; ++tt) acc[tt] += q_nope[tt * p.nope + j] * w;
+    }
+    for (int tt = 0; tt < count; ++tt)
+      chunk.q_abs[(static_cast<int64_t>(t0 + tt) * p.heads + h) * row_width + l] = acc[tt];
+  }
+  if (blockIdx.x == 0)
+    for (int i = threadIdx.x; i < count * p.rope; i += kThreads) {
+      const int tt = i / p.rope, r = i % p.rope;
+      chunk.q_abs[(static_cast<int64_t>(t0 + tt) * p.heads + h) * row_width + lora + r] =
+          p.q[((chunk.first + t0 + tt) * p.heads + h) * q_row + p.nope + r];
+    }
+}
 
-  // Online softmax: warp w takes cached rows w, w + kWarps, ...
+// Attention in the latent space: a block per (token, group of up to kGroup heads, context
+// split), so a cached row is read once for all the group's heads (not once per head). Per tile
+// of kTile rows: the rows into shared memory (bf16), the scores (warp w, lane r: heads w and
+// w + kWarps against row r), an online-softmax update per head, then each thread adds the
+// weighted rows into its latent columns for every head (registers). One split writes the
+// normalised result; several write partials for latent_combine_kernel.
+__global__ void __launch_bounds__(kThreads) latent_attention_kernel(LatentParams p, Chunk chunk) {
+  extern __shared__ float smem[];
+  const int lora = p.kv_lora, row_width = lora + p.rope, words = row_width / 2, stride = words + 1;
+  float* q_s = smem;                                                       // [kGroup, row_width]
+  uint32_t* tile = reinterpret_cast<uint32_t*>(q_s + kGroup * row_width);  // [kTile, stride]
+  float* weights = reinterpret_cast<float*>(tile + kTile * stride);        // [kTile, kGroup]
+  float* run_max = weights + kTile * kGroup;                               // [kGroup]
+  float* run_sum = run_max + kGroup;
+  float* correction = run_sum + kGroup;
+  const int local = blockIdx.z, split = blockIdx.x;
+  const int64_t t = chunk.first + local;
+  const int h0 = blockIdx.y * kGroup, group = min(kGroup, p.heads - h0);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int i = threadIdx.x; i < kGroup * row_width; i += kThreads) {
+    const int hh = i / row_width, c = i % row_width;
+    q_s[i] = hh < group
+                 ? chunk.q_abs[(static_cast<int64_t>(local) * p.heads + h0 + hh) * row_width + c]
+                 : 0.0f;
+  }
+  if (threadIdx.x < kGroup) {
+    run_max[threadIdx.x] = -INFINITY;
+    run_sum[threadIdx.x] = 0.0f;
+  }
+  // Padding tokens (position -1) have no context: zeros out.
   const int64_t context = static_cast<int64_t>(p.positions[t]) + 1;
+  const int64_t span = (context + chunk.splits - 1) / chunk.splits;
+  const int64_t begin = split * span, end = context < begin + span ? context : begin + span;
   const int32_t* table =
       p.block_tables + static_cast<int64_t>(p.token_seq[t]) * p.block_table_stride;
-  float running_max = -INFINITY, running_sum = 0.0f;
-  for (int64_t position = warp; position < context; position += kWarps) {
-    const int64_t slot = static_cast<int64_t>(table[position / p.block_size]) * p.block_size +
-                         position % p.block_size;
-    const __nv_bfloat16* kv = p.cache + slot * row_width;
-    float dot = 0.0f;
-    for (int l = lane; l < lora; l += 32) dot += q_latent[l] * __bfloat162float(kv[l]);
-    for (int i = lane; i < rope; i += 32) dot += q_pe[i] * __bfloat162float(kv[lora + i]);
-    const float score = warp_sum(dot) * p.scale;
-    const float new_max = fmaxf(running_max, score);
-    const float correction = expf(running_max - new_max), weight = expf(score - new_max);
-    running_sum = running_sum * correction + weight;
-    for (int l = lane; l < lora; l += 32)
-      mine[l] = mine[l] * correction + weight * __bfloat162float(kv[l]);
-    running_max = new_max;
-  }
-  if (lane == 0) {
-    warp_max[warp] = running_max;
-    warp_sum_exp[warp] = running_sum;
-  }
+  float acc[kGroup][kMaxCols];
+#pragma unroll
+  for (int hh = 0; hh < kGroup; ++hh)
+#pragma unroll
+    for (int k = 0; k < kMaxCols; ++k) acc[hh][k] = 0.0f;
   __syncthreads();
-  float block_max = -INFINITY;
-  for (int w = 0; w < kWarps; ++w) block_max = fmaxf(block_max, warp_max[w]);
-  float total = 0.0f;
-  for (int w = 0; w < kWarps; ++w) total += warp_sum_exp[w] * expf(warp_max[w] - block_max);
-  float* o_latent = q_latent;  // q_latent is no longer read
-  __syncthreads();
-  for (int l = threadIdx.x; l < lora; l += kThreads) {
-    float value = 0.0f;
-    for (int w = 0; w < kWarps; ++w) value += acc[w * lora + l] * expf(warp_max[w] - block_max);
-    o_latent[l] = value / total;
+
+  for (int64_t p0 = begin; p0 < end; p0 += kTile) {
+    const int rows = static_cast<int>(end - p0 < kTile ? end - p0 : kTile);
+    for (int i = threadIdx.x; i < kTile * words; i += kThreads) {
+      const int r = i / words, w = i % words;
+      uint32_t pair = 0;
+      if (r < rows) {
+        const int64_t position = p0 + r;
+        const int64_t slot = static_cast<int64_t>(table[position / p.block_size]) * p.block_size +
+                             position % p.block_size;
+        pair = reinterpret_cast<const uint32_t*>(p.cache + slot * row_width)[w];
+      }
+      tile[r * stride + w] = pair;
+    }
+    __syncthreads();
+    {
+      const float2* qa = reinterpret_cast<const float2*>(q_s + warp * row_width);
+      const float2* qb = reinterpret_cast<const float2*>(q_s + (warp + kWarps) * row_width);
+      const uint32_t* row = tile + lane * stride;
+      float sa = 0.0f, sb = 0.0f;
+      for (int w = 0; w < words; ++w) {
+        const float2 kv = bf16x2_to_float2(row[w]), a = qa[w], b = qb[w];
+        sa = fmaf(a.x, kv.x, fmaf(a.y, kv.y, sa));
+        sb = fmaf(b.x, kv.x, fmaf(b.y, kv.y, sb));
+      }
+      const bool valid = lane < rows;
+      weights[lane * kGroup + warp] = valid ? sa * p.scale : -INFINITY;
+      weights[lane * kGroup + warp + kWarps] = valid ? sb * p.scale : -INFINITY;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int hh = warp + half * kWarps;
+      const float score = weights[lane * kGroup + hh];
+      const float old_max = run_max[hh];
+      const float new_max = fmaxf(old_max, warp_max(score));  // row 0 of a tile is always valid
+      const float e = score == -INFINITY ? 0.0f : expf(score - new_max);
+      weights[lane * kGroup + hh] = e;
+      const float sum = warp_sum(e);
+      if (lane == 0) {
+        const float c = expf(old_max - new_max);  // 0 on the first tile
+        correction[hh] = c;
+        run_sum[hh] = run_sum[hh] * c + sum;
+        run_max[hh] = new_max;
+      }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int hh = 0; hh < kGroup; ++hh) {
+      const float c = correction[hh];
+#pragma unroll
+      for (int k = 0; k < kMaxCols; ++k) acc[hh][k] *= c;
+    }
+    const __nv_bfloat16* values = reinterpret_cast<const __nv_bfloat16*>(tile);
+    for (int r = 0; r < rows; ++r) {
+      float w[kGroup];
+      const float4* wr = reinterpret_cast<const float4*>(weights + r * kGroup);
+#pragma unroll
+      for (int i = 0; i < kGroup / 4; ++i) {
+        const float4 v = wr[i];
+        w[4 * i] = v.x, w[4 * i + 1] = v.y, w[4 * i + 2] = v.z, w[4 * i + 3] = v.w;
+      }
+#pragma unroll
+      for (int k = 0; k < kMaxCols; ++k) {
+        const int col = threadIdx.x + k * kThreads;
+        if (col < lora) {
+          const float v = __bfloat162float(values[2 * r * stride + col]);
+#pragma unroll
+          for (int hh = 0; hh < kGroup; ++hh) acc[hh][k] = fmaf(w[hh], v, acc[hh][k]);
+        }
+      }
+    }
+    __syncthreads();
   }
-  __syncthreads();
-  // W_v o_latent: a warp per output value.
-  float* out = p.out + (t * p.heads + h) * p.v_dim;
-  for (int i = warp; i < p.v_dim; i += kWarps) {
-    float value = 0.0f;
-    for (int l = lane; l < lora; l += 32)
-      value += __bfloat162float(w_v[static_cast<int64_t>(i) * lora + l]) * o_latent[l];
-    value = warp_sum(value);
-    if (lane == 0) out[i] = value;
+
+#pragma unroll
+  for (int hh = 0; hh < kGroup; ++hh) {
+    if (hh >= group) break;
+    const int64_t head_row = static_cast<int64_t>(local) * p.heads + h0 + hh;
+    if (chunk.splits == 1) {
+      const float inv = run_sum[hh] > 0.0f ? 1.0f / run_sum[hh] : 0.0f;
+#pragma unroll
+      for (int k = 0; k < kMaxCols; ++k) {
+        const int col = threadIdx.x + k * kThreads;
+        if (col < lora) chunk.o_latent[head_row * lora + col] = acc[hh][k] * inv;
+      }
+    } else {
+      const int64_t part = head_row * chunk.splits + split;
+#pragma unroll
+      for (int k = 0; k < kMaxCols; ++k) {
+        const int col = threadIdx.x + k * kThreads;
+        if (col < lora) chunk.part_acc[part * lora + col] = acc[hh][k];
+      }
+      if (threadIdx.x == 0) {
+        chunk.part_ml[2 * part] = run_max[hh];
+        chunk.part_ml[2 * part + 1] = run_sum[hh];
+      }
+    }
   }
 }
 
-size_t attention_smem(int lora, int rope) {
-  return (static_cast<size_t>(lora) * (1 + kWarps) + rope + 2 * kWarps) * sizeof(float);
+// The splits of one (token, head) merged: weights exp(max_s - max), normalised by the merged sum.
+__global__ void __launch_bounds__(kThreads) latent_combine_kernel(LatentParams p, Chunk chunk) {
+  const int64_t head_row = static_cast<int64_t>(blockIdx.y) * p.heads + blockIdx.x;
+  const int64_t part0 = head_row * chunk.splits;
+  float top = -INFINITY;
+  for (int s = 0; s < chunk.splits; ++s) top = fmaxf(top, chunk.part_ml[2 * (part0 + s)]);
+  float total = 0.0f;
+  for (int s = 0; s < chunk.splits; ++s) {
+    const float m = chunk.part_ml[2 * (part0 + s)];
+    if (m != -INFINITY) total += chunk.part_ml[2 * (part0 + s) + 1] * expf(m - top);
+  }
+  const float inv = total > 0.0f ? 1.0f / total : 0.0f;
+  for (int col = threadIdx.x; col < p.kv_lora; col += kThreads) {
+    float value = 0.0f;
+    for (int s = 0; s < chunk.splits; ++s) {
+      const float m = chunk.part_ml[2 * (part0 + s)];
+      if (m != -INFINITY) value += chunk.part_acc[(part0 + s) * p.kv_lora + col] * expf(m - top);
+    }
+    chunk.o_latent[head_row * p.kv_lora + col] = value * inv;
+  }
+}
+
+// W_v o_latent: grid (output chunks of kOutChunk, heads, token tiles of kOutTokens); a warp per
+// output value at a time, its lanes over the latent in bf16 pairs, the tile's latent rows in
+// shared memory, so W_v is read once per tile.
+__global__ void __launch_bounds__(kThreads) latent_output_kernel(LatentParams p, Chunk chunk) {
+  extern __shared__ float o_s[];  // [kOutTokens, kv_lora]
+  const int h = blockIdx.y, lora = p.kv_lora, pairs = lora / 2;
+  const int t0 = blockIdx.z * kOutTokens, count = min(kOutTokens, chunk.n - t0);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int i = threadIdx.x; i < kOutTokens * lora; i += kThreads) {
+    const int tt = i / lora, l = i % lora;
+    o_s[i] = tt < count ? chunk.o_latent[(static_cast<int64_t>(t0 + tt) * p.heads + h) * lora + l]
+                        : 0.0f;
+  }
+  __syncthreads();
+  const int last = min(p.v_dim, static_cast<int>(blockIdx.x + 1) * kOutChunk);
+  for (int i = static_cast<int>(blockIdx.x) * kOutChunk + warp; i < last; i += kWarps) {
+    const uint32_t* w_v = reinterpret_cast<const uint32_t*>(
+        p.kv_b_proj + (static_cast<int64_t>(h) * (p.nope + p.v_dim) + p.nope + i) * lora);
+    float acc[kOutTokens] = {};
+    for (int j = lane; j < pairs; j += 32) {
+      const float2 w = bf16x2_to_float2(w_v[j]);
+#pragma unroll
+      for (int tt = 0; tt < kOutTokens; ++tt) {
+        const float2 o = reinterpret_cast<const float2*>(o_s + tt * lora)[j];
+        acc[tt] = fmaf(w.x, o.x, fmaf(w.y, o.y, acc[tt]));
+      }
+    }
+#pragma unroll
+    for (int tt = 0; tt < kOutTokens; ++tt) {
+      const float value = warp_sum(acc[tt]);
+      if (lane == 0 && tt < count)
+        p.out[((chunk.first + t0 + tt) * p.heads + h) * p.v_dim + i] = value;
+    }
+  }
+}
+
+size_t attention_smem(int row_width) {
+  const int stride = row_width / 2 + 1;
+  return (static_cast<size_t>(kGroup) * row_width + kTile * kGroup + 3 * kGroup) * sizeof(float) +
+         static_cast<size_t>(kTile) * stride * sizeof(uint32_t);
+}
+
+// Tokens per chunk (the scratch holds one chunk's queries, results and partials) and the
+// (token, split) pairs its partials hold.
+int chunk_tokens(int heads) {
+  return std::clamp(4096 / std::max(heads, 1), 16, 256);
+}
+int chunk_pairs(int heads) {
+  return 8 * chunk_tokens(heads);
 }
 
 }  // namespace
 
 bool latent_attention_supported(int kv_lora, int nope, int rope, int v_dim) {
-  return kv_lora > 0 && kv_lora <= 1024 && rope >= 0 && rope % 2 == 0 && rope <= 2 * kRopeMaxHalf &&
-         nope >= 0 && nope <= 1024 && v_dim > 0 && v_dim <= 1024 &&
-         attention_smem(kv_lora, rope) <= 48 * 1024;
+  return kv_lora > 0 && kv_lora % 2 == 0 && kv_lora <= kThreads * kMaxCols && rope >= 0 &&
+         rope % 2 == 0 && rope <= 2 * kRopeMaxHalf && kv_lora + rope <= kMaxRow && nope >= 0 &&
+         nope <= kMaxNope && v_dim > 0 && v_dim <= 1024;
+}
+
+size_t latent_attention_scratch_bytes(int heads, int kv_lora, int rope) {
+  const size_t tokens = static_cast<size_t>(chunk_tokens(heads)), pairs = chunk_pairs(heads);
+  return (tokens * heads * (2 * kv_lora + rope) + pairs * heads * (kv_lora + 2)) * sizeof(float);
+}
+
+void prepare_latent_attention(int device) {
+  int bytes = 0;
+  SY_CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  const int needed = static_cast<int>(attention_smem(kMaxRow));
+  SY_CUDA_CHECK(cudaFuncSetAttribute(latent_attention_kernel,
+                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     std::min(bytes, needed)));
 }
 
 void launch_latent_attention(const LatentParams& p, const RopeTable& table, cudaStream_t stream) {
@@ -153,11 +363,42 @@ void launch_latent_attention(const LatentParams& p, const RopeTable& table, cuda
   if (!latent_attention_supported(p.kv_lora, p.nope, p.rope, p.v_dim))
     cuda_fail("latent_attention", "unsupported shape (see latent_attention_supported)", __FILE__,
               __LINE__);
+  if (!p.scratch || latent_attention_scratch_bytes(p.heads, p.kv_lora, p.rope) > p.scratch_bytes)
+    cuda_fail("latent_attention", "shape larger than the scratch reserved (StepLimits::latent_*)",
+              __FILE__, __LINE__);
   latent_prep_kernel<<<static_cast<unsigned>(p.tokens), kThreads, 0, stream>>>(p, table);
   SY_CUDA_LAUNCH_CHECK("latent_prep_kernel");
-  const unsigned blocks = static_cast<unsigned>(p.tokens * p.heads);
-  latent_attention_kernel<<<blocks, kThreads, attention_smem(p.kv_lora, p.rope), stream>>>(p);
-  SY_CUDA_LAUNCH_CHECK("latent_attention_kernel");
+  const int row_width = p.kv_lora + p.rope, tokens_per_chunk = chunk_tokens(p.heads);
+  const int pairs = chunk_pairs(p.heads), groups = (p.heads + kGroup - 1) / kGroup;
+  Chunk chunk;
+  chunk.q_abs = p.scratch;
+  chunk.o_latent = chunk.q_abs + static_cast<int64_t>(tokens_per_chunk) * p.heads * row_width;
+  chunk.part_acc = chunk.o_latent + static_cast<int64_t>(tokens_per_chunk) * p.heads * p.kv_lora;
+  chunk.part_ml = chunk.part_acc + static_cast<int64_t>(pairs) * p.heads * p.kv_lora;
+  for (chunk.first = 0; chunk.first < p.tokens; chunk.first += tokens_per_chunk) {
+    chunk.n = static_cast<int>(std::min<int64_t>(tokens_per_chunk, p.tokens - chunk.first));
+    // Enough blocks for two waves over the SMs, within the partials' room. Depends only on
+    // the step's token count (graphs replay it with other context lengths).
+    const int wanted = (2 * std::max(p.sm_count, 1) + chunk.n * groups - 1) / (chunk.n * groups);
+    chunk.splits = std::clamp(wanted, 1, std::min(kMaxSplits, pairs / chunk.n));
+    const unsigned n = static_cast<unsigned>(chunk.n), heads = static_cast<unsigned>(p.heads);
+    latent_absorb_kernel<<<dim3((p.kv_lora + kThreads - 1) / kThreads, heads,
+                                (n + kAbsorbTokens - 1) / kAbsorbTokens),
+                           kThreads, kAbsorbTokens * p.nope * sizeof(float), stream>>>(p, chunk);
+    SY_CUDA_LAUNCH_CHECK("latent_absorb_kernel");
+    latent_attention_kernel<<<dim3(static_cast<unsigned>(chunk.splits),
+                                   static_cast<unsigned>(groups), n),
+                              kThreads, attention_smem(row_width), stream>>>(p, chunk);
+    SY_CUDA_LAUNCH_CHECK("latent_attention_kernel");
+    if (chunk.splits > 1) {
+      latent_combine_kernel<<<dim3(heads, n), kThreads, 0, stream>>>(p, chunk);
+      SY_CUDA_LAUNCH_CHECK("latent_combine_kernel");
+    }
+    latent_output_kernel<<<dim3((p.v_dim + kOutChunk - 1) / kOutChunk, heads,
+                                (n + kOutTokens - 1) / kOutTokens),
+                           kThreads, kOutTokens * p.kv_lora * sizeof(float), stream>>>(p, chunk);
+    SY_CUDA_LAUNCH_CHECK("latent_output_kernel");
+  }
 }
 
 }  // namespace sy::backend::cuda

@@ -2,11 +2,14 @@
 // latent_attention), in the absorbed form: the cache holds one bf16 row of [RMSNormed latent |
 // roped k_pe] per token (kv_lora + rope values, not expanded K/V), each head's query is taken
 // into the latent space (W_k^T q_nope) and its output out of it (W_v o_latent).
-// Two kernels: the prep (latent norm, RoPE of k_pe and of q's rope part, the cache write), then
-// one block per (token, head): the absorption, an online softmax over the sequence's cached rows
-// (a warp per row at a time), the output projection.
-// Floor per decode token and head: its context's cache rows (kv_lora + rope) x 2 bytes, read
-// once per head (the heads of a token share them through L2), plus kv_b_proj's head slice.
+// Kernels: the prep (latent norm, RoPE of k_pe and of q's rope part, the cache write); then per
+// chunk of tokens the absorption (W_k read once per 16 tokens), the attention (a block per
+// token, group of 16 heads and context split: each cached row read once for the group, an
+// online softmax per head; the split count depends only on the token count, so graphs replay
+// it), the merge of the splits, and the output projection (W_v read once per 8 tokens).
+// Floor per decode token: its context's cache rows, (kv_lora + rope) x 2 bytes each, read once
+// per group of 16 heads; the absorptions' kv_b_proj reads are shared by a chunk's tokens. On
+// CUDA cores (no tensor cores yet): 2 x heads x (2 kv_lora + rope) FLOPs per cached row.
 #pragma once
 
 #include <cstdint>
@@ -32,9 +35,17 @@ struct LatentParams {
   int heads = 0, kv_lora = 0, nope = 0, rope = 0, v_dim = 0;
   bool interleave = true;  // rope pairs (2i, 2i+1), else (i, i + rope/2)
   float eps = 0, scale = 0;
+  float* scratch = nullptr;  // latent_attention_scratch_bytes(heads, kv_lora, rope) or more
+  size_t scratch_bytes = 0;
+  int sm_count = 0;  // sizes the context splits
 };
-// Shapes the kernels take: kv_lora <= 1024, rope even and <= 256, nope and v_dim <= 1024.
+// Shapes the kernels take: kv_lora even and <= 1024, rope even and <= 256, kv_lora + rope <=
+// 1152, nope <= 512, v_dim <= 1024.
 bool latent_attention_supported(int kv_lora, int nope, int rope, int v_dim);
+// The scratch a step of any size needs (one chunk of tokens at a time).
+size_t latent_attention_scratch_bytes(int heads, int kv_lora, int rope);
+// Once per device, before the first launch (the attention kernel's shared memory opt-in).
+void prepare_latent_attention(int device);
 void launch_latent_attention(const LatentParams& p, const RopeTable& table, cudaStream_t stream);
 
 }  // namespace sy::backend::cuda
