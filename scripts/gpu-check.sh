@@ -189,6 +189,8 @@ if want bf16-sensitivity; then
   # how far bf16 rounding alone moves each model's logits, the yardstick for the CUDA tolerance.
   section "bf16 sensitivity of the golden models (transformers bf16 vs float64)"
   run bf16-sensitivity timeout "${STAGE_TIMEOUT:-300}" python3 tools/gpu/bf16_sensitivity.py "$OUT/bf16_sensitivity.json"
+  # The golden tests of later stages (family-goldens) read the new figures.
+  [[ -s $OUT/bf16_sensitivity.json ]] && cp "$OUT/bf16_sensitivity.json" tests/golden/bf16_sensitivity.json
 fi
 if want routes-ab; then
   # Routes on vs off over HTTP on CUDA (bench/routes_ab.sh): 1024-token prompts, 512 new tokens,

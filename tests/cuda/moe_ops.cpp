@@ -517,6 +517,7 @@ void fused_input_norm_case(Harness& h, Case& c, const Group& g, Weights& w, cons
     args.out = o;
     args.weights = &w.dev;
     args.spec = spec;
+    args.experts = expert_spec_of(w.dev);  // (MXFP4 experts: the kernel reads them packed)
     args.routes.sink = sk;
     if (fused) {
       args.input_norm = {&r, earlier ? (earlier_in_out ? &o : &e) : nullptr, &dl, &norm, 1e-6f};

@@ -41,6 +41,9 @@ class HybridEngine : public ::testing::Test {
     // Sized from memory, the cache of this model's one small attention layer would be millions
     // of tokens, zero-filled by every engine the tests start.
     config.kv_cache_tokens = 16 * 64;
+    // Every test compares runs of different step shapes token for token: on CUDA that needs the
+    // batch-invariant mode (its GEMMs and attention split work independently of the step).
+    config.batch_invariant = on_cuda();
     return config;
   }
   static std::vector<engine::GenerationRequest> requests() {
@@ -86,15 +89,24 @@ TEST_F(HybridEngine, ChunkedPrefillConcurrencyAndPreemptionGiveTheTokensAndRoute
   EXPECT_GT(runner.engine->metrics().preemptions_total, 0) << "the cache was meant to be too small";
 }
 
-// Delegates to cpu-modular but refuses any step with a forced (replayed) row.
+// Delegates to the device's modular kernel but refuses any step with a forced (replayed) row.
 class RefusesReplayKernel final : public moe::ExpertsKernel {
  public:
   explicit RefusesReplayKernel(moe::ExpertsKernel& inner) : inner_(inner) {}
   std::string_view name() const override { return "test-refuses-replay"; }
-  Device device() const override { return Device::kCpu; }
-  bool routes_inside() const override { return false; }
+  Device device() const override { return inner_.device(); }
+  bool batch_invariant() const override { return inner_.batch_invariant(); }
+  bool routes_inside() const override { return inner_.routes_inside(); }
   bool captures_routes() const override { return true; }
   bool replays_routes() const override { return true; }
+  Status supports(const moe::RouterSpec& spec) const override { return inner_.supports(spec); }
+  Status supports_experts(const moe::ExpertSpec& spec) const override {
+    return inner_.supports_experts(spec);
+  }
+  Status reserve(int64_t max_tokens, const moe::RouterSpec& spec, int64_t hidden,
+                 int64_t intermediate) override {
+    return inner_.reserve(max_tokens, spec, hidden, intermediate);
+  }
   Status forward(const moe::MoeForwardArgs& args) override {
     const auto* forced = static_cast<const uint8_t*>(args.routes.forced.data);
     for (int64_t t = 0; forced && t < args.hidden.dim(0); ++t)
@@ -113,8 +125,9 @@ TEST_F(HybridEngine, AFailedStepRerunReadsTheSameState) {
   engine::EngineConfig refusing = config();
   refusing.moe_kernel = "test-refuses-replay";
   refusing.register_extra_kernels = [](moe::ExpertsKernelRegistry& registry) {
+    const Device device = on_cuda() ? Device::kCuda : Device::kCpu;
     registry.add(std::make_unique<RefusesReplayKernel>(
-        **registry.select("cpu-modular", {Device::kCpu, true, true})));
+        **registry.select(on_cuda() ? "cuda-modular" : "cpu-modular", {device, true, true})));
   };
   Runner runner(refusing);
   const engine::GenerationRequest a = greedy(seeded_prompt(31, 20), 10);

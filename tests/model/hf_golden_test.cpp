@@ -138,26 +138,29 @@ TEST_P(HfGolden, LogitsAndRoutesMatchTransformers) {
                                  logits.begin() + prompt_len * vocab);
     EXPECT_LE(max_abs_diff(ours_last, hf_last), logits_tolerance(GetParam())) << "prompt " << p;
 
-    FlipTracker flips(sequence.size());
+    FlipTracker flips(sequence.size(), harness.model->config().has_linear_attention());
     for (int layer : moe_layers) {
+      flips.next_layer();
       std::vector<int64_t> shape;
       const std::vector<float> router =
           read_f32(prefix + "router_logits_l" + std::to_string(layer) + ".npy", &shape);
       const std::vector<int64_t> hf_topk =
           read_ints(prefix + "topk_l" + std::to_string(layer) + ".npy");
+      const std::vector<float> group_gap = group_gaps(prefix, layer);
       const int64_t experts = shape[1];
       for (size_t t = 0; t < sequence.size(); ++t) {
         if (flips.skip(t)) continue;
         const int32_t* ours = routes.data() + (t * layers + layer) * top_k;
-        const RouteRowResult row = compare_route_row(router.data() + t * experts, experts, ours,
-                                                     hf_topk.data() + t * top_k, top_k, as_sets,
-                                                     near_tie_gap(GetParam()));
+        const RouteRowResult row = compare_route_row(
+            router.data() + t * experts, experts, ours, hf_topk.data() + t * top_k, top_k, as_sets,
+            near_tie_gap(GetParam()), t < group_gap.size() ? group_gap[t] : INFINITY);
         flips.note(t, row);
         if (row.excluded) {
           ++excluded_rows;
           if (on_cuda())
-            std::printf("  near-tie excluded: prompt %zu layer %d row %zu gap %.3g\n", p, layer, t,
-                        row.kth_gap);
+            std::printf(
+                "  near-tie excluded: prompt %zu layer %d row %zu gap %.3g group gap %.3g\n", p,
+                layer, t, row.kth_gap, row.group_gap);
           continue;
         }
         set_rows += row.as_set;
@@ -246,11 +249,14 @@ TEST_P(HfGolden, GreedyContinuationThroughTheEngineMatches) {
       std::vector<int64_t> shape;
       const std::vector<float> router = read_f32(prefix + "router_logits_l" + std::to_string(layer) + ".npy", &shape);
       const std::vector<int64_t> hf_topk = read_ints(prefix + "topk_l" + std::to_string(layer) + ".npy");
+      const std::vector<float> group_gap = group_gaps(prefix, layer);
       for (int64_t r = prompt_len; r < prompt_len + static_cast<int64_t>(j) && r < ours.rows; ++r)
-        flipped |= compare_route_row(router.data() + r * shape[1], shape[1], ours.row_ptr(r) + layer * top_k,
-                                     hf_topk.data() + r * top_k, top_k, routes_as_sets(fixture),
-                                     near_tie_gap(GetParam()))
-                       .flipped;
+        flipped |=
+            compare_route_row(router.data() + r * shape[1], shape[1],
+                              ours.row_ptr(r) + layer * top_k, hf_topk.data() + r * top_k, top_k,
+                              routes_as_sets(fixture), near_tie_gap(GetParam()),
+                              static_cast<size_t>(r) < group_gap.size() ? group_gap[r] : INFINITY)
+                .flipped;
     }
     std::printf("  prompt %zu: tokens part from transformers' at step %zu (its top-2 margin %.3g%s)\n", p, j,
                 margin, flipped ? ", after a flipped near-tie route" : "");
@@ -343,7 +349,7 @@ TEST_P(HfGolden, ReplayReproducesCaptureAndForcedRoutesMatchTheHfOracle) {
       std::vector<int32_t> forced(forced64.begin(), forced64.end());
       ASSERT_TRUE(harness.run(sequence, forced_logits, forced_echo, &forced).is_ok());
       const std::vector<float> hf_forced = read_f32(prefix + "forced_logits_all.npy");
-      EXPECT_LE(max_abs_diff(forced_logits, hf_forced), on_cuda() ? logits_tolerance(GetParam()) : 1e-3f)
+      EXPECT_LE(max_abs_diff(forced_logits, hf_forced), forced_logits_tolerance(GetParam()))
           << kernel << " prompt " << p;
       EXPECT_GT(max_abs_diff(forced_logits, logits), 1e-2f)
           << "forced routes must change the logits";

@@ -9,7 +9,12 @@ models transformers cannot load here are reported and skipped): load from disk t
 the CPU, bfloat16 on the GPU), run each fixture prompt's sequence_ids, and report
   - max |logits_bf16 - logits_f64| over the rows before the first row whose routing differs
     (router top-k sets from output_router_logits, where the model returns them), and over all rows;
-  - the median row's max |diff| (robust to a flipped near-tie).
+  - the median row's max |diff| (robust to a flipped near-tie);
+  - for a hybrid (Qwen3.5) checkpoint, whose bf16 routes flip within the first rows and whose
+    recurrent state then carries the flip to every later row, also the same max |diff| with the
+    fixture's forced routes (p<i>_forced_routes.npy) replacing routing in both precisions:
+    nothing can flip, so it is rounding alone over every row, the yardstick for the forced-routes
+    test (first checked: the forced block with free routing reproduces the float64 model).
 Writes JSON to argv[1] (default /tmp/bf16_sensitivity.json) and prints a table.
 """
 import glob
@@ -19,6 +24,7 @@ import sys
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from transformers import AutoModelForCausalLM
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "golden")
@@ -49,6 +55,74 @@ def run(model, ids, device):
     if routers is not None:
         routers = [r.double().cpu().numpy().reshape(len(ids), -1) for r in routers if r is not None]
     return logits, routers
+
+
+class ForcedSoftmaxMoe(torch.nn.Module):
+    """A softmax-routed MoE block (Qwen3.5's) with its routes given: softmax of the router logits in
+    float32 -> weights at the forced ids (free top-k when forced is None) -> renormalised if the
+    model does -> the experts -> plus the sigmoid-gated shared expert, in the model's dtype."""
+
+    def __init__(self, block, top_k, renormalize, inter, returns_tuple):
+        super().__init__()
+        self.block, self.top_k, self.renormalize, self.inter = block, top_k, renormalize, inter
+        self.returns_tuple = returns_tuple
+        self.forced = None
+
+    def expert(self, e):
+        experts = self.block.experts
+        gate_up, down = experts.gate_up_proj[e], experts.down_proj[e]
+        if gate_up.shape[0] != 2 * self.inter:  # stored transposed
+            gate_up, down = gate_up.t(), down.t()
+        return gate_up[:self.inter], gate_up[self.inter:], down
+
+    def forward(self, hidden, *args, **kwargs):
+        b, s, h = hidden.shape
+        x = hidden.reshape(-1, h)
+        logits = F.linear(x, self.block.gate.weight)
+        probs = F.softmax(logits, dim=-1, dtype=torch.float)
+        if self.forced is None:
+            weights, ids = torch.topk(probs, self.top_k, dim=-1)
+        else:
+            ids = self.forced.to(x.device)
+            weights = probs.gather(1, ids)
+        if self.renormalize:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        weights = weights.to(x.dtype)
+        out = torch.zeros_like(x)
+        for t in range(x.shape[0]):
+            for k in range(ids.shape[1]):
+                g, u, d = self.expert(int(ids[t, k]))
+                out[t] += weights[t, k] * F.linear(F.silu(F.linear(x[t], g)) * F.linear(x[t], u), d)
+        shared = self.block.shared_expert(x)
+        if hasattr(self.block, "shared_expert_gate"):
+            shared = torch.sigmoid(self.block.shared_expert_gate(x)) * shared
+        out = (out + shared).reshape(b, s, h)
+        return (out, logits) if self.returns_tuple else out
+
+
+def forced_logits(model, cfg, top_k, ids, routes, device):
+    """The model's logits with its MoE blocks swapped for ForcedSoftmaxMoe (routes None: free),
+    the original blocks restored after."""
+    originals = {}
+    for i, layer in enumerate(model.model.layers):
+        block = getattr(layer, "mlp", None)
+        if block is None or not hasattr(block, "gate") or not hasattr(block, "experts"):
+            continue
+        with torch.no_grad():
+            probe = block(torch.zeros(1, 1, int(cfg["hidden_size"]), dtype=block.gate.weight.dtype,
+                                      device=block.gate.weight.device))
+        forced = ForcedSoftmaxMoe(block, top_k, bool(cfg.get("norm_topk_prob", True)),
+                                  int(cfg["moe_intermediate_size"]), isinstance(probe, tuple))
+        if routes is not None:
+            forced.forced = torch.tensor(routes[:, i, :], dtype=torch.long)
+        originals[i] = block
+        layer.mlp = forced
+    try:
+        with torch.no_grad():
+            return model(torch.tensor([ids], device=device)).logits[0].double().cpu().numpy()
+    finally:
+        for i, block in originals.items():
+            model.model.layers[i].mlp = block
 
 
 def first_flip(r64, r16, top_k, n):
@@ -85,6 +159,8 @@ def main():
             print(f"{name}: not loaded ({e})", flush=True)
             continue
         top_k = int(fixture.get("top_k", 2))
+        text_config = config.get("text_config", config)
+        hybrid = "linear_attention" in (text_config.get("layer_types") or [])
         prompts = []
         for p in fixture["prompts"]:
             ids = p["sequence_ids"]
@@ -96,21 +172,40 @@ def main():
                 continue
             rows = np.abs(l16 - l64).max(axis=1)
             flip = first_flip(r64, r16, top_k, len(ids))
-            prompts.append({
+            record = {
                 "rows": len(ids),
                 "max_all": float(rows.max()),
                 "median_row": float(np.median(rows)),
                 "first_flip_row": flip,
                 "max_before_flip": float(rows[:flip].max()) if flip else None,
                 "logit_abs_max": float(np.abs(l64).max()),
-            })
+            }
+            routes_path = os.path.join(d, f"p{len(prompts)}_forced_routes.npy")
+            if hybrid and os.path.exists(routes_path):
+                try:
+                    free = forced_logits(m64, text_config, top_k, ids, None, "cpu")
+                    record["forced_block_free_max_abs_diff"] = float(np.abs(free - l64).max())
+                    routes = np.load(routes_path)
+                    f64 = forced_logits(m64, text_config, top_k, ids, routes, "cpu")
+                    f16 = forced_logits(m16, text_config, top_k, ids, routes, device)
+                    golden = np.load(os.path.join(d, f"p{len(prompts)}_forced_logits_all.npy"))
+                    record["forced_vs_golden"] = float(np.abs(f64 - golden).max())
+                    record["forced_max_all"] = float(np.abs(f16 - f64).max())
+                    record["forced_logit_abs_max"] = float(np.abs(f64).max())
+                except Exception as e:
+                    record["forced_error"] = str(e)
+            prompts.append(record)
         results[name] = {"prompts": prompts}
         ok = [p for p in prompts if "error" not in p]
         before = [p["max_before_flip"] for p in ok if p["max_before_flip"] is not None]
         print(f"{name:45s} bf16 vs f64: max (rows before a routing flip) {max(before) if before else float('nan'):.4f}, "
               f"max all rows {max(p['max_all'] for p in ok) if ok else float('nan'):.4f}, "
               f"median row {np.median([p['median_row'] for p in ok]) if ok else float('nan'):.4f}, "
-              f"first flips {[p['first_flip_row'] for p in ok]}", flush=True)
+              f"first flips {[p['first_flip_row'] for p in ok]}"
+              + (f", forced routes: max {[p.get('forced_max_all') for p in ok]} (free-block check "
+                 f"{[p.get('forced_block_free_max_abs_diff') for p in ok]}, vs golden "
+                 f"{[p.get('forced_vs_golden') for p in ok]}, errors {[p.get('forced_error') for p in ok]})"
+                 if hybrid else ""), flush=True)
         del m64, m16
     json.dump(results, open(out_path, "w"), indent=1)
 

@@ -10,6 +10,7 @@ tests/golden/hf_qwen3_moe (tests/model/hf_golden_test.cpp reads both):
   p{i}_logits_all.npy               logits of the teacher-forced sequence       [n, vocab] f32
   p{i}_router_logits_l{L}.npy       router logits of MoE layer L (its input as HF computes it)
   p{i}_topk_l{L}.npy                HF's top-k for those rows                    int32
+  p{i}_group_gap_l{L}.npy           (n_group > 1) the topk_group-th group score minus the next, per row
   p{i}_forced_routes.npy            random routes [n, layers, k] (dense layers' rows 0)
   p{i}_forced_logits_all.npy        logits of HF's forward pass with those routes forced
 Sizes: hidden 72 (not a multiple of 16), head_dim 18 / 12, experts 8 / 16 / 12; prompts of at
@@ -1047,6 +1048,16 @@ def make_sigmoid_family(kind, folder, name, seed, cfg, must_have):
             srt = np.sort(gap_scores, axis=1)[:, ::-1]
             gaps.extend((srt[:, top_k - 1] - srt[:, top_k]).tolist())
             np.save(os.path.join(d, f"p{pi}_router_logits_l{li}.npy"), gap_scores.astype(np.float32))
+            if cfg.n_group > 1:
+                # The group choice's margin per row: the topk_group-th group score (sum of its two
+                # best choice scores) minus the next; a near-tie here swaps whole groups, however
+                # decisive the expert gaps look.
+                _, unmasked, _ = sigmoid_route(block, cfg, captured[li], drop_groups=True)
+                group_scores = unmasked.view(-1, cfg.n_group, unmasked.shape[-1] // cfg.n_group)
+                group_scores = group_scores.topk(2, dim=-1)[0].sum(dim=-1)
+                gsrt = torch.sort(group_scores, dim=-1, descending=True)[0].numpy()
+                group_gap = gsrt[:, cfg.topk_group - 1] - gsrt[:, cfg.topk_group]
+                np.save(os.path.join(d, f"p{pi}_group_gap_l{li}.npy"), group_gap.astype(np.float32))
             np.save(os.path.join(d, f"p{pi}_topk_l{li}.npy"), topk.numpy().astype(np.int32))
         fixture["prompts"].append({"text": text, "prompt_ids": ids, "continuation_ids": seq[len(ids):],
                                    "sequence_ids": forced_input})
