@@ -124,12 +124,18 @@ class EngineImpl final : public Engine {
     model_ = std::move(loaded.model);
     const model::ModelConfig& c = model_->config();
     if (config.batch_invariant && backend_->device() == Device::kCuda)
-      for (auto [what, width] : {std::pair{"hidden_size", c.hidden_size},
-                                 std::pair{"num_attention_heads * head_dim", c.num_attention_heads * c.head_dim},
-                                 std::pair{"num_key_value_heads * head_dim", c.num_key_value_heads * c.head_dim},
-                                 std::pair{"intermediate_size", c.intermediate_size},
-                                 std::pair{"moe_intermediate_size", c.moe_intermediate_size},
-                                 std::pair{"vocab_size", c.vocab_size}})
+      for (auto [what, width] :
+           {std::pair{"hidden_size", c.hidden_size},
+            std::pair{"num_attention_heads * head_dim", c.num_attention_heads * c.head_dim},
+            std::pair{"num_key_value_heads * head_dim", c.num_key_value_heads * c.head_dim},
+            std::pair{"intermediate_size", c.intermediate_size},
+            std::pair{"moe_intermediate_size", c.moe_intermediate_size},
+            std::pair{"shared_expert_intermediate_size", c.shared_expert_intermediate_size},
+            // Linear attention's projections (in_proj_qkv, _z, _b/_a; out_proj).
+            std::pair{"linear attention conv_dim", c.linear_attention.conv_dim()},
+            std::pair{"linear attention value heads", c.linear_attention.num_value_heads},
+            std::pair{"linear attention value_dim", c.linear_attention.value_dim()},
+            std::pair{"vocab_size", c.vocab_size}})
         if (width % 8 != 0)
           return Status::errorf("--batch-invariant on CUDA needs matrix widths that are multiples of 8; {} is {}",
                                 what, width);
