@@ -131,9 +131,7 @@ class EngineImpl final : public Engine {
             std::pair{"intermediate_size", c.intermediate_size},
             std::pair{"moe_intermediate_size", c.moe_intermediate_size},
             std::pair{"shared_expert_intermediate_size", c.shared_expert_intermediate_size},
-            // Linear attention's projections (in_proj_qkv, _z, _b/_a; out_proj).
-            std::pair{"linear attention conv_dim", c.linear_attention.conv_dim()},
-            std::pair{"linear attention value heads", c.linear_attention.num_value_heads},
+            // out_proj's input (output widths that are not multiples of 8 go to a GEMV).
             std::pair{"linear attention value_dim", c.linear_attention.value_dim()},
             std::pair{"vocab_size", c.vocab_size}})
         if (width % 8 != 0)

@@ -340,7 +340,17 @@ class CudaBackend final : public Backend {
     const int64_t in = weight.dim(1), out_features = weight.dim(0), rows = x.numel() / in;
     if (rows == 0) return;
     if (skip_matmul_ && rows <= kGemvMaxRows && out_features < 65536) return;
-    if (invariant_) {
+    if (invariant_ && out_features % 8 != 0 && in % 8 == 0) {
+      // Output widths the GEMM does not take (a shared expert's sigmoid gate: 1): the GEMV, a
+      // warp per output summing its row in a fixed order whatever the rows beside it, in chunks.
+      for (int64_t first = 0; first < rows; first += kGemvMaxRows) {
+        const GemvPart part{weight.ptr<__nv_bfloat16>(), out.ptr<float>() + first * out_features,
+                            out_features, bias && bias->data ? bias->ptr<float>() : nullptr};
+        launch_gemv_parts(x.ptr<float>() + first * in, std::min(kGemvMaxRows, rows - first), in,
+                          &part, 1, context_.stream);
+      }
+      return;
+    } else if (invariant_) {
       // One GEMM (fixed k order, no split-K) for every row count: a row's result is the same in
       // any step. Activations rounded to bf16 as the large-step path rounds them.
       if (rows * in > matmul_scratch_elems_)
