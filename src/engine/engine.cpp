@@ -35,7 +35,7 @@ using Clock = std::chrono::steady_clock;
 
 // The KV cache's size at start-up, and for latent (MLA) layers what expanded per-head K/V would
 // take per token: the compression the latent cache buys.
-void log_kv_cache(const model::ModelConfig& c, int64_t tokens, size_t dtype_bytes) {
+void log_kv_cache(const model::ModelConfig& c, int64_t tokens, size_t dtype_bytes, bool per_rank) {
   const int64_t per_token = c.kv_cache_values_per_token() * static_cast<int64_t>(dtype_bytes);
   std::string latent;
   int64_t expanded = 0;
@@ -51,9 +51,9 @@ void log_kv_cache(const model::ModelConfig& c, int64_t tokens, size_t dtype_byte
   if (c.latent_attention.kv_lora_rank > 0 && expanded > 0)
     latent = fmt::format(" (latent attention; expanded K/V would take {} bytes/token, {:.1f}x)",
                          expanded, static_cast<double>(expanded) / static_cast<double>(per_token));
-  std::fprintf(stderr, "switchyard: KV cache: %lld tokens, %lld bytes/token%s, %.2f GB\n",
+  std::fprintf(stderr, "switchyard: KV cache: %lld tokens, %lld bytes/token%s, %.2f GB%s\n",
                static_cast<long long>(tokens), static_cast<long long>(per_token), latent.c_str(),
-               static_cast<double>(tokens * per_token) / 1e9);
+               static_cast<double>(tokens * per_token) / 1e9, per_rank ? " per rank" : "");
 }
 
 class EngineImpl final : public Engine {
@@ -192,8 +192,8 @@ class EngineImpl final : public Engine {
       }
       kv_tokens = std::clamp<int64_t>(budget / per_token, 4096, int64_t{4} << 20);
     }
-    int64_t blocks = std::max<int64_t>(2, (kv_tokens + config.block_size_tokens - 1) / config.block_size_tokens);
-    log_kv_cache(c, blocks * config.block_size_tokens, dtype_size(backend_->kv_cache_dtype()));
+    int64_t blocks =
+        std::max<int64_t>(2, (kv_tokens + config.block_size_tokens - 1) / config.block_size_tokens);
     decoder_ = std::make_unique<model::Decoder>(*backend_, kernels, config.block_size_tokens);
     decoder_->set_graphs_enabled(config.cuda_graphs);
     decoder_->set_state_snapshots(snapshots);
@@ -204,6 +204,10 @@ class EngineImpl final : public Engine {
         return comm->all_reduce_sum(partial.data, partial.numel(), partial.dtype);
       });
     }
+    // (Rank 0 only: a parallel run's followers print nothing; the figures are per rank.)
+    if (!follower_)
+      log_kv_cache(c, blocks * config.block_size_tokens, dtype_size(backend_->kv_cache_dtype()),
+                   comm_ != nullptr);
     SY_TRY(decoder_->allocate(c, blocks, limits));
     kv_ = std::make_unique<KvCache>(
         blocks, config.block_size_tokens,

@@ -37,7 +37,10 @@ void matmul_case(Harness& h, Case& c, Backend& dev, bool invariant, int64_t in, 
   Tensor weight = buffers.weight(w.view), cpu_weight = cpu_buffers.weight(w.view);
   const std::vector<float> all = matmul_rows(dev, buffers, x, 0, rows, in, weight, out_features);
   const std::vector<float> ref = matmul_rows(h.cpu, cpu_buffers, x, 0, rows, in, cpu_weight, out_features);
-  c.check("300 rows vs cpu", compare(all, ref, out_features), 1e-2);
+  // Compared per row, or as one block where a row is a handful of values (width 1: a row's own
+  // scale is its one value, which cancellation can make arbitrarily small against bf16 rounding).
+  c.check("300 rows vs cpu",
+          compare(all, ref, out_features >= 8 ? out_features : rows * out_features), 1e-2);
   int64_t differing = 0, checked = 0;
   for (int64_t r : {int64_t{0}, int64_t{1}, int64_t{17}, int64_t{150}, int64_t{299}}) {
     for (int64_t count : {int64_t{1}, int64_t{8}}) {
