@@ -74,7 +74,8 @@ if want engine; then
   # prefix hits from state snapshots (Backend::copy), on the CUDA kernels.
   section "hybrid engine tests on CUDA"
   SY_TEST_DEVICE=cuda run engine-hybrid timeout "${STAGE_TIMEOUT:-300}" "$carry/test_engine" --gtest_filter='HybridEngine.*-*AFailedStep*' --gtest_brief=1
-  # (Its own process: on the 2026-12-06 H100 visit it ended in a segmentation fault, no message.)
+  # (Its own process: on the 2026-12-06 H100 visit it crashed: its test kernel read the forced
+  # flags, device memory on CUDA, on the host; it now checks the bound replay source instead.)
   SY_TEST_DEVICE=cuda run engine-hybrid-failed-step timeout "${STAGE_TIMEOUT:-300}" "$carry/test_engine" \
     --gtest_filter='HybridEngine.AFailedStep*'
 fi

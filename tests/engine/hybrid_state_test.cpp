@@ -116,9 +116,10 @@ class RefusesReplayKernel final : public moe::ExpertsKernel {
     return inner_.reserve(max_tokens, spec, hidden, intermediate);
   }
   Status forward(const moe::MoeForwardArgs& args) override {
-    const auto* forced = static_cast<const uint8_t*>(args.routes.forced.data);
-    for (int64_t t = 0; forced && t < args.hidden.dim(0); ++t)
-      if (forced[t]) return Status::error(ErrorCode::kUnsupported, "test kernel refuses replay");
+    // (The source is bound only when some row of the step is replayed; the forced flags
+    // themselves live in device memory on CUDA, which the host must not read.)
+    if (args.routes.source.data)
+      return Status::error(ErrorCode::kUnsupported, "test kernel refuses replay");
     return inner_.forward(args);
   }
 
