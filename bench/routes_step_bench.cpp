@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <thread>
@@ -36,6 +37,14 @@ std::string command_output(const char* command) {
   }
   while (!out.empty() && out.back() == '\n') out.pop_back();
   return out;
+}
+
+// The binaries' commit: SY_BUILD_COMMIT where set (scripts/gpu-check.sh sets it from
+// gpu-carry/BUILD_COMMIT: the device's checkout can be older than the binaries), else this
+// checkout's.
+std::string build_commit() {
+  if (const char* commit = std::getenv("SY_BUILD_COMMIT"); commit && *commit) return commit;
+  return command_output("git rev-parse --short HEAD 2>/dev/null");
 }
 
 double median(std::vector<double> v) {
@@ -215,7 +224,7 @@ int main(int argc, char** argv) {
   nlohmann::ordered_json result{
       {"benchmark", "routes_step (per-step capture on/off A/B, bench/routes_step_bench)"},
       {"date", command_output("date -u +%Y-%m-%dT%H:%M:%SZ")},
-      {"commit", command_output("git rev-parse --short HEAD 2>/dev/null")},
+      {"commit", build_commit()},
       {"machine", command_output("lscpu | sed -n 's/^Model name: *//p' | head -1") + ", " +
                       std::to_string(std::thread::hardware_concurrency()) + " cores"},
       {"model", model_dir},

@@ -19,6 +19,8 @@ carry=$root/gpu-carry
 cublas_dir=$(dirname "$(find /usr/local/cuda*/ /usr/lib /opt -name 'libcublasLt.so.13*' 2>/dev/null | head -1)" 2>/dev/null)
 export LD_LIBRARY_PATH=$carry/lib:${cublas_dir:-/usr/local/cuda/lib64}:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export NCCL_NVLS_ENABLE=0
+# The benches' "commit": the binaries' (the device's copy of .git may be older).
+export SY_BUILD_COMMIT=$(cat "$carry/BUILD_COMMIT" 2>/dev/null)
 failed=()
 run() {  # name command...: runs, records failure, never stops the visit
   local name=$1; shift
