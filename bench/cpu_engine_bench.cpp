@@ -17,11 +17,14 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bench_util.h"
 #include "engine/engine.h"
 #include "model/config.h"
 #include "model/presets.h"
 
 namespace {
+
+using sy::bench::command_output;
 
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point start) {
@@ -59,17 +62,6 @@ double read_bandwidth_gbs(int threads) {
     best = std::max(best, bytes / elapsed / 1e9);
   }
   return best;
-}
-
-std::string command_output(const char* command) {
-  std::string out;
-  if (FILE* pipe = popen(command, "r")) {
-    char buffer[256];
-    while (fgets(buffer, sizeof buffer, pipe)) out += buffer;
-    pclose(pipe);
-  }
-  while (!out.empty() && out.back() == '\n') out.pop_back();
-  return out;
 }
 
 }  // namespace

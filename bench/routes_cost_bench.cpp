@@ -26,33 +26,18 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/backend.h"
+#include "bench_util.h"
 #include "engine/engine.h"
 #include "server/api.h"
 
 namespace {
 
+using sy::bench::build_commit;
+using sy::bench::command_output;
+
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-std::string command_output(const char* command) {
-  std::string out;
-  if (FILE* pipe = popen(command, "r")) {
-    char buffer[256];
-    while (fgets(buffer, sizeof buffer, pipe)) out += buffer;
-    pclose(pipe);
-  }
-  while (!out.empty() && out.back() == '\n') out.pop_back();
-  return out;
-}
-
-// The binaries' commit: SY_BUILD_COMMIT where set (scripts/gpu-check.sh sets it from
-// gpu-carry/BUILD_COMMIT: the device's checkout can be older than the binaries), else this
-// checkout's.
-std::string build_commit() {
-  if (const char* commit = std::getenv("SY_BUILD_COMMIT"); commit && *commit) return commit;
-  return command_output("git rev-parse --short HEAD 2>/dev/null");
 }
 
 double median(std::vector<double> v) {

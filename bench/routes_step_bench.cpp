@@ -20,32 +20,17 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/backend.h"
+#include "bench_util.h"
 #include "model/decoder.h"
 #include "model/model.h"
 #include "moe/experts_kernel.h"
 
 namespace {
 
+using sy::bench::build_commit;
+using sy::bench::command_output;
+
 using Clock = std::chrono::steady_clock;
-
-std::string command_output(const char* command) {
-  std::string out;
-  if (FILE* pipe = popen(command, "r")) {
-    char buffer[256];
-    while (fgets(buffer, sizeof buffer, pipe)) out += buffer;
-    pclose(pipe);
-  }
-  while (!out.empty() && out.back() == '\n') out.pop_back();
-  return out;
-}
-
-// The binaries' commit: SY_BUILD_COMMIT where set (scripts/gpu-check.sh sets it from
-// gpu-carry/BUILD_COMMIT: the device's checkout can be older than the binaries), else this
-// checkout's.
-std::string build_commit() {
-  if (const char* commit = std::getenv("SY_BUILD_COMMIT"); commit && *commit) return commit;
-  return command_output("git rev-parse --short HEAD 2>/dev/null");
-}
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());

@@ -17,21 +17,13 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/backend.h"
+#include "bench_util.h"
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using sy::bench::command_output;
 
-std::string command_output(const char* command) {
-  std::string out;
-  if (FILE* pipe = popen(command, "r")) {
-    char buffer[256];
-    while (fgets(buffer, sizeof buffer, pipe)) out += buffer;
-    pclose(pipe);
-  }
-  while (!out.empty() && out.back() == '\n') out.pop_back();
-  return out;
-}
+using Clock = std::chrono::steady_clock;
 
 }  // namespace
 
