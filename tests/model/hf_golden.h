@@ -74,7 +74,8 @@ inline std::string kernel_name(const char* family, Device device = test_device()
 // tests/golden/bf16_sensitivity.json). 0 where not measured. An MXFP4 folder holds the same
 // values as its bf16 sibling (tools/gpu/family_goldens.py writes both from one model), which
 // transformers can load here: its figure stands for both.
-inline double bf16_sensitivity(std::string checkpoint) {
+// The largest of `field` over `checkpoint`'s prompts in bf16_sensitivity.json (0 where absent).
+inline double bf16_measured(std::string checkpoint, const char* field) {
   static const nlohmann::json measured = read_json(kGoldenRoot + "/bf16_sensitivity.json");
   const std::string mxfp4 = "_mxfp4";
   if (checkpoint.size() > mxfp4.size() && checkpoint.compare(checkpoint.size() - mxfp4.size(), mxfp4.size(), mxfp4) == 0)
@@ -82,9 +83,12 @@ inline double bf16_sensitivity(std::string checkpoint) {
   if (!measured.contains(checkpoint)) return 0.0;
   double worst = 0.0;
   for (const auto& prompt : measured[checkpoint]["prompts"])
-    if (prompt.contains("max_before_flip") && prompt["max_before_flip"].is_number())
-      worst = std::max(worst, prompt["max_before_flip"].get<double>());
+    if (prompt.contains(field) && prompt[field].is_number())
+      worst = std::max(worst, prompt[field].get<double>());
   return worst;
+}
+inline double bf16_sensitivity(const std::string& checkpoint) {
+  return bf16_measured(checkpoint, "max_before_flip");
 }
 // The largest bf16 error among the checkpoints CUDA's fixed tolerances below were set on
 // (Qwen3-MoE, Mixtral, OLMoE, Qwen2-MoE: 0.025 to 0.039 in bf16_sensitivity.json).
@@ -114,12 +118,7 @@ inline float logits_tolerance(const std::string& checkpoint = "") {
 // forced routes cannot flip), at least that with the same 25% room.
 inline float forced_logits_tolerance(const std::string& checkpoint) {
   if (!on_cuda()) return 1e-3f;
-  static const nlohmann::json measured = read_json(kGoldenRoot + "/bf16_sensitivity.json");
-  double forced = 0.0;
-  if (measured.contains(checkpoint))
-    for (const auto& prompt : measured[checkpoint]["prompts"])
-      if (prompt.contains("forced_max_all") && prompt["forced_max_all"].is_number())
-        forced = std::max(forced, prompt["forced_max_all"].get<double>());
+  const double forced = bf16_measured(checkpoint, "forced_max_all");
   return std::max(logits_tolerance(checkpoint), static_cast<float>(1.25 * forced));
 }
 // Route rows whose k-th/(k+1)-th router logit gap is below this are near-ties (excluded,

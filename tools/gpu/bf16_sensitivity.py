@@ -24,8 +24,9 @@ import sys
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from transformers import AutoModelForCausalLM
+
+from forced_moe import ForcedMoe  # (tools/gpu/forced_moe.py)
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "golden")
 
@@ -57,51 +58,8 @@ def run(model, ids, device):
     return logits, routers
 
 
-class ForcedSoftmaxMoe(torch.nn.Module):
-    """A softmax-routed MoE block (Qwen3.5's) with its routes given: softmax of the router logits in
-    float32 -> weights at the forced ids (free top-k when forced is None) -> renormalised if the
-    model does -> the experts -> plus the sigmoid-gated shared expert, in the model's dtype."""
-
-    def __init__(self, block, top_k, renormalize, inter, returns_tuple):
-        super().__init__()
-        self.block, self.top_k, self.renormalize, self.inter = block, top_k, renormalize, inter
-        self.returns_tuple = returns_tuple
-        self.forced = None
-
-    def expert(self, e):
-        experts = self.block.experts
-        gate_up, down = experts.gate_up_proj[e], experts.down_proj[e]
-        if gate_up.shape[0] != 2 * self.inter:  # stored transposed
-            gate_up, down = gate_up.t(), down.t()
-        return gate_up[:self.inter], gate_up[self.inter:], down
-
-    def forward(self, hidden, *args, **kwargs):
-        b, s, h = hidden.shape
-        x = hidden.reshape(-1, h)
-        logits = F.linear(x, self.block.gate.weight)
-        probs = F.softmax(logits, dim=-1, dtype=torch.float)
-        if self.forced is None:
-            weights, ids = torch.topk(probs, self.top_k, dim=-1)
-        else:
-            ids = self.forced.to(x.device)
-            weights = probs.gather(1, ids)
-        if self.renormalize:
-            weights = weights / weights.sum(dim=-1, keepdim=True)
-        weights = weights.to(x.dtype)
-        out = torch.zeros_like(x)
-        for t in range(x.shape[0]):
-            for k in range(ids.shape[1]):
-                g, u, d = self.expert(int(ids[t, k]))
-                out[t] += weights[t, k] * F.linear(F.silu(F.linear(x[t], g)) * F.linear(x[t], u), d)
-        shared = self.block.shared_expert(x)
-        if hasattr(self.block, "shared_expert_gate"):
-            shared = torch.sigmoid(self.block.shared_expert_gate(x)) * shared
-        out = (out + shared).reshape(b, s, h)
-        return (out, logits) if self.returns_tuple else out
-
-
 def forced_logits(model, cfg, top_k, ids, routes, device):
-    """The model's logits with its MoE blocks swapped for ForcedSoftmaxMoe (routes None: free),
+    """The model's logits with its MoE blocks swapped for ForcedMoe (routes None: free),
     the original blocks restored after."""
     originals = {}
     for i, layer in enumerate(model.model.layers):
@@ -111,8 +69,8 @@ def forced_logits(model, cfg, top_k, ids, routes, device):
         with torch.no_grad():
             probe = block(torch.zeros(1, 1, int(cfg["hidden_size"]), dtype=block.gate.weight.dtype,
                                       device=block.gate.weight.device))
-        forced = ForcedSoftmaxMoe(block, top_k, bool(cfg.get("norm_topk_prob", True)),
-                                  int(cfg["moe_intermediate_size"]), isinstance(probe, tuple))
+        forced = ForcedMoe(block, top_k, bool(cfg.get("norm_topk_prob", True)),
+                           int(cfg["moe_intermediate_size"]), isinstance(probe, tuple))
         if routes is not None:
             forced.forced = torch.tensor(routes[:, i, :], dtype=torch.long)
         originals[i] = block

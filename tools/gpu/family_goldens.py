@@ -82,6 +82,7 @@ import torch.nn.functional as F
 import transformers
 from safetensors import safe_open
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from forced_moe import ForcedMoe, expert_weights  # (tools/gpu/forced_moe.py)
 from transformers import (AutoModelForCausalLM, MixtralConfig, MixtralForCausalLM, OlmoeConfig, OlmoeForCausalLM,
                           Qwen2MoeConfig, Qwen2MoeForCausalLM)
 
@@ -135,57 +136,6 @@ def moe_block(layer):
         if block is not None and hasattr(block, "gate") and hasattr(block, "experts"):
             return attr, block
     return None, None
-
-
-def expert_weights(experts, e, inter):
-    """(gate [I,H], up [I,H], down [H,I]) of expert e: fused (transformers 5) or per expert (4)."""
-    if hasattr(experts, "gate_up_proj"):
-        gate_up, down = experts.gate_up_proj[e], experts.down_proj[e]
-        if gate_up.shape[0] != 2 * inter:  # stored transposed ([H, 2I])
-            gate_up, down = gate_up.t(), down.t()
-        return gate_up[:inter], gate_up[inter:], down
-    ex = experts[e]
-    if hasattr(ex, "w1"):
-        return ex.w1.weight, ex.w3.weight, ex.w2.weight
-    return ex.gate_proj.weight, ex.up_proj.weight, ex.down_proj.weight
-
-
-class ForcedMoe(torch.nn.Module):
-    """A family's MoE block with routing replaced by given ids (or free top-k when forced is None):
-    softmax (in float32, as HF's routers compute it) -> top-k -> renormalise if the family does ->
-    routed experts -> plus the sigmoid-gated shared expert (Qwen2-MoE)."""
-
-    def __init__(self, block, top_k, renormalize, inter, returns_tuple):
-        super().__init__()
-        self.block, self.top_k, self.renormalize, self.inter = block, top_k, renormalize, inter
-        self.returns_tuple = returns_tuple
-        self.forced = None  # LongTensor [tokens, K] or None
-
-    def forward(self, hidden, *args, **kwargs):
-        b, s, h = hidden.shape
-        x = hidden.reshape(-1, h)
-        logits = F.linear(x, self.block.gate.weight)
-        probs = F.softmax(logits, dim=-1, dtype=torch.float)
-        if self.forced is None:
-            weights, ids = torch.topk(probs, self.top_k, dim=-1)
-        else:
-            ids = self.forced
-            weights = probs.gather(1, ids)
-        if self.renormalize:
-            weights = weights / weights.sum(dim=-1, keepdim=True)
-        weights = weights.to(x.dtype)
-        out = torch.zeros_like(x)
-        for t in range(x.shape[0]):
-            for k in range(ids.shape[1]):
-                g, u, d = expert_weights(self.block.experts, int(ids[t, k]), self.inter)
-                out[t] += weights[t, k] * F.linear(F.silu(F.linear(x[t], g)) * F.linear(x[t], u), d)
-        if hasattr(self.block, "shared_expert"):
-            shared = self.block.shared_expert(x)
-            if hasattr(self.block, "shared_expert_gate"):
-                shared = torch.sigmoid(self.block.shared_expert_gate(x)) * shared
-            out = out + shared
-        out = out.reshape(b, s, h)
-        return (out, logits) if self.returns_tuple else out
 
 
 def saved_tensors(d):
