@@ -31,6 +31,11 @@ struct AttentionBatch {
   // pure decode) and the longest context. A graph-recorded step must not depend on the second.
   int64_t max_query_len = 0;
   int64_t max_context_len = 0;
+  // Host copies of positions and token_seq (empty where the caller has none): a backend may
+  // split a prefill step by sequence with them. A graph-recorded step must not read them.
+  // (Pointers, not spans: the CUDA files compile as C++17.)
+  const std::vector<int32_t>* host_positions = nullptr;
+  const std::vector<int32_t>* host_token_seq = nullptr;
   // The layer's attention window (set per layer by the decoder): 0 attends to every earlier
   // position; W > 0 only to positions p with position - p < W (transformers' sliding window).
   // Only backends that report BackendFeature::kSlidingWindow read it.
@@ -136,8 +141,10 @@ struct StepLimits {
   int64_t num_heads = 0;
   int64_t head_dim = 0;
   int64_t max_feature_dim = 0;  // widest matmul input (hidden, heads * head_dim, MLP widths)
-  // Multi-head latent attention's kv_lora_rank and qk_rope_head_dim (0: no latent layers).
-  int64_t latent_kv_lora = 0, latent_rope = 0;
+  // Multi-head latent attention's kv_lora_rank, qk_rope_head_dim, qk_nope_head_dim and
+  // v_head_dim (0: no latent layers), and the longest context (max_blocks_per_seq x block size).
+  int64_t latent_kv_lora = 0, latent_rope = 0, latent_nope = 0, latent_v_dim = 0;
+  int64_t max_context = 0;
 };
 
 class Backend {

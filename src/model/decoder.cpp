@@ -112,7 +112,10 @@ Status Decoder::allocate(const ModelConfig& c, int64_t num_blocks, const backend
   if (latent) {
     full.latent_kv_lora = mla.kv_lora_rank;
     full.latent_rope = mla.qk_rope_head_dim;
+    full.latent_nope = mla.qk_nope_head_dim;
+    full.latent_v_dim = mla.v_head_dim;
   }
+  full.max_context = limits.max_blocks_per_seq * block_size_;
   const LinearAttentionSpec& lin = c.linear_attention;
   const bool linear = c.has_linear_attention();
   bool output_gate = false;
@@ -361,6 +364,8 @@ Status Decoder::forward(const Model& model, const StepInputs& in, StepOutputs& o
   batch.slot_mapping = v.slot_mapping;
   batch.block_tables = v.block_tables;
   batch.block_size = block_size_;
+  batch.host_positions = &in.positions;
+  batch.host_token_seq = &in.token_seq;
   {
     std::vector<int64_t> per_seq(static_cast<size_t>(std::max<int64_t>(seqs, 1)), 0);
     for (int64_t t = 0; t < tokens; ++t) {

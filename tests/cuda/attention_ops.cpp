@@ -6,7 +6,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <numeric>
+#include <vector>
 
 #include "harness.h"
 
@@ -157,6 +159,9 @@ struct AttentionOptions {
 
 struct Batches {
   backend::AttentionBatch cpu, dev;
+  // The host copies the engine's decoder also passes (AttentionBatch::host_*; the device's MLA
+  // splits prefill steps by sequence with them), shared so that copies of Batches keep them.
+  std::shared_ptr<const std::vector<int32_t>> host_positions, host_seqs;
 };
 
 // Uploads one batch's index tensors to both backends (kept alive by `p`).
@@ -174,6 +179,12 @@ Batches upload_batch(Pair& p, const Layout& l, const std::vector<int32_t>& posit
     batch->block_size = l.block_size;
     batch->max_query_len = max_query_len;
     batch->max_context_len = max_context_len;
+  }
+  b.host_positions = std::make_shared<const std::vector<int32_t>>(positions);
+  b.host_seqs = std::make_shared<const std::vector<int32_t>>(seqs);
+  for (backend::AttentionBatch* batch : {&b.cpu, &b.dev}) {
+    batch->host_positions = b.host_positions.get();
+    batch->host_token_seq = b.host_seqs.get();
   }
   return b;
 }

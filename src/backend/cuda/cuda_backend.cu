@@ -65,6 +65,7 @@ class CudaBackend final : public Backend {
     if (dense_plan_) cudaFree(dense_plan_);
     if (attention_scratch_) cudaFree(attention_scratch_);
     if (latent_scratch_) cudaFree(latent_scratch_);
+    latent_expand_release(latent_expand_);
     if (attention_arrivals_) cudaFree(attention_arrivals_);
     cudaFree(context_.cublas_workspace);
     cublasLtDestroy(context_.cublas_lt);
@@ -117,6 +118,20 @@ class CudaBackend final : public Backend {
         return Status::error(ErrorCode::kResourceExhausted,
                              "cuda: out of memory for the latent attention scratch");
       prepare_latent_attention(context_.device);
+      // The expanded prefill path (not in batch-invariant mode: a row's arithmetic would then
+      // depend on how many query tokens its sequence has in the step). Contexts up to
+      // kLatentExpandContext; longer ones, or no room for the scratch, stay absorbed.
+      const int64_t context = std::min(limits.max_context, kLatentExpandContext);
+      if (!invariant_ && context > 0 &&
+          latent_expand_supported(static_cast<int>(limits.latent_nope),
+                                  static_cast<int>(limits.latent_rope),
+                                  static_cast<int>(limits.latent_v_dim)) &&
+          !latent_expand_reserve(static_cast<int>(limits.num_heads),
+                                 static_cast<int>(limits.latent_kv_lora),
+                                 static_cast<int>(limits.latent_nope),
+                                 static_cast<int>(limits.latent_rope), context, latent_expand_))
+        return Status::error(ErrorCode::kResourceExhausted,
+                             "cuda: out of memory for the latent attention's prefill scratch");
     }
     return Status::ok();
   }
@@ -578,9 +593,39 @@ class CudaBackend final : public Backend {
     p.scratch = latent_scratch_;
     p.scratch_bytes = latent_scratch_bytes_;
     p.sm_count = context_.sm_count;
-    launch_latent_attention(
-        p, make_rope_table(rope.theta, p.rope, rope.inv_freq, rope.attention_factor),
-        context_.stream);
+    launch_latent_prep(p, make_rope_table(rope.theta, p.rope, rope.inv_freq, rope.attention_factor),
+                       context_.stream);
+    const int64_t T = p.tokens;
+    if (latent_expand_.group == 0 || batch.max_query_len < kLatentExpandMinQueries ||
+        !batch.host_positions || !batch.host_token_seq ||
+        static_cast<int64_t>(batch.host_positions->size()) != T ||
+        static_cast<int64_t>(batch.host_token_seq->size()) != T ||
+        p.heads % latent_expand_.group != 0) {
+      launch_latent_absorbed(p, 0, T, context_.stream);
+      return;
+    }
+    // Runs of one sequence's consecutive positions: long ones expanded (tensor cores), the
+    // tokens between them absorbed.
+    int64_t absorbed_from = 0;
+    for (int64_t i = 0; i < T;) {
+      const auto at = [](const std::vector<int32_t>* v, int64_t k) {
+        return (*v)[static_cast<size_t>(k)];
+      };
+      const std::vector<int32_t>*positions = batch.host_positions, *seqs = batch.host_token_seq;
+      int64_t j = i + 1;
+      while (j < T && at(seqs, j) == at(seqs, i) && at(positions, j) == at(positions, j - 1) + 1)
+        ++j;
+      const int64_t context = static_cast<int64_t>(at(positions, j - 1)) + 1;
+      if (at(seqs, i) >= 0 && at(positions, i) >= 0 && j - i >= kLatentExpandMinQueries &&
+          context <= latent_expand_.max_context) {
+        launch_latent_absorbed(p, absorbed_from, i - absorbed_from, context_.stream);
+        launch_latent_expanded(p, i, j - i, at(seqs, i), context, latent_expand_, context_.cublas,
+                               context_.stream);
+        absorbed_from = j;
+      }
+      i = j;
+    }
+    launch_latent_absorbed(p, absorbed_from, T - absorbed_from, context_.stream);
   }
   // Qwen3.5's token mixers (linear_attention.cu). Gated attention: the query split from its
   // gate, then the usual q/k norm + (partial) rope + cache write and attention, then the gate.
@@ -674,6 +719,12 @@ class CudaBackend final : public Backend {
  private:
   // The largest step cuda-fused runs under --moe-kernel auto (crossover: BENCHMARKS.md).
   static constexpr int64_t kFusedMaxTokens = 8;
+  // MLA: a sequence with at least this many query tokens in a step is expanded (tensor cores)
+  // rather than absorbed (CUDA cores, whose cost grows with its query tokens x context), for
+  // contexts up to kLatentExpandContext (the scratch: ~29 KB per context row for 16 heads of
+  // 128 + 64 with latent 512, so 16,384 rows ~ 0.5 GB).
+  static constexpr int64_t kLatentExpandMinQueries = 32;
+  static constexpr int64_t kLatentExpandContext = 16384;
 
   void check_not_capturing(const char* what) const {
     if (capturing_) cuda_fail(what, "host transfer while recording a graph", __FILE__, __LINE__);
@@ -731,6 +782,7 @@ class CudaBackend final : public Backend {
   int64_t matmul_scratch_elems_ = 0;
   void* attention_scratch_ = nullptr;
   float* latent_scratch_ = nullptr;  // latent_attention.cu's (StepLimits::latent_*)
+  LatentExpandScratch latent_expand_;  // its expanded prefill path (group 0: not reserved)
   size_t latent_scratch_bytes_ = 0;
   int* attention_arrivals_ = nullptr;
   size_t attention_scratch_bytes_ = 0;

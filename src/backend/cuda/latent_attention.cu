@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
+
+#include "backend/cuda/attention.h"
 
 namespace sy::backend::cuda {
 namespace {
@@ -11,9 +14,11 @@ constexpr int kGroup = 2 * kWarps;  // heads per attention block (a warp scores 
 constexpr int kTile = 32;           // cached rows per step of the attention loop (a lane each)
 constexpr int kMaxCols = 4;         // latent columns per thread: kv_lora <= 1024
 constexpr int kMaxRow = 1152;       // kv_lora + rope: the attention block's shared memory (150 KB)
-constexpr int kMaxNope = 512;       // the absorb kernel's query tile (32 KB)
-constexpr int kAbsorbTokens = 16, kOutTokens = 8, kOutChunk = 64;
-constexpr int kMaxSplits = 32;
+constexpr int kMaxNope = 512;  // the absorb kernel's query tile (32 KB, + 12 KB of partial sums)
+constexpr int kAbsorbTokens = 16, kOutTokens = 8, kOutChunk = 16;
+constexpr int kAbsorbCols = 64, kAbsorbSlices = kThreads / kAbsorbCols;
+constexpr int kCombineCols = 64;  // latent columns per combine block (its threads)
+constexpr int kMaxSplits = 64;
 
 __device__ float warp_sum(float v) {
   for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
@@ -88,11 +93,15 @@ struct Chunk {
   float* part_ml = nullptr;   // [n, heads, splits, 2]: its running max and sum
 };
 
-// W_k^T q_nope per (token, head), and q_pe beside it. Grid (column chunks of 256, heads, token
-// tiles of kAbsorbTokens): each thread one latent column for the tile's tokens, so kv_b_proj's
-// W_k is read once per tile. The sum runs over nope in order, as the CPU's.
+// W_k^T q_nope per (token, head), and q_pe beside it. Grid (column chunks of kAbsorbCols,
+// heads, token tiles of kAbsorbTokens), so that a few-token step still has a block per SM: a
+// thread owns one latent column and a quarter of nope (kAbsorbSlices) for the tile's tokens, so
+// kv_b_proj's W_k is read once per tile; the quarters' sums are added in order (a token's
+// arithmetic does not depend on the tile's other tokens).
 __global__ void __launch_bounds__(kThreads) latent_absorb_kernel(LatentParams p, Chunk chunk) {
-  extern __shared__ float q_nope[];  // [kAbsorbTokens, nope]
+  extern __shared__ float
+      q_nope[];  // [kAbsorbTokens, nope], then [kAbsorbSlices - 1, kAbsorbTokens, kAbsorbCols]
+  float* partial = q_nope + kAbsorbTokens * p.nope;
   const int h = blockIdx.y, lora = p.kv_lora, row_width = lora + p.rope, q_row = p.nope + p.rope;
   const int t0 = blockIdx.z * kAbsorbTokens, count = min(kAbsorbTokens, chunk.n - t0);
   for (int i = threadIdx.x; i < kAbsorbTokens * p.nope; i += kThreads) {
@@ -100,19 +109,33 @@ __global__ void __launch_bounds__(kThreads) latent_absorb_kernel(LatentParams p,
     q_nope[i] = tt < count ? p.q[((chunk.first + t0 + tt) * p.heads + h) * q_row + j] : 0.0f;
   }
   __syncthreads();
-  const int l = blockIdx.x * kThreads + threadIdx.x;
+  const int c = threadIdx.x % kAbsorbCols, slice = threadIdx.x / kAbsorbCols;
+  const int l = blockIdx.x * kAbsorbCols + c;
+  const int per_slice = (p.nope + kAbsorbSlices - 1) / kAbsorbSlices;
+  const int j0 = slice * per_slice, j1 = min(p.nope, j0 + per_slice);
+  float acc[kAbsorbTokens] = {};
   if (l < lora) {
-    float acc[kAbsorbTokens] = {};
     const __nv_bfloat16* w_k =
         p.kv_b_proj + static_cast<int64_t>(h) * (p.nope + p.v_dim) * lora + l;
-    for (int j = 0; j < p.nope; ++j) {
+#pragma unroll 4
+    for (int j = j0; j < j1; ++j) {
       const float w = __bfloat162float(w_k[static_cast<int64_t>(j) * lora]);
 #pragma unroll
       for (int tt = 0; tt < kAbsorbTokens; ++tt) acc[tt] += q_nope[tt * p.nope + j] * w;
     }
-    for (int tt = 0; tt < count; ++tt)
-      chunk.q_abs[(static_cast<int64_t>(t0 + tt) * p.heads + h) * row_width + l] = acc[tt];
   }
+  if (slice > 0)
+#pragma unroll
+    for (int tt = 0; tt < kAbsorbTokens; ++tt)
+      partial[((slice - 1) * kAbsorbTokens + tt) * kAbsorbCols + c] = acc[tt];
+  __syncthreads();
+  if (slice == 0 && l < lora)
+    for (int tt = 0; tt < count; ++tt) {
+      float sum = acc[tt];
+      for (int q = 1; q < kAbsorbSlices; ++q)
+        sum += partial[((q - 1) * kAbsorbTokens + tt) * kAbsorbCols + c];
+      chunk.q_abs[(static_cast<int64_t>(t0 + tt) * p.heads + h) * row_width + l] = sum;
+    }
   if (blockIdx.x == 0)
     for (int i = threadIdx.x; i < count * p.rope; i += kThreads) {
       const int tt = i / p.rope, r = i % p.rope;
@@ -263,26 +286,31 @@ __global__ void __launch_bounds__(kThreads) latent_attention_kernel(LatentParams
   }
 }
 
-// The splits of one (token, head) merged: weights exp(max_s - max), normalised by the merged sum.
-__global__ void __launch_bounds__(kThreads) latent_combine_kernel(LatentParams p, Chunk chunk) {
+// The splits of one (token, head) merged: weights exp(max_s - max), normalised by the merged
+// sum. Grid (heads, tokens, column chunks of kCombineCols), a thread per latent column.
+__global__ void __launch_bounds__(kCombineCols) latent_combine_kernel(LatentParams p, Chunk chunk) {
+  __shared__ float factor[kMaxSplits];
+  __shared__ float inv;
   const int64_t head_row = static_cast<int64_t>(blockIdx.y) * p.heads + blockIdx.x;
   const int64_t part0 = head_row * chunk.splits;
-  float top = -INFINITY;
-  for (int s = 0; s < chunk.splits; ++s) top = fmaxf(top, chunk.part_ml[2 * (part0 + s)]);
-  float total = 0.0f;
-  for (int s = 0; s < chunk.splits; ++s) {
-    const float m = chunk.part_ml[2 * (part0 + s)];
-    if (m != -INFINITY) total += chunk.part_ml[2 * (part0 + s) + 1] * expf(m - top);
-  }
-  const float inv = total > 0.0f ? 1.0f / total : 0.0f;
-  for (int col = threadIdx.x; col < p.kv_lora; col += kThreads) {
-    float value = 0.0f;
+  if (threadIdx.x == 0) {
+    float top = -INFINITY;
+    for (int s = 0; s < chunk.splits; ++s) top = fmaxf(top, chunk.part_ml[2 * (part0 + s)]);
+    float total = 0.0f;
     for (int s = 0; s < chunk.splits; ++s) {
       const float m = chunk.part_ml[2 * (part0 + s)];
-      if (m != -INFINITY) value += chunk.part_acc[(part0 + s) * p.kv_lora + col] * expf(m - top);
+      factor[s] = m != -INFINITY ? expf(m - top) : 0.0f;
+      total += chunk.part_ml[2 * (part0 + s) + 1] * factor[s];
     }
-    chunk.o_latent[head_row * p.kv_lora + col] = value * inv;
+    inv = total > 0.0f ? 1.0f / total : 0.0f;
   }
+  __syncthreads();
+  const int col = blockIdx.z * kCombineCols + threadIdx.x;
+  if (col >= p.kv_lora) return;
+  float value = 0.0f;
+  for (int s = 0; s < chunk.splits; ++s)
+    if (factor[s] != 0.0f) value += chunk.part_acc[(part0 + s) * p.kv_lora + col] * factor[s];
+  chunk.o_latent[head_row * p.kv_lora + col] = value * inv;
 }
 
 // W_v o_latent: grid (output chunks of kOutChunk, heads, token tiles of kOutTokens); a warp per
@@ -358,16 +386,21 @@ void prepare_latent_attention(int device) {
                                      std::min(bytes, needed)));
 }
 
-void launch_latent_attention(const LatentParams& p, const RopeTable& table, cudaStream_t stream) {
+void launch_latent_prep(const LatentParams& p, const RopeTable& table, cudaStream_t stream) {
   if (p.tokens == 0) return;
   if (!latent_attention_supported(p.kv_lora, p.nope, p.rope, p.v_dim))
     cuda_fail("latent_attention", "unsupported shape (see latent_attention_supported)", __FILE__,
               __LINE__);
+  latent_prep_kernel<<<static_cast<unsigned>(p.tokens), kThreads, 0, stream>>>(p, table);
+  SY_CUDA_LAUNCH_CHECK("latent_prep_kernel");
+}
+
+void launch_latent_absorbed(const LatentParams& p, int64_t first, int64_t count,
+                            cudaStream_t stream) {
+  if (count <= 0) return;
   if (!p.scratch || latent_attention_scratch_bytes(p.heads, p.kv_lora, p.rope) > p.scratch_bytes)
     cuda_fail("latent_attention", "shape larger than the scratch reserved (StepLimits::latent_*)",
               __FILE__, __LINE__);
-  latent_prep_kernel<<<static_cast<unsigned>(p.tokens), kThreads, 0, stream>>>(p, table);
-  SY_CUDA_LAUNCH_CHECK("latent_prep_kernel");
   const int row_width = p.kv_lora + p.rope, tokens_per_chunk = chunk_tokens(p.heads);
   const int pairs = chunk_pairs(p.heads), groups = (p.heads + kGroup - 1) / kGroup;
   Chunk chunk;
@@ -375,29 +408,196 @@ void launch_latent_attention(const LatentParams& p, const RopeTable& table, cuda
   chunk.o_latent = chunk.q_abs + static_cast<int64_t>(tokens_per_chunk) * p.heads * row_width;
   chunk.part_acc = chunk.o_latent + static_cast<int64_t>(tokens_per_chunk) * p.heads * p.kv_lora;
   chunk.part_ml = chunk.part_acc + static_cast<int64_t>(pairs) * p.heads * p.kv_lora;
-  for (chunk.first = 0; chunk.first < p.tokens; chunk.first += tokens_per_chunk) {
-    chunk.n = static_cast<int>(std::min<int64_t>(tokens_per_chunk, p.tokens - chunk.first));
+  const int64_t end = first + count;
+  for (chunk.first = first; chunk.first < end; chunk.first += tokens_per_chunk) {
+    chunk.n = static_cast<int>(std::min<int64_t>(tokens_per_chunk, end - chunk.first));
     // Enough blocks for two waves over the SMs, within the partials' room. Depends only on
     // the step's token count (graphs replay it with other context lengths).
     const int wanted = (2 * std::max(p.sm_count, 1) + chunk.n * groups - 1) / (chunk.n * groups);
     chunk.splits = std::clamp(wanted, 1, std::min(kMaxSplits, pairs / chunk.n));
     const unsigned n = static_cast<unsigned>(chunk.n), heads = static_cast<unsigned>(p.heads);
-    latent_absorb_kernel<<<dim3((p.kv_lora + kThreads - 1) / kThreads, heads,
+    latent_absorb_kernel<<<dim3((p.kv_lora + kAbsorbCols - 1) / kAbsorbCols, heads,
                                 (n + kAbsorbTokens - 1) / kAbsorbTokens),
-                           kThreads, kAbsorbTokens * p.nope * sizeof(float), stream>>>(p, chunk);
+                           kThreads,
+                           (kAbsorbTokens * p.nope +
+                            (kAbsorbSlices - 1) * kAbsorbTokens * kAbsorbCols) *
+                               sizeof(float),
+                           stream>>>(p, chunk);
     SY_CUDA_LAUNCH_CHECK("latent_absorb_kernel");
     latent_attention_kernel<<<dim3(static_cast<unsigned>(chunk.splits),
                                    static_cast<unsigned>(groups), n),
                               kThreads, attention_smem(row_width), stream>>>(p, chunk);
     SY_CUDA_LAUNCH_CHECK("latent_attention_kernel");
     if (chunk.splits > 1) {
-      latent_combine_kernel<<<dim3(heads, n), kThreads, 0, stream>>>(p, chunk);
+      latent_combine_kernel<<<dim3(heads, n, (p.kv_lora + kCombineCols - 1) / kCombineCols),
+                              kCombineCols, 0, stream>>>(p, chunk);
       SY_CUDA_LAUNCH_CHECK("latent_combine_kernel");
     }
     latent_output_kernel<<<dim3((p.v_dim + kOutChunk - 1) / kOutChunk, heads,
                                 (n + kOutTokens - 1) / kOutTokens),
                            kThreads, kOutTokens * p.kv_lora * sizeof(float), stream>>>(p, chunk);
     SY_CUDA_LAUNCH_CHECK("latent_output_kernel");
+  }
+}
+
+void launch_latent_attention(const LatentParams& p, const RopeTable& table, cudaStream_t stream) {
+  launch_latent_prep(p, table, stream);
+  launch_latent_absorbed(p, 0, p.tokens, stream);
+}
+
+// ---- The expanded path (prefill) ----
+
+namespace {
+
+constexpr int kExpandMaxGroup = 16;
+constexpr int kExpandBlock = 16;          // block size of the contiguous expanded K/V
+constexpr int64_t kExpandQueries = 1024;  // query tokens per attention launch
+
+int expand_group(int heads) {
+  for (int g = std::min(heads, kExpandMaxGroup); g > 1; --g)
+    if (heads % g == 0) return g;
+  return 1;
+}
+
+// Context row c of sequence `seq`: its latent into latent[c] (the GEMMs' input) and its roped
+// k_pe into every head's rope columns of k[c].
+__global__ void __launch_bounds__(128)
+    latent_gather_kernel(LatentParams p, int32_t seq, LatentExpandScratch s) {
+  const int64_t c = blockIdx.x;
+  const int lora = p.kv_lora, row_width = lora + p.rope, q_row = p.nope + p.rope;
+  const int32_t* table = p.block_tables + static_cast<int64_t>(seq) * p.block_table_stride;
+  const int64_t slot =
+      static_cast<int64_t>(table[c / p.block_size]) * p.block_size + c % p.block_size;
+  const __nv_bfloat16* src = p.cache + slot * row_width;
+  for (int i = threadIdx.x; i < lora; i += blockDim.x) s.latent[c * lora + i] = src[i];
+  for (int i = threadIdx.x; i < s.group * p.rope; i += blockDim.x) {
+    const int g = i / p.rope, r = i % p.rope;
+    s.k[(c * s.group + g) * q_row + p.nope + r] = src[lora + r];
+  }
+}
+
+// q rows [first, first + n) of heads [h0, h0 + group) into the scratch's dense [n, group, q_row].
+__global__ void latent_gather_q_kernel(LatentParams p, int64_t first, int h0,
+                                       LatentExpandScratch s) {
+  const int64_t i = blockIdx.x;
+  const int q_row = p.nope + p.rope, width = s.group * q_row;
+  const float* src = p.q + ((first + i) * p.heads + h0) * q_row;
+  for (int j = threadIdx.x; j < width; j += blockDim.x) s.q[i * width + j] = src[j];
+}
+
+// The attention's [n, group, q_row] rows into out's [tokens, heads, v_dim] (first v_dim columns).
+__global__ void latent_scatter_out_kernel(LatentParams p, int64_t first, int h0,
+                                          LatentExpandScratch s) {
+  const int64_t i = blockIdx.x;
+  const int q_row = p.nope + p.rope;
+  for (int j = threadIdx.x; j < s.group * p.v_dim; j += blockDim.x) {
+    const int g = j / p.v_dim, col = j % p.v_dim;
+    p.out[((first + i) * p.heads + h0 + g) * p.v_dim + col] =
+        s.out[(i * s.group + g) * q_row + col];
+  }
+}
+
+}  // namespace
+
+bool latent_expand_supported(int nope, int rope, int v_dim) {
+  const int q_row = nope + rope;
+  return q_row % 8 == 0 && q_row <= 256 && v_dim > 0 && v_dim <= q_row;
+}
+
+void latent_expand_release(LatentExpandScratch& s) {
+  for (void* ptr : {static_cast<void*>(s.latent), static_cast<void*>(s.k), static_cast<void*>(s.v),
+                    static_cast<void*>(s.q), static_cast<void*>(s.out), static_cast<void*>(s.table),
+                    static_cast<void*>(s.zeros)})
+    if (ptr) cudaFree(ptr);
+  s = LatentExpandScratch{};
+}
+
+bool latent_expand_reserve(int heads, int kv_lora, int nope, int rope, int64_t max_context,
+                           LatentExpandScratch& s) {
+  latent_expand_release(s);
+  s.group = expand_group(heads);
+  s.max_context = (max_context + kExpandBlock - 1) / kExpandBlock * kExpandBlock;
+  s.max_queries = kExpandQueries;
+  s.table_stride = static_cast<int>(s.max_context / kExpandBlock);
+  const size_t q_row = static_cast<size_t>(nope + rope), rows = static_cast<size_t>(s.max_context);
+  const size_t kv_bytes = rows * s.group * q_row * sizeof(__nv_bfloat16);
+  const size_t q_bytes = static_cast<size_t>(s.max_queries) * s.group * q_row * sizeof(float);
+  bool ok = cudaMalloc(&s.latent, rows * kv_lora * sizeof(__nv_bfloat16)) == cudaSuccess &&
+            cudaMalloc(&s.k, kv_bytes) == cudaSuccess &&
+            cudaMalloc(&s.v, kv_bytes) == cudaSuccess && cudaMalloc(&s.q, q_bytes) == cudaSuccess &&
+            cudaMalloc(&s.out, q_bytes) == cudaSuccess &&
+            cudaMalloc(&s.table, s.table_stride * sizeof(int32_t)) == cudaSuccess &&
+            cudaMalloc(&s.zeros, s.max_queries * sizeof(int32_t)) == cudaSuccess;
+  if (ok) {
+    std::vector<int32_t> table(static_cast<size_t>(s.table_stride));
+    for (size_t i = 0; i < table.size(); ++i) table[i] = static_cast<int32_t>(i);
+    ok = cudaMemcpy(s.table, table.data(), table.size() * sizeof(int32_t),
+                    cudaMemcpyHostToDevice) == cudaSuccess &&
+         cudaMemset(s.zeros, 0, s.max_queries * sizeof(int32_t)) == cudaSuccess &&
+         cudaMemset(s.v, 0, kv_bytes) == cudaSuccess;  // V's padding columns are never written
+  }
+  if (!ok) {
+    cudaGetLastError();
+    latent_expand_release(s);
+  }
+  return ok;
+}
+
+void launch_latent_expanded(const LatentParams& p, int64_t first, int64_t count, int32_t seq,
+                            int64_t context, const LatentExpandScratch& s, cublasHandle_t cublas,
+                            cudaStream_t stream) {
+  if (count <= 0) return;
+  if (context > s.max_context || !latent_expand_supported(p.nope, p.rope, p.v_dim) ||
+      p.heads % s.group != 0)
+    cuda_fail("latent_attention", "expanded run outside its reserved scratch", __FILE__, __LINE__);
+  const int q_row = p.nope + p.rope, G = s.group;
+  latent_gather_kernel<<<static_cast<unsigned>(context), 128, 0, stream>>>(p, seq, s);
+  SY_CUDA_LAUNCH_CHECK("latent_gather_kernel");
+  const float alpha = 1.0f, beta = 0.0f;
+  const int64_t head_rows = static_cast<int64_t>(p.nope + p.v_dim) * p.kv_lora;
+  for (int h0 = 0; h0 < p.heads; h0 += G) {
+    // Per head h of the group (batch index), column-major C_h[j, c] = W_h[j, :] . latent[c, :]:
+    // row c of K (and V) holds the group's heads side by side (ldc = G * q_row).
+    const __nv_bfloat16* w = p.kv_b_proj + h0 * head_rows;
+    SY_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+        cublas, CUBLAS_OP_T, CUBLAS_OP_N, p.nope, static_cast<int>(context), p.kv_lora, &alpha, w,
+        CUDA_R_16BF, p.kv_lora, head_rows, s.latent, CUDA_R_16BF, p.kv_lora, 0, &beta, s.k,
+        CUDA_R_16BF, G * q_row, q_row, G, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    SY_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+        cublas, CUBLAS_OP_T, CUBLAS_OP_N, p.v_dim, static_cast<int>(context), p.kv_lora, &alpha,
+        w + static_cast<int64_t>(p.nope) * p.kv_lora, CUDA_R_16BF, p.kv_lora, head_rows, s.latent,
+        CUDA_R_16BF, p.kv_lora, 0, &beta, s.v, CUDA_R_16BF, G * q_row, q_row, G, CUBLAS_COMPUTE_32F,
+        CUBLAS_GEMM_DEFAULT));
+    for (int64_t off = 0; off < count; off += s.max_queries) {
+      const int64_t n = std::min(s.max_queries, count - off);
+      const float* q = p.q + ((first + off) * p.heads + h0) * q_row;
+      if (G != p.heads) {
+        latent_gather_q_kernel<<<static_cast<unsigned>(n), 256, 0, stream>>>(p, first + off, h0, s);
+        SY_CUDA_LAUNCH_CHECK("latent_gather_q_kernel");
+        q = s.q;
+      }
+      AttentionParams a;
+      a.q = q;
+      a.k_cache = s.k;
+      a.v_cache = s.v;
+      a.positions = p.positions + first + off;
+      a.token_seq = s.zeros;
+      a.block_tables = s.table;
+      a.block_table_stride = s.table_stride;
+      a.block_size = kExpandBlock;
+      a.tokens = n;
+      a.heads = G;
+      a.kv_heads = G;
+      a.head_dim = q_row;
+      a.scale = p.scale;
+      a.out = s.out;
+      a.max_query_len = n;
+      a.max_context_len = context;
+      launch_attention(a, nullptr, nullptr, stream);
+      latent_scatter_out_kernel<<<static_cast<unsigned>(n), 256, 0, stream>>>(p, first + off, h0,
+                                                                              s);
+      SY_CUDA_LAUNCH_CHECK("latent_scatter_out_kernel");
+    }
   }
 }
 

@@ -9,7 +9,13 @@
 // it), the merge of the splits, and the output projection (W_v read once per 8 tokens).
 // Floor per decode token: its context's cache rows, (kv_lora + rope) x 2 bytes each, read once
 // per group of 16 heads; the absorptions' kv_b_proj reads are shared by a chunk's tokens. On
-// CUDA cores (no tensor cores yet): 2 x heads x (2 kv_lora + rope) FLOPs per cached row.
+// CUDA cores: 2 x heads x (2 kv_lora + rope) FLOPs per cached row.
+// Prefill (launch_latent_expanded): for a sequence with many query tokens in the step, the
+// absorbed form costs that per query token and cached row on CUDA cores. Instead its context's
+// latent rows are expanded once into per-head K (nope | rope) and V (v, zero-padded) in bf16 by
+// two strided-batched cuBLAS GEMMs (2 x context x kv_lora x heads x (nope + v_dim) FLOPs), and
+// the paged tensor-core attention kernel (attention.cu) runs on them as ordinary multi-head
+// attention of head_dim nope + rope, in groups of up to 16 heads.
 #pragma once
 
 #include <cstdint>
@@ -46,6 +52,39 @@ bool latent_attention_supported(int kv_lora, int nope, int rope, int v_dim);
 size_t latent_attention_scratch_bytes(int heads, int kv_lora, int rope);
 // Once per device, before the first launch (the attention kernel's shared memory opt-in).
 void prepare_latent_attention(int device);
+// The whole op on CUDA cores: launch_latent_prep, then launch_latent_absorbed over every token.
 void launch_latent_attention(const LatentParams& p, const RopeTable& table, cudaStream_t stream);
+// Its pieces: the prep (latent norm, RoPE, cache write) of every token, then the absorbed
+// attention of tokens [first, first + count) (their output rows written, the others untouched).
+void launch_latent_prep(const LatentParams& p, const RopeTable& table, cudaStream_t stream);
+void launch_latent_absorbed(const LatentParams& p, int64_t first, int64_t count,
+                            cudaStream_t stream);
+
+// The expanded path's buffers, reserved once (latent_expand_reserve) for contexts up to
+// max_context and query pieces of up to max_queries tokens.
+struct LatentExpandScratch {
+  __nv_bfloat16* latent = nullptr;  // [max_context, kv_lora]: the run's cached latent rows
+  __nv_bfloat16* k = nullptr;       // [max_context, group, nope + rope]
+  __nv_bfloat16* v = nullptr;       // [max_context, group, nope + rope]: columns >= v_dim stay 0
+  float* q = nullptr;               // [max_queries, group, nope + rope] (heads > group only)
+  float* out = nullptr;             // [max_queries, group, nope + rope]
+  int32_t* table = nullptr;         // block table of the contiguous K/V: 0, 1, 2, ...
+  int32_t* zeros = nullptr;         // [max_queries]: token_seq of one sequence
+  int64_t max_context = 0, max_queries = 0;
+  int group = 0;  // heads per attention launch: a divisor of heads, <= 16
+  int table_stride = 0;
+};
+// Shapes the expanded path takes (the attention kernel's tensor-core head dims; V padded to
+// the K width).
+bool latent_expand_supported(int nope, int rope, int v_dim);
+// Allocates (cudaMalloc; false on failure, nothing left allocated) and frees the scratch.
+bool latent_expand_reserve(int heads, int kv_lora, int nope, int rope, int64_t max_context,
+                           LatentExpandScratch& s);
+void latent_expand_release(LatentExpandScratch& s);
+// Tokens [first, first + count) of the step, all of sequence `seq` at consecutive positions
+// ending at context - 1 (<= s.max_context), after launch_latent_prep: their output rows.
+void launch_latent_expanded(const LatentParams& p, int64_t first, int64_t count, int32_t seq,
+                            int64_t context, const LatentExpandScratch& s, cublasHandle_t cublas,
+                            cudaStream_t stream);
 
 }  // namespace sy::backend::cuda
