@@ -34,6 +34,7 @@ const char* kCheckpoints[] = {"hf_qwen3_moe/qwen3moe_sharded",
                               "hf_gpt_oss/gptoss_bf16",
                               "hf_glm4_moe/glm4moe_partial_rotary",
                               "hf_deepseek_v3/deepseekv3_groups",
+                              "hf_deepseek_v3/deepseekv3_mla24",
                               "hf_qwen3_5_moe/qwen35moe_hybrid"};
 
 // transformers selects GLM-4.5's and DeepSeek-V3's experts with topk(sorted=False): their

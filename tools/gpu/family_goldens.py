@@ -1094,19 +1094,27 @@ def make_glm4_moe():
 def make_deepseek_v3():
     from transformers import DeepseekV3Config
     # max_position_embeddings = factor x original (transformers 4.5x derive the factor from it).
-    cfg = config_with_rope(DeepseekV3Config, dict(
+    params = dict(
         vocab_size=VOCAB, hidden_size=72, intermediate_size=88, moe_intermediate_size=20, num_hidden_layers=3,
         num_attention_heads=3, num_key_value_heads=3, q_lora_rank=40, kv_lora_rank=24, qk_nope_head_dim=12,
         qk_rope_head_dim=10, v_head_dim=14, n_routed_experts=12, n_group=4, topk_group=2, num_experts_per_tok=3,
         n_shared_experts=2, first_k_dense_replace=1, routed_scaling_factor=2.5, norm_topk_prob=True,
         rope_interleave=True, attention_bias=False, rms_norm_eps=1e-6, max_position_embeddings=256,
-        tie_word_embeddings=False, eos_token_id=0, bos_token_id=0, pad_token_id=0, initializer_range=0.08),
-        {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 8.0, "beta_fast": 32.0, "beta_slow": 1.0,
-         "mscale": 1.0, "mscale_all_dim": 0.8, "original_max_position_embeddings": 32})
-    make_sigmoid_family("deepseek_v3", "hf_deepseek_v3", "deepseekv3_groups", 16, cfg, [
+        tie_word_embeddings=False, eos_token_id=0, bos_token_id=0, pad_token_id=0, initializer_range=0.08)
+    rope = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 8.0, "beta_fast": 32.0, "beta_slow": 1.0,
+            "mscale": 1.0, "mscale_all_dim": 0.8, "original_max_position_embeddings": 32}
+    make_sigmoid_family("deepseek_v3", "hf_deepseek_v3", "deepseekv3_groups", 16,
+                        config_with_rope(DeepseekV3Config, dict(params), dict(rope)), [
         "model.layers.1.mlp.gate.e_score_correction_bias", "model.layers.1.mlp.shared_experts.gate_proj.weight",
         "model.layers.0.self_attn.q_a_proj.weight", "model.layers.0.self_attn.kv_a_proj_with_mqa.weight",
         "model.layers.0.self_attn.kv_b_proj.weight", "model.layers.0.mlp.gate_proj.weight"])
+    # The same model with MLA head dims the CUDA backend expands for prefill on tensor cores
+    # (qk_nope + qk_rope a multiple of 8, v_head_dim <= it: 16 + 8, v 16): its prompts run the
+    # expanded path, deepseekv3_groups' (12 + 10) the absorbed one.
+    params.update(qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16)
+    make_sigmoid_family("deepseek_v3", "hf_deepseek_v3", "deepseekv3_mla24", 17,
+                        config_with_rope(DeepseekV3Config, dict(params), dict(rope)), [
+        "model.layers.1.mlp.gate.e_score_correction_bias", "model.layers.0.self_attn.kv_b_proj.weight"])
 
 
 common = dict(vocab_size=VOCAB, hidden_size=72, num_hidden_layers=3, max_position_embeddings=4096,
@@ -1140,6 +1148,7 @@ for family, folder, name in (("mixtral", "hf_mixtral", "mixtral_window"), ("olmo
                              ("gpt_oss", "hf_gpt_oss", "gptoss_mxfp4"), ("gpt_oss", "hf_gpt_oss", "gptoss_bf16"),
                              ("glm4_moe", "hf_glm4_moe", "glm4moe_partial_rotary"),
                              ("deepseek_v3", "hf_deepseek_v3", "deepseekv3_groups"),
+                             ("deepseek_v3", "hf_deepseek_v3", "deepseekv3_mla24"),
                              ("qwen3_5_moe", "hf_qwen3_5_moe", "qwen35moe_hybrid")):
     if family in WANTED:
         print("config:", folder, open(os.path.join(OUT, folder, name, "config.json")).read().replace("\n", " ")[:600])
