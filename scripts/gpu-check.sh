@@ -121,11 +121,19 @@ if want bench-new; then
   # linear_attention.cu; recurrent DeltaNet, not the chunked form): decode b1/b64 and a 4k prefill
   # against the bytes floor (every non-expert weight, the touched experts, MLA cache rows or
   # DeltaNet states).
-  for model in moonlight-16b-a3b qwen3.5-35b-a3b; do
+  # BENCH_NEW_MODELS: a subset (Qwen3.5-35B-A3B's bf16 weights need an H200).
+  for model in ${BENCH_NEW_MODELS:-moonlight-16b-a3b qwen3.5-35b-a3b}; do
     section "step bench: $model shapes (random weights)"
     run "bench-$model" timeout "${STAGE_TIMEOUT:-300}" "$carry/step_bench" --device cuda --random-weights "$carry/$model/config.json" \
       --batches 1,64 --context 1024 --steps 32 --ab-pairs 4 --prefill 4096 --bandwidth-gbs "$bandwidth" \
       --matmul-tflops "$tflops" --json-out "$OUT/step_bench_$model.json"
+    if [[ $model == moonlight-16b-a3b ]]; then
+      # The MLA decode attention on CUDA cores (SY_LATENT_MMA=0), against the tensor-core default above.
+      section "step bench: $model, MLA attention on CUDA cores (SY_LATENT_MMA=0)"
+      SY_LATENT_MMA=0 run "bench-$model-cudacores" timeout "${STAGE_TIMEOUT:-300}" "$carry/step_bench" --device cuda \
+        --random-weights "$carry/$model/config.json" --batches 1,64 --context 1024 --steps 32 --ab-pairs 4 --prefill 0 \
+        --bandwidth-gbs "$bandwidth" --matmul-tflops "$tflops" --json-out "$OUT/step_bench_${model}_cudacores.json"
+    fi
   done
 fi
 if want mxfp4-gemv; then

@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <vector>
 
 #include "backend/cuda/attention.h"
+#include "backend/cuda/mma_ptx.cuh"
 
 namespace sy::backend::cuda {
 namespace {
@@ -349,6 +351,209 @@ __global__ void __launch_bounds__(kThreads) latent_output_kernel(LatentParams p,
   }
 }
 
+// ---- The same attention on tensor cores (mma.sync m16n8k16 bf16 -> f32) ----
+//
+// Absorbed MLA is multi-query attention with one KV "head", K = the cached row (kv_lora + rope)
+// and V = its first kv_lora columns: the 16 heads of a block are exactly an m16 tile. Per tile
+// of kMmaKeys cached rows (cp.async, two stages): S = Q K^T with each of the four warps taking 8
+// keys, the online softmax's row maxima exchanged through shared memory (every warp then holds
+// the same running max), P (bf16) through shared memory, and O += P V with each warp owning a
+// quarter of the kv_lora output columns. Q (W_k^T q_nope | q_pe) and P are rounded to bf16, as
+// the paged attention rounds them. Writes what latent_attention_kernel writes (a split's
+// unnormalised sum and (max, sum), max in natural-log units).
+constexpr int kMmaThreads = 128, kMmaWarps = kMmaThreads / 32;
+constexpr int kMmaHeads = 16, kMmaKeys = 32, kPStride = kMmaKeys + 8;
+constexpr int kMmaMaxLora = 512, kMmaMaxRow = 1024;
+constexpr int kMmaTiles = kMmaMaxLora / kMmaWarps / 8;  // n8 tiles of a warp's output columns
+constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
+
+bool latent_mma_supported(int kv_lora, int rope) {
+  const int row = kv_lora + rope;
+  return kv_lora % (16 * kMmaWarps) == 0 && kv_lora <= kMmaMaxLora && row % 32 == 0 &&
+         row <= kMmaMaxRow;
+}
+
+size_t mma_smem(int row_width) {
+  const size_t stride = static_cast<size_t>(row_width) + 8;
+  return (kMmaHeads * stride + 2 * kMmaKeys * stride + kMmaHeads * kPStride) *
+             sizeof(__nv_bfloat16) +
+         2 * kMmaWarps * kMmaHeads * sizeof(float);
+}
+
+__global__ void __launch_bounds__(kMmaThreads)
+    latent_attention_mma_kernel(LatentParams p, Chunk chunk) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const int lora = p.kv_lora, row_width = lora + p.rope, stride = row_width + 8;
+  __nv_bfloat16* q_s = reinterpret_cast<__nv_bfloat16*>(smem_raw);      // [kMmaHeads, stride]
+  __nv_bfloat16* k_s = q_s + kMmaHeads * stride;                        // [2, kMmaKeys, stride]
+  __nv_bfloat16* p_s = k_s + 2 * kMmaKeys * stride;                     // [kMmaHeads, kPStride]
+  float* w_max = reinterpret_cast<float*>(p_s + kMmaHeads * kPStride);  // [kMmaWarps, kMmaHeads]
+  float* w_sum = w_max + kMmaWarps * kMmaHeads;
+  const int local = blockIdx.z, split = blockIdx.x;
+  const int64_t t = chunk.first + local;
+  const int h0 = blockIdx.y * kMmaHeads, group = min(kMmaHeads, p.heads - h0);
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  for (int i = tid; i < kMmaHeads * row_width; i += kMmaThreads) {
+    const int hh = i / row_width, c = i % row_width;
+    const float v =
+        hh < group ? chunk.q_abs[(static_cast<int64_t>(local) * p.heads + h0 + hh) * row_width + c]
+                   : 0.0f;
+    q_s[hh * stride + c] = __float2bfloat16(v);
+  }
+  // Padding tokens (position -1) have no context: zeros out.
+  const int64_t context = static_cast<int64_t>(p.positions[t]) + 1;
+  const int64_t span = (context + chunk.splits - 1) / chunk.splits;
+  const int64_t begin = split * span, end = context < begin + span ? context : begin + span;
+  const int tiles = end > begin ? static_cast<int>((end - begin + kMmaKeys - 1) / kMmaKeys) : 0;
+  const int32_t* table =
+      p.block_tables + static_cast<int64_t>(p.token_seq[t]) * p.block_table_stride;
+  const int chunks = row_width / 8;  // 16-byte pieces of a cached row
+  auto load_tile = [&](int tile, int stage) {
+    __nv_bfloat16* dst = k_s + stage * kMmaKeys * stride;
+    for (int i = tid; i < kMmaKeys * chunks; i += kMmaThreads) {
+      const int key = i / chunks, c = i % chunks;
+      const int64_t position = begin + static_cast<int64_t>(tile) * kMmaKeys + key;
+      const bool ok = position < end;
+      const int64_t slot =
+          ok ? static_cast<int64_t>(table[position / p.block_size]) * p.block_size +
+                   position % p.block_size
+             : 0;
+      cp_async_16(dst + key * stride + c * 8, p.cache + slot * row_width + c * 8, ok);
+    }
+  };
+  const int matrix = lane >> 3, matrix_row = lane & 7;
+  const int row_a = lane >> 2, row_b = row_a + 8;
+  const int cols = lora / kMmaWarps, col0 = warp * cols;
+  const float scale2 = p.scale * kLog2e;
+  float acc[kMmaTiles][4] = {};
+  float max_a = -INFINITY, max_b = -INFINITY, sum_a = 0.0f, sum_b = 0.0f;
+  if (tiles > 0) load_tile(0, 0);
+  cp_async_commit();
+  for (int tile = 0; tile < tiles; ++tile) {
+    const int stage = tile & 1;
+    if (tile + 1 < tiles) load_tile(tile + 1, stage ^ 1);
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();  // this tile's rows (and, on the first, q_s) are in place
+    const __nv_bfloat16* k_tile = k_s + stage * kMmaKeys * stride;
+    // S = Q K^T for this warp's 8 keys, two k16 steps per ldmatrix of the keys.
+    float score[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int kk = 0; kk < row_width / 16; kk += 2) {
+      uint32_t kb[4], qa[4];
+      ldmatrix_x4(kb, k_tile + (warp * 8 + matrix_row) * stride + kk * 16 + matrix * 8);
+      ldmatrix_x4(qa, q_s + ((matrix & 1) * 8 + matrix_row) * stride + kk * 16 + (matrix >> 1) * 8);
+      mma_bf16(score, qa, kb[0], kb[1]);
+      ldmatrix_x4(
+          qa, q_s + ((matrix & 1) * 8 + matrix_row) * stride + (kk + 1) * 16 + (matrix >> 1) * 8);
+      mma_bf16(score, qa, kb[2], kb[3]);
+    }
+    const int64_t key = begin + static_cast<int64_t>(tile) * kMmaKeys + warp * 8 + 2 * (lane & 3);
+    float tile_a = -INFINITY, tile_b = -INFINITY;
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const bool valid = key + e < end;
+      score[e] = valid ? score[e] * scale2 : -INFINITY;
+      score[2 + e] = valid ? score[2 + e] * scale2 : -INFINITY;
+      tile_a = fmaxf(tile_a, score[e]);
+      tile_b = fmaxf(tile_b, score[2 + e]);
+    }
+#pragma unroll
+    for (int offset = 1; offset < 4; offset <<= 1) {
+      tile_a = fmaxf(tile_a, __shfl_xor_sync(~0u, tile_a, offset));
+      tile_b = fmaxf(tile_b, __shfl_xor_sync(~0u, tile_b, offset));
+    }
+    if ((lane & 3) == 0) {
+      w_max[warp * kMmaHeads + row_a] = tile_a;
+      w_max[warp * kMmaHeads + row_b] = tile_b;
+    }
+    __syncthreads();
+    for (int w = 0; w < kMmaWarps; ++w) {
+      tile_a = fmaxf(tile_a, w_max[w * kMmaHeads + row_a]);
+      tile_b = fmaxf(tile_b, w_max[w * kMmaHeads + row_b]);
+    }
+    const float new_a = fmaxf(max_a, tile_a), new_b = fmaxf(max_b, tile_b);
+    const float base_a = new_a == -INFINITY ? 0.0f : new_a,
+                base_b = new_b == -INFINITY ? 0.0f : new_b;
+    const float rescale_a = exp2f(max_a - base_a), rescale_b = exp2f(max_b - base_b);
+    max_a = new_a;
+    max_b = new_b;
+    const float p0 = exp2f(score[0] - base_a), p1 = exp2f(score[1] - base_a);
+    const float p2 = exp2f(score[2] - base_b), p3 = exp2f(score[3] - base_b);
+    sum_a = sum_a * rescale_a + p0 + p1;
+    sum_b = sum_b * rescale_b + p2 + p3;
+    const int p_col = warp * 8 + 2 * (lane & 3);
+    *reinterpret_cast<uint32_t*>(p_s + row_a * kPStride + p_col) = pack_bf16(p0, p1);
+    *reinterpret_cast<uint32_t*>(p_s + row_b * kPStride + p_col) = pack_bf16(p2, p3);
+#pragma unroll
+    for (int nt = 0; nt < kMmaTiles; ++nt) {
+      acc[nt][0] *= rescale_a;
+      acc[nt][1] *= rescale_a;
+      acc[nt][2] *= rescale_b;
+      acc[nt][3] *= rescale_b;
+    }
+    __syncthreads();  // P complete
+                      // O += P V for this warp's columns (V: the rows' first kv_lora columns).
+#pragma unroll
+    for (int ks = 0; ks < kMmaKeys / 16; ++ks) {
+      uint32_t pa[4];
+      ldmatrix_x4(pa,
+                  p_s + ((matrix & 1) * 8 + matrix_row) * kPStride + ks * 16 + (matrix >> 1) * 8);
+#pragma unroll
+      for (int dp = 0; dp < kMmaTiles / 2; ++dp) {
+        if (dp * 16 >= cols) break;
+        uint32_t vb[4];
+        ldmatrix_x4_trans(vb, k_tile + (ks * 16 + (matrix & 1) * 8 + matrix_row) * stride + col0 +
+                                  dp * 16 + (matrix >> 1) * 8);
+        mma_bf16(acc[2 * dp], pa, vb[0], vb[1]);
+        mma_bf16(acc[2 * dp + 1], pa, vb[2], vb[3]);
+      }
+    }
+    __syncthreads();  // every warp is done with this stage and with P before they are refilled
+  }
+  cp_async_wait<0>();
+#pragma unroll
+  for (int offset = 1; offset < 4; offset <<= 1) {
+    sum_a += __shfl_xor_sync(~0u, sum_a, offset);
+    sum_b += __shfl_xor_sync(~0u, sum_b, offset);
+  }
+  if ((lane & 3) == 0) {
+    w_sum[warp * kMmaHeads + row_a] = sum_a;
+    w_sum[warp * kMmaHeads + row_b] = sum_b;
+  }
+  __syncthreads();
+  float total_a = 0.0f, total_b = 0.0f;
+  for (int w = 0; w < kMmaWarps; ++w) {
+    total_a += w_sum[w * kMmaHeads + row_a];
+    total_b += w_sum[w * kMmaHeads + row_b];
+  }
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int hh = half ? row_b : row_a;
+    if (hh >= group) continue;
+    const float total = half ? total_b : total_a, running_max = half ? max_b : max_a;
+    const int64_t head_row = static_cast<int64_t>(local) * p.heads + h0 + hh;
+    const float inv = total > 0.0f ? 1.0f / total : 0.0f;
+#pragma unroll
+    for (int nt = 0; nt < kMmaTiles; ++nt) {
+      if (nt * 8 >= cols) break;
+      const int col = col0 + nt * 8 + 2 * (lane & 3);
+      const float v0 = acc[nt][2 * half], v1 = acc[nt][2 * half + 1];
+      if (chunk.splits == 1) {
+        *reinterpret_cast<float2*>(chunk.o_latent + head_row * lora + col) =
+            make_float2(v0 * inv, v1 * inv);
+      } else {
+        const int64_t part = head_row * chunk.splits + split;
+        *reinterpret_cast<float2*>(chunk.part_acc + part * lora + col) = make_float2(v0, v1);
+      }
+    }
+    if (chunk.splits > 1 && warp == 0 && (lane & 3) == 0) {
+      const int64_t part = head_row * chunk.splits + split;
+      chunk.part_ml[2 * part] = running_max == -INFINITY ? -INFINITY : running_max * kLn2;
+      chunk.part_ml[2 * part + 1] = total;
+    }
+  }
+}
+
 size_t attention_smem(int row_width) {
   const int stride = row_width / 2 + 1;
   return (static_cast<size_t>(kGroup) * row_width + kTile * kGroup + 3 * kGroup) * sizeof(float) +
@@ -384,6 +589,9 @@ void prepare_latent_attention(int device) {
   SY_CUDA_CHECK(cudaFuncSetAttribute(latent_attention_kernel,
                                      cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      std::min(bytes, needed)));
+  SY_CUDA_CHECK(cudaFuncSetAttribute(latent_attention_mma_kernel,
+                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     std::min(bytes, static_cast<int>(mma_smem(kMmaMaxRow)))));
 }
 
 void launch_latent_prep(const LatentParams& p, const RopeTable& table, cudaStream_t stream) {
@@ -409,6 +617,13 @@ void launch_latent_absorbed(const LatentParams& p, int64_t first, int64_t count,
   chunk.part_acc = chunk.o_latent + static_cast<int64_t>(tokens_per_chunk) * p.heads * p.kv_lora;
   chunk.part_ml = chunk.part_acc + static_cast<int64_t>(pairs) * p.heads * p.kv_lora;
   const int64_t end = first + count;
+  static_assert(kGroup == kMmaHeads, "both attention kernels take 16 heads a block");
+  // The tensor-core kernel where the shape allows (SY_LATENT_MMA=0: the CUDA-core one, for A/B).
+  static const bool mma_allowed = [] {
+    const char* v = std::getenv("SY_LATENT_MMA");
+    return !(v && v[0] == '0');
+  }();
+  const bool mma = mma_allowed && latent_mma_supported(p.kv_lora, p.rope);
   for (chunk.first = first; chunk.first < end; chunk.first += tokens_per_chunk) {
     chunk.n = static_cast<int>(std::min<int64_t>(tokens_per_chunk, end - chunk.first));
     // Enough blocks for two waves over the SMs, within the partials' room. Depends only on
@@ -424,10 +639,17 @@ void launch_latent_absorbed(const LatentParams& p, int64_t first, int64_t count,
                                sizeof(float),
                            stream>>>(p, chunk);
     SY_CUDA_LAUNCH_CHECK("latent_absorb_kernel");
-    latent_attention_kernel<<<dim3(static_cast<unsigned>(chunk.splits),
-                                   static_cast<unsigned>(groups), n),
-                              kThreads, attention_smem(row_width), stream>>>(p, chunk);
-    SY_CUDA_LAUNCH_CHECK("latent_attention_kernel");
+    if (mma) {
+      latent_attention_mma_kernel<<<dim3(static_cast<unsigned>(chunk.splits),
+                                         static_cast<unsigned>(groups), n),
+                                    kMmaThreads, mma_smem(row_width), stream>>>(p, chunk);
+      SY_CUDA_LAUNCH_CHECK("latent_attention_mma_kernel");
+    } else {
+      latent_attention_kernel<<<dim3(static_cast<unsigned>(chunk.splits),
+                                     static_cast<unsigned>(groups), n),
+                                kThreads, attention_smem(row_width), stream>>>(p, chunk);
+      SY_CUDA_LAUNCH_CHECK("latent_attention_kernel");
+    }
     if (chunk.splits > 1) {
       latent_combine_kernel<<<dim3(heads, n, (p.kv_lora + kCombineCols - 1) / kCombineCols),
                               kCombineCols, 0, stream>>>(p, chunk);
