@@ -31,7 +31,7 @@ struct AttentionBatch {
   // pure decode) and the longest context. A graph-recorded step must not depend on the second.
   int64_t max_query_len = 0;
   int64_t max_context_len = 0;
-  // Host copies of positions and token_seq (empty where the caller has none): a backend may
+  // Host copies of positions and token_seq (nullptr where the caller has none): a backend may
   // split a prefill step by sequence with them. A graph-recorded step must not read them.
   // (Pointers, not spans: the CUDA files compile as C++17.)
   const std::vector<int32_t>* host_positions = nullptr;

@@ -606,12 +606,13 @@ class CudaBackend final : public Backend {
     }
     // Runs of one sequence's consecutive positions: long ones expanded (tensor cores), the
     // tokens between them absorbed.
+    const std::vector<int32_t>& positions = *batch.host_positions;
+    const std::vector<int32_t>& seqs = *batch.host_token_seq;
+    const auto at = [](const std::vector<int32_t>& v, int64_t k) {
+      return v[static_cast<size_t>(k)];
+    };
     int64_t absorbed_from = 0;
     for (int64_t i = 0; i < T;) {
-      const auto at = [](const std::vector<int32_t>* v, int64_t k) {
-        return (*v)[static_cast<size_t>(k)];
-      };
-      const std::vector<int32_t>*positions = batch.host_positions, *seqs = batch.host_token_seq;
       int64_t j = i + 1;
       while (j < T && at(seqs, j) == at(seqs, i) && at(positions, j) == at(positions, j - 1) + 1)
         ++j;

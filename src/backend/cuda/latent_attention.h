@@ -8,10 +8,12 @@
 // online softmax per head; the split count depends only on the token count, so graphs replay
 // it), the merge of the splits, and the output projection (W_v read once per 8 tokens).
 // Floor per decode token: its context's cache rows, (kv_lora + rope) x 2 bytes each, read once
-// per group of 16 heads; the absorptions' kv_b_proj reads are shared by a chunk's tokens. On
-// CUDA cores: 2 x heads x (2 kv_lora + rope) FLOPs per cached row.
+// per group of 16 heads; the absorptions' kv_b_proj reads are shared by a chunk's tokens.
+// 2 x heads x (2 kv_lora + rope) FLOPs per cached row: on tensor cores (the 16 heads one m16
+// tile; kv_lora a multiple of 64 up to 512, kv_lora + rope a multiple of 32 up to 1024, so
+// DeepSeek-V3/Kimi/Moonlight's 512 + 64), else, and with SY_LATENT_MMA=0, on CUDA cores.
 // Prefill (launch_latent_expanded): for a sequence with many query tokens in the step, the
-// absorbed form costs that per query token and cached row on CUDA cores. Instead its context's
+// absorbed form costs that per query token and cached row. Instead its context's
 // latent rows are expanded once into per-head K (nope | rope) and V (v, zero-padded) in bf16 by
 // two strided-batched cuBLAS GEMMs (2 x context x kv_lora x heads x (nope + v_dim) FLOPs), and
 // the paged tensor-core attention kernel (attention.cu) runs on them as ordinary multi-head
