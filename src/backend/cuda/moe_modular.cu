@@ -538,15 +538,11 @@ struct Mxfp4Gemv {
 // output columns r, r + 1, activation and bias as the grouped GEMM's epilogue, into act (f32);
 // else hidden rows h .. h + 3, down bias added, into y. A pair never routed (an invalid id) reads
 // no weights and writes zeros.
-//
-// kLut (SY_MXFP4_LUT=1, opt-in until a GPU visit has checked it): the values come from a byte table
-// in shared memory (mxfp4_fill_lut; bitwise the same sums), and a block loops over several
-// output groups so that its table fill is shared by them (grid.x capped near two blocks per SM).
-template <bool kGateUp, bool kLut>
-__device__ __forceinline__ void mxfp4_gemv_group(const Mxfp4Gemv& g, int group, const float2* lut) {
+template <bool kGateUp>
+__global__ void __launch_bounds__(kGemvThreads) mxfp4_gemv_kernel(const __grid_constant__ Mxfp4Gemv g) {
   constexpr int kOutputs = kGateUp ? 2 : 4;
   const int pair = blockIdx.y;
-  const int first = (group * kGemvWarps + (threadIdx.x >> 5)) * kOutputs;
+  const int first = (static_cast<int>(blockIdx.x) * kGemvWarps + (threadIdx.x >> 5)) * kOutputs;
   if (first >= g.n) return;
   const int outputs = min(kOutputs, g.n - first);
   const int32_t e = g.ids[pair];
@@ -561,29 +557,12 @@ __device__ __forceinline__ void mxfp4_gemv_group(const Mxfp4Gemv& g, int group, 
       kGateUp ? static_cast<int64_t>(e) * 2 * g.n + 2 * first : static_cast<int64_t>(e) * g.n + first;
   const int64_t x_row = kGateUp ? pair / g.top_k : pair;
   float acc[4];
-  mxfp4_rows_dot<4, kMxfp4DotChunks, kLut>(
-      g.blocks + first_row * (g.k / 2), g.scales + first_row * (g.k / 32),
-      kGateUp ? 2 * outputs : outputs, g.k, g.x + x_row * g.k, acc, lut);
+  mxfp4_rows_dot<4>(g.blocks + first_row * (g.k / 2), g.scales + first_row * (g.k / 32),
+                    kGateUp ? 2 * outputs : outputs, g.k, g.x + x_row * g.k, acc);
   if (lead)
     for (int j = 0; j < outputs; ++j)
       out[first + j] = kGateUp ? g.params.activate(e, first + j, g.n, acc[2 * j], acc[2 * j + 1])
                                : acc[j] + g.params.down_bias_of(e, first + j, g.n);
-}
-
-template <bool kGateUp, bool kLut>
-__global__ void __launch_bounds__(kGemvThreads)
-    mxfp4_gemv_kernel(const __grid_constant__ Mxfp4Gemv g) {
-  if constexpr (kLut) {
-    extern __shared__ float2 lut[];  // [256 * kMxfp4LutCopies]
-    mxfp4_fill_lut(lut);
-    __syncthreads();
-    constexpr int kPerGroup = kGemvWarps * (kGateUp ? 2 : 4);
-    const int groups = (g.n + kPerGroup - 1) / kPerGroup;
-    for (int group = blockIdx.x; group < groups; group += gridDim.x)
-      mxfp4_gemv_group<kGateUp, true>(g, group, lut);
-  } else {
-    mxfp4_gemv_group<kGateUp, false>(g, static_cast<int>(blockIdx.x), nullptr);
-  }
 }
 
 // ---- Combine ----
@@ -921,25 +900,12 @@ class ModularKernel final : public moe::ExpertsKernel {
       g.out = out;
       g.k = static_cast<int>(k);
       g.n = static_cast<int>(n);
-      int64_t groups = ceil_div(n, outputs_per_warp * kGemvWarps);
-      // The table form shares a block's table fill over several groups: about two blocks an SM.
-      if (mxfp4_lut_)
-        groups = std::min(groups, ceil_div(2 * std::max(context_.sm_count, 1), pairs));
-      const dim3 grid(static_cast<unsigned>(groups), static_cast<unsigned>(pairs));
-      kernel<<<grid, kGemvThreads, mxfp4_lut_ ? kMxfp4LutBytes : 0, stream>>>(g);
+      const dim3 grid(static_cast<unsigned>(ceil_div(n, outputs_per_warp * kGemvWarps)), static_cast<unsigned>(pairs));
+      kernel<<<grid, kGemvThreads, 0, stream>>>(g);
       SY_CUDA_LAUNCH_CHECK("mxfp4_gemv_kernel");
     };
-    if (mxfp4_lut_) {
-      launch(mxfp4_gemv_kernel<true, true>, 2, w.gate_up, w.gate_up_scales, hidden, act_f32_,
-             hidden_, intermediate_);
-      launch(mxfp4_gemv_kernel<false, true>, 4, w.down, w.down_scales, act_f32_, y_, intermediate_,
-             hidden_);
-    } else {
-      launch(mxfp4_gemv_kernel<true, false>, 2, w.gate_up, w.gate_up_scales, hidden, act_f32_,
-             hidden_, intermediate_);
-      launch(mxfp4_gemv_kernel<false, false>, 4, w.down, w.down_scales, act_f32_, y_, intermediate_,
-             hidden_);
-    }
+    launch(mxfp4_gemv_kernel<true>, 2, w.gate_up, w.gate_up_scales, hidden, act_f32_, hidden_, intermediate_);
+    launch(mxfp4_gemv_kernel<false>, 4, w.down, w.down_scales, act_f32_, y_, intermediate_, hidden_);
   }
 
   // Everything forward() needs to be true of its arguments, as errors naming the offender.
@@ -1050,12 +1016,6 @@ class ModularKernel final : public moe::ExpertsKernel {
   const bool mxfp4_gemv_ = [] {
     const char* v = std::getenv("SY_MXFP4_GEMV");
     return !(v && std::string_view(v) == "0");
-  }();
-  // The GEMV's byte-table form (mxfp4_gemv_kernel<_, true>): SY_MXFP4_LUT=1, opt-in until a GPU
-  // visit has run it (op harness, gpt-oss goldens, decode A/B).
-  const bool mxfp4_lut_ = [] {
-    const char* v = std::getenv("SY_MXFP4_LUT");
-    return v && std::string_view(v) == "1";
   }();
 };
 

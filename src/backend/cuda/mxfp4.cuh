@@ -99,29 +99,14 @@ __device__ __forceinline__ float e8m0_scale(uint8_t s) {
            : __uint_as_float(0x00400000u);  // 2^(s-127)
 }
 
-// The byte table of mxfp4_rows_dot's LUT form (shared memory, filled by the whole block with
-// mxfp4_fill_lut): entry b of copy c at [b * kMxfp4LutCopies + c] holds the two e2m1 values of
-// packed byte b (low nibble first), unscaled, in f32 (exact). Lane l reads copy l % 16, so a
-// half-warp's 64-bit loads never share a bank. 32 KB.
-constexpr int kMxfp4LutCopies = 16;
-constexpr size_t kMxfp4LutBytes = 256 * kMxfp4LutCopies * sizeof(float2);
-__device__ __forceinline__ void mxfp4_fill_lut(float2* lut) {
-  for (int i = threadIdx.x; i < 256 * kMxfp4LutCopies; i += blockDim.x) {
-    const uint32_t b = static_cast<uint32_t>(i) / kMxfp4LutCopies;
-    lut[i] = make_float2(mxfp4_value(b & 15u, 1.0f), mxfp4_value(b >> 4, 1.0f));
-  }
-}
-
 // ROWS weight rows starting at `rows` (row stride k/2 bytes; rows past `valid` not read) dotted
 // with x[0:k]; lane sums, reduced over the warp (every lane returns the totals). CHUNKS: 16-byte
-// chunks per lane per row loaded before use (CHUNKS * ROWS * 4 registers). LUT: the values come
-// from `lut` (mxfp4_fill_lut) a byte at a time instead of the byte-permute decode, the same f32
-// values in the same order, so the sums are bitwise the same (fewer instructions per value).
-template <int ROWS, int CHUNKS = kMxfp4DotChunks, bool LUT = false>
+// chunks per lane per row loaded before use (CHUNKS * ROWS * 4 registers).
+template <int ROWS, int CHUNKS = kMxfp4DotChunks>
 __device__ __forceinline__ void mxfp4_rows_dot(const uint8_t* __restrict__ rows,
                                                const uint8_t* __restrict__ row_scales, int valid,
                                                int k, const float* __restrict__ x,
-                                               float (&acc)[ROWS], const float2* lut = nullptr) {
+                                               float (&acc)[ROWS]) {
   const int lane = threadIdx.x & 31;
   const int chunks = k / 32;
 #pragma unroll
@@ -159,25 +144,7 @@ __device__ __forceinline__ void mxfp4_rows_dot(const uint8_t* __restrict__ rows,
                                   : word == 1 ? w[c][r].y
                                   : word == 2 ? w[c][r].z
                                               : w[c][r].w;
-          if constexpr (LUT) {
-            const float2* copy = lut + (lane & (kMxfp4LutCopies - 1));
-            const float2 v0 = copy[(packed & 0xffu) * kMxfp4LutCopies];
-            const float2 v1 = copy[((packed >> 8) & 0xffu) * kMxfp4LutCopies];
-            const float2 v2 = copy[((packed >> 16) & 0xffu) * kMxfp4LutCopies];
-            const float2 v3 = copy[(packed >> 24) * kMxfp4LutCopies];
-            float sum = partial[r];  // dot8's order: element 0 .. 7
-            sum = fmaf(v0.x, x0.x, sum);
-            sum = fmaf(v0.y, x0.y, sum);
-            sum = fmaf(v1.x, x0.z, sum);
-            sum = fmaf(v1.y, x0.w, sum);
-            sum = fmaf(v2.x, x1.x, sum);
-            sum = fmaf(v2.y, x1.y, sum);
-            sum = fmaf(v3.x, x1.z, sum);
-            sum = fmaf(v3.y, x1.w, sum);
-            partial[r] = sum;
-          } else {
-            partial[r] = dot8(mxfp4_unscaled_bf16x8(packed), x0, x1, partial[r]);
-          }
+          partial[r] = dot8(mxfp4_unscaled_bf16x8(packed), x0, x1, partial[r]);
         }
       }
 #pragma unroll
