@@ -19,6 +19,7 @@
 #include "backend/cuda/linear_attention.h"
 #include "backend/cuda/moe_kernels.h"
 #include "backend/cuda/sampler.h"
+#include "backend/sequence_runs.h"
 
 namespace sy::backend::cuda {
 namespace {
@@ -606,25 +607,16 @@ class CudaBackend final : public Backend {
     }
     // Runs of one sequence's consecutive positions: long ones expanded (tensor cores), the
     // tokens between them absorbed.
-    const std::vector<int32_t>& positions = *batch.host_positions;
-    const std::vector<int32_t>& seqs = *batch.host_token_seq;
-    const auto at = [](const std::vector<int32_t>& v, int64_t k) {
-      return v[static_cast<size_t>(k)];
-    };
     int64_t absorbed_from = 0;
-    for (int64_t i = 0; i < T;) {
-      int64_t j = i + 1;
-      while (j < T && at(seqs, j) == at(seqs, i) && at(positions, j) == at(positions, j - 1) + 1)
-        ++j;
-      const int64_t context = static_cast<int64_t>(at(positions, j - 1)) + 1;
-      if (at(seqs, i) >= 0 && at(positions, i) >= 0 && j - i >= kLatentExpandMinQueries &&
-          context <= latent_expand_.max_context) {
-        launch_latent_absorbed(p, absorbed_from, i - absorbed_from, context_.stream);
-        launch_latent_expanded(p, i, j - i, at(seqs, i), context, latent_expand_, context_.cublas,
-                               context_.stream);
-        absorbed_from = j;
-      }
-      i = j;
+    for (const SequenceRun& run : sequence_runs(*batch.host_positions, *batch.host_token_seq)) {
+      const bool padding = run.seq < 0 || run.context < run.count;  // a negative first position
+      if (padding || run.count < kLatentExpandMinQueries ||
+          run.context > latent_expand_.max_context)
+        continue;
+      launch_latent_absorbed(p, absorbed_from, run.first - absorbed_from, context_.stream);
+      launch_latent_expanded(p, run.first, run.count, run.seq, run.context, latent_expand_,
+                             context_.cublas, context_.stream);
+      absorbed_from = run.first + run.count;
     }
     launch_latent_absorbed(p, absorbed_from, T - absorbed_from, context_.stream);
   }
