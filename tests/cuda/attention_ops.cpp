@@ -498,10 +498,13 @@ void latent_attention_case(Harness& h, Case& c, const LatentConfig& lc, Kind kin
 
 void run_attention_ops(Harness& h) {
   // The golden model's MLA (3 heads, latent 24, 12 nope + 10 rope, v 14, YaRN) and
-  // DeepSeek-V3/Moonlight's (latent 512, 128 nope + 64 rope, v 128; 16 heads here).
+  // DeepSeek-V3/Moonlight's (latent 512, 128 nope + 64 rope, v 128; 16 heads here); 20 heads of
+  // latent 64 + rope 32: the tensor-core decode kernel with a partial second group of heads (16 +
+  // 4) and the expanded prefill in groups of 10.
   for (const LatentConfig& lc : std::vector<LatentConfig>{{3, 24, 12, 10, 14, true, true},
                                                           {16, 512, 128, 64, 128, true, false},
-                                                          {5, 40, 8, 16, 24, false, false}})
+                                                          {5, 40, 8, 16, 24, false, false},
+                                                          {20, 64, 16, 32, 24, false, true}})
     for (auto [kind, block_size] : std::vector<std::pair<Kind, int>>{
              {Kind::kDecode, 16}, {Kind::kPrefill, 16}, {Kind::kChunked, 5}, {Kind::kMixed, 16}})
       h.run(std::string("latent_attention.") + kind_name(kind),

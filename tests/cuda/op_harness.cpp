@@ -118,6 +118,9 @@ int main(int argc, char** argv) {
   limits.max_feature_dim = 4096;  // widest matmul input
   limits.latent_kv_lora = 512;    // the latent attention cases' largest
   limits.latent_rope = 64;
+  limits.latent_nope = 128;  // with v_dim and max_context: the expanded prefill's scratch
+  limits.latent_v_dim = 128;
+  limits.max_context = 5120;
   for (sy::backend::Backend* b : {cpu.get(), device.get(), invariant.get()}) {
     sy::Status reserved = b->reserve(limits);
     if (!reserved) return setup_failure("backend.reserve", b->name() + ": " + reserved.message(), options.seed);

@@ -600,8 +600,7 @@ class CudaBackend final : public Backend {
     if (latent_expand_.group == 0 || batch.max_query_len < kLatentExpandMinQueries ||
         !batch.host_positions || !batch.host_token_seq ||
         static_cast<int64_t>(batch.host_positions->size()) != T ||
-        static_cast<int64_t>(batch.host_token_seq->size()) != T ||
-        p.heads % latent_expand_.group != 0) {
+        static_cast<int64_t>(batch.host_token_seq->size()) != T) {
       launch_latent_absorbed(p, 0, T, context_.stream);
       return;
     }
@@ -611,7 +610,7 @@ class CudaBackend final : public Backend {
     for (const SequenceRun& run : sequence_runs(*batch.host_positions, *batch.host_token_seq)) {
       const bool padding = run.seq < 0 || run.context < run.count;  // a negative first position
       if (padding || run.count < kLatentExpandMinQueries ||
-          run.context > latent_expand_.max_context)
+          !latent_expand_fits(p, run.context, latent_expand_))
         continue;
       launch_latent_absorbed(p, absorbed_from, run.first - absorbed_from, context_.stream);
       launch_latent_expanded(p, run.first, run.count, run.seq, run.context, latent_expand_,

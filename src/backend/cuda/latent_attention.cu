@@ -675,8 +675,9 @@ constexpr int kExpandMaxGroup = 16;
 constexpr int kExpandBlock = 16;          // block size of the contiguous expanded K/V
 constexpr int64_t kExpandQueries = 1024;  // query tokens per attention launch
 
-int expand_group(int heads) {
-  for (int g = std::min(heads, kExpandMaxGroup); g > 1; --g)
+// The largest divisor of heads up to `capacity`.
+int expand_group(int heads, int capacity) {
+  for (int g = std::min(heads, capacity); g > 1; --g)
     if (heads % g == 0) return g;
   return 1;
 }
@@ -726,6 +727,11 @@ bool latent_expand_supported(int nope, int rope, int v_dim) {
   return q_row % 8 == 0 && q_row <= 256 && v_dim > 0 && v_dim <= q_row;
 }
 
+bool latent_expand_fits(const LatentParams& p, int64_t context, const LatentExpandScratch& s) {
+  return s.group > 0 && latent_expand_supported(p.nope, p.rope, p.v_dim) &&
+         p.nope + p.rope <= s.max_q_row && p.kv_lora <= s.max_lora && context <= s.max_context;
+}
+
 void latent_expand_release(LatentExpandScratch& s) {
   for (void* ptr : {static_cast<void*>(s.latent), static_cast<void*>(s.k), static_cast<void*>(s.v),
                     static_cast<void*>(s.q), static_cast<void*>(s.out), static_cast<void*>(s.table),
@@ -737,7 +743,9 @@ void latent_expand_release(LatentExpandScratch& s) {
 bool latent_expand_reserve(int heads, int kv_lora, int nope, int rope, int64_t max_context,
                            LatentExpandScratch& s) {
   latent_expand_release(s);
-  s.group = expand_group(heads);
+  s.group = std::clamp(heads, 1, kExpandMaxGroup);
+  s.max_q_row = nope + rope;
+  s.max_lora = kv_lora;
   s.max_context = (max_context + kExpandBlock - 1) / kExpandBlock * kExpandBlock;
   s.max_queries = kExpandQueries;
   s.table_stride = static_cast<int>(s.max_context / kExpandBlock);
@@ -769,11 +777,16 @@ void launch_latent_expanded(const LatentParams& p, int64_t first, int64_t count,
                             int64_t context, const LatentExpandScratch& s, cublasHandle_t cublas,
                             cudaStream_t stream) {
   if (count <= 0) return;
-  if (context > s.max_context || !latent_expand_supported(p.nope, p.rope, p.v_dim) ||
-      p.heads % s.group != 0)
+  if (!latent_expand_fits(p, context, s))
     cuda_fail("latent_attention", "expanded run outside its reserved scratch", __FILE__, __LINE__);
-  const int q_row = p.nope + p.rope, G = s.group;
-  latent_gather_kernel<<<static_cast<unsigned>(context), 128, 0, stream>>>(p, seq, s);
+  // This launch's layout: G heads side by side (its kernels read s.group as G).
+  const LatentExpandScratch s_run = [&] {
+    LatentExpandScratch r = s;
+    r.group = expand_group(p.heads, s.group);
+    return r;
+  }();
+  const int q_row = p.nope + p.rope, G = s_run.group;
+  latent_gather_kernel<<<static_cast<unsigned>(context), 128, 0, stream>>>(p, seq, s_run);
   SY_CUDA_LAUNCH_CHECK("latent_gather_kernel");
   const float alpha = 1.0f, beta = 0.0f;
   const int64_t head_rows = static_cast<int64_t>(p.nope + p.v_dim) * p.kv_lora;
@@ -783,41 +796,42 @@ void launch_latent_expanded(const LatentParams& p, int64_t first, int64_t count,
     const __nv_bfloat16* w = p.kv_b_proj + h0 * head_rows;
     SY_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
         cublas, CUBLAS_OP_T, CUBLAS_OP_N, p.nope, static_cast<int>(context), p.kv_lora, &alpha, w,
-        CUDA_R_16BF, p.kv_lora, head_rows, s.latent, CUDA_R_16BF, p.kv_lora, 0, &beta, s.k,
+        CUDA_R_16BF, p.kv_lora, head_rows, s_run.latent, CUDA_R_16BF, p.kv_lora, 0, &beta, s_run.k,
         CUDA_R_16BF, G * q_row, q_row, G, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     SY_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
         cublas, CUBLAS_OP_T, CUBLAS_OP_N, p.v_dim, static_cast<int>(context), p.kv_lora, &alpha,
-        w + static_cast<int64_t>(p.nope) * p.kv_lora, CUDA_R_16BF, p.kv_lora, head_rows, s.latent,
-        CUDA_R_16BF, p.kv_lora, 0, &beta, s.v, CUDA_R_16BF, G * q_row, q_row, G, CUBLAS_COMPUTE_32F,
-        CUBLAS_GEMM_DEFAULT));
-    for (int64_t off = 0; off < count; off += s.max_queries) {
-      const int64_t n = std::min(s.max_queries, count - off);
+        w + static_cast<int64_t>(p.nope) * p.kv_lora, CUDA_R_16BF, p.kv_lora, head_rows,
+        s_run.latent, CUDA_R_16BF, p.kv_lora, 0, &beta, s_run.v, CUDA_R_16BF, G * q_row, q_row, G,
+        CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    for (int64_t off = 0; off < count; off += s_run.max_queries) {
+      const int64_t n = std::min(s_run.max_queries, count - off);
       const float* q = p.q + ((first + off) * p.heads + h0) * q_row;
       if (G != p.heads) {
-        latent_gather_q_kernel<<<static_cast<unsigned>(n), 256, 0, stream>>>(p, first + off, h0, s);
+        latent_gather_q_kernel<<<static_cast<unsigned>(n), 256, 0, stream>>>(p, first + off, h0,
+                                                                             s_run);
         SY_CUDA_LAUNCH_CHECK("latent_gather_q_kernel");
-        q = s.q;
+        q = s_run.q;
       }
       AttentionParams a;
       a.q = q;
-      a.k_cache = s.k;
-      a.v_cache = s.v;
+      a.k_cache = s_run.k;
+      a.v_cache = s_run.v;
       a.positions = p.positions + first + off;
-      a.token_seq = s.zeros;
-      a.block_tables = s.table;
-      a.block_table_stride = s.table_stride;
+      a.token_seq = s_run.zeros;
+      a.block_tables = s_run.table;
+      a.block_table_stride = s_run.table_stride;
       a.block_size = kExpandBlock;
       a.tokens = n;
       a.heads = G;
       a.kv_heads = G;
       a.head_dim = q_row;
       a.scale = p.scale;
-      a.out = s.out;
+      a.out = s_run.out;
       a.max_query_len = n;
       a.max_context_len = context;
       launch_attention(a, nullptr, nullptr, stream);
       latent_scatter_out_kernel<<<static_cast<unsigned>(n), 256, 0, stream>>>(p, first + off, h0,
-                                                                              s);
+                                                                              s_run);
       SY_CUDA_LAUNCH_CHECK("latent_scatter_out_kernel");
     }
   }

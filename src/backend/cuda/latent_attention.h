@@ -73,18 +73,23 @@ struct LatentExpandScratch {
   int32_t* table = nullptr;         // block table of the contiguous K/V: 0, 1, 2, ...
   int32_t* zeros = nullptr;         // [max_queries]: token_seq of one sequence
   int64_t max_context = 0, max_queries = 0;
-  int group = 0;  // heads per attention launch: a divisor of heads, <= 16
+  // Capacity: heads per attention launch (<= 16; a launch takes the largest divisor of its heads
+  // up to it; 0: not reserved), the widest q row (nope + rope) and latent.
+  int group = 0;
+  int max_q_row = 0, max_lora = 0;
   int table_stride = 0;
 };
 // Shapes the expanded path takes (the attention kernel's tensor-core head dims; V padded to
 // the K width).
 bool latent_expand_supported(int nope, int rope, int v_dim);
+// Whether launch_latent_expanded can take p's shape and a run of `context` keys with scratch `s`.
+bool latent_expand_fits(const LatentParams& p, int64_t context, const LatentExpandScratch& s);
 // Allocates (cudaMalloc; false on failure, nothing left allocated) and frees the scratch.
 bool latent_expand_reserve(int heads, int kv_lora, int nope, int rope, int64_t max_context,
-                           LatentExpandScratch& s);
+                           LatentExpandScratch& s);  // heads: the most of one launch's op
 void latent_expand_release(LatentExpandScratch& s);
 // Tokens [first, first + count) of the step, all of sequence `seq` at consecutive positions
-// ending at context - 1 (<= s.max_context), after launch_latent_prep: their output rows.
+// ending at context - 1 (latent_expand_fits), after launch_latent_prep: their output rows.
 void launch_latent_expanded(const LatentParams& p, int64_t first, int64_t count, int32_t seq,
                             int64_t context, const LatentExpandScratch& s, cublasHandle_t cublas,
                             cudaStream_t stream);
