@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU machine's whole visit, run as it is from the repo root there, after scripts/gpu-pack.sh
 # here (carry gpu-carry/). Stages (default: all but profile): ceilings ops golden engine bench8
-# bench48 crossover serve-e2e serve-invariant (--batch-invariant tests and bench) soak (CUDA soak, SOAK_SECONDS) serve; chat-goldens (transformers' template renders); stamps (cuda-fused phase timer, STAMP_VARIANTS); ab (knob A/B, AB_VARIANTS); family-goldens (GOLDEN_FAMILIES; then the golden tests on them); bf16-sensitivity (transformers bf16 vs float64 per golden model); routes-ab (routes on/off over HTTP on CUDA); bench-gptoss (gpt-oss-20b shapes, MXFP4 experts); bench-new (Moonlight-16B-A3B and Qwen3.5-35B-A3B shapes: MLA, DeltaNet); serve-new (their and gpt-oss-20b's throughput profiles, SERVE_MODELS); mxfp4-gemv (the opt-in MXFP4 GEMV and fused MXFP4: harness, gpt-oss goldens, decode A/B); routes-cost (capture on/off in process on CUDA); long-goldens (tools/gpu/long_goldens.py, then LongGolden on them; long_goldens.tgz); moe-stalls (ncu stall reasons of cuda-fused); attn-detail (ncu full + SASS stalls of decode attention); profile (ncu per-kernel times of one decode and one prefill step;
+# bench48 crossover serve-e2e serve-invariant (--batch-invariant tests and bench) soak (CUDA soak, SOAK_SECONDS) serve; chat-goldens (transformers' template renders); stamps (cuda-fused phase timer, STAMP_VARIANTS); ab (knob A/B, AB_VARIANTS); family-goldens (GOLDEN_FAMILIES; then the golden tests on them); bf16-sensitivity (transformers bf16 vs float64 per golden model); routes-ab (routes on/off over HTTP on CUDA); bench-gptoss (gpt-oss-20b shapes, MXFP4 experts); bench-new (Moonlight-16B-A3B, Qwen3.5-35B-A3B and Mixtral-8x7B 16-layer shapes: MLA, DeltaNet; BENCH_NEW_MODELS); serve-new (their and gpt-oss-20b's throughput profiles, SERVE_MODELS); mxfp4-gemv (the opt-in MXFP4 GEMV and fused MXFP4: harness, gpt-oss goldens, decode A/B); routes-cost (capture on/off in process on CUDA); long-goldens (tools/gpu/long_goldens.py, then LongGolden on them; long_goldens.tgz); moe-stalls (ncu stall reasons of cuda-fused); attn-detail (ncu full + SASS stalls of decode attention); profile (ncu per-kernel times of one decode and one prefill step;
 # PROFILE_STEPS=decode for one), moe-detail (ncu's full sections on one cuda-fused launch).
 # Everything it prints also goes to $OUT/gpu-check.log; JSON results land in $OUT.
 #   scripts/gpu-check.sh [stage ...]
@@ -123,8 +123,9 @@ if want bench-new; then
   # linear_attention.cu; recurrent DeltaNet, not the chunked form): decode b1/b64 and a 4k prefill
   # against the bytes floor (every non-expert weight, the touched experts, MLA cache rows or
   # DeltaNet states).
-  # BENCH_NEW_MODELS: a subset (Qwen3.5-35B-A3B's bf16 weights need an H200).
-  for model in ${BENCH_NEW_MODELS:-moonlight-16b-a3b qwen3.5-35b-a3b}; do
+  # Also issue 13's Mixtral-8x7B 16-layer cut (the whole model's bf16 weights do not fit one GPU
+  # with room for KV). BENCH_NEW_MODELS: a subset (Qwen3.5-35B-A3B's bf16 weights need an H200).
+  for model in ${BENCH_NEW_MODELS:-moonlight-16b-a3b qwen3.5-35b-a3b mixtral-8x7b-16l}; do
     section "step bench: $model shapes (random weights)"
     run "bench-$model" timeout "${STAGE_TIMEOUT:-300}" "$carry/step_bench" --device cuda --random-weights "$carry/$model/config.json" \
       --batches 1,64 --context 1024 --steps 32 --ab-pairs 4 --prefill 4096 --bandwidth-gbs "$bandwidth" \

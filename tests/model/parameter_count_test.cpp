@@ -68,6 +68,38 @@ TEST(ParameterCount, GptOss20bPresetHasThePublishedShape) {
   EXPECT_FALSE(preset_config("mixtral", "gpt-oss-20b", 0).is_ok());
 }
 
+// Mixtral's parameters from its config: untied embedding and head, per layer two norms, q/k/v/o
+// without biases, a router, and E experts of w1/w3 (I x H) and w2 (H x I); the final norm.
+int64_t mixtral_parameters(const json& c) {
+  const int64_t hidden = c["hidden_size"], vocab = c["vocab_size"],
+                heads = c["num_attention_heads"], kv_heads = c["num_key_value_heads"],
+                experts = c["num_local_experts"], inter = c["intermediate_size"],
+                layers = c["num_hidden_layers"];
+  const int64_t head_dim = hidden / heads;
+  const int64_t attention = 2 * hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim;
+  const int64_t layer = 2 * hidden + attention + experts * hidden + experts * 3 * inter * hidden;
+  return 2 * vocab * hidden + layers * layer + hidden;
+}
+
+// make-model's mixtral-8x7b preset (issue 13 benches its 16-layer cut on one GPU): Mixtral-8x7B's
+// published total (46,702,792,704), 8 experts top-2, head_dim 128, no sliding window.
+TEST(ParameterCount, Mixtral8x7bPresetHasThePublishedShape) {
+  auto preset = preset_config("mixtral", "mixtral-8x7b", 0);
+  ASSERT_TRUE(preset.is_ok()) << preset.message();
+  EXPECT_EQ(mixtral_parameters(*preset), 46'702'792'704);
+  auto config = parse_model_config(*preset);
+  ASSERT_TRUE(config.is_ok()) << config.message();
+  EXPECT_EQ(config->num_experts, 8);
+  EXPECT_EQ(config->experts_per_token, 2);
+  EXPECT_EQ(config->head_dim, 128);
+  ASSERT_EQ(config->layers.size(), 32u);
+  for (const auto& layer : config->layers) EXPECT_EQ(layer.attention.sliding_window, 0);
+  auto cut = preset_config("mixtral", "mixtral-8x7b", 16);
+  ASSERT_TRUE(cut.is_ok());
+  EXPECT_EQ((*cut)["num_hidden_layers"], 16);
+  EXPECT_FALSE(preset_config("olmoe", "mixtral-8x7b", 0).is_ok());
+}
+
 int64_t stored_elements(const std::string& dir) {
   auto checkpoint = Checkpoint::open(dir);
   EXPECT_TRUE(checkpoint) << checkpoint.message();
