@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/backend.h"
+#include "bench_util.h"
 #include "model/decoder.h"
 #include "model/model.h"
 
@@ -315,8 +316,21 @@ int main(int argc, char** argv) {
   if (!a.json_out.empty()) {
     std::string command;
     for (int i = 0; i < argc; ++i) command += std::string(i ? " " : "") + argv[i];
-    nlohmann::json doc{{"model", c.architecture}, {"layers", c.num_hidden_layers}, {"command", command},
-                       {"bandwidth_gbs", a.bandwidth_gbs}, {"matmul_tflops", a.matmul_tflops}, {"records", records}};
+    // Provenance (BENCHMARKS.md: every figure carries date, commit and machine).
+    nlohmann::json doc{
+        {"model", c.architecture},
+        {"layers", c.num_hidden_layers},
+        {"command", command},
+        {"date", sy::bench::command_output("date -u +%Y-%m-%dT%H:%M:%SZ")},
+        {"commit", sy::bench::build_commit()},
+        {"device", a.device},
+        {"gpu", a.device == "cuda"
+                    ? sy::bench::command_output(
+                          "nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null")
+                    : std::string()},
+        {"bandwidth_gbs", a.bandwidth_gbs},
+        {"matmul_tflops", a.matmul_tflops},
+        {"records", records}};
     std::ofstream(a.json_out) << doc.dump(2) << "\n";
   }
   return 0;
