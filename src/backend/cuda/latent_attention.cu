@@ -780,11 +780,8 @@ void launch_latent_expanded(const LatentParams& p, int64_t first, int64_t count,
   if (!latent_expand_fits(p, context, s))
     cuda_fail("latent_attention", "expanded run outside its reserved scratch", __FILE__, __LINE__);
   // This launch's layout: G heads side by side (its kernels read s.group as G).
-  const LatentExpandScratch s_run = [&] {
-    LatentExpandScratch r = s;
-    r.group = expand_group(p.heads, s.group);
-    return r;
-  }();
+  LatentExpandScratch s_run = s;
+  s_run.group = expand_group(p.heads, s.group);
   const int q_row = p.nope + p.rope, G = s_run.group;
   latent_gather_kernel<<<static_cast<unsigned>(context), 128, 0, stream>>>(p, seq, s_run);
   SY_CUDA_LAUNCH_CHECK("latent_gather_kernel");

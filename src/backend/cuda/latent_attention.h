@@ -67,7 +67,10 @@ void launch_latent_absorbed(const LatentParams& p, int64_t first, int64_t count,
 struct LatentExpandScratch {
   __nv_bfloat16* latent = nullptr;  // [max_context, kv_lora]: the run's cached latent rows
   __nv_bfloat16* k = nullptr;       // [max_context, group, nope + rope]
-  __nv_bfloat16* v = nullptr;       // [max_context, group, nope + rope]: columns >= v_dim stay 0
+  // [max_context, group, nope + rope]: columns >= v_dim are zeroed at reserve and never written by
+  // a launch of the same shape (another shape's data there only reaches output columns >= v_dim,
+  // which are dropped).
+  __nv_bfloat16* v = nullptr;
   float* q = nullptr;               // [max_queries, group, nope + rope] (heads > group only)
   float* out = nullptr;             // [max_queries, group, nope + rope]
   int32_t* table = nullptr;         // block table of the contiguous K/V: 0, 1, 2, ...
