@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU machine's whole visit, run as it is from the repo root there, after scripts/gpu-pack.sh
 # here (carry gpu-carry/). Stages (default: all but profile): ceilings ops golden engine bench8
-# bench48 crossover serve-e2e serve-invariant (--batch-invariant tests and bench) soak (CUDA soak, SOAK_SECONDS) serve; chat-goldens (transformers' template renders); stamps (cuda-fused phase timer, STAMP_VARIANTS); ab (knob A/B, AB_VARIANTS); family-goldens (GOLDEN_FAMILIES; then the golden tests on them); bf16-sensitivity (transformers bf16 vs float64 per golden model); routes-ab (routes on/off over HTTP on CUDA); bench-gptoss (gpt-oss-20b shapes, MXFP4 experts); bench-new (Moonlight-16B-A3B, Qwen3.5-35B-A3B and Mixtral-8x7B 16-layer shapes: MLA, DeltaNet; BENCH_NEW_MODELS); serve-new (their and gpt-oss-20b's throughput profiles, SERVE_MODELS); mxfp4-gemv (the opt-in MXFP4 GEMV and fused MXFP4: harness, gpt-oss goldens, decode A/B); routes-cost (capture on/off in process on CUDA); long-goldens (tools/gpu/long_goldens.py, then LongGolden on them; long_goldens.tgz); moe-stalls (ncu stall reasons of cuda-fused); attn-detail (ncu full + SASS stalls of decode attention); profile (ncu per-kernel times of one decode and one prefill step;
+# bench48 crossover serve-e2e serve-invariant (--batch-invariant tests and bench) soak (CUDA soak, SOAK_SECONDS) serve; chat-goldens (transformers' template renders); stamps (cuda-fused phase timer, STAMP_VARIANTS); ab (knob A/B, AB_VARIANTS); family-goldens (GOLDEN_FAMILIES; then the golden tests on them); bf16-sensitivity (transformers bf16 vs float64 per golden model); routes-ab (routes on/off over HTTP on CUDA); bench-gptoss (gpt-oss-20b shapes, MXFP4 experts); bench-new (Moonlight-16B-A3B, Qwen3.5-35B-A3B and Mixtral-8x7B 16-layer shapes: MLA, DeltaNet; BENCH_NEW_MODELS); serve-new (their and gpt-oss-20b's throughput profiles, SERVE_MODELS); mxfp4-gemv (the MXFP4 few-token paths: harness, gpt-oss goldens, decode A/B); routes-cost (capture on/off in process on CUDA); long-goldens (tools/gpu/long_goldens.py, then LongGolden on them; long_goldens.tgz); moe-stalls (ncu stall reasons of cuda-fused); attn-detail (ncu full + SASS stalls of decode attention); kernel-detail (the same for DETAIL_KERNELS in a gpt-oss batch-1 decode); profile (ncu per-kernel times of one decode and one prefill step;
 # PROFILE_STEPS=decode for one), moe-detail (ncu's full sections on one cuda-fused launch).
 # Everything it prints also goes to $OUT/gpu-check.log; JSON results land in $OUT.
 #   scripts/gpu-check.sh [stage ...]
@@ -140,21 +140,24 @@ if want bench-new; then
   done
 fi
 if want mxfp4-gemv; then
-  # The opt-in MXFP4 paths, unchecked until this stage passes: cuda-modular's few-token GEMV
-  # (SY_MXFP4_GEMV=1) and cuda-fused reading MXFP4 (SY_FUSED_MXFP4=1). The op harness's MXFP4
-  # group (modular T <= 8 take the GEMV; the fused cases and its input-norm variants run), the
-  # gpt-oss goldens and CUDA-vs-CPU agreement with both on, then gpt-oss-20b decode: neither, the
-  # GEMV alone, both (auto then runs small steps on cuda-fused).
-  section "MXFP4 GEMV and fused MXFP4: op harness, gpt-oss goldens, decode A/B"
-  SY_MXFP4_GEMV=1 SY_FUSED_MXFP4=1 run mxfp4-ops timeout "${STAGE_TIMEOUT:-300}" "$carry/cuda_op_harness" --filter MXFP4 \
-    --json "$OUT/op_harness_mxfp4_paths.json"
-  SY_MXFP4_GEMV=1 SY_FUSED_MXFP4=1 SY_TEST_DEVICE=cuda run mxfp4-golden timeout "${STAGE_TIMEOUT:-300}" "$carry/test_model" \
-    --gtest_filter='*HfGolden*gptoss*:CudaAgreement.GptOss*' --gtest_brief=1
-  for arm in "0 0" "1 0" "1 1"; do
-    read -r gemv fused <<< "$arm"
-    SY_MXFP4_GEMV=$gemv SY_FUSED_MXFP4=$fused run "mxfp4-bench-$gemv$fused" timeout "${STAGE_TIMEOUT:-300}" "$carry/step_bench" \
+  # cuda-modular's few-token MXFP4 paths: the streamed tensor-core GEMV (default), the warp GEMV
+  # (SY_MXFP4_GEMV=warp), the grouped GEMM (SY_MXFP4_GEMV=0); cuda-fused reading MXFP4 is opt-in
+  # (SY_FUSED_MXFP4=1). The op harness's MXFP4 group (modular T <= 8 take the GEMV; the fused
+  # cases and its input-norm variants run) and the gpt-oss goldens on each GEMV, then gpt-oss-20b
+  # decode on each path.
+  section "MXFP4 few-token paths: op harness, gpt-oss goldens, decode A/B"
+  for gemv in stream warp; do
+    SY_MXFP4_GEMV=$gemv SY_FUSED_MXFP4=1 run "mxfp4-ops-$gemv" timeout "${STAGE_TIMEOUT:-300}" "$carry/cuda_op_harness" \
+      --filter MXFP4 --json "$OUT/op_harness_mxfp4_$gemv.json"
+    SY_MXFP4_GEMV=$gemv SY_TEST_DEVICE=cuda run "mxfp4-golden-$gemv" timeout "${STAGE_TIMEOUT:-300}" "$carry/test_model" \
+      --gtest_filter='*HfGolden*gptoss*:CudaAgreement.GptOss*' --gtest_brief=1
+  done
+  arm=0
+  for gemv in ${MXFP4_ARMS:-stream warp 0 stream warp}; do  # alternating: the machine drifts
+    arm=$((arm + 1))
+    SY_MXFP4_GEMV=$gemv run "mxfp4-bench-$gemv" timeout "${STAGE_TIMEOUT:-300}" "$carry/step_bench" \
       --device cuda --random-weights "$carry/gpt-oss-20b/config.json" --batches 1,8 --context 1024 --steps 32 \
-      --ab-pairs 0 --prefill 0 --bandwidth-gbs "$bandwidth" --json-out "$OUT/step_bench_gpt_oss_20b_mxfp4_$gemv$fused.json"
+      --ab-pairs 0 --prefill 0 --bandwidth-gbs "$bandwidth" --json-out "$OUT/step_bench_gpt_oss_20b_gemv_${arm}_$gemv.json"
   done
 fi
 if want crossover; then
@@ -271,6 +274,22 @@ if want stamps; then
     env SY_FUSED_STAMPS=1 SY_ATTN_STAMPS=1 ${variant#-} "$carry/step_bench" --device cuda --random-weights "$carry/qwen3-30b-a3b-8l/config.json" \
       --no-graphs --kernel cuda-fused --batches 1 --context 1024 --steps 32 --ab-pairs 0 --prefill 0 || failed+=(stamps)
   done
+fi
+if want kernel-detail; then
+  # ncu's full sections and per-instruction stall samples of one launch of each kernel in
+  # DETAIL_KERNELS (names as ncu -k matches them; the DETAIL_SKIP-th launch) in a batch-1 decode
+  # of DETAIL_CONFIG (default gpt-oss-20b shapes). Text to ncu_detail.txt, SASS gzipped.
+  section "profile: ncu full sections + SASS stalls of ${DETAIL_KERNELS:-route_split_kernel mxfp4_stream_gemv_kernel attention_kernel}"
+  ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+  for kernel in ${DETAIL_KERNELS:-route_split_kernel mxfp4_stream_gemv_kernel attention_kernel}; do
+    run "detail-$kernel" timeout "${STAGE_TIMEOUT:-300}" "$ncu_bin" --clock-control none --set full --import-source no \
+      -k "regex:$kernel" --launch-skip "${DETAIL_SKIP:-30}" -c 1 -f -o "/tmp/detail_$kernel" "$carry/step_bench" --device cuda \
+      --random-weights "${DETAIL_CONFIG:-$carry/gpt-oss-20b/config.json}" --no-graphs --batches 1 --context 1024 --steps 4 \
+      --ab-pairs 0 --prefill 0 > /dev/null 2>&1
+    "$ncu_bin" -i "/tmp/detail_$kernel.ncu-rep" --print-details all >> "$OUT/ncu_detail.txt" 2>&1
+    "$ncu_bin" -i "/tmp/detail_$kernel.ncu-rep" --page source --csv --print-source sass 2>&1 | gzip > "$OUT/ncu_sass_$kernel.csv.gz"
+  done
+  grep -E "^  [a-z_0-9]+.*\(|Duration|DRAM Throughput|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|Theoretical Occ|Executed Ipc A|Block Size|Grid Size|Shared Memory Configuration Size|Dynamic Shared|Stall" "$OUT/ncu_detail.txt" | head -80
 fi
 if want moe-stalls; then
   # Where the one-token cuda-fused launch's warps wait (ncu stall reasons, per issued instruction).

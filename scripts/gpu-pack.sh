@@ -21,7 +21,7 @@ for t in "${targets[@]}"; do
   strip -o "gpu-carry/$t" "$f"
 done
 # Libraries from Debian packages the Ubuntu image may lack (CUDA's own come from the device).
-for lib in $(ldd gpu-carry/switchyard $([[ -f gpu-carry/test_model ]] && echo gpu-carry/test_model) | awk '/=>/ {print $3}' | sort -u); do
+for lib in $(for t in "${targets[@]}"; do ldd "gpu-carry/$t"; done | awk '/=>/ {print $3}' | sort -u); do
   case "$lib" in
     *libonig*|*libutf8proc*|*libfmt*|*libxxhash*) cp -L "$lib" gpu-carry/lib/ ;;
   esac

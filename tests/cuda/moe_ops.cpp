@@ -565,6 +565,9 @@ void run_moe_ops(Harness& h) {
                SpecKind::kGptOss,
                {1, 2, 8, 33, 300, 600},
                true},  // every tile size, the GEMV (T <= 8)
+              // The streamed MXFP4 GEMV over several k stages (19 and 5 blocks of 32: the last
+              // stage partial) and a block whose second warp is past the rows (608 = 19 x 32).
+              {{608, 160, 8, 4}, SpecKind::kGptOss, {1, 3, 8}, true},
               {{256, 64, 64, 6}, SpecKind::kDeepSeek, {1, 2, 33, 300}},
               {{200, 72, 16, 4}, SpecKind::kGlm, {1, 7, 64}},
               // Expert widths that are not multiples of 8 (the golden models' 20): cuda-modular's

@@ -565,6 +565,166 @@ __global__ void __launch_bounds__(kGemvThreads) mxfp4_gemv_kernel(const __grid_c
                                : acc[j] + g.params.down_bias_of(e, first + j, g.n);
 }
 
+// ---- Few-token MXFP4 experts on tensor cores, streamed (default; SY_MXFP4_GEMV=warp: the
+// kernel above; SY_MXFP4_GEMV=0: the grouped GEMM) ----
+//
+// Why not the warp GEMV above: it loads a warp's rows once and then decodes and multiplies with
+// nothing in flight, and its f32 FMAs cost ~5.5 instructions a weight (gpt-oss-20b batch 1: 29-38%
+// of bandwidth, ncu at 2fc0bc9). Here each warp owns 16 weight rows of one pair's expert and
+// streams them over k through a kStreamStages-deep cp.async ring in shared memory (its own; no
+// block barrier in the loop), so loads stay in flight while it computes; the products run as
+// m16n8k16 bf16 mma with the decoded rows as A. B carries the pair's input split in two bf16
+// columns (x = hi + lo, lo = x - hi rounded; column 0 hi, column 1 lo, the rest zero), so the sum
+// keeps ~16 bits of x's mantissa, not bf16's 8, for no extra mma.
+//
+// k order: within a 32-value MXFP4 block the four lanes of one row group (q = lane % 4) each take
+// one 4-byte word (8 values); mma step s in {0, 1} feeds lane q's values 4s..4s+3 as the tile's
+// k = 2q, 2q+1, 2q+8, 2q+9, and B is fed the same x values in the same places. So every mma sums
+// one MXFP4 block of each row: it runs on the unscaled e2m1 values (exact in bf16) and its result
+// is scaled by the block's 2^(s - 127) in f32 (exact), added to the row's f32 sum in block order.
+// Rows: gate_up puts gpt-oss's interleaved gate row 2c in mma row c and up row 2c + 1 in c + 8
+// (outputs c = 0..7 of the tile), so the lane holding both applies the activation; down: rows
+// in order.
+constexpr int kStreamWarps = 2;
+constexpr int kStreamThreads = kStreamWarps * 32;
+constexpr int kStreamStages = 4;
+constexpr int kStreamStageBlocks = 8;                        // MXFP4 blocks (32 values) a stage
+constexpr int kStreamRowBytes = kStreamStageBlocks * 16;     // 128 packed bytes of a row a stage
+constexpr int kStreamRowStride = kStreamRowBytes + 16;       // padded: rows g fall in distinct banks
+constexpr int kStreamStageBytes = 16 * kStreamRowStride;
+constexpr int kStreamMaxK = 8192;                            // x (hi, lo) and scales in shared memory
+
+// Shared memory of one block for k: per warp the ring and its rows' scales; x's hi and lo.
+constexpr int64_t stream_gemv_smem(int64_t k) {
+  return kStreamWarps * (kStreamStages * kStreamStageBytes + 16 * (k / 32)) + (2 * k + 32) * 2;
+}
+
+// grid (ceil(rows / (16 * kStreamWarps)), pairs), kStreamThreads threads, stream_gemv_smem(k)
+// bytes: rows = 2n (gate_up) or n (down) of pair blockIdx.y's expert. Writes as
+// mxfp4_gemv_kernel (zeros for a pair never routed).
+template <bool kGateUp>
+__global__ void __launch_bounds__(kStreamThreads) mxfp4_stream_gemv_kernel(const __grid_constant__ Mxfp4Gemv g) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int pair = blockIdx.y;
+  const int k = g.k, kb = k / 32;
+  const int rows = kGateUp ? 2 * g.n : g.n;
+  const int row0 = (static_cast<int>(blockIdx.x) * kStreamWarps + warp) * 16;  // this warp's first row
+  const int32_t e = g.ids[pair];
+  float* out = g.out + static_cast<int64_t>(pair) * g.n;
+  const int out0 = kGateUp ? row0 / 2 : row0;  // first output column of this warp
+  const int outs = kGateUp ? 8 : 16;
+  if (static_cast<uint32_t>(e) >= static_cast<uint32_t>(g.experts)) {  // whole block: one pair
+    if (lane < outs && out0 + lane < g.n) out[out0 + lane] = 0.0f;
+    return;
+  }
+  uint8_t* ring = smem + warp * kStreamStages * kStreamStageBytes;
+  uint8_t* scales = smem + kStreamWarps * kStreamStages * kStreamStageBytes + warp * 16 * kb;
+  __nv_bfloat16* x_hi =
+      reinterpret_cast<__nv_bfloat16*>(smem + kStreamWarps * (kStreamStages * kStreamStageBytes + 16 * kb));
+  __nv_bfloat16* x_lo = x_hi + k + 32;  // 64 bytes on: lanes reading hi and lo hit other banks
+
+  // mma row r's weight row.
+  auto row_of = [&](int r) { return kGateUp ? row0 + 2 * (r & 7) + (r >> 3) : row0 + r; };
+  const uint8_t* expert_blocks = g.blocks + static_cast<int64_t>(e) * rows * (k / 2);
+  const int stages = (kb + kStreamStageBlocks - 1) / kStreamStageBlocks;
+  const bool live = row0 < rows;  // rows is a multiple of 16: a live warp's 16 rows all exist
+  // Stage st: 16 rows x 8 chunks of 16 bytes, 4 a lane (8 lanes read one row's 128 bytes).
+  auto issue = [&](int st) {
+    if (live && st < stages) {
+      uint8_t* buf = ring + (st % kStreamStages) * kStreamStageBytes;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int c = lane + 32 * j, r = c >> 3, col = c & 7;
+        const int block = st * kStreamStageBlocks + col;
+        const bool ok = block < kb;
+        const uint8_t* src = ok ? expert_blocks + static_cast<int64_t>(row_of(r)) * (k / 2) + block * 16 : g.blocks;
+        cp_async_16(smem_address(buf + r * kStreamRowStride + col * 16), src, ok);
+      }
+    }
+    cp_async_commit();  // possibly empty: one group per stage keeps the wait count fixed
+  };
+  // Group 0 also brings this warp's scales: its 16 rows' are 16 * kb contiguous bytes (a multiple
+  // of 16, at a multiple of 16 from the aligned tensor), kept in row order.
+  if (live) {
+    const uint8_t* src = g.scales + (static_cast<int64_t>(e) * rows + row0) * kb;
+    for (int c = lane; c < kb; c += 32) cp_async_16(smem_address(scales + c * 16), src + c * 16, true);
+  }
+#pragma unroll
+  for (int st = 0; st < kStreamStages - 1; ++st) issue(st);
+
+  // While those are in flight: the block's x as hi/lo bf16, eight float4 loads at a time.
+  const float4* x4 = reinterpret_cast<const float4*>(g.x + static_cast<int64_t>(kGateUp ? pair / g.top_k : pair) * k);
+  for (int base = threadIdx.x; base < k / 4; base += 8 * kStreamThreads) {
+    float4 v[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int i = base + j * kStreamThreads;
+      v[j] = i < k / 4 ? x4[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int i = base + j * kStreamThreads;
+      if (i >= k / 4) break;
+      const float f[4] = {v[j].x, v[j].y, v[j].z, v[j].w};
+#pragma unroll
+      for (int t = 0; t < 4; ++t) {
+        const __nv_bfloat16 hi = __float2bfloat16_rn(f[t]);
+        x_hi[4 * i + t] = hi;
+        x_lo[4 * i + t] = __float2bfloat16_rn(f[t] - __bfloat162float(hi));
+      }
+    }
+  }
+  __syncthreads();
+
+  const int q = lane & 3, gr = lane >> 2;  // gr: the A rows gr, gr + 8 and B's column
+  // Scales of mma rows gr and gr + 8 (row order in shared memory: gate_up's row 2c is mma row c).
+  const uint8_t* scale_lo = scales + (kGateUp ? 2 * gr : gr) * kb;
+  const uint8_t* scale_hi = scales + (kGateUp ? 2 * gr + 1 : gr + 8) * kb;
+  float acc_lo = 0.0f, acc_hi = 0.0f;  // rows gr and gr + 8 (columns 0 + 1 summed)
+  for (int st = 0; st < stages; ++st) {
+    cp_async_wait<kStreamStages - 2>();
+    __syncwarp();
+    const uint8_t* buf = ring + (st % kStreamStages) * kStreamStageBytes;
+    // Unrolled: the blocks' loads, decodes and mma pairs are independent until the sums, which
+    // stay in block order.
+    float part_lo[kStreamStageBlocks], part_hi[kStreamStageBlocks];
+#pragma unroll
+    for (int b = 0; b < kStreamStageBlocks; ++b) {
+      const int block = st * kStreamStageBlocks + b;
+      const uint4 w_lo = mxfp4_unscaled_bf16x8(*reinterpret_cast<const uint32_t*>(buf + gr * kStreamRowStride + b * 16 + q * 4));
+      const uint4 w_hi =
+          mxfp4_unscaled_bf16x8(*reinterpret_cast<const uint32_t*>(buf + (gr + 8) * kStreamRowStride + b * 16 + q * 4));
+      uint4 xv = make_uint4(0, 0, 0, 0);
+      if (gr < 2 && block < kb) xv = *reinterpret_cast<const uint4*>((gr ? x_lo : x_hi) + block * 32 + q * 8);
+      float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      const uint32_t a0[4] = {w_lo.x, w_hi.x, w_lo.y, w_hi.y}, a1[4] = {w_lo.z, w_hi.z, w_lo.w, w_hi.w};
+      const uint32_t b0[2] = {xv.x, xv.y}, b1[2] = {xv.z, xv.w};
+      mma_bf16(d, a0, b0);
+      mma_bf16(d, a1, b1);
+      const bool in = block < kb;
+      part_lo[b] = in ? (d[0] + d[1]) * e8m0_scale(scale_lo[block]) : 0.0f;
+      part_hi[b] = in ? (d[2] + d[3]) * e8m0_scale(scale_hi[block]) : 0.0f;
+    }
+#pragma unroll
+    for (int b = 0; b < kStreamStageBlocks; ++b) {
+      acc_lo += part_lo[b];
+      acc_hi += part_hi[b];
+    }
+    __syncwarp();  // every lane is done with this buffer before it is refilled
+    issue(st + kStreamStages - 1);
+  }
+  cp_async_wait<0>();
+  if (q != 0) return;  // lanes q = 0 hold columns 0 and 1 of rows gr, gr + 8
+  if (kGateUp) {
+    const int col = out0 + gr;
+    if (col < g.n) out[col] = g.params.activate(e, col, g.n, acc_lo, acc_hi);
+  } else {
+    if (out0 + gr < g.n) out[out0 + gr] = acc_lo + g.params.down_bias_of(e, out0 + gr, g.n);
+    if (out0 + gr + 8 < g.n) out[out0 + gr + 8] = acc_hi + g.params.down_bias_of(e, out0 + gr + 8, g.n);
+  }
+}
+
 // ---- Combine ----
 
 constexpr int kCombineThreads = 128;
@@ -763,7 +923,7 @@ class ModularKernel final : public moe::ExpertsKernel {
 
     const ExpertParams experts = ExpertParams::from(args.experts, w);
     const bool mxfp4 = ExpertParams::implements_mxfp4(args.experts);
-    const bool gemv = mxfp4 && mxfp4_gemv_ && tokens <= kGemvMaxTokens;  // reads the f32 rows itself
+    const bool gemv = mxfp4 && mxfp4_gemv_ != Mxfp4Path::kOff && tokens <= kGemvMaxTokens;  // reads the f32 rows itself
     if (!gemv) {
       // The bf16 copy of the hidden states; the gate_up GEMM gathers its rows in expert order.
       const int64_t chunks = tokens * hidden_ / 8;
@@ -904,6 +1064,29 @@ class ModularKernel final : public moe::ExpertsKernel {
       kernel<<<grid, kGemvThreads, 0, stream>>>(g);
       SY_CUDA_LAUNCH_CHECK("mxfp4_gemv_kernel");
     };
+    // The streamed tensor-core kernel needs its k in shared memory, 16-byte aligned rows and
+    // scales, and row counts (2I, H) that are multiples of 16 (I is a multiple of 32 already).
+    const auto aligned = [](const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data) % 16 == 0; };
+    if (mxfp4_gemv_ == Mxfp4Path::kStream && std::max(hidden_, intermediate_) <= kStreamMaxK && hidden_ % 16 == 0 &&
+        aligned(w.gate_up) && aligned(w.down) && aligned(w.gate_up_scales) && aligned(w.down_scales)) {
+      auto stream_launch = [&](auto kernel, const Tensor& blocks, const Tensor& scales, const float* x, float* out,
+                               int64_t k, int64_t n, int64_t rows) {
+        g.blocks = blocks.ptr<uint8_t>();
+        g.scales = scales.ptr<uint8_t>();
+        g.x = x;
+        g.out = out;
+        g.k = static_cast<int>(k);
+        g.n = static_cast<int>(n);
+        const dim3 grid(static_cast<unsigned>(ceil_div(rows, 16 * kStreamWarps)), static_cast<unsigned>(pairs));
+        kernel<<<grid, kStreamThreads, static_cast<size_t>(stream_gemv_smem(k)), stream>>>(g);
+        SY_CUDA_LAUNCH_CHECK("mxfp4_stream_gemv_kernel");
+      };
+      stream_launch(mxfp4_stream_gemv_kernel<true>, w.gate_up, w.gate_up_scales, hidden, act_f32_, hidden_,
+                    intermediate_, 2 * intermediate_);
+      stream_launch(mxfp4_stream_gemv_kernel<false>, w.down, w.down_scales, act_f32_, y_, intermediate_, hidden_,
+                    hidden_);
+      return;
+    }
     launch(mxfp4_gemv_kernel<true>, 2, w.gate_up, w.gate_up_scales, hidden, act_f32_, hidden_, intermediate_);
     launch(mxfp4_gemv_kernel<false>, 4, w.down, w.down_scales, act_f32_, y_, intermediate_, hidden_);
   }
@@ -1013,9 +1196,13 @@ class ModularKernel final : public moe::ExpertsKernel {
   // Few-token MXFP4 steps on the GEMV kernels: on by default since the 2026-12-06 H100 visit
   // (op harness and gpt-oss goldens pass; gpt-oss-20b batch 1: 42.2% of floor against 29.5%
   // on the grouped GEMM, batch 8: 27.8% against 24.8%); SY_MXFP4_GEMV=0 turns it off (A/B).
-  const bool mxfp4_gemv_ = [] {
+  // SY_MXFP4_GEMV=warp: the warp GEMV (mxfp4_gemv_kernel) in place of the streamed tensor-core
+  // one (A/B; also what runs where the streamed one cannot: k > kStreamMaxK, unaligned rows).
+  enum class Mxfp4Path { kOff, kWarp, kStream };
+  const Mxfp4Path mxfp4_gemv_ = [] {
     const char* v = std::getenv("SY_MXFP4_GEMV");
-    return !(v && std::string_view(v) == "0");
+    const std::string_view value = v ? v : "";
+    return value == "0" ? Mxfp4Path::kOff : value == "warp" ? Mxfp4Path::kWarp : Mxfp4Path::kStream;
   }();
 };
 
