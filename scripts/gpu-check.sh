@@ -146,14 +146,14 @@ if want mxfp4-gemv; then
   # cases and its input-norm variants run) and the gpt-oss goldens on each GEMV, then gpt-oss-20b
   # decode on each path.
   section "MXFP4 few-token paths: op harness, gpt-oss goldens, decode A/B"
-  for gemv in stream warp; do
+  for gemv in stream warp; do  # (auto = warp at 1 token, stream at 2..8)
     SY_MXFP4_GEMV=$gemv SY_FUSED_MXFP4=1 run "mxfp4-ops-$gemv" timeout "${STAGE_TIMEOUT:-300}" "$carry/cuda_op_harness" \
       --filter MXFP4 --json "$OUT/op_harness_mxfp4_$gemv.json"
     SY_MXFP4_GEMV=$gemv SY_TEST_DEVICE=cuda run "mxfp4-golden-$gemv" timeout "${STAGE_TIMEOUT:-300}" "$carry/test_model" \
       --gtest_filter='*HfGolden*gptoss*:CudaAgreement.GptOss*' --gtest_brief=1
   done
   arm=0
-  for gemv in ${MXFP4_ARMS:-stream warp 0 stream warp}; do  # alternating: the machine drifts
+  for gemv in ${MXFP4_ARMS:-auto stream warp 0 auto stream warp}; do  # alternating: the machine drifts
     arm=$((arm + 1))
     SY_MXFP4_GEMV=$gemv run "mxfp4-bench-$gemv" timeout "${STAGE_TIMEOUT:-300}" "$carry/step_bench" \
       --device cuda --random-weights "$carry/gpt-oss-20b/config.json" --batches 1,8 --context 1024 --steps 32 \

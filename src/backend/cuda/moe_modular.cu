@@ -211,6 +211,26 @@ __global__ void to_bf16_kernel(const float* __restrict__ x, int64_t chunks,
   }
 }
 
+// x as hi and lo bf16 rows (the streamed MXFP4 GEMV's input): out [T, 2H], hi = x rounded,
+// lo = x - hi rounded. H % 8 == 0.
+__global__ void split_bf16_kernel(const float* __restrict__ x, int64_t tokens, int hidden,
+                                  __nv_bfloat16* __restrict__ out) {
+  const int64_t chunks = tokens * hidden / 4;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < chunks;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float4 v = reinterpret_cast<const float4*>(x)[i];
+    const int64_t t = 4 * i / hidden, h = 4 * i - t * hidden;
+    const __nv_bfloat162 hi01 = __floats2bfloat162_rn(v.x, v.y), hi23 = __floats2bfloat162_rn(v.z, v.w);
+    const float2 f01 = __bfloat1622float2(hi01), f23 = __bfloat1622float2(hi23);
+    const __nv_bfloat162 lo01 = __floats2bfloat162_rn(v.x - f01.x, v.y - f01.y),
+                         lo23 = __floats2bfloat162_rn(v.z - f23.x, v.w - f23.y);
+    __nv_bfloat16* row = out + t * 2 * hidden;
+    *reinterpret_cast<uint2*>(row + h) = make_uint2(*reinterpret_cast<const uint32_t*>(&hi01), *reinterpret_cast<const uint32_t*>(&hi23));
+    *reinterpret_cast<uint2*>(row + hidden + h) =
+        make_uint2(*reinterpret_cast<const uint32_t*>(&lo01), *reinterpret_cast<const uint32_t*>(&lo23));
+  }
+}
+
 // ---- Forward: grouped GEMMs ----
 
 struct GroupedGemm {
@@ -506,7 +526,7 @@ __global__ void simple_down_kernel(GroupedGemm g, int tile_m, int64_t padded_row
   }
 }
 
-// ---- Few-token MXFP4 experts: warp-per-rows GEMV (default; SY_MXFP4_GEMV=0: off) ----
+// ---- Few-token MXFP4 experts: warp-per-rows GEMV (one token by default; Mxfp4Path) ----
 //
 // A decode step of a few tokens has one row per (token, slot) pair: the grouped GEMM's 16-row mma
 // tiles and per-k-tile barriers then bound it by latency (gpt-oss-20b batch 1: 56 + 45 us a layer,
@@ -515,7 +535,6 @@ __global__ void simple_down_kernel(GroupedGemm g, int tile_m, int64_t padded_row
 // them to f32 (mxfp4_unscaled_bf16x8; the block's 2^(s - 127) scales each 32-value partial sum,
 // exactly), and dots them with the pair's f32 input. Floor: the touched experts' MXFP4 bytes once
 // per pair; pairs of one expert re-read its rows (from L2 when they run together).
-// Until a GPU visit has checked it against the CPU (op harness, goldens) it is opt-in.
 constexpr int kGemvMaxTokens = 8;
 constexpr int kGemvThreads = 256;
 constexpr int kGemvWarps = kGemvThreads / 32;
@@ -527,6 +546,10 @@ struct Mxfp4Gemv {
       nullptr;           // gate_up: hidden [T, H], row of pair p = p / top_k; down: act [pairs, I]
   float* out = nullptr;  // gate_up: act [pairs, I]; down: y [pairs, H]
   const int32_t* ids = nullptr;  // [pairs]
+  // The streamed kernel's input and gate_up output instead: rows of hi then lo bf16 (x = hi + lo,
+  // lo = x - hi rounded), [x rows, 2k] and [pairs, 2n].
+  const __nv_bfloat16* x_split = nullptr;
+  __nv_bfloat16* out_split = nullptr;
   int top_k = 0, experts = 0;
   int k = 0;  // H (gate_up) or I (down)
   int n = 0;  // output columns: I (gate_up) or H (down)
@@ -565,8 +588,7 @@ __global__ void __launch_bounds__(kGemvThreads) mxfp4_gemv_kernel(const __grid_c
                                : acc[j] + g.params.down_bias_of(e, first + j, g.n);
 }
 
-// ---- Few-token MXFP4 experts on tensor cores, streamed (default; SY_MXFP4_GEMV=warp: the
-// kernel above; SY_MXFP4_GEMV=0: the grouped GEMM) ----
+// ---- Few-token MXFP4 experts on tensor cores, streamed (2..8 tokens by default; Mxfp4Path) ----
 //
 // Why not the warp GEMV above: it loads a warp's rows once and then decodes and multiplies with
 // nothing in flight, and its f32 FMAs cost ~5.5 instructions a weight (gpt-oss-20b batch 1: 29-38%
@@ -600,8 +622,9 @@ constexpr int64_t stream_gemv_smem(int64_t k) {
 }
 
 // grid (ceil(rows / (16 * kStreamWarps)), pairs), kStreamThreads threads, stream_gemv_smem(k)
-// bytes: rows = 2n (gate_up) or n (down) of pair blockIdx.y's expert. Writes as
-// mxfp4_gemv_kernel (zeros for a pair never routed).
+// bytes: rows = 2n (gate_up) or n (down) of pair blockIdx.y's expert. Reads x_split (hi, lo);
+// gate_up writes the activations to out_split (hi, lo), down writes y (out) as
+// mxfp4_gemv_kernel does (zeros for a pair never routed).
 template <bool kGateUp>
 __global__ void __launch_bounds__(kStreamThreads) mxfp4_stream_gemv_kernel(const __grid_constant__ Mxfp4Gemv g) {
   extern __shared__ __align__(16) uint8_t smem[];
@@ -611,11 +634,15 @@ __global__ void __launch_bounds__(kStreamThreads) mxfp4_stream_gemv_kernel(const
   const int rows = kGateUp ? 2 * g.n : g.n;
   const int row0 = (static_cast<int>(blockIdx.x) * kStreamWarps + warp) * 16;  // this warp's first row
   const int32_t e = g.ids[pair];
-  float* out = g.out + static_cast<int64_t>(pair) * g.n;
+  float* out = g.out + static_cast<int64_t>(pair) * g.n;                  // down
+  __nv_bfloat16* out_split = g.out_split + static_cast<int64_t>(pair) * 2 * g.n;  // gate_up
   const int out0 = kGateUp ? row0 / 2 : row0;  // first output column of this warp
   const int outs = kGateUp ? 8 : 16;
   if (static_cast<uint32_t>(e) >= static_cast<uint32_t>(g.experts)) {  // whole block: one pair
-    if (lane < outs && out0 + lane < g.n) out[out0 + lane] = 0.0f;
+    if (lane < outs && out0 + lane < g.n) {
+      if (kGateUp) out_split[out0 + lane] = out_split[g.n + out0 + lane] = __float2bfloat16_rn(0.0f);
+      else out[out0 + lane] = 0.0f;
+    }
     return;
   }
   uint8_t* ring = smem + warp * kStreamStages * kStreamStageBytes;
@@ -650,32 +677,17 @@ __global__ void __launch_bounds__(kStreamThreads) mxfp4_stream_gemv_kernel(const
     const uint8_t* src = g.scales + (static_cast<int64_t>(e) * rows + row0) * kb;
     for (int c = lane; c < kb; c += 32) cp_async_16(smem_address(scales + c * 16), src + c * 16, true);
   }
+  // And the block's x, hi and lo (k / 8 chunks each).
+  const __nv_bfloat16* xs = g.x_split + static_cast<int64_t>(kGateUp ? pair / g.top_k : pair) * 2 * k;
+  for (int c = threadIdx.x; c < k / 4; c += kStreamThreads) {
+    const int half = c >= k / 8, at = (c - half * (k / 8)) * 8;
+    cp_async_16(smem_address((half ? x_lo : x_hi) + at), xs + half * k + at, true);
+  }
 #pragma unroll
   for (int st = 0; st < kStreamStages - 1; ++st) issue(st);
 
-  // While those are in flight: the block's x as hi/lo bf16, eight float4 loads at a time.
-  const float4* x4 = reinterpret_cast<const float4*>(g.x + static_cast<int64_t>(kGateUp ? pair / g.top_k : pair) * k);
-  for (int base = threadIdx.x; base < k / 4; base += 8 * kStreamThreads) {
-    float4 v[8];
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const int i = base + j * kStreamThreads;
-      v[j] = i < k / 4 ? x4[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    }
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const int i = base + j * kStreamThreads;
-      if (i >= k / 4) break;
-      const float f[4] = {v[j].x, v[j].y, v[j].z, v[j].w};
-#pragma unroll
-      for (int t = 0; t < 4; ++t) {
-        const __nv_bfloat16 hi = __float2bfloat16_rn(f[t]);
-        x_hi[4 * i + t] = hi;
-        x_lo[4 * i + t] = __float2bfloat16_rn(f[t] - __bfloat162float(hi));
-      }
-    }
-  }
-  __syncthreads();
+  cp_async_wait<kStreamStages - 2>();  // group 0: x, scales, stage 0
+  __syncthreads();                     // x came in by every thread's copies
 
   const int q = lane & 3, gr = lane >> 2;  // gr: the A rows gr, gr + 8 and B's column
   // Scales of mma rows gr and gr + 8 (row order in shared memory: gate_up's row 2c is mma row c).
@@ -718,7 +730,12 @@ __global__ void __launch_bounds__(kStreamThreads) mxfp4_stream_gemv_kernel(const
   if (q != 0) return;  // lanes q = 0 hold columns 0 and 1 of rows gr, gr + 8
   if (kGateUp) {
     const int col = out0 + gr;
-    if (col < g.n) out[col] = g.params.activate(e, col, g.n, acc_lo, acc_hi);
+    if (col < g.n) {
+      const float a = g.params.activate(e, col, g.n, acc_lo, acc_hi);
+      const __nv_bfloat16 hi = __float2bfloat16_rn(a);
+      out_split[col] = hi;
+      out_split[g.n + col] = __float2bfloat16_rn(a - __bfloat162float(hi));
+    }
   } else {
     if (out0 + gr < g.n) out[out0 + gr] = acc_lo + g.params.down_bias_of(e, out0 + gr, g.n);
     if (out0 + gr + 8 < g.n) out[out0 + gr + 8] = acc_hi + g.params.down_bias_of(e, out0 + gr + 8, g.n);
@@ -877,7 +894,9 @@ class ModularKernel final : public moe::ExpertsKernel {
         allocate(&tile_expert_, tiles * 4) && allocate(&tile_count_, 4) &&
         allocate(&act_, padded_rows * intermediate * 2) && allocate(&y_, pairs * hidden * 4) &&
         allocate(&act_f32_,
-                 std::min<int64_t>(max_tokens, kGemvMaxTokens) * top_k * intermediate * 4);
+                 std::min<int64_t>(max_tokens, kGemvMaxTokens) * top_k * intermediate * 4) &&
+        allocate(&x_split_, std::min<int64_t>(max_tokens, kGemvMaxTokens) * 2 * hidden * 2) &&
+        allocate(&act_split_, std::min<int64_t>(max_tokens, kGemvMaxTokens) * top_k * 2 * intermediate * 2);
     if (!ok) {
       release();
       return Status::error(
@@ -1067,7 +1086,8 @@ class ModularKernel final : public moe::ExpertsKernel {
     // The streamed tensor-core kernel needs its k in shared memory, 16-byte aligned rows and
     // scales, and row counts (2I, H) that are multiples of 16 (I is a multiple of 32 already).
     const auto aligned = [](const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data) % 16 == 0; };
-    if (mxfp4_gemv_ == Mxfp4Path::kStream && std::max(hidden_, intermediate_) <= kStreamMaxK && hidden_ % 16 == 0 &&
+    const bool stream_path = mxfp4_gemv_ == Mxfp4Path::kStream || (mxfp4_gemv_ == Mxfp4Path::kAuto && pairs > top_k_);
+    if (stream_path && std::max(hidden_, intermediate_) <= kStreamMaxK && hidden_ % 16 == 0 &&
         aligned(w.gate_up) && aligned(w.down) && aligned(w.gate_up_scales) && aligned(w.down_scales)) {
       auto stream_launch = [&](auto kernel, const Tensor& blocks, const Tensor& scales, const float* x, float* out,
                                int64_t k, int64_t n, int64_t rows) {
@@ -1081,9 +1101,17 @@ class ModularKernel final : public moe::ExpertsKernel {
         kernel<<<grid, kStreamThreads, static_cast<size_t>(stream_gemv_smem(k)), stream>>>(g);
         SY_CUDA_LAUNCH_CHECK("mxfp4_stream_gemv_kernel");
       };
-      stream_launch(mxfp4_stream_gemv_kernel<true>, w.gate_up, w.gate_up_scales, hidden, act_f32_, hidden_,
+      const int64_t tokens = pairs / top_k_;
+      split_bf16_kernel<<<static_cast<unsigned>(ceil_div(tokens * hidden_ / 4, 256)), 256, 0, stream>>>(
+          hidden, tokens, static_cast<int>(hidden_), x_split_);
+      SY_CUDA_LAUNCH_CHECK("split_bf16_kernel");
+      g.x_split = x_split_;
+      g.out_split = act_split_;
+      stream_launch(mxfp4_stream_gemv_kernel<true>, w.gate_up, w.gate_up_scales, nullptr, nullptr, hidden_,
                     intermediate_, 2 * intermediate_);
-      stream_launch(mxfp4_stream_gemv_kernel<false>, w.down, w.down_scales, act_f32_, y_, intermediate_, hidden_,
+      g.x_split = act_split_;
+      g.out_split = nullptr;
+      stream_launch(mxfp4_stream_gemv_kernel<false>, w.down, w.down_scales, nullptr, y_, intermediate_, hidden_,
                     hidden_);
       return;
     }
@@ -1174,8 +1202,10 @@ class ModularKernel final : public moe::ExpertsKernel {
     for (void* p : {static_cast<void*>(ids_), static_cast<void*>(weights_),
                     static_cast<void*>(x_bf16_), static_cast<void*>(perm_),
                     static_cast<void*>(tile_expert_), static_cast<void*>(tile_count_),
-                    static_cast<void*>(act_), static_cast<void*>(y_), static_cast<void*>(act_f32_)})
+                    static_cast<void*>(act_), static_cast<void*>(y_), static_cast<void*>(act_f32_),
+                    static_cast<void*>(x_split_), static_cast<void*>(act_split_)})
       if (p) cudaFree(p);
+    x_split_ = nullptr, act_split_ = nullptr;
     ids_ = nullptr, weights_ = nullptr, x_bf16_ = nullptr, perm_ = nullptr, tile_expert_ = nullptr;
     tile_count_ = nullptr, act_ = nullptr, y_ = nullptr, act_f32_ = nullptr;
   }
@@ -1193,16 +1223,24 @@ class ModularKernel final : public moe::ExpertsKernel {
   __nv_bfloat16* act_ = nullptr;     // [P, I] SiLU(gate) * up
   float* y_ = nullptr;               // [T*K, H] each pair's expert output
   float* act_f32_ = nullptr;         // [min(T, kGemvMaxTokens) * K, I] the MXFP4 GEMV's activations
+  __nv_bfloat16* x_split_ = nullptr;    // [min(T, kGemvMaxTokens), 2H] the streamed GEMV's hidden (hi, lo)
+  __nv_bfloat16* act_split_ = nullptr;  // [min(T, kGemvMaxTokens) * K, 2I] its activations (hi, lo)
   // Few-token MXFP4 steps on the GEMV kernels: on by default since the 2026-12-06 H100 visit
   // (op harness and gpt-oss goldens pass; gpt-oss-20b batch 1: 42.2% of floor against 29.5%
   // on the grouped GEMM, batch 8: 27.8% against 24.8%); SY_MXFP4_GEMV=0 turns it off (A/B).
-  // SY_MXFP4_GEMV=warp: the warp GEMV (mxfp4_gemv_kernel) in place of the streamed tensor-core
-  // one (A/B; also what runs where the streamed one cannot: k > kStreamMaxK, unaligned rows).
-  enum class Mxfp4Path { kOff, kWarp, kStream };
+  // Which few-token kernel: by default (kAuto) the warp GEMV for one token and the streamed one
+  // for 2..8 (gpt-oss-20b shapes, H100, 2026-12-06: batch 1 2.90 against 2.95 ms, batch 8 10.70
+  // against 9.92 ms; nothing measured between). SY_MXFP4_GEMV=stream or =warp: always that one;
+  // SY_MXFP4_GEMV=0: the grouped GEMM. The warp GEMV also runs where the streamed one cannot
+  // (k > kStreamMaxK, unaligned rows or scales).
+  enum class Mxfp4Path { kOff, kAuto, kWarp, kStream };
   const Mxfp4Path mxfp4_gemv_ = [] {
     const char* v = std::getenv("SY_MXFP4_GEMV");
     const std::string_view value = v ? v : "";
-    return value == "0" ? Mxfp4Path::kOff : value == "warp" ? Mxfp4Path::kWarp : Mxfp4Path::kStream;
+    return value == "0"        ? Mxfp4Path::kOff
+           : value == "warp"   ? Mxfp4Path::kWarp
+           : value == "stream" ? Mxfp4Path::kStream
+                               : Mxfp4Path::kAuto;
   }();
 };
 
