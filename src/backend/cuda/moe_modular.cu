@@ -1071,17 +1071,11 @@ class ModularKernel final : public moe::ExpertsKernel {
     g.top_k = static_cast<int>(top_k_);
     g.experts = static_cast<int>(experts_);
     g.params = experts;
-    auto launch = [&](auto kernel, int outputs_per_warp, const Tensor& blocks, const Tensor& scales, const float* x,
-                      float* out, int64_t k, int64_t n) {
+    auto bind = [&](const Tensor& blocks, const Tensor& scales, int64_t k, int64_t n) {
       g.blocks = blocks.ptr<uint8_t>();
       g.scales = scales.ptr<uint8_t>();
-      g.x = x;
-      g.out = out;
       g.k = static_cast<int>(k);
       g.n = static_cast<int>(n);
-      const dim3 grid(static_cast<unsigned>(ceil_div(n, outputs_per_warp * kGemvWarps)), static_cast<unsigned>(pairs));
-      kernel<<<grid, kGemvThreads, 0, stream>>>(g);
-      SY_CUDA_LAUNCH_CHECK("mxfp4_gemv_kernel");
     };
     // The streamed tensor-core kernel needs its k in shared memory, 16-byte aligned rows and
     // scales, and row counts (2I, H) that are multiples of 16 (I is a multiple of 32 already).
@@ -1089,34 +1083,37 @@ class ModularKernel final : public moe::ExpertsKernel {
     const bool stream_path = mxfp4_gemv_ == Mxfp4Path::kStream || (mxfp4_gemv_ == Mxfp4Path::kAuto && pairs > top_k_);
     if (stream_path && std::max(hidden_, intermediate_) <= kStreamMaxK && hidden_ % 16 == 0 &&
         aligned(w.gate_up) && aligned(w.down) && aligned(w.gate_up_scales) && aligned(w.down_scales)) {
-      auto stream_launch = [&](auto kernel, const Tensor& blocks, const Tensor& scales, const float* x, float* out,
-                               int64_t k, int64_t n, int64_t rows) {
-        g.blocks = blocks.ptr<uint8_t>();
-        g.scales = scales.ptr<uint8_t>();
-        g.x = x;
-        g.out = out;
-        g.k = static_cast<int>(k);
-        g.n = static_cast<int>(n);
+      auto launch = [&](auto kernel, int64_t rows) {
         const dim3 grid(static_cast<unsigned>(ceil_div(rows, 16 * kStreamWarps)), static_cast<unsigned>(pairs));
-        kernel<<<grid, kStreamThreads, static_cast<size_t>(stream_gemv_smem(k)), stream>>>(g);
+        kernel<<<grid, kStreamThreads, static_cast<size_t>(stream_gemv_smem(g.k)), stream>>>(g);
         SY_CUDA_LAUNCH_CHECK("mxfp4_stream_gemv_kernel");
       };
       const int64_t tokens = pairs / top_k_;
       split_bf16_kernel<<<static_cast<unsigned>(ceil_div(tokens * hidden_ / 4, 256)), 256, 0, stream>>>(
           hidden, tokens, static_cast<int>(hidden_), x_split_);
       SY_CUDA_LAUNCH_CHECK("split_bf16_kernel");
+      bind(w.gate_up, w.gate_up_scales, hidden_, intermediate_);
       g.x_split = x_split_;
       g.out_split = act_split_;
-      stream_launch(mxfp4_stream_gemv_kernel<true>, w.gate_up, w.gate_up_scales, nullptr, nullptr, hidden_,
-                    intermediate_, 2 * intermediate_);
+      launch(mxfp4_stream_gemv_kernel<true>, 2 * intermediate_);
+      bind(w.down, w.down_scales, intermediate_, hidden_);
       g.x_split = act_split_;
-      g.out_split = nullptr;
-      stream_launch(mxfp4_stream_gemv_kernel<false>, w.down, w.down_scales, nullptr, y_, intermediate_, hidden_,
-                    hidden_);
+      g.out = y_;
+      launch(mxfp4_stream_gemv_kernel<false>, hidden_);
       return;
     }
-    launch(mxfp4_gemv_kernel<true>, 2, w.gate_up, w.gate_up_scales, hidden, act_f32_, hidden_, intermediate_);
-    launch(mxfp4_gemv_kernel<false>, 4, w.down, w.down_scales, act_f32_, y_, intermediate_, hidden_);
+    auto launch = [&](auto kernel, int outputs_per_warp, const float* x, float* out) {
+      g.x = x;
+      g.out = out;
+      const dim3 grid(static_cast<unsigned>(ceil_div(g.n, outputs_per_warp * kGemvWarps)),
+                      static_cast<unsigned>(pairs));
+      kernel<<<grid, kGemvThreads, 0, stream>>>(g);
+      SY_CUDA_LAUNCH_CHECK("mxfp4_gemv_kernel");
+    };
+    bind(w.gate_up, w.gate_up_scales, hidden_, intermediate_);
+    launch(mxfp4_gemv_kernel<true>, 2, hidden, act_f32_);
+    bind(w.down, w.down_scales, intermediate_, hidden_);
+    launch(mxfp4_gemv_kernel<false>, 4, act_f32_, y_);
   }
 
   // Everything forward() needs to be true of its arguments, as errors naming the offender.
