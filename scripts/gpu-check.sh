@@ -161,17 +161,17 @@ if want mxfp4-gemv; then
   done
 fi
 if want mxfp4-stream-shape; then
-  # The streamed MXFP4 GEMV's stage width (SY_MXFP4_STREAM_BLOCKS 8 | 16 | 32: 128, 256 or 512
+  # The streamed MXFP4 GEMV's stage shape (SY_MXFP4_STREAM_BLOCKS default | 8e | 16 | 32: 128, 128, 256 or 512
   # bytes of each row a stage): does DRAM page locality bound it? The op harness's MXFP4 group on
   # each width (the sums are the same), then gpt-oss-20b decode with every few-token step on the
   # streamed kernel, widths alternating.
   section "MXFP4 streamed GEMV stage widths: op harness, decode A/B"
-  for blocks in 16 32; do
+  for blocks in 8e 16 32; do
     SY_MXFP4_GEMV=stream SY_MXFP4_STREAM_BLOCKS=$blocks run "mxfp4-shape-ops-$blocks" timeout "${STAGE_TIMEOUT:-300}" \
       "$carry/cuda_op_harness" --filter MXFP4
   done
   arm=0
-  for blocks in 8 16 32 8 16 32; do
+  for blocks in default 8e 16 32 default 8e 16 32; do
     arm=$((arm + 1))
     SY_MXFP4_GEMV=stream SY_MXFP4_STREAM_BLOCKS=$blocks run "mxfp4-shape-bench-$blocks" timeout "${STAGE_TIMEOUT:-300}" \
       "$carry/step_bench" --device cuda --random-weights "$carry/gpt-oss-20b/config.json" --batches 1,8 --context 1024 \

@@ -613,12 +613,15 @@ constexpr int kStreamThreads = kStreamWarps * 32;
 constexpr int kStreamMaxK = 8192;  // x (hi, lo) and scales in shared memory
 
 // A stage: kBlocks MXFP4 blocks (32 values, 16 bytes) of each of a warp's 16 rows; kStages of
-// them in the ring. The default 8 x 4 reads 128 bytes of a row at a time; 16 x 3 and 32 x 2
-// (SY_MXFP4_STREAM_BLOCKS=16|32) read 256 and 512 (an experiment: does DRAM page locality bound
-// the kernel? The sums are the same, in the same order, for every shape).
-template <int kBlocks, int kStages>
+// them in the ring; kEarly: a stage's successor S - 1 on is issued before the stage is computed
+// (S - 1 stages in flight while computing; else after, S - 2). The default 8 x 4 (late) reads 128
+// bytes of a row at a time. An experiment, not yet run on a GPU (SY_MXFP4_STREAM_BLOCKS=8e|16|32:
+// 8 x 4, 16 x 3 and 32 x 2, all early): does DRAM page locality bound the kernel? The sums are
+// the same, in the same order, for every shape.
+template <int kBlocks, int kStages, bool kEarly>
 struct StreamShape {
   static constexpr int kStageBlocks = kBlocks, kRingStages = kStages;
+  static constexpr bool kIssueEarly = kEarly;
   static constexpr int kRowStride = kBlocks * 16 + 16;  // padded: rows g fall in distinct banks
   static constexpr int kStageBytes = 16 * kRowStride;
   // Shared memory of one block for k: per warp the ring and its rows' scales; x's hi and lo.
@@ -626,9 +629,10 @@ struct StreamShape {
     return kStreamWarps * (kStages * kStageBytes + 16 * (k / 32)) + (2 * k + 32) * 2;
   }
 };
-using StreamShape8 = StreamShape<8, 4>;
-using StreamShape16 = StreamShape<16, 3>;
-using StreamShape32 = StreamShape<32, 2>;
+using StreamShape8 = StreamShape<8, 4, false>;
+using StreamShape8Early = StreamShape<8, 4, true>;
+using StreamShape16 = StreamShape<16, 3, true>;
+using StreamShape32 = StreamShape<32, 2, true>;
 
 // grid (ceil(rows / (16 * kStreamWarps)), pairs), kStreamThreads threads, stream_gemv_smem(k)
 // bytes: rows = 2n (gate_up) or n (down) of pair blockIdx.y's expert. Reads x_split (hi, lo);
@@ -710,6 +714,9 @@ __global__ void __launch_bounds__(kStreamThreads)
   for (int st = 0; st < stages; ++st) {
     cp_async_wait<kStreamStages - 2>();
     __syncwarp();
+    // (Early: the buffer it fills held stage st - 1, which every lane finished before the last
+    // __syncwarp.)
+    if (Shape::kIssueEarly) issue(st + kStreamStages - 1);
     const uint8_t* buf = ring + (st % kStreamStages) * kStreamStageBytes;
     // Unrolled by 8: the blocks' loads, decodes and mma pairs are independent until the sums,
     // which stay in block order.
@@ -743,7 +750,7 @@ __global__ void __launch_bounds__(kStreamThreads)
       }
     }
     __syncwarp();  // every lane is done with this buffer before it is refilled
-    issue(st + kStreamStages - 1);
+    if (!Shape::kIssueEarly) issue(st + kStreamStages - 1);
   }
   cp_async_wait<0>();
   if (q != 0) return;  // lanes q = 0 hold columns 0 and 1 of rows gr, gr + 8
@@ -939,6 +946,7 @@ class ModularKernel final : public moe::ExpertsKernel {
     allow_shared_memory<LargeTile>(max_k);
     const int64_t stream_k = std::min<int64_t>(max_k, kStreamMaxK);
     allow_stream_shared_memory<StreamShape8>(stream_k);
+    allow_stream_shared_memory<StreamShape8Early>(stream_k);
     allow_stream_shared_memory<StreamShape16>(stream_k);
     allow_stream_shared_memory<StreamShape32>(stream_k);
     return Status::ok();
@@ -1124,10 +1132,12 @@ class ModularKernel final : public moe::ExpertsKernel {
         SY_CUDA_LAUNCH_CHECK("mxfp4_stream_gemv_kernel");
       };
       auto launch = [&](auto gate_up, int64_t rows) {
-        if (stream_blocks_ == 32)
+        if (stream_shape_ == "32")
           launch_shape(gate_up, StreamShape32{}, rows);
-        else if (stream_blocks_ == 16)
+        else if (stream_shape_ == "16")
           launch_shape(gate_up, StreamShape16{}, rows);
+        else if (stream_shape_ == "8e")
+          launch_shape(gate_up, StreamShape8Early{}, rows);
         else
           launch_shape(gate_up, StreamShape8{}, rows);
       };
@@ -1274,12 +1284,10 @@ class ModularKernel final : public moe::ExpertsKernel {
   // SY_MXFP4_GEMV=0: the grouped GEMM. The warp GEMV also runs where the streamed one cannot
   // (k > kStreamMaxK, unaligned rows or scales).
   enum class Mxfp4Path { kOff, kAuto, kWarp, kStream };
-  // The streamed kernel's stage width in MXFP4 blocks (StreamShape): SY_MXFP4_STREAM_BLOCKS=16|32,
-  // else 8.
-  const int stream_blocks_ = [] {
+  // The streamed kernel's StreamShape: SY_MXFP4_STREAM_BLOCKS=8e|16|32, else the default.
+  const std::string_view stream_shape_ = [] {
     const char* v = std::getenv("SY_MXFP4_STREAM_BLOCKS");
-    const std::string_view value = v ? v : "";
-    return value == "32" ? 32 : value == "16" ? 16 : 8;
+    return std::string_view(v ? v : "");
   }();
   const Mxfp4Path mxfp4_gemv_ = [] {
     const char* v = std::getenv("SY_MXFP4_GEMV");
