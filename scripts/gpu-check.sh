@@ -243,12 +243,13 @@ if want routes-ab; then
     KV_TOKENS=200000 run routes-ab timeout 500 bash bench/routes_ab.sh build "$OUT/routes_ab_cuda.json"
 fi
 if want ab; then
-  # Batch-1 decode (48 layers) under each experiment knob of AB_VARIANTS (space-separated
-  # VAR=value, "-" for none), the same process order every time: the knobs' effect in one run.
+  # Batch-1 decode (48 layers; AB_CONFIG: another config-only model) under each experiment knob
+  # of AB_VARIANTS (space-separated VAR=value, "-" for none), the same process order every time:
+  # the knobs' effect in one run.
   section "batch-1 decode A/B over experiment knobs"
   for variant in ${AB_VARIANTS:--}; do
     echo "--- variant: $variant"
-    env ${variant#-} "$carry/step_bench" --device cuda --random-weights "$carry/qwen3-30b-a3b/config.json" \
+    env ${variant#-} "$carry/step_bench" --device cuda --random-weights "${AB_CONFIG:-$carry/qwen3-30b-a3b/config.json}" \
       --batches 1 --context 1024 --steps 64 --ab-pairs 0 --prefill 0 --bandwidth-gbs "$bandwidth" 2>&1 | grep "decode batch"
   done
 fi
