@@ -1121,7 +1121,9 @@ class ModularKernel final : public moe::ExpertsKernel {
     // The streamed tensor-core kernel needs its k in shared memory, 16-byte aligned rows and
     // scales, and row counts (2I, H) that are multiples of 16 (I is a multiple of 32 already).
     const auto aligned = [](const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data) % 16 == 0; };
-    const bool stream_path = mxfp4_gemv_ == Mxfp4Path::kStream || (mxfp4_gemv_ == Mxfp4Path::kAuto && pairs > top_k_);
+    const int64_t tokens = pairs / top_k_;
+    const bool stream_path =
+        mxfp4_gemv_ == Mxfp4Path::kStream || (mxfp4_gemv_ == Mxfp4Path::kAuto && tokens > 1);
     if (stream_path && std::max(hidden_, intermediate_) <= kStreamMaxK && hidden_ % 16 == 0 &&
         aligned(w.gate_up) && aligned(w.down) && aligned(w.gate_up_scales) && aligned(w.down_scales)) {
       auto launch_shape = [&](auto gate_up, auto shape, int64_t rows) {
@@ -1132,16 +1134,17 @@ class ModularKernel final : public moe::ExpertsKernel {
         SY_CUDA_LAUNCH_CHECK("mxfp4_stream_gemv_kernel");
       };
       auto launch = [&](auto gate_up, int64_t rows) {
-        if (stream_shape_ == "32")
-          launch_shape(gate_up, StreamShape32{}, rows);
-        else if (stream_shape_ == "16")
-          launch_shape(gate_up, StreamShape16{}, rows);
-        else if (stream_shape_ == "8e")
-          launch_shape(gate_up, StreamShape8Early{}, rows);
-        else
-          launch_shape(gate_up, StreamShape8{}, rows);
+        switch (stream_shape_) {
+          case StreamShapeName::k32:
+            return launch_shape(gate_up, StreamShape32{}, rows);
+          case StreamShapeName::k16:
+            return launch_shape(gate_up, StreamShape16{}, rows);
+          case StreamShapeName::k8Early:
+            return launch_shape(gate_up, StreamShape8Early{}, rows);
+          case StreamShapeName::kDefault:
+            return launch_shape(gate_up, StreamShape8{}, rows);
+        }
       };
-      const int64_t tokens = pairs / top_k_;
       split_bf16_kernel<<<static_cast<unsigned>(ceil_div(tokens * hidden_ / 4, 256)), 256, 0, stream>>>(
           hidden, tokens, static_cast<int>(hidden_), x_split_);
       SY_CUDA_LAUNCH_CHECK("split_bf16_kernel");
@@ -1285,9 +1288,14 @@ class ModularKernel final : public moe::ExpertsKernel {
   // (k > kStreamMaxK, unaligned rows or scales).
   enum class Mxfp4Path { kOff, kAuto, kWarp, kStream };
   // The streamed kernel's StreamShape: SY_MXFP4_STREAM_BLOCKS=8e|16|32, else the default.
-  const std::string_view stream_shape_ = [] {
+  enum class StreamShapeName { kDefault, k8Early, k16, k32 };
+  const StreamShapeName stream_shape_ = [] {
     const char* v = std::getenv("SY_MXFP4_STREAM_BLOCKS");
-    return std::string_view(v ? v : "");
+    const std::string_view value = v ? v : "";
+    return value == "32"   ? StreamShapeName::k32
+           : value == "16" ? StreamShapeName::k16
+           : value == "8e" ? StreamShapeName::k8Early
+                           : StreamShapeName::kDefault;
   }();
   const Mxfp4Path mxfp4_gemv_ = [] {
     const char* v = std::getenv("SY_MXFP4_GEMV");
