@@ -44,9 +44,6 @@ struct AttentionBatch {
   // head joins each query's softmax denominator (weights over the keys then sum to < 1). Only
   // backends that report BackendFeature::kAttentionSinks read it.
   const Tensor* sinks = nullptr;
-  // Set per layer by the decoder: the weights read right after attention (its output
-  // projection). Decode attention is latency-bound, so the memory system has room meanwhile.
-  PrefetchHint prefetch;
 };
 
 // Operations added for architectures beyond Qwen3-MoE. A backend lists those it implements; the

@@ -449,17 +449,6 @@ Status Decoder::forward(const Model& model, const StepInputs& in, StepOutputs& o
       Status status = all_reduce_(partial);
       if (!status && layer_status) layer_status = status.with_context("tensor-parallel all-reduce: ");
     };
-    // The weights layer `next` reads first (its q, k, v projections), for a hint to the op
-    // before it; none past the last layer or for other attention kinds.
-    auto next_layer_inputs = [&](int64_t next) {
-      PrefetchHint hint;
-      if (next >= layers) return hint;
-      const AttentionSpec& spec = c.layers[static_cast<size_t>(next)].attention;
-      if (spec.linear || spec.output_gate || spec.latent) return hint;
-      const AttentionWeights& na = wt.layers[static_cast<size_t>(next)].attention;
-      hint.weights = {&na.q_proj, &na.k_proj, &na.v_proj};
-      return hint;
-    };
     const Tensor* pending = nullptr;
     for (int64_t layer = 0; layer < layers; ++layer) {
       const LayerWeights& lw = wt.layers[static_cast<size_t>(layer)];
@@ -563,14 +552,12 @@ Status Decoder::forward(const Model& model, const StepInputs& in, StepOutputs& o
         const Tensor* k_norm = per_head ? &a.k_norm : nullptr;
         batch.sliding_window = attention.sliding_window;
         batch.sinks = attention.sinks ? &a.sinks : nullptr;
-        batch.prefetch = PrefetchHint{{&a.o_proj}};
         if (!backend_.qk_prep_attention(q, k, vv, q_norm, k_norm, c.rms_norm_eps, batch, rope,
                                         k_cache_[layer], v_cache_[layer], scale, attn)) {
           backend_.qk_norm_rope_write_kv(q, k, vv, q_norm, k_norm, c.rms_norm_eps, batch, rope,
                                          k_cache_[layer], v_cache_[layer]);
           backend_.attention(q, k_cache_[layer], v_cache_[layer], batch, scale, attn);
         }
-        batch.prefetch = {};
         backend_.matmul(attn, a.o_proj, a.o_bias.data ? &a.o_bias : nullptr, block_out);
       }
       reduce(block_out);
@@ -597,7 +584,6 @@ Status Decoder::forward(const Model& model, const StepInputs& in, StepOutputs& o
         args.spec = c.router_spec();
         args.experts = c.experts;
         args.routes = routes;
-        args.prefetch = next_layer_inputs(layer + 1);
         Status status = lw.moe.local_experts >= 0 && !kernel.computes_expert_subset()
                             ? Status::error(ErrorCode::kUnsupported,
                                             "expert parallel needs a kernel that computes an expert subset "

@@ -88,9 +88,6 @@ struct MoeForwardArgs {
   RouterSpec spec;
   ExpertSpec experts;
   RouteBuffers routes;
-  // The weights the next layer reads first (its attention's input projections), for kernels
-  // with phases that leave the memory system idle (a one-token step's top-k and grouping).
-  PrefetchHint prefetch;
 };
 
 class ExpertsKernel {

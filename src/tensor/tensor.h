@@ -61,12 +61,4 @@ struct Tensor {
   std::string shape_string() const;
 };
 
-// Weights that the ops right after the one it is passed to read first. An op that leaves the
-// memory system idle for a while (decode attention, a router's top-k) may start moving them into
-// the device's cache meanwhile. A hint: no result depends on it, and a backend may ignore it.
-struct PrefetchHint {
-  static constexpr int kMaxWeights = 3;
-  std::array<const Tensor*, kMaxWeights> weights{};
-};
-
 }  // namespace sy

@@ -252,9 +252,6 @@ void attention_case(Harness& h, Case& c, const HeadConfig& hc, Kind kind, int bl
     batch->sliding_window = options.window;
     batch->sinks = options.sinks ? sink : nullptr;
   }
-  // A prefetch hint (meant for weights; any device tensors do, odd sizes included): no output
-  // may change.
-  b.dev.prefetch = PrefetchHint{{&q.dev, &dev_k, &sinks.dev}};
   h.cpu.write_kv(k.cpu, v.cpu, cpu_k, cpu_v, b.cpu);
   h.cpu.attention(q.cpu, cpu_k, cpu_v, b.cpu, scale, out.cpu);
   h.device.write_kv(k.dev, v.dev, dev_k, dev_v, b.dev);
@@ -368,7 +365,6 @@ void prep_attention_case(Harness& h, Case& c, const HeadConfig& hc, int block_si
   const backend::RopeSpec spec{1e6, head_dim};
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
   Tensor out[2];
-  b.dev.prefetch = PrefetchHint{{&v, &q_norm}};  // a hint: changes nothing
   for (int fused = 0; fused < 2; ++fused) {
     Tensor q = buffers.f32(q_host, {tokens, heads, head_dim}), k = buffers.f32(k_host, {tokens, kv_heads, head_dim});
     out[fused] = buffers.alloc(DType::kF32, {tokens, heads * head_dim});

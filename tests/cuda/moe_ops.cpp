@@ -308,7 +308,6 @@ Run forward(Backend& backend, Buffers& buffers, moe::ExpertsKernel& kernel, cons
   args.weights = &weights;
   args.spec = spec;
   args.experts = expert_spec_of(weights);
-  args.prefetch = PrefetchHint{{&weights.router, &weights.gate_up, &weights.down}};  // a hint: changes nothing
   Tensor sink;
   if (capture) {
     sink = buffers.alloc(DType::kI32, {T, kLayers, K});

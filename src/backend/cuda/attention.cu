@@ -85,13 +85,6 @@ struct KernelArgs {
   unsigned long long* stamps = nullptr;  // SY_ATTN_STAMPS=1 (experiments): [blocks, kAttnStamps]
 };
 
-__device__ __forceinline__ int block_index() {
-  return static_cast<int>(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z));
-}
-__device__ __forceinline__ int block_count() {
-  return static_cast<int>(gridDim.x * gridDim.y * gridDim.z);
-}
-
 // Phase timer of the one-token decode launches (SY_ATTN_STAMPS=1, no graphs): thread 0 of each
 // block writes %globaltimer at each phase; a phase a block never reaches stays 0.
 constexpr int kAttnStamps = 12;
@@ -99,7 +92,8 @@ __device__ __forceinline__ void attn_stamp(const KernelArgs& a, int phase) {
   if (a.stamps && threadIdx.x == 0) {
     unsigned long long t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    a.stamps[block_index() * kAttnStamps + phase] = t;
+    const unsigned block = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+    a.stamps[block * kAttnStamps + phase] = t;
   }
 }
 
@@ -423,7 +417,6 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const __grid_consta
     if (a.splits > 1 && range.begin >= range.end) {
       // No keys at all (no split writes): split 0 writes the zeros a single pass would.
       overlap_prologue();
-      if (tid == 0) issue_l2_prefetch(p.prefetch, block_index(), block_count());
       if (context == 0 && blockIdx.z == 0)
         for (int i = tid; i < rows * head_dim; i += kThreads)
           p.out[(static_cast<int64_t>(s_token[i / head_dim]) * p.heads + s_head[i / head_dim]) * head_dim +
@@ -576,9 +569,6 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const __grid_consta
     load_tile(0, skip);
     cp_async_commit();
     overlap_prologue();
-    // After the wait: the previous kernel (the q/k/v projection) no longer streams its weights;
-    // this block's key loads are already queued ahead of the prefetch.
-    if (tid == 0) issue_l2_prefetch(p.prefetch, block_index(), block_count());
     attn_stamp(a, 3);
     if (a.prep.q) {
       const int own = context - 1;  // this step's key, written by the split that holds it

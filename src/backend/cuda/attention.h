@@ -15,7 +15,6 @@
 #include <cstdint>
 
 #include "backend/cuda/cuda_context.h"
-#include "backend/cuda/l2_prefetch.cuh"
 
 namespace sy::backend::cuda {
 
@@ -77,9 +76,6 @@ struct AttentionParams {
   // Host-side facts about the step: 1 = every sequence has one query token (decode kernel).
   int64_t max_query_len = 1;
   int64_t max_context_len = 0;  // prefill kernel only (decode must not depend on it)
-  // Few-token decode: weights the next ops read (AttentionBatch::prefetch), prefetched into L2 by
-  // the decode blocks once the previous kernel has finished.
-  L2Prefetch prefetch;
 };
 
 // Scratch the decode kernel needs for up to `max_decode_tokens` tokens (reserved once), and its

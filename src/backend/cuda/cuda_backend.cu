@@ -54,7 +54,6 @@ class CudaBackend final : public Backend {
     SY_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
     context_.sm_count = prop.multiProcessorCount;
     context_.shared_memory_per_block_optin = prop.sharedMemPerBlockOptin;
-    context_.l2_bytes = prop.l2CacheSize;
     device_name_ = prop.name;
   }
 
@@ -528,8 +527,6 @@ class CudaBackend final : public Backend {
     p.max_context_len = batch.max_context_len;
     if (p.max_query_len == 1 && p.tokens > attention_decode_tokens_)
       cuda_fail("attention", "decode step larger than reserved", __FILE__, __LINE__);
-    if (p.max_query_len == 1 && p.tokens <= kPrefetchMaxTokens)
-      p.prefetch = make_l2_prefetch(batch.prefetch, context_.l2_bytes * 3 / 4);
     return p;
   }
   void qk_norm_rope_write_kv(Tensor& q, Tensor& k, const Tensor& v, const Tensor* q_norm, const Tensor* k_norm,

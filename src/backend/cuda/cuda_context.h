@@ -23,7 +23,6 @@ struct CudaContext {
   size_t cublas_workspace_bytes = 0;
   int sm_count = 0;
   size_t shared_memory_per_block_optin = 0;
-  int64_t l2_bytes = 0;  // the L2 cache's size (PrefetchHint's limit)
 };
 
 [[noreturn]] inline void cuda_fail(const char* what, const char* error, const char* file, int line) {

@@ -17,7 +17,6 @@
 #include <cstdlib>
 #include <vector>
 
-#include "backend/cuda/l2_prefetch.cuh"
 #include "backend/cuda/moe_kernels.h"
 #include "backend/cuda/moe_route.cuh"
 #include "backend/cuda/mxfp4.cuh"
@@ -80,9 +79,6 @@ struct FusedLaunch {
   const float* delta = nullptr;
   const float* norm_weight = nullptr;
   float eps = 0.0f;
-  // The next layer's first weights (MoeForwardArgs::prefetch), into L2 while the blocks select
-  // and group the routes (no weight traffic then).
-  L2Prefetch prefetch;
   unsigned long long* stamps = nullptr;  // SY_FUSED_STAMPS=1: [grid, kStamps] %globaltimer per phase
   bool general_grouping = false;  // SY_FUSED_GENERAL_GROUPING=1 (experiments): no few-pairs path
 };
@@ -228,11 +224,9 @@ __host__ __device__ constexpr int ring_words(int norm_vec) {
   return norm_vec == 1 || norm_vec == 2 ? kWarps * kRingWordsPerWarp : 0;
 }
 
-// Evict-first, like load_weights: the experts stream must not push the next layer's prefetched
-// weights (FusedLaunch::prefetch) out of L2.
-__device__ __forceinline__ void ring_copy_16(void* dst, const void* src, bool fill, uint64_t policy) {
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n"
-               ::"r"(static_cast<unsigned>(__cvta_generic_to_shared(dst))), "l"(src), "r"(fill ? 16 : 0), "l"(policy)
+__device__ __forceinline__ void ring_copy_16(void* dst, const void* src, bool fill) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(static_cast<unsigned>(__cvta_generic_to_shared(dst))),
+               "l"(src), "r"(fill ? 16 : 0)
                : "memory");
 }
 __device__ __forceinline__ void ring_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
@@ -246,7 +240,6 @@ __device__ void gate_up_ring(const __nv_bfloat16* gate_up, const float* hidden, 
                              const int32_t* sorted, uint4* ring, const ExpertParams& experts) {
   const int lane = threadIdx.x & 31;
   const int64_t stages = 2 * (end - begin);
-  const uint64_t policy = evict_first_policy();
   auto issue = [&](int64_t q) {
     if (q < stages) {
       const int64_t item = begin + q / 2;
@@ -260,7 +253,7 @@ __device__ void gate_up_ring(const __nv_bfloat16* gate_up, const float* hidden, 
         for (int s = 0; s < kRingSlabs; ++s) {
           const int col = (half * kRingSlabs + s) * 256 + lane * 8;
           const __nv_bfloat16* src = gate + (row ? static_cast<int64_t>(I) * H : 0);
-          ring_copy_16(stage + (row * kRingSlabs + s) * 32 + lane, col < H ? src + col : src, col < H, policy);
+          ring_copy_16(stage + (row * kRingSlabs + s) * 32 + lane, col < H ? src + col : src, col < H);
         }
     }
     ring_commit();  // possibly empty: one group per stage keeps the wait count fixed
@@ -456,7 +449,6 @@ __global__ void __launch_bounds__(kThreads, 2)
                                           a.router + static_cast<int64_t>(e) * H, H);
     if (lane == 0) a.logits[q] = logit;
   }
-  if (threadIdx.x == 0) issue_l2_prefetch(a.prefetch, blockIdx.x, gridDim.x);
   stamp(a, 1);
   grid.sync();
   stamp(a, 2);
@@ -785,7 +777,6 @@ class FusedKernel final : public moe::ExpertsKernel {
     launch.combo_floats = combo_floats_;
     launch.stamps = stamps_;
     launch.general_grouping = general_grouping_;
-    if (tokens <= kPrefetchMaxTokens) launch.prefetch = make_l2_prefetch(args.prefetch, context_.l2_bytes * 3 / 4);
     const moe::MoeInputNorm& norm = args.input_norm;
     const int vec = norm.residual ? norm_vec_ : 0;
     if (norm.residual) {
