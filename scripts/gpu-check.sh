@@ -124,12 +124,13 @@ if want bench-new; then
   # against the bytes floor (every non-expert weight, the touched experts, MLA cache rows or
   # DeltaNet states).
   # Also issue 13's Mixtral-8x7B 16-layer cut (the whole model's bf16 weights do not fit one GPU
-  # with room for KV). BENCH_NEW_MODELS: a subset (Qwen3.5-35B-A3B's bf16 weights need an H200).
+  # with room for KV). BENCH_NEW_MODELS: a subset (Qwen3.5-35B-A3B's bf16 weights need an H200
+  # for these shapes; on an H100 BENCH_NEW_BATCHES=1,16 BENCH_NEW_PREFILL=1024 fit beside them).
   for model in ${BENCH_NEW_MODELS:-moonlight-16b-a3b qwen3.5-35b-a3b mixtral-8x7b-16l}; do
     section "step bench: $model shapes (random weights)"
     run "bench-$model" timeout "${STAGE_TIMEOUT:-300}" "$carry/step_bench" --device cuda --random-weights "$carry/$model/config.json" \
-      --batches 1,64 --context 1024 --steps 32 --ab-pairs 4 --prefill 4096 --bandwidth-gbs "$bandwidth" \
-      --matmul-tflops "$tflops" --json-out "$OUT/step_bench_$model.json"
+      --batches "${BENCH_NEW_BATCHES:-1,64}" --context 1024 --steps 32 --ab-pairs 4 --prefill "${BENCH_NEW_PREFILL:-4096}" \
+      --bandwidth-gbs "$bandwidth" --matmul-tflops "$tflops" --json-out "$OUT/step_bench_$model.json"
     if [[ $model == moonlight-16b-a3b ]]; then
       # The MLA decode attention on CUDA cores (SY_LATENT_MMA=0), against the tensor-core default above.
       section "step bench: $model, MLA attention on CUDA cores (SY_LATENT_MMA=0)"

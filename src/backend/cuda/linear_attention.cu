@@ -4,6 +4,8 @@ namespace sy::backend::cuda {
 namespace {
 
 constexpr int kMaxKernel = 8;
+// State rows a thread reads per batch in the delta rule's column loops.
+constexpr int kBatch = 8;
 
 __device__ float silu(float x) {
   return x / (1.0f + expf(-x));
@@ -106,15 +108,43 @@ __global__ void delta_net_kernel(DeltaNetParams p) {
 
   const float A = expf(p.a_log[h]), dt_bias = p.dt_bias[h];
   const float inv_sqrt_kd = 1.0f / sqrtf(static_cast<float>(kd));
-  for (int64_t t = first; t < p.tokens; ++t) {
-    if (p.token_seq[t] != s) continue;  // (uniform over the block)
+  // The token loop is a serial chain: every global input of a token is requested one token
+  // ahead (next_of: the sequence's next token, normally t + 1), so that no DRAM latency sits on it.
+  auto next_of = [&](int64_t t) {
+    for (++t; t < p.tokens; ++t)
+      if (p.token_seq[t] == s) return t;
+    return int64_t{-1};
+  };
+  struct Inputs {
+    float q = 0.0f, k = 0.0f, v = 0.0f, z = 0.0f, b = 0.0f, a = 0.0f;
+  };
+  auto load_inputs = [&](int64_t t) {
+    Inputs in;
+    if (t < 0) return in;
     const float* row = p.qkv + t * conv_dim;
+    if (owns_qk) {
+      in.q = row[q_channel];
+      in.k = row[k_channel];
+    }
+    if (owns_v) {
+      in.v = row[v_channel];
+      in.z = p.z[t * value_dim + int64_t{h} * vd + tid];
+    }
+    in.b = p.b[t * p.value_heads + h];
+    in.a = p.a[t * p.value_heads + h];
+    return in;
+  };
+  int64_t t = first;
+  Inputs now = load_inputs(t);
+  while (t >= 0) {
+    const int64_t next = next_of(t);  // (uniform over the block)
+    const Inputs ahead = load_inputs(next);
     float q = 0.0f, k = 0.0f, v = 0.0f;
     if (owns_qk) {
-      q = conv_q.step(row[q_channel]);
-      k = conv_k.step(row[k_channel]);
+      q = conv_q.step(now.q);
+      k = conv_k.step(now.k);
     }
-    if (owns_v) v = conv_v.step(row[v_channel]);
+    if (owns_v) v = conv_v.step(now.v);
     // q and k l2-normalised (x / sqrt(sum x^2 + 1e-6), as transformers' l2norm), q scaled.
     const float2 squares = block_sum2(q * q, k * k, red);
     if (owns_qk) {
@@ -122,31 +152,55 @@ __global__ void delta_net_kernel(DeltaNetParams p) {
       ks[tid] = k * (1.0f / sqrtf(squares.y + 1e-6f));
     }
     __syncthreads();
-    const float beta = sigmoid(p.b[t * p.value_heads + h]);
-    const float decay = expf(-A * softplus(p.a[t * p.value_heads + h] + dt_bias));
+    const float beta = sigmoid(now.b);
+    const float decay = expf(-A * softplus(now.a + dt_bias));
     float o = 0.0f;
     if (owns_v) {
-      // Column tid of the state: decay, read with k, the delta, update, read with q.
+      // Column tid of the state: decay, read with k, the delta, update, read with q; i in
+      // order (the CPU's sums), in batches of kBatch whose shared-memory loads go out together
+      // (one at a time, each waited for behind the previous store, they were most of the time).
       float read_k = 0.0f;
-      for (int i = 0; i < kd; ++i) {
-        const float value = S[i * vd + tid] * decay;
-        S[i * vd + tid] = value;
-        read_k += value * ks[i];
+      for (int i0 = 0; i0 < kd; i0 += kBatch) {
+        float state[kBatch], key[kBatch];
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u) {
+          state[u] = i0 + u < kd ? S[(i0 + u) * vd + tid] : 0.0f;
+          key[u] = i0 + u < kd ? ks[i0 + u] : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u) {
+          if (i0 + u >= kd) break;
+          const float value = state[u] * decay;
+          S[(i0 + u) * vd + tid] = value;
+          read_k += value * key[u];
+        }
       }
       const float delta = (v - read_k) * beta;
-      for (int i = 0; i < kd; ++i) {
-        const float value = S[i * vd + tid] + ks[i] * delta;
-        S[i * vd + tid] = value;
-        o += value * qs[i];
+      for (int i0 = 0; i0 < kd; i0 += kBatch) {
+        float state[kBatch], key[kBatch], query[kBatch];
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u) {
+          state[u] = i0 + u < kd ? S[(i0 + u) * vd + tid] : 0.0f;
+          key[u] = i0 + u < kd ? ks[i0 + u] : 0.0f;
+          query[u] = i0 + u < kd ? qs[i0 + u] : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u) {
+          if (i0 + u >= kd) break;
+          const float value = state[u] + key[u] * delta;
+          S[(i0 + u) * vd + tid] = value;
+          o += value * query[u];
+        }
       }
     }
     // RMSNorm over the head's outputs, times the norm weight and silu(z).
     const float2 sum = block_sum2(o * o, 0.0f, red);  // (also: every thread is past the loop above)
     if (owns_v) {
       const float scale = 1.0f / sqrtf(sum.x / static_cast<float>(vd) + p.eps);
-      const int64_t at = t * value_dim + int64_t{h} * vd + tid;
-      p.out[at] = p.norm[tid] * (o * scale) * silu(p.z[at]);
+      p.out[t * value_dim + int64_t{h} * vd + tid] = p.norm[tid] * (o * scale) * silu(now.z);
     }
+    t = next;
+    now = ahead;
   }
 
   float* conv_write = p.conv_state + int64_t{write} * conv_dim * HISTORY;
