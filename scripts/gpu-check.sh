@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU machine's whole visit, run as it is from the repo root there, after scripts/gpu-pack.sh
 # here (carry gpu-carry/). Stages (default: all but profile): ceilings ops golden engine bench8
-# bench48 crossover serve-e2e serve-invariant (--batch-invariant tests and bench) soak (CUDA soak, SOAK_SECONDS) serve; chat-goldens (transformers' template renders); stamps (cuda-fused phase timer, STAMP_VARIANTS); ab (knob A/B, AB_VARIANTS); family-goldens (GOLDEN_FAMILIES; then the golden tests on them); bf16-sensitivity (transformers bf16 vs float64 per golden model); routes-ab (routes on/off over HTTP on CUDA); bench-gptoss (gpt-oss-20b shapes, MXFP4 experts); bench-new (Moonlight-16B-A3B, Qwen3.5-35B-A3B and Mixtral-8x7B 16-layer shapes: MLA, DeltaNet; BENCH_NEW_MODELS); serve-new (their and gpt-oss-20b's throughput profiles, SERVE_MODELS); mxfp4-gemv (the MXFP4 few-token paths: harness, gpt-oss goldens, decode A/B); mxfp4-stream-shape (the streamed GEMV's stage widths: harness, decode A/B); routes-cost (capture on/off in process on CUDA); long-goldens (tools/gpu/long_goldens.py, then LongGolden on them; long_goldens.tgz); moe-stalls (ncu stall reasons of cuda-fused); attn-detail (ncu full + SASS stalls of decode attention); kernel-detail (the same for DETAIL_KERNELS in a gpt-oss batch-1 decode); profile (ncu per-kernel times of one decode and one prefill step;
+# bench48 crossover serve-e2e serve-invariant (--batch-invariant tests and bench) soak (CUDA soak, SOAK_SECONDS) serve; chat-goldens (transformers' template renders); stamps (cuda-fused phase timer, STAMP_VARIANTS); ab (knob A/B, AB_VARIANTS); bin-ab (two builds' binaries alternating, BIN_AB); family-goldens (GOLDEN_FAMILIES; then the golden tests on them); bf16-sensitivity (transformers bf16 vs float64 per golden model); routes-ab (routes on/off over HTTP on CUDA); bench-gptoss (gpt-oss-20b shapes, MXFP4 experts); bench-new (Moonlight-16B-A3B, Qwen3.5-35B-A3B and Mixtral-8x7B 16-layer shapes: MLA, DeltaNet; BENCH_NEW_MODELS); serve-new (their and gpt-oss-20b's throughput profiles, SERVE_MODELS); mxfp4-gemv (the MXFP4 few-token paths: harness, gpt-oss goldens, decode A/B); mxfp4-stream-shape (the streamed GEMV's stage widths: harness, decode A/B); routes-cost (capture on/off in process on CUDA); long-goldens (tools/gpu/long_goldens.py, then LongGolden on them; long_goldens.tgz); moe-stalls (ncu stall reasons of cuda-fused); attn-detail (ncu full + SASS stalls of decode attention); kernel-detail (the same for DETAIL_KERNELS in a gpt-oss batch-1 decode); profile (ncu per-kernel times of one decode and one prefill step;
 # PROFILE_STEPS=decode for one), moe-detail (ncu's full sections on one cuda-fused launch).
 # Everything it prints also goes to $OUT/gpu-check.log; JSON results land in $OUT.
 #   scripts/gpu-check.sh [stage ...]
@@ -253,6 +253,20 @@ if want ab; then
     echo "--- variant: $variant"
     env ${variant#-} "$carry/step_bench" --device cuda --random-weights "${AB_CONFIG:-$carry/qwen3-30b-a3b/config.json}" \
       --batches 1 --context 1024 --steps 64 --ab-pairs 0 --prefill 0 --bandwidth-gbs "$bandwidth" 2>&1 | grep "decode batch"
+  done
+fi
+if want bin-ab; then
+  # One bench from two builds, alternating, two rounds: BIN_AB names binaries in gpu-carry (e.g.
+  # step_bench_old, an earlier pack's step_bench.xz carried beside the new one), BIN_AB_CONFIG the
+  # model, BIN_AB_ARGS the shape.
+  section "binary A/B: ${BIN_AB:-}"
+  for round in 1 2; do
+    for bin in ${BIN_AB:-}; do
+      echo "--- $bin (round $round)"
+      "$carry/$bin" --device cuda --random-weights "${BIN_AB_CONFIG:-$carry/qwen3-30b-a3b/config.json}" \
+        ${BIN_AB_ARGS:---batches 1 --context 1024 --steps 32 --ab-pairs 0 --prefill 0} --bandwidth-gbs "$bandwidth" \
+        --matmul-tflops "$tflops" 2>&1 | grep -E "decode batch|prefill"
+    done
   done
 fi
 if want family-goldens; then

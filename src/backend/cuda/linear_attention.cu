@@ -4,8 +4,13 @@ namespace sy::backend::cuda {
 namespace {
 
 constexpr int kMaxKernel = 8;
-// State rows a thread reads per batch in the delta rule's column loops.
+// State rows a thread reads per batch in the delta rule's column loops (shared-memory state).
 constexpr int kBatch = 8;
+// Step tokens each thread checks per pass when a block gathers its sequence's tokens.
+constexpr int kScanPerThread = 4;
+// Qwen3.5's key heads: the state column in registers; q and k read kFence rows at a time.
+constexpr int kRegisterKeyDim = 128;
+constexpr int kFence = 16;
 
 __device__ float silu(float x) {
   return x / (1.0f + expf(-x));
@@ -19,7 +24,8 @@ __device__ float softplus(float x) {
 }
 
 // Sums a and b over the block (every thread gets the same sums, added in the same order).
-// `red` holds 64 floats; the block's size is a multiple of 32.
+// `red` holds 64 floats; the block's size is a multiple of 32. No barrier after the reads:
+// callers alternate two buffers, with a barrier between two uses of the same one.
 __device__ float2 block_sum2(float a, float b, float* red) {
   for (int offset = 16; offset > 0; offset >>= 1) {
     a += __shfl_xor_sync(0xffffffffu, a, offset);
@@ -37,8 +43,38 @@ __device__ float2 block_sum2(float a, float b, float* red) {
     a += red[w];
     b += red[32 + w];
   }
-  __syncthreads();  // red is reused by the next call
   return make_float2(a, b);
+}
+
+// The step's tokens of sequence s among [base, base + blockDim.x * kScanPerThread), in step
+// order, into list (step indices); returns their count to every thread. token_seq is read once a
+// pass, coalesced (a token at a time, the search was a chain of dependent loads). counts: an int
+// a warp.
+__device__ int gather_tokens(const int32_t* token_seq, int64_t tokens, int s, int64_t base, int32_t* list,
+                             int* counts) {
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, warps = blockDim.x >> 5;
+  bool mine[kScanPerThread];
+#pragma unroll
+  for (int j = 0; j < kScanPerThread; ++j) {
+    const int64_t t = base + int64_t{j} * blockDim.x + tid;
+    mine[j] = t < tokens && token_seq[t] == s;
+  }
+  int total = 0;
+#pragma unroll
+  for (int j = 0; j < kScanPerThread; ++j) {
+    const unsigned ballot = __ballot_sync(0xffffffffu, mine[j]);
+    if (lane == 0) counts[warp] = __popc(ballot);
+    __syncthreads();
+    int offset = total;
+    for (int w = 0; w < warps; ++w) {
+      if (w < warp) offset += counts[w];
+      total += counts[w];
+    }
+    if (mine[j])
+      list[offset + __popc(ballot & ((1u << lane) - 1u))] = static_cast<int32_t>(base + int64_t{j} * blockDim.x + tid);
+    __syncthreads();
+  }
+  return total;
 }
 
 // One channel's causal conv1d over its last HISTORY raw inputs and the new one, then SiLU; the
@@ -65,14 +101,27 @@ struct ConvChannel {
   }
 };
 
-template <int HISTORY>
+// Shared memory of delta_net_kernel: the state [kd, vd] (generic key_head_dim only), q and k,
+// two block_sum2 buffers, the warps' counts, a pass's token list.
+size_t delta_net_smem(int kd, int vd, bool state_in_registers) {
+  const int widest = kd > vd ? kd : vd;
+  const size_t threads = static_cast<size_t>((widest + 31) / 32 * 32);
+  const size_t floats = (state_in_registers ? 0 : static_cast<size_t>(kd) * vd) + 2 * static_cast<size_t>(kd) + 128;
+  return (floats + 32 + threads * kScanPerThread) * sizeof(float);
+}
+
+// KD > 0: key_head_dim == KD, each thread's state column in registers (Qwen3.5: 128); 0: any
+// key_head_dim, the state in shared memory. The same operations in the same order either way.
+template <int HISTORY, int KD>
 __global__ void delta_net_kernel(DeltaNetParams p) {
-  extern __shared__ float smem[];
-  const int kd = p.key_head_dim, vd = p.value_head_dim;
-  float* S = smem;          // [kd, vd]: the head's recurrent state
-  float* qs = S + kd * vd;  // this token's normalised q and k
+  extern __shared__ __align__(16) float smem[];
+  const int kd = KD > 0 ? KD : p.key_head_dim, vd = p.value_head_dim;
+  float* S = smem;  // [kd, vd]: the head's recurrent state (KD == 0)
+  float* qs = S + (KD > 0 ? 0 : kd * vd);  // this token's normalised q and k
   float* ks = qs + kd;
-  float* red = ks + kd;  // 64 floats for block_sum2
+  float* red = ks + kd;  // two buffers of 64 floats for block_sum2
+  int* counts = reinterpret_cast<int*>(red + 128);
+  int32_t* list = reinterpret_cast<int32_t*>(counts + 32);
   const int s = blockIdx.x / p.value_heads, h = blockIdx.x % p.value_heads;
   const int group = p.value_heads / p.key_heads, key_head = h / group;
   const int64_t key_dim = int64_t{p.key_heads} * kd, value_dim = int64_t{p.value_heads} * vd;
@@ -81,46 +130,20 @@ __global__ void delta_net_kernel(DeltaNetParams p) {
   const bool owns_qk = tid < kd, owns_v = tid < vd;
   const int read = p.state_read[s], write = p.state_write[s];
 
-  int64_t first = -1;  // the sequence's first token in the step (they come in position order)
-  for (int64_t t = 0; t < p.tokens && first < 0; ++t)
-    if (p.token_seq[t] == s) first = t;
-  if (first < 0) return;  // no tokens: its states stay as they are (the CPU's too)
-  if (read < 0) {         // a padding sequence: its rows' output is zero
-    for (int64_t t = first; t < p.tokens; ++t)
-      if (p.token_seq[t] == s && owns_v) p.out[t * value_dim + int64_t{h} * vd + tid] = 0.0f;
-    return;
-  }
-  const bool fresh = p.positions[first] == 0;
-
   const int64_t q_channel = int64_t{key_head} * kd + tid, k_channel = key_dim + q_channel;
   const int64_t v_channel = 2 * key_dim + int64_t{h} * vd + tid;
-  const float* conv_read = p.conv_state + int64_t{read} * conv_dim * HISTORY;
-  ConvChannel<HISTORY> conv_q, conv_k, conv_v;
-  if (owns_qk) {
-    conv_q.load(p.conv_w, conv_read + q_channel * HISTORY, q_channel, fresh);
-    conv_k.load(p.conv_w, conv_read + k_channel * HISTORY, k_channel, fresh);
-  }
-  if (owns_v) conv_v.load(p.conv_w, conv_read + v_channel * HISTORY, v_channel, fresh);
   const int64_t state_values = int64_t{kd} * vd;
-  const float* recurrent_read = p.recurrent + (int64_t{read} * p.value_heads + h) * state_values;
-  for (int64_t i = tid; i < state_values; i += blockDim.x) S[i] = fresh ? 0.0f : recurrent_read[i];
-  __syncthreads();
-
+  ConvChannel<HISTORY> conv_q, conv_k, conv_v;
+  float column[KD > 0 ? KD : 1];  // KD: column tid of the state
   const float A = expf(p.a_log[h]), dt_bias = p.dt_bias[h];
   const float inv_sqrt_kd = 1.0f / sqrtf(static_cast<float>(kd));
-  // The token loop is a serial chain: every global input of a token is requested one token
-  // ahead (next_of: the sequence's next token, normally t + 1), so that no DRAM latency sits on it.
-  auto next_of = [&](int64_t t) {
-    for (++t; t < p.tokens; ++t)
-      if (p.token_seq[t] == s) return t;
-    return int64_t{-1};
-  };
   struct Inputs {
     float q = 0.0f, k = 0.0f, v = 0.0f, z = 0.0f, b = 0.0f, a = 0.0f;
   };
+  // A token's global inputs, requested one token ahead: the token loop is a serial chain, and
+  // no DRAM latency should sit on it.
   auto load_inputs = [&](int64_t t) {
     Inputs in;
-    if (t < 0) return in;
     const float* row = p.qkv + t * conv_dim;
     if (owns_qk) {
       in.q = row[q_channel];
@@ -134,74 +157,122 @@ __global__ void delta_net_kernel(DeltaNetParams p) {
     in.a = p.a[t * p.value_heads + h];
     return in;
   };
-  int64_t t = first;
-  Inputs now = load_inputs(t);
-  while (t >= 0) {
-    const int64_t next = next_of(t);  // (uniform over the block)
-    const Inputs ahead = load_inputs(next);
-    float q = 0.0f, k = 0.0f, v = 0.0f;
-    if (owns_qk) {
-      q = conv_q.step(now.q);
-      k = conv_k.step(now.k);
+
+  bool started = false;  // the states are loaded (the sequence has tokens, not padding)
+  const int pass = static_cast<int>(blockDim.x) * kScanPerThread;
+  for (int64_t base = 0; base < p.tokens; base += pass) {
+    const int count = gather_tokens(p.token_seq, p.tokens, s, base, list, counts);  // (uniform)
+    if (count == 0) continue;
+    if (read < 0) {  // a padding sequence: its rows' output is zero, its states untouched
+      for (int i = 0; i < count; ++i)
+        if (owns_v) p.out[int64_t{list[i]} * value_dim + int64_t{h} * vd + tid] = 0.0f;
+      continue;
     }
-    if (owns_v) v = conv_v.step(now.v);
-    // q and k l2-normalised (x / sqrt(sum x^2 + 1e-6), as transformers' l2norm), q scaled.
-    const float2 squares = block_sum2(q * q, k * k, red);
-    if (owns_qk) {
-      qs[tid] = q * (1.0f / sqrtf(squares.x + 1e-6f) * inv_sqrt_kd);
-      ks[tid] = k * (1.0f / sqrtf(squares.y + 1e-6f));
-    }
-    __syncthreads();
-    const float beta = sigmoid(now.b);
-    const float decay = expf(-A * softplus(now.a + dt_bias));
-    float o = 0.0f;
-    if (owns_v) {
-      // Column tid of the state: decay, read with k, the delta, update, read with q; i in
-      // order (the CPU's sums), in batches of kBatch whose shared-memory loads go out together
-      // (one at a time, each waited for behind the previous store, they were most of the time).
-      float read_k = 0.0f;
-      for (int i0 = 0; i0 < kd; i0 += kBatch) {
-        float state[kBatch], key[kBatch];
-#pragma unroll
-        for (int u = 0; u < kBatch; ++u) {
-          state[u] = i0 + u < kd ? S[(i0 + u) * vd + tid] : 0.0f;
-          key[u] = i0 + u < kd ? ks[i0 + u] : 0.0f;
-        }
-#pragma unroll
-        for (int u = 0; u < kBatch; ++u) {
-          if (i0 + u >= kd) break;
-          const float value = state[u] * decay;
-          S[(i0 + u) * vd + tid] = value;
-          read_k += value * key[u];
-        }
+    if (!started) {
+      started = true;
+      const bool fresh = p.positions[list[0]] == 0;  // (tokens come in position order)
+      const float* conv_read = p.conv_state + int64_t{read} * conv_dim * HISTORY;
+      if (owns_qk) {
+        conv_q.load(p.conv_w, conv_read + q_channel * HISTORY, q_channel, fresh);
+        conv_k.load(p.conv_w, conv_read + k_channel * HISTORY, k_channel, fresh);
       }
-      const float delta = (v - read_k) * beta;
-      for (int i0 = 0; i0 < kd; i0 += kBatch) {
-        float state[kBatch], key[kBatch], query[kBatch];
+      if (owns_v) conv_v.load(p.conv_w, conv_read + v_channel * HISTORY, v_channel, fresh);
+      const float* recurrent_read = p.recurrent + (int64_t{read} * p.value_heads + h) * state_values;
+      if constexpr (KD > 0) {
 #pragma unroll
-        for (int u = 0; u < kBatch; ++u) {
-          state[u] = i0 + u < kd ? S[(i0 + u) * vd + tid] : 0.0f;
-          key[u] = i0 + u < kd ? ks[i0 + u] : 0.0f;
-          query[u] = i0 + u < kd ? qs[i0 + u] : 0.0f;
-        }
-#pragma unroll
-        for (int u = 0; u < kBatch; ++u) {
-          if (i0 + u >= kd) break;
-          const float value = state[u] + key[u] * delta;
-          S[(i0 + u) * vd + tid] = value;
-          o += value * query[u];
-        }
+        for (int i = 0; i < KD; ++i) column[i] = fresh || !owns_v ? 0.0f : __ldg(recurrent_read + i * vd + tid);
+      } else {
+        for (int64_t i = tid; i < state_values; i += blockDim.x) S[i] = fresh ? 0.0f : recurrent_read[i];
+        __syncthreads();
       }
     }
-    // RMSNorm over the head's outputs, times the norm weight and silu(z).
-    const float2 sum = block_sum2(o * o, 0.0f, red);  // (also: every thread is past the loop above)
-    if (owns_v) {
-      const float scale = 1.0f / sqrtf(sum.x / static_cast<float>(vd) + p.eps);
-      p.out[t * value_dim + int64_t{h} * vd + tid] = p.norm[tid] * (o * scale) * silu(now.z);
+    Inputs now = load_inputs(list[0]);
+    for (int n = 0; n < count; ++n) {
+      const int64_t t = list[n];
+      const Inputs ahead = n + 1 < count ? load_inputs(list[n + 1]) : Inputs{};
+      float q = 0.0f, k = 0.0f, v = 0.0f;
+      if (owns_qk) {
+        q = conv_q.step(now.q);
+        k = conv_k.step(now.k);
+      }
+      if (owns_v) v = conv_v.step(now.v);
+      // q and k l2-normalised (x / sqrt(sum x^2 + 1e-6), as transformers' l2norm), q scaled.
+      const float2 squares = block_sum2(q * q, k * k, red);
+      if (owns_qk) {
+        qs[tid] = q * (1.0f / sqrtf(squares.x + 1e-6f) * inv_sqrt_kd);
+        ks[tid] = k * (1.0f / sqrtf(squares.y + 1e-6f));
+      }
+      __syncthreads();
+      const float beta = sigmoid(now.b);
+      const float decay = expf(-A * softplus(now.a + dt_bias));
+      float o = 0.0f;
+      if (owns_v) {
+        // Column tid of the state: decay, read with k, the delta, update, read with q; i in
+        // order (the CPU's sums).
+        float read_k = 0.0f;
+        if constexpr (KD > 0) {
+          // (The empty asm every kFence rows keeps the compiler from loading all of q and k
+          // into registers up front: with the column that spilled.)
+#pragma unroll
+          for (int i = 0; i < KD; ++i) {
+            if (i % kFence == 0) asm volatile("" ::: "memory");
+            column[i] = column[i] * decay;
+            read_k += column[i] * ks[i];
+          }
+          const float delta = (v - read_k) * beta;
+#pragma unroll
+          for (int i = 0; i < KD; ++i) {
+            if (i % kFence == 0) asm volatile("" ::: "memory");
+            column[i] = column[i] + ks[i] * delta;
+            o += column[i] * qs[i];
+          }
+        } else {
+          // Shared-memory loads in batches of kBatch that go out together (one at a time, each
+          // waited for behind the previous store, they were most of the kernel's time).
+          for (int i0 = 0; i0 < kd; i0 += kBatch) {
+            float state[kBatch], key[kBatch];
+#pragma unroll
+            for (int u = 0; u < kBatch; ++u) {
+              state[u] = i0 + u < kd ? S[(i0 + u) * vd + tid] : 0.0f;
+              key[u] = i0 + u < kd ? ks[i0 + u] : 0.0f;
+            }
+#pragma unroll
+            for (int u = 0; u < kBatch; ++u) {
+              if (i0 + u >= kd) break;
+              const float value = state[u] * decay;
+              S[(i0 + u) * vd + tid] = value;
+              read_k += value * key[u];
+            }
+          }
+          const float delta = (v - read_k) * beta;
+          for (int i0 = 0; i0 < kd; i0 += kBatch) {
+            float state[kBatch], key[kBatch], query[kBatch];
+#pragma unroll
+            for (int u = 0; u < kBatch; ++u) {
+              state[u] = i0 + u < kd ? S[(i0 + u) * vd + tid] : 0.0f;
+              key[u] = i0 + u < kd ? ks[i0 + u] : 0.0f;
+              query[u] = i0 + u < kd ? qs[i0 + u] : 0.0f;
+            }
+#pragma unroll
+            for (int u = 0; u < kBatch; ++u) {
+              if (i0 + u >= kd) break;
+              const float value = state[u] + key[u] * delta;
+              S[(i0 + u) * vd + tid] = value;
+              o += value * query[u];
+            }
+          }
+        }
+      }
+      // RMSNorm over the head's outputs, times the norm weight and silu(z).
+      const float2 sum = block_sum2(o * o, 0.0f, red + 64);  // (also: every thread is past the loop above)
+      if (owns_v) {
+        const float scale = 1.0f / sqrtf(sum.x / static_cast<float>(vd) + p.eps);
+        p.out[t * value_dim + int64_t{h} * vd + tid] = p.norm[tid] * (o * scale) * silu(now.z);
+      }
+      now = ahead;
     }
-    t = next;
-    now = ahead;
   }
+  if (!started) return;  // no tokens, or padding: the states stay as they are (the CPU's too)
 
   float* conv_write = p.conv_state + int64_t{write} * conv_dim * HISTORY;
   if (owns_qk && h % group == 0) {  // the key head's q and k channels: one writer
@@ -210,20 +281,28 @@ __global__ void delta_net_kernel(DeltaNetParams p) {
   }
   if (owns_v) conv_v.store(conv_write + v_channel * HISTORY);
   float* recurrent_write = p.recurrent + (int64_t{write} * p.value_heads + h) * state_values;
-  for (int64_t i = tid; i < state_values; i += blockDim.x) recurrent_write[i] = S[i];
+  if constexpr (KD > 0) {
+    if (owns_v)
+#pragma unroll
+      for (int i = 0; i < KD; ++i) recurrent_write[i * vd + tid] = column[i];
+  } else {
+    __syncthreads();  // every column's last update
+    for (int64_t i = tid; i < state_values; i += blockDim.x) recurrent_write[i] = S[i];
+  }
 }
 
-size_t delta_net_smem(int kd, int vd) {
-  return (static_cast<size_t>(kd) * vd + 2 * kd + 64) * sizeof(float);
-}
 
 template <int HISTORY>
 void launch_history(const DeltaNetParams& p, cudaStream_t stream) {
-  const size_t smem = delta_net_smem(p.key_head_dim, p.value_head_dim);
+  const bool registers = p.key_head_dim == kRegisterKeyDim;
+  const size_t smem = delta_net_smem(p.key_head_dim, p.value_head_dim, registers);
   const int widest = p.key_head_dim > p.value_head_dim ? p.key_head_dim : p.value_head_dim;
   const unsigned threads = static_cast<unsigned>((widest + 31) / 32 * 32);
   const unsigned blocks = static_cast<unsigned>(p.seqs) * static_cast<unsigned>(p.value_heads);
-  delta_net_kernel<HISTORY><<<blocks, threads, smem, stream>>>(p);
+  if (registers)
+    delta_net_kernel<HISTORY, kRegisterKeyDim><<<blocks, threads, smem, stream>>>(p);
+  else
+    delta_net_kernel<HISTORY, 0><<<blocks, threads, smem, stream>>>(p);
   SY_CUDA_LAUNCH_CHECK("delta_net_kernel");
 }
 
@@ -250,7 +329,9 @@ unsigned blocks_for(int64_t count) {
 
 template <int HISTORY>
 void allow_smem(int bytes) {
-  SY_CUDA_CHECK(cudaFuncSetAttribute(delta_net_kernel<HISTORY>,
+  SY_CUDA_CHECK(cudaFuncSetAttribute(delta_net_kernel<HISTORY, 0>,
+                                     cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  SY_CUDA_CHECK(cudaFuncSetAttribute(delta_net_kernel<HISTORY, kRegisterKeyDim>,
                                      cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
 }
 
@@ -270,7 +351,7 @@ void prepare_gated_delta_net(int device) {
 bool delta_net_supported(int key_head_dim, int value_head_dim, int kernel) {
   return key_head_dim > 0 && value_head_dim > 0 && key_head_dim <= 1024 && value_head_dim <= 1024 &&
          kernel >= 1 && kernel <= kMaxKernel &&
-         delta_net_smem(key_head_dim, value_head_dim) <= 227 * 1024;
+         delta_net_smem(key_head_dim, value_head_dim, false) <= 227 * 1024;
 }
 
 void launch_gated_delta_net(const DeltaNetParams& p, cudaStream_t stream) {

@@ -1,10 +1,13 @@
 // Qwen3.5's two token mixers on CUDA (the CPU reference: backend/cpu/linear_attention.cpp).
 // Gated DeltaNet: one block per (sequence, value head) runs the sequence's tokens of the step in
 // order — causal conv1d + SiLU of the head's q, k and v channels, l2-normalised q and k, the
-// gated delta rule over the head's [key_head_dim, value_head_dim] state (in shared memory),
-// then the silu(z)-gated RMSNorm of its output — in the CPU's summation order per column. The
-// recurrent form, token by token: exact, and as fast as decode needs; prefill of long prompts
-// would want the chunked form (the same sum reordered), which is not written yet.
+// gated delta rule over the head's [key_head_dim, value_head_dim] state (a thread per column;
+// the column in registers for key_head_dim 128, else the state in shared memory), then the
+// silu(z)-gated RMSNorm of its output — in the CPU's summation order per column. The block finds
+// its sequence's tokens a pass of the step at a time (token_seq read coalesced) and requests each
+// token's inputs one token ahead. The recurrent form, token by token: exact, and as fast as
+// decode needs; prefill of long prompts wants the chunked form (the same sums reordered into
+// matmuls), which is not written yet (Qwen3.5 prefill on an H100: BENCHMARKS.md, session 19).
 // Floor per decode step and layer: the states read and written once, 2 * value_heads *
 // key_head_dim * value_head_dim * 4 bytes per sequence.
 #pragma once
