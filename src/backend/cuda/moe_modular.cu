@@ -613,15 +613,13 @@ constexpr int kStreamThreads = kStreamWarps * 32;
 constexpr int kStreamMaxK = 8192;  // x (hi, lo) and scales in shared memory
 
 // A stage: kBlocks MXFP4 blocks (32 values, 16 bytes) of each of a warp's 16 rows; kStages of
-// them in the ring; kEarly: a stage's successor S - 1 on is issued before the stage is computed
-// (S - 1 stages in flight while computing; else after, S - 2). The default 8 x 4 (late) reads 128
-// bytes of a row at a time. An experiment, not yet run on a GPU (SY_MXFP4_STREAM_BLOCKS=8e|16|32:
-// 8 x 4, 16 x 3 and 32 x 2, all early): does DRAM page locality bound the kernel? The sums are
-// the same, in the same order, for every shape.
-template <int kBlocks, int kStages, bool kEarly>
+// them in the ring; a stage's successor S - 1 on is issued after the stage is computed. 8 x 4
+// (128 bytes of a row at a time) measured best: 8 x 4 issued before computing, 16 x 3 and 32 x 2
+// were slower (gpt-oss-20b, H100, 2026-12-06, BENCHMARKS.md session 19), so DRAM page locality
+// does not bound this kernel.
+template <int kBlocks, int kStages>
 struct StreamShape {
   static constexpr int kStageBlocks = kBlocks, kRingStages = kStages;
-  static constexpr bool kIssueEarly = kEarly;
   static constexpr int kRowStride = kBlocks * 16 + 16;  // padded: rows g fall in distinct banks
   static constexpr int kStageBytes = 16 * kRowStride;
   // Shared memory of one block for k: per warp the ring and its rows' scales; x's hi and lo.
@@ -629,12 +627,9 @@ struct StreamShape {
     return kStreamWarps * (kStages * kStageBytes + 16 * (k / 32)) + (2 * k + 32) * 2;
   }
 };
-using StreamShape8 = StreamShape<8, 4, false>;
-using StreamShape8Early = StreamShape<8, 4, true>;
-using StreamShape16 = StreamShape<16, 3, true>;
-using StreamShape32 = StreamShape<32, 2, true>;
+using StreamShape8 = StreamShape<8, 4>;
 
-// grid (ceil(rows / (16 * kStreamWarps)), pairs), kStreamThreads threads, stream_gemv_smem(k)
+// grid (ceil(rows / (16 * kStreamWarps)), pairs), kStreamThreads threads, Shape::smem(k)
 // bytes: rows = 2n (gate_up) or n (down) of pair blockIdx.y's expert. Reads x_split (hi, lo);
 // gate_up writes the activations to out_split (hi, lo), down writes y (out) as
 // mxfp4_gemv_kernel does (zeros for a pair never routed).
@@ -714,9 +709,6 @@ __global__ void __launch_bounds__(kStreamThreads)
   for (int st = 0; st < stages; ++st) {
     cp_async_wait<kStreamStages - 2>();
     __syncwarp();
-    // (Early: the buffer it fills held stage st - 1, which every lane finished before the last
-    // __syncwarp.)
-    if (Shape::kIssueEarly) issue(st + kStreamStages - 1);
     const uint8_t* buf = ring + (st % kStreamStages) * kStreamStageBytes;
     // Unrolled by 8: the blocks' loads, decodes and mma pairs are independent until the sums,
     // which stay in block order.
@@ -750,7 +742,7 @@ __global__ void __launch_bounds__(kStreamThreads)
       }
     }
     __syncwarp();  // every lane is done with this buffer before it is refilled
-    if (!Shape::kIssueEarly) issue(st + kStreamStages - 1);
+    issue(st + kStreamStages - 1);
   }
   cp_async_wait<0>();
   if (q != 0) return;  // lanes q = 0 hold columns 0 and 1 of rows gr, gr + 8
@@ -946,9 +938,6 @@ class ModularKernel final : public moe::ExpertsKernel {
     allow_shared_memory<LargeTile>(max_k);
     const int64_t stream_k = std::min<int64_t>(max_k, kStreamMaxK);
     allow_stream_shared_memory<StreamShape8>(stream_k);
-    allow_stream_shared_memory<StreamShape8Early>(stream_k);
-    allow_stream_shared_memory<StreamShape16>(stream_k);
-    allow_stream_shared_memory<StreamShape32>(stream_k);
     return Status::ok();
   }
 
@@ -1126,24 +1115,11 @@ class ModularKernel final : public moe::ExpertsKernel {
         mxfp4_gemv_ == Mxfp4Path::kStream || (mxfp4_gemv_ == Mxfp4Path::kAuto && tokens > 1);
     if (stream_path && std::max(hidden_, intermediate_) <= kStreamMaxK && hidden_ % 16 == 0 &&
         aligned(w.gate_up) && aligned(w.down) && aligned(w.gate_up_scales) && aligned(w.down_scales)) {
-      auto launch_shape = [&](auto gate_up, auto shape, int64_t rows) {
-        using Shape = decltype(shape);
-        const dim3 grid(static_cast<unsigned>(ceil_div(rows, 16 * kStreamWarps)), static_cast<unsigned>(pairs));
-        mxfp4_stream_gemv_kernel<decltype(gate_up)::value, Shape>
-            <<<grid, kStreamThreads, static_cast<size_t>(Shape::smem(g.k)), stream>>>(g);
-        SY_CUDA_LAUNCH_CHECK("mxfp4_stream_gemv_kernel");
-      };
       auto launch = [&](auto gate_up, int64_t rows) {
-        switch (stream_shape_) {
-          case StreamShapeName::k32:
-            return launch_shape(gate_up, StreamShape32{}, rows);
-          case StreamShapeName::k16:
-            return launch_shape(gate_up, StreamShape16{}, rows);
-          case StreamShapeName::k8Early:
-            return launch_shape(gate_up, StreamShape8Early{}, rows);
-          case StreamShapeName::kDefault:
-            return launch_shape(gate_up, StreamShape8{}, rows);
-        }
+        const dim3 grid(static_cast<unsigned>(ceil_div(rows, 16 * kStreamWarps)), static_cast<unsigned>(pairs));
+        mxfp4_stream_gemv_kernel<decltype(gate_up)::value, StreamShape8>
+            <<<grid, kStreamThreads, static_cast<size_t>(StreamShape8::smem(g.k)), stream>>>(g);
+        SY_CUDA_LAUNCH_CHECK("mxfp4_stream_gemv_kernel");
       };
       split_bf16_kernel<<<static_cast<unsigned>(ceil_div(tokens * hidden_ / 4, 256)), 256, 0, stream>>>(
           hidden, tokens, static_cast<int>(hidden_), x_split_);
@@ -1287,16 +1263,6 @@ class ModularKernel final : public moe::ExpertsKernel {
   // SY_MXFP4_GEMV=0: the grouped GEMM. The warp GEMV also runs where the streamed one cannot
   // (k > kStreamMaxK, unaligned rows or scales).
   enum class Mxfp4Path { kOff, kAuto, kWarp, kStream };
-  // The streamed kernel's StreamShape: SY_MXFP4_STREAM_BLOCKS=8e|16|32, else the default.
-  enum class StreamShapeName { kDefault, k8Early, k16, k32 };
-  const StreamShapeName stream_shape_ = [] {
-    const char* v = std::getenv("SY_MXFP4_STREAM_BLOCKS");
-    const std::string_view value = v ? v : "";
-    return value == "32"   ? StreamShapeName::k32
-           : value == "16" ? StreamShapeName::k16
-           : value == "8e" ? StreamShapeName::k8Early
-                           : StreamShapeName::kDefault;
-  }();
   const Mxfp4Path mxfp4_gemv_ = [] {
     const char* v = std::getenv("SY_MXFP4_GEMV");
     const std::string_view value = v ? v : "";
