@@ -50,8 +50,8 @@ __device__ float2 block_sum2(float a, float b, float* red) {
 // order, into list (step indices); returns their count to every thread. token_seq is read once a
 // pass, coalesced (a token at a time, the search was a chain of dependent loads). counts: an int
 // a warp.
-__device__ int gather_tokens(const int32_t* token_seq, int64_t tokens, int s, int64_t base, int32_t* list,
-                             int* counts) {
+__device__ int gather_tokens(const int32_t* token_seq, int64_t tokens, int s, int64_t base,
+                             int32_t* list, int* counts) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, warps = blockDim.x >> 5;
   bool mine[kScanPerThread];
 #pragma unroll
@@ -71,7 +71,8 @@ __device__ int gather_tokens(const int32_t* token_seq, int64_t tokens, int s, in
       total += counts[w];
     }
     if (mine[j])
-      list[offset + __popc(ballot & ((1u << lane) - 1u))] = static_cast<int32_t>(base + int64_t{j} * blockDim.x + tid);
+      list[offset + __popc(ballot & ((1u << lane) - 1u))] =
+          static_cast<int32_t>(base + int64_t{j} * blockDim.x + tid);
     __syncthreads();
   }
   return total;
@@ -106,7 +107,8 @@ struct ConvChannel {
 size_t delta_net_smem(int kd, int vd, bool state_in_registers) {
   const int widest = kd > vd ? kd : vd;
   const size_t threads = static_cast<size_t>((widest + 31) / 32 * 32);
-  const size_t floats = (state_in_registers ? 0 : static_cast<size_t>(kd) * vd) + 2 * static_cast<size_t>(kd) + 128;
+  const size_t floats =
+      (state_in_registers ? 0 : static_cast<size_t>(kd) * vd) + 2 * static_cast<size_t>(kd) + 128;
   return (floats + 32 + threads * kScanPerThread) * sizeof(float);
 }
 
@@ -116,7 +118,7 @@ template <int HISTORY, int KD>
 __global__ void delta_net_kernel(DeltaNetParams p) {
   extern __shared__ __align__(16) float smem[];
   const int kd = KD > 0 ? KD : p.key_head_dim, vd = p.value_head_dim;
-  float* S = smem;  // [kd, vd]: the head's recurrent state (KD == 0)
+  float* S = smem;                         // [kd, vd]: the head's recurrent state (KD == 0)
   float* qs = S + (KD > 0 ? 0 : kd * vd);  // this token's normalised q and k
   float* ks = qs + kd;
   float* red = ks + kd;  // two buffers of 64 floats for block_sum2
@@ -177,12 +179,15 @@ __global__ void delta_net_kernel(DeltaNetParams p) {
         conv_k.load(p.conv_w, conv_read + k_channel * HISTORY, k_channel, fresh);
       }
       if (owns_v) conv_v.load(p.conv_w, conv_read + v_channel * HISTORY, v_channel, fresh);
-      const float* recurrent_read = p.recurrent + (int64_t{read} * p.value_heads + h) * state_values;
+      const float* recurrent_read =
+          p.recurrent + (int64_t{read} * p.value_heads + h) * state_values;
       if constexpr (KD > 0) {
 #pragma unroll
-        for (int i = 0; i < KD; ++i) column[i] = fresh || !owns_v ? 0.0f : __ldg(recurrent_read + i * vd + tid);
+        for (int i = 0; i < KD; ++i)
+          column[i] = fresh || !owns_v ? 0.0f : __ldg(recurrent_read + i * vd + tid);
       } else {
-        for (int64_t i = tid; i < state_values; i += blockDim.x) S[i] = fresh ? 0.0f : recurrent_read[i];
+        for (int64_t i = tid; i < state_values; i += blockDim.x)
+          S[i] = fresh ? 0.0f : recurrent_read[i];
         __syncthreads();
       }
     }
@@ -264,7 +269,8 @@ __global__ void delta_net_kernel(DeltaNetParams p) {
         }
       }
       // RMSNorm over the head's outputs, times the norm weight and silu(z).
-      const float2 sum = block_sum2(o * o, 0.0f, red + 64);  // (also: every thread is past the loop above)
+      const float2 sum =
+          block_sum2(o * o, 0.0f, red + 64);  // (also: every thread is past the loop above)
       if (owns_v) {
         const float scale = 1.0f / sqrtf(sum.x / static_cast<float>(vd) + p.eps);
         p.out[t * value_dim + int64_t{h} * vd + tid] = p.norm[tid] * (o * scale) * silu(now.z);
@@ -290,7 +296,6 @@ __global__ void delta_net_kernel(DeltaNetParams p) {
     for (int64_t i = tid; i < state_values; i += blockDim.x) recurrent_write[i] = S[i];
   }
 }
-
 
 template <int HISTORY>
 void launch_history(const DeltaNetParams& p, cudaStream_t stream) {
