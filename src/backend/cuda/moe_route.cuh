@@ -105,6 +105,26 @@ struct RouteParams {
   }
 };
 
+// One lane's step of a router dot product: the 8 weights of `packed` (bf16) times x[0:8], added
+// to acc in element order. Every router logit on CUDA is a sum of these steps in the same order.
+__device__ __forceinline__ float router_dot8(const uint4& packed, const float* __restrict__ x,
+                                             float acc) {
+  const __nv_bfloat162* w2 = reinterpret_cast<const __nv_bfloat162*>(&packed);
+  const float4 x0 = *reinterpret_cast<const float4*>(x);
+  const float4 x1 = *reinterpret_cast<const float4*>(x + 4);
+  float2 a = __bfloat1622float2(w2[0]), b = __bfloat1622float2(w2[1]);
+  float2 c = __bfloat1622float2(w2[2]), d = __bfloat1622float2(w2[3]);
+  acc = fmaf(x0.x, a.x, acc);
+  acc = fmaf(x0.y, a.y, acc);
+  acc = fmaf(x0.z, b.x, acc);
+  acc = fmaf(x0.w, b.y, acc);
+  acc = fmaf(x1.x, c.x, acc);
+  acc = fmaf(x1.y, c.y, acc);
+  acc = fmaf(x1.z, d.x, acc);
+  acc = fmaf(x1.w, d.y, acc);
+  return acc;
+}
+
 // One expert's router logit: dot(x[0:hidden], w_row) in f32, computed by one whole warp in a
 // fixed order (lane l sums elements l*8 .. l*8+7 of each 256-wide slab in slab order, then a
 // butterfly over lanes). Every lane returns the same value. hidden must be a multiple of 8.
@@ -114,22 +134,8 @@ __device__ __forceinline__ float router_logit_warp(const float* __restrict__ x,
   float acc = 0.0f;
   // Unrolled so that several slabs' loads are in flight at once; the sum's order is unchanged.
 #pragma unroll 4
-  for (int base = lane * 8; base < hidden; base += 256) {
-    const uint4 packed = *reinterpret_cast<const uint4*>(w_row + base);
-    const __nv_bfloat162* w2 = reinterpret_cast<const __nv_bfloat162*>(&packed);
-    const float4 x0 = *reinterpret_cast<const float4*>(x + base);
-    const float4 x1 = *reinterpret_cast<const float4*>(x + base + 4);
-    float2 a = __bfloat1622float2(w2[0]), b = __bfloat1622float2(w2[1]);
-    float2 c = __bfloat1622float2(w2[2]), d = __bfloat1622float2(w2[3]);
-    acc = fmaf(x0.x, a.x, acc);
-    acc = fmaf(x0.y, a.y, acc);
-    acc = fmaf(x0.z, b.x, acc);
-    acc = fmaf(x0.w, b.y, acc);
-    acc = fmaf(x1.x, c.x, acc);
-    acc = fmaf(x1.y, c.y, acc);
-    acc = fmaf(x1.z, d.x, acc);
-    acc = fmaf(x1.w, d.y, acc);
-  }
+  for (int base = lane * 8; base < hidden; base += 256)
+    acc = router_dot8(*reinterpret_cast<const uint4*>(w_row + base), x + base, acc);
   for (int offset = 16; offset > 0; offset >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, offset);
   return acc;
 }
