@@ -657,6 +657,7 @@ class CudaBackend final : public Backend {
     p.recurrent = state.recurrent->ptr<float>();
     p.out = out.ptr<float>();
     p.tokens = qkv.dim(0);
+    p.max_query_len = batch.max_query_len;
     p.seqs = static_cast<int>(state.read.numel());
     p.key_heads = static_cast<int>(shape.key_heads);
     p.value_heads = static_cast<int>(shape.value_heads);

@@ -1,5 +1,7 @@
 #include "backend/cuda/linear_attention.h"
 
+#include <cstdlib>
+
 namespace sy::backend::cuda {
 namespace {
 
@@ -297,8 +299,311 @@ __global__ void delta_net_kernel(DeltaNetParams p) {
   }
 }
 
+// ---- The chunked form, for prefill (SY_DELTA_CHUNKED=1; compiled only, not yet run on a GPU) ----
+// One block per (sequence, value head) takes its tokens kChunkTokens at a time: conv1d + SiLU of
+// the chunk's q, k and v channels (the raw inputs of the last HISTORY tokens kept in shared
+// memory), l2-normalised q and k, then the gated delta rule of the whole chunk as small matmuls
+// on the CUDA cores, in f32. With b the running sum of log(decay) over the chunk
+// (tests/backend/delta_rule_chunked_test.cpp writes these out and checks them against the
+// recurrence):
+//   A_ij = beta_i e^(b_i - b_j) k_i.k_j (j < i),  T = (I + A)^-1 (forward substitution),
+//   R_i = beta_i (v_i - e^(b_i) S0^T k_i),  U = T R (U_i: token i's delta),
+//   o_i = e^(b_i) S0^T q_i + sum_{j <= i} e^(b_i - b_j) q_i.k_j U_j,
+//   S = e^(b_last) S0 + sum_j e^(b_last - b_j) k_j U_j^T.
+// Key and value heads of kChunkDim (Qwen3.5's 128) only. The sums run in another order than
+// the recurrence's: equal within the op harness's tolerance, not bitwise.
+constexpr int kChunkTokens = 32;
+constexpr int kChunkDim = 128;
+constexpr int kChunkThreads = 256;
+constexpr int kChunkRow = kChunkDim + 4;        // padded rows of Q, K, V, U and the state (floats)
+constexpr int kChunkSquare = kChunkTokens + 1;  // padded rows of the chunk x chunk matrices
+constexpr int kChunkChannels = 3 * kChunkDim;   // the head's q, k and v conv channels
+// The (token, column) outputs: a thread has column tid % kChunkDim and kChunkRowsPerThread rows;
+// the state: the same column and kChunkStateRows rows.
+constexpr int kChunkRowsPerThread = kChunkTokens * kChunkDim / kChunkThreads;
+constexpr int kChunkStateRows = kChunkDim * kChunkDim / kChunkThreads;
+static_assert(
+    kChunkThreads % kChunkDim == 0 && kChunkThreads >= kChunkTokens &&
+        2 * kChunkThreads >= kChunkChannels,
+    "thread layout: column-major outputs, a thread per column of T, two history channels a thread");
+
+// Float offsets in the chunked kernel's shared memory; then HISTORY x kChunkChannels raw inputs,
+// 32 warp counts and a pass's token list.
+struct ChunkLayout {
+  static constexpr int q = 0;
+  static constexpr int k = q + kChunkTokens * kChunkRow;
+  static constexpr int v = k + kChunkTokens * kChunkRow;  // then R
+  static constexpr int u = v + kChunkTokens * kChunkRow;
+  static constexpr int state = u + kChunkTokens * kChunkRow;  // [key_head_dim][value_head_dim]
+  static constexpr int a = state + kChunkDim * kChunkRow;
+  static constexpr int t = a + kChunkTokens * kChunkSquare;
+  static constexpr int pm = t + kChunkTokens * kChunkSquare;  // e^(b_i - b_j) q_i.k_j, j <= i
+  static constexpr int b = pm + kChunkTokens * kChunkSquare;
+  static constexpr int beta = b + kChunkTokens;
+  static constexpr int history = beta + kChunkTokens;
+};
+size_t delta_net_chunk_smem(int history) {
+  return (static_cast<size_t>(ChunkLayout::history) +
+          static_cast<size_t>(history) * kChunkChannels + 32 + kChunkThreads * kScanPerThread) *
+         sizeof(float);
+}
+
+template <int HISTORY>
+__global__ void __launch_bounds__(kChunkThreads) delta_net_chunk_kernel(DeltaNetParams p) {
+  extern __shared__ __align__(16) float smem[];
+  constexpr int kd = kChunkDim, vd = kChunkDim, R = kChunkRow, Q2 = kChunkSquare;
+  float* Q = smem + ChunkLayout::q;  // [token][kd]; at the end of a chunk, its outputs o
+  float* K = smem + ChunkLayout::k;
+  float* V = smem + ChunkLayout::v;  // [token][vd]; then R
+  float* U = smem + ChunkLayout::u;
+  float* S = smem + ChunkLayout::state;
+  float* Am = smem + ChunkLayout::a;
+  float* Tm = smem + ChunkLayout::t;
+  float* Pm = smem + ChunkLayout::pm;
+  float* b = smem + ChunkLayout::b;
+  float* beta = smem + ChunkLayout::beta;
+  float* history = smem + ChunkLayout::history;  // [m][channel], oldest first
+  int* counts = reinterpret_cast<int*>(history + HISTORY * kChunkChannels);
+  int32_t* list = reinterpret_cast<int32_t*>(counts + 32);
+  const int s = blockIdx.x / p.value_heads, h = blockIdx.x % p.value_heads;
+  const int group = p.value_heads / p.key_heads, key_head = h / group;
+  const int64_t key_dim = int64_t{p.key_heads} * kd, value_dim = int64_t{p.value_heads} * vd;
+  const int64_t conv_dim = 2 * key_dim + value_dim;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, warps = kChunkThreads / 32;
+  const int read = p.state_read[s], write = p.state_write[s];
+  // The head's conv channel ch (q and k of its key head, then v of its value head) in qkv.
+  auto channel_of = [&](int ch) -> int64_t {
+    return ch < kd       ? int64_t{key_head} * kd + ch
+           : ch < 2 * kd ? key_dim + int64_t{key_head} * kd + (ch - kd)
+                         : 2 * key_dim + int64_t{h} * vd + (ch - 2 * kd);
+  };
+  const float A = expf(p.a_log[h]), dt_bias = p.dt_bias[h];
+  const float inv_sqrt_kd = 1.0f / sqrtf(static_cast<float>(kd));
+  const int col = tid % kd;
+  const int row0 = (tid / kd) * kChunkRowsPerThread, state_row0 = (tid / kd) * kChunkStateRows;
+
+  bool started = false;
+  const int pass = kChunkThreads * kScanPerThread;
+  for (int64_t base = 0; base < p.tokens; base += pass) {
+    const int count = gather_tokens(p.token_seq, p.tokens, s, base, list, counts);  // (uniform)
+    if (count == 0) continue;
+    if (read < 0) {  // a padding sequence: zero outputs, states untouched
+      for (int i = 0; i < count; ++i)
+        for (int c = tid; c < vd; c += kChunkThreads)
+          p.out[int64_t{list[i]} * value_dim + int64_t{h} * vd + c] = 0.0f;
+      continue;
+    }
+    if (!started) {
+      started = true;
+      const bool fresh = p.positions[list[0]] == 0;
+      const float* conv_read = p.conv_state + int64_t{read} * conv_dim * HISTORY;
+      for (int i = tid; i < HISTORY * kChunkChannels; i += kChunkThreads) {
+        const int m = i / kChunkChannels, ch = i % kChunkChannels;
+        history[i] = fresh ? 0.0f : conv_read[channel_of(ch) * HISTORY + m];
+      }
+      const float* recurrent_read = p.recurrent + (int64_t{read} * p.value_heads + h) * kd * vd;
+      for (int i = tid; i < kd * vd; i += kChunkThreads)
+        S[(i / vd) * R + i % vd] = fresh ? 0.0f : recurrent_read[i];
+      __syncthreads();
+    }
+    for (int c0 = 0; c0 < count; c0 += kChunkTokens) {
+      const int n = min(kChunkTokens, count - c0);
+      const int32_t* tok = list + c0;
+      // (1) conv1d + SiLU of every channel of the chunk's tokens (ConvChannel's sum order), and
+      // the raw inputs the next chunk's first tokens look back at; beta, log(decay).
+      for (int i = tid; i < n * kChunkChannels; i += kChunkThreads) {
+        const int t = i / kChunkChannels, ch = i % kChunkChannels;
+        const int64_t channel = channel_of(ch);
+        const __nv_bfloat16* w = p.conv_w + channel * (HISTORY + 1);
+        float acc = 0.0f;
+#pragma unroll
+        for (int m = 0; m < HISTORY; ++m) {
+          const int from = t - HISTORY + m;  // a token of the chunk, or one before it
+          const float x = from >= 0 ? p.qkv[int64_t{tok[from]} * conv_dim + channel]
+                                    : history[(HISTORY + from) * kChunkChannels + ch];
+          acc += __bfloat162float(w[m]) * x;
+        }
+        acc += __bfloat162float(w[HISTORY]) * p.qkv[int64_t{tok[t]} * conv_dim + channel];
+        const float y = silu(acc);
+        if (ch < kd)
+          Q[t * R + ch] = y;
+        else if (ch < 2 * kd)
+          K[t * R + ch - kd] = y;
+        else
+          V[t * R + ch - 2 * kd] = y;
+      }
+      float next_history[HISTORY > 0 ? HISTORY : 1][2];
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int ch = tid + j * kChunkThreads;
+        if (ch >= kChunkChannels) continue;
+#pragma unroll
+        for (int m = 0; m < HISTORY; ++m) {
+          const int from = n - HISTORY + m;
+          next_history[m][j] = from >= 0 ? p.qkv[int64_t{tok[from]} * conv_dim + channel_of(ch)]
+                                         : history[(HISTORY + from) * kChunkChannels + ch];
+        }
+      }
+      if (tid < n) {
+        beta[tid] = sigmoid(p.b[int64_t{tok[tid]} * p.value_heads + h]);
+        b[tid] = -A * softplus(p.a[int64_t{tok[tid]} * p.value_heads + h] + dt_bias);  // log(decay)
+      }
+      __syncthreads();
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int ch = tid + j * kChunkThreads;
+        if (ch >= kChunkChannels) continue;
+#pragma unroll
+        for (int m = 0; m < HISTORY; ++m) history[m * kChunkChannels + ch] = next_history[m][j];
+      }
+      // (2) q and k l2-normalised (as the recurrent kernel), q scaled; b summed over the chunk.
+      for (int t = warp; t < n; t += warps) {
+        float sq = 0.0f, sk = 0.0f;
+        for (int c = lane; c < kd; c += 32) {
+          sq += Q[t * R + c] * Q[t * R + c];
+          sk += K[t * R + c] * K[t * R + c];
+        }
+        for (int o = 16; o > 0; o >>= 1) {
+          sq += __shfl_xor_sync(0xffffffffu, sq, o);
+          sk += __shfl_xor_sync(0xffffffffu, sk, o);
+        }
+        const float q_scale = 1.0f / sqrtf(sq + 1e-6f) * inv_sqrt_kd,
+                    k_scale = 1.0f / sqrtf(sk + 1e-6f);
+        for (int c = lane; c < kd; c += 32) {
+          Q[t * R + c] *= q_scale;
+          K[t * R + c] *= k_scale;
+        }
+      }
+      if (tid == 0)
+        for (int t = 1; t < n; ++t) b[t] += b[t - 1];
+      __syncthreads();
+      // (3) A and Pm, entries (i, j) of the chunk x chunk (zeros outside their triangles).
+      for (int e = tid; e < kChunkTokens * kChunkTokens; e += kChunkThreads) {
+        const int i = e / kChunkTokens, j = e % kChunkTokens;
+        float kk = 0.0f, qk = 0.0f;
+        if (i < n && j <= i)
+          for (int r = 0; r < kd; ++r) {
+            const float kj = K[j * R + r];
+            kk += K[i * R + r] * kj;
+            qk += Q[i * R + r] * kj;
+          }
+        const float decay = i < n && j <= i ? expf(b[i] - b[j]) : 0.0f;
+        Am[i * Q2 + j] = j < i ? beta[i] * decay * kk : 0.0f;
+        Pm[i * Q2 + j] = decay * qk;
+      }
+      __syncthreads();
+      // (4) T = (I + A)^-1, lower triangular with a unit diagonal, a row at a time:
+      // T_ic = [i == c] - sum_{c <= j < i} A_ij T_jc.
+      for (int i = 0; i < n; ++i) {
+        if (tid < n) {
+          float x = 0.0f;
+          if (tid <= i) {
+            x = tid == i ? 1.0f : 0.0f;
+            for (int j = tid; j < i; ++j) x -= Am[i * Q2 + j] * Tm[j * Q2 + tid];
+          }
+          Tm[i * Q2 + tid] = x;
+        }
+        __syncthreads();
+      }
+      // (5) R = beta (V - e^b K S0) in place of V; e^b Q S0 kept for the outputs.
+      float k_s[kChunkRowsPerThread], out[kChunkRowsPerThread];
+#pragma unroll
+      for (int m = 0; m < kChunkRowsPerThread; ++m) k_s[m] = out[m] = 0.0f;
+      for (int r = 0; r < kd; ++r) {
+        const float sv = S[r * R + col];
+#pragma unroll
+        for (int m = 0; m < kChunkRowsPerThread; ++m) {
+          k_s[m] += K[(row0 + m) * R + r] * sv;
+          out[m] += Q[(row0 + m) * R + r] * sv;
+        }
+      }
+#pragma unroll
+      for (int m = 0; m < kChunkRowsPerThread; ++m) {
+        const int i = row0 + m;
+        if (i >= n) continue;
+        const float grow = expf(b[i]);
+        V[i * R + col] = beta[i] * (V[i * R + col] - grow * k_s[m]);
+        out[m] *= grow;
+      }
+      __syncthreads();
+      // (6) U = T R.
+#pragma unroll
+      for (int m = 0; m < kChunkRowsPerThread; ++m) {
+        const int i = row0 + m;
+        if (i >= n) continue;
+        float x = 0.0f;
+        for (int j = 0; j <= i; ++j) x += Tm[i * Q2 + j] * V[j * R + col];
+        U[i * R + col] = x;
+      }
+      __syncthreads();
+      // (7) o = e^b Q S0 + Pm U (into Q, free now); the state carried to the next chunk.
+#pragma unroll
+      for (int m = 0; m < kChunkRowsPerThread; ++m) {
+        const int i = row0 + m;
+        if (i >= n) continue;
+        for (int j = 0; j <= i; ++j) out[m] += Pm[i * Q2 + j] * U[j * R + col];
+        Q[i * R + col] = out[m];
+      }
+      const float b_last = b[n - 1];
+      float carried[kChunkTokens];  // e^(b_last - b_j) U_j, this column
+#pragma unroll
+      for (int j = 0; j < kChunkTokens; ++j)
+        carried[j] = j < n ? expf(b_last - b[j]) * U[j * R + col] : 0.0f;
+      const float keep = expf(b_last);
+      for (int rr = 0; rr < kChunkStateRows; ++rr) {
+        const int r = state_row0 + rr;
+        float x = keep * S[r * R + col];
+#pragma unroll
+        for (int j = 0; j < kChunkTokens; ++j)
+          if (j < n) x += K[j * R + r] * carried[j];
+        S[r * R + col] = x;
+      }
+      __syncthreads();
+      // (8) Per token: RMSNorm over the head's outputs, times the norm weight and silu(z).
+      for (int t = warp; t < n; t += warps) {
+        float sum = 0.0f;
+        for (int c = lane; c < vd; c += 32) sum += Q[t * R + c] * Q[t * R + c];
+        for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        const float scale = 1.0f / sqrtf(sum / static_cast<float>(vd) + p.eps);
+        for (int c = lane; c < vd; c += 32) {
+          const int64_t at = int64_t{tok[t]} * value_dim + int64_t{h} * vd + c;
+          p.out[at] = p.norm[c] * (Q[t * R + c] * scale) * silu(p.z[at]);
+        }
+      }
+      __syncthreads();  // the next chunk overwrites Q, K, V, U, A, T, Pm
+    }
+  }
+  if (!started) return;  // no tokens, or padding
+  float* conv_write = p.conv_state + int64_t{write} * conv_dim * HISTORY;
+  for (int i = tid; i < HISTORY * kChunkChannels; i += kChunkThreads) {
+    const int m = i / kChunkChannels, ch = i % kChunkChannels;
+    if (ch < 2 * kd && h % group != 0) continue;  // the key head's q and k channels: one writer
+    conv_write[channel_of(ch) * HISTORY + m] = history[i];
+  }
+  float* recurrent_write = p.recurrent + (int64_t{write} * p.value_heads + h) * kd * vd;
+  for (int i = tid; i < kd * vd; i += kChunkThreads) recurrent_write[i] = S[(i / vd) * R + i % vd];
+}
+
+// SY_DELTA_CHUNKED=1 (until a GPU visit has checked and timed it): steps with a sequence of
+// kChunkTokens or more query tokens take the chunked kernel, where the heads are kChunkDim wide.
+bool use_chunked(const DeltaNetParams& p) {
+  static const bool enabled = [] {
+    const char* value = std::getenv("SY_DELTA_CHUNKED");
+    return value && value[0] == '1';
+  }();
+  return enabled && p.key_head_dim == kChunkDim && p.value_head_dim == kChunkDim &&
+         p.max_query_len >= kChunkTokens;
+}
+
 template <int HISTORY>
 void launch_history(const DeltaNetParams& p, cudaStream_t stream) {
+  if (use_chunked(p)) {
+    const unsigned blocks = static_cast<unsigned>(p.seqs) * static_cast<unsigned>(p.value_heads);
+    delta_net_chunk_kernel<HISTORY>
+        <<<blocks, kChunkThreads, delta_net_chunk_smem(HISTORY), stream>>>(p);
+    SY_CUDA_LAUNCH_CHECK("delta_net_chunk_kernel");
+    return;
+  }
   const bool registers = p.key_head_dim == kRegisterKeyDim;
   const size_t smem = delta_net_smem(p.key_head_dim, p.value_head_dim, registers);
   const int widest = p.key_head_dim > p.value_head_dim ? p.key_head_dim : p.value_head_dim;
@@ -338,6 +643,9 @@ void allow_smem(int bytes) {
                                      cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
   SY_CUDA_CHECK(cudaFuncSetAttribute(delta_net_kernel<HISTORY, kRegisterKeyDim>,
                                      cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  SY_CUDA_CHECK(cudaFuncSetAttribute(delta_net_chunk_kernel<HISTORY>,
+                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     static_cast<int>(delta_net_chunk_smem(HISTORY))));
 }
 
 void prepare_gated_delta_net(int device) {

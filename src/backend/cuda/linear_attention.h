@@ -6,8 +6,10 @@
 // silu(z)-gated RMSNorm of its output — in the CPU's summation order per column. The block finds
 // its sequence's tokens a pass of the step at a time (token_seq read coalesced) and requests each
 // token's inputs one token ahead. The recurrent form, token by token: exact, and as fast as
-// decode needs; prefill of long prompts wants the chunked form (the same sums reordered into
-// matmuls), which is not written yet (Qwen3.5 prefill on an H100: BENCHMARKS.md, session 19).
+// decode needs. Prefill of long prompts wants the chunked form (the same sums reordered into
+// matmuls): delta_net_chunk_kernel, chunks of 32 tokens on the CUDA cores in f32, heads of 128,
+// opt-in (SY_DELTA_CHUNKED=1) and not yet run on a GPU (Qwen3.5 prefill on an H100:
+// BENCHMARKS.md, session 19).
 // Floor per decode step and layer: the states read and written once, 2 * value_heads *
 // key_head_dim * value_head_dim * 4 bytes per sequence.
 #pragma once
@@ -35,6 +37,7 @@ struct DeltaNetParams {
   float* recurrent = nullptr;             // [buffers, value_heads, key_head_dim, value_head_dim]
   float* out = nullptr;                   // [tokens, value_heads * value_head_dim]
   int64_t tokens = 0;
+  int64_t max_query_len = 0;  // the most tokens of one sequence in the step (AttentionBatch)
   int seqs = 0, key_heads = 0, value_heads = 0, key_head_dim = 0, value_head_dim = 0, kernel = 0;
   float eps = 0;
 };
