@@ -2,6 +2,8 @@
 
 #include <cstdlib>
 
+#include "backend/cuda/delta_chunk.cuh"
+
 namespace sy::backend::cuda {
 namespace {
 
@@ -300,7 +302,8 @@ __global__ void delta_net_kernel(DeltaNetParams p) {
 }
 
 // ---- The chunked form, for prefill (SY_DELTA_CHUNKED=1; compiled only, not yet run on a GPU) ----
-// One block per (sequence, value head) takes its tokens kChunkTokens at a time: conv1d + SiLU of
+// One block per (sequence, value head) takes its tokens kChunkTokens at a time (delta_chunk.cuh
+// holds the in-chunk math, also run on the CPU by a test): conv1d + SiLU of
 // the chunk's q, k and v channels (the raw inputs of the last HISTORY tokens kept in shared
 // memory), l2-normalised q and k, then the gated delta rule of the whole chunk as small matmuls
 // on the CUDA cores, in f32. With b the running sum of log(decay) over the chunk
@@ -312,20 +315,14 @@ __global__ void delta_net_kernel(DeltaNetParams p) {
 //   S = e^(b_last) S0 + sum_j e^(b_last - b_j) k_j U_j^T.
 // Key and value heads of kChunkDim (Qwen3.5's 128) only. The sums run in another order than
 // the recurrence's: equal within the op harness's tolerance, not bitwise.
-constexpr int kChunkTokens = 32;
-constexpr int kChunkDim = 128;
-constexpr int kChunkThreads = 256;
-constexpr int kChunkRow = kChunkDim + 4;        // padded rows of Q, K, V, U and the state (floats)
-constexpr int kChunkSquare = kChunkTokens + 1;  // padded rows of the chunk x chunk matrices
-constexpr int kChunkChannels = 3 * kChunkDim;   // the head's q, k and v conv channels
-// The (token, column) outputs: a thread has column tid % kChunkDim and kChunkRowsPerThread rows;
-// the state: the same column and kChunkStateRows rows.
-constexpr int kChunkRowsPerThread = kChunkTokens * kChunkDim / kChunkThreads;
-constexpr int kChunkStateRows = kChunkDim * kChunkDim / kChunkThreads;
-static_assert(
-    kChunkThreads % kChunkDim == 0 && kChunkThreads >= kChunkTokens &&
-        2 * kChunkThreads >= kChunkChannels,
-    "thread layout: column-major outputs, a thread per column of T, two history channels a thread");
+constexpr int kChunkTokens = delta_chunk::kTokens;
+constexpr int kChunkDim = delta_chunk::kDim;
+constexpr int kChunkThreads = delta_chunk::kThreads;
+constexpr int kChunkRow = delta_chunk::kRow;
+constexpr int kChunkSquare = delta_chunk::kSquare;
+constexpr int kChunkChannels = 3 * kChunkDim;  // the head's q, k and v conv channels
+constexpr int kChunkRowsPerThread = delta_chunk::kRowsPerThread;
+static_assert(2 * kChunkThreads >= kChunkChannels, "two history channels a thread");
 
 // Float offsets in the chunked kernel's shared memory; then HISTORY x kChunkChannels raw inputs,
 // 32 warp counts and a pass's token list.
@@ -351,7 +348,7 @@ size_t delta_net_chunk_smem(int history) {
 template <int HISTORY>
 __global__ void __launch_bounds__(kChunkThreads) delta_net_chunk_kernel(DeltaNetParams p) {
   extern __shared__ __align__(16) float smem[];
-  constexpr int kd = kChunkDim, vd = kChunkDim, R = kChunkRow, Q2 = kChunkSquare;
+  constexpr int kd = kChunkDim, vd = kChunkDim, R = kChunkRow;
   float* Q = smem + ChunkLayout::q;  // [token][kd]; at the end of a chunk, its outputs o
   float* K = smem + ChunkLayout::k;
   float* V = smem + ChunkLayout::v;  // [token][vd]; then R
@@ -365,6 +362,7 @@ __global__ void __launch_bounds__(kChunkThreads) delta_net_chunk_kernel(DeltaNet
   float* history = smem + ChunkLayout::history;  // [m][channel], oldest first
   int* counts = reinterpret_cast<int*>(history + HISTORY * kChunkChannels);
   int32_t* list = reinterpret_cast<int32_t*>(counts + 32);
+  const delta_chunk::View view{Q, K, V, U, S, Am, Tm, Pm, b, beta};
   const int s = blockIdx.x / p.value_heads, h = blockIdx.x % p.value_heads;
   const int group = p.value_heads / p.key_heads, key_head = h / group;
   const int64_t key_dim = int64_t{p.key_heads} * kd, value_dim = int64_t{p.value_heads} * vd;
@@ -379,8 +377,6 @@ __global__ void __launch_bounds__(kChunkThreads) delta_net_chunk_kernel(DeltaNet
   };
   const float A = expf(p.a_log[h]), dt_bias = p.dt_bias[h];
   const float inv_sqrt_kd = 1.0f / sqrtf(static_cast<float>(kd));
-  const int col = tid % kd;
-  const int row0 = (tid / kd) * kChunkRowsPerThread, state_row0 = (tid / kd) * kChunkStateRows;
 
   bool started = false;
   const int pass = kChunkThreads * kScanPerThread;
@@ -477,87 +473,19 @@ __global__ void __launch_bounds__(kChunkThreads) delta_net_chunk_kernel(DeltaNet
       if (tid == 0)
         for (int t = 1; t < n; ++t) b[t] += b[t - 1];
       __syncthreads();
-      // (3) A and Pm, entries (i, j) of the chunk x chunk (zeros outside their triangles).
-      for (int e = tid; e < kChunkTokens * kChunkTokens; e += kChunkThreads) {
-        const int i = e / kChunkTokens, j = e % kChunkTokens;
-        float kk = 0.0f, qk = 0.0f;
-        if (i < n && j <= i)
-          for (int r = 0; r < kd; ++r) {
-            const float kj = K[j * R + r];
-            kk += K[i * R + r] * kj;
-            qk += Q[i * R + r] * kj;
-          }
-        const float decay = i < n && j <= i ? expf(b[i] - b[j]) : 0.0f;
-        Am[i * Q2 + j] = j < i ? beta[i] * decay * kk : 0.0f;
-        Pm[i * Q2 + j] = decay * qk;
-      }
+      // (3) to (7): the chunk's math (delta_chunk.cuh), a barrier between phases.
+      delta_chunk::a_and_pm(view, n, tid);
       __syncthreads();
-      // (4) T = (I + A)^-1, lower triangular with a unit diagonal, a row at a time:
-      // T_ic = [i == c] - sum_{c <= j < i} A_ij T_jc.
       for (int i = 0; i < n; ++i) {
-        if (tid < n) {
-          float x = 0.0f;
-          if (tid <= i) {
-            x = tid == i ? 1.0f : 0.0f;
-            for (int j = tid; j < i; ++j) x -= Am[i * Q2 + j] * Tm[j * Q2 + tid];
-          }
-          Tm[i * Q2 + tid] = x;
-        }
+        delta_chunk::t_row(view, n, i, tid);
         __syncthreads();
       }
-      // (5) R = beta (V - e^b K S0) in place of V; e^b Q S0 kept for the outputs.
-      float k_s[kChunkRowsPerThread], out[kChunkRowsPerThread];
-#pragma unroll
-      for (int m = 0; m < kChunkRowsPerThread; ++m) k_s[m] = out[m] = 0.0f;
-      for (int r = 0; r < kd; ++r) {
-        const float sv = S[r * R + col];
-#pragma unroll
-        for (int m = 0; m < kChunkRowsPerThread; ++m) {
-          k_s[m] += K[(row0 + m) * R + r] * sv;
-          out[m] += Q[(row0 + m) * R + r] * sv;
-        }
-      }
-#pragma unroll
-      for (int m = 0; m < kChunkRowsPerThread; ++m) {
-        const int i = row0 + m;
-        if (i >= n) continue;
-        const float grow = expf(b[i]);
-        V[i * R + col] = beta[i] * (V[i * R + col] - grow * k_s[m]);
-        out[m] *= grow;
-      }
+      float out[kChunkRowsPerThread];
+      delta_chunk::r_and_qs(view, n, tid, out);
       __syncthreads();
-      // (6) U = T R.
-#pragma unroll
-      for (int m = 0; m < kChunkRowsPerThread; ++m) {
-        const int i = row0 + m;
-        if (i >= n) continue;
-        float x = 0.0f;
-        for (int j = 0; j <= i; ++j) x += Tm[i * Q2 + j] * V[j * R + col];
-        U[i * R + col] = x;
-      }
+      delta_chunk::u_of(view, n, tid);
       __syncthreads();
-      // (7) o = e^b Q S0 + Pm U (into Q, free now); the state carried to the next chunk.
-#pragma unroll
-      for (int m = 0; m < kChunkRowsPerThread; ++m) {
-        const int i = row0 + m;
-        if (i >= n) continue;
-        for (int j = 0; j <= i; ++j) out[m] += Pm[i * Q2 + j] * U[j * R + col];
-        Q[i * R + col] = out[m];
-      }
-      const float b_last = b[n - 1];
-      float carried[kChunkTokens];  // e^(b_last - b_j) U_j, this column
-#pragma unroll
-      for (int j = 0; j < kChunkTokens; ++j)
-        carried[j] = j < n ? expf(b_last - b[j]) * U[j * R + col] : 0.0f;
-      const float keep = expf(b_last);
-      for (int rr = 0; rr < kChunkStateRows; ++rr) {
-        const int r = state_row0 + rr;
-        float x = keep * S[r * R + col];
-#pragma unroll
-        for (int j = 0; j < kChunkTokens; ++j)
-          if (j < n) x += K[j * R + r] * carried[j];
-        S[r * R + col] = x;
-      }
+      delta_chunk::outputs_and_state(view, n, tid, out);
       __syncthreads();
       // (8) Per token: RMSNorm over the head's outputs, times the norm weight and silu(z).
       for (int t = warp; t < n; t += warps) {
