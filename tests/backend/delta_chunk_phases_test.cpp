@@ -1,17 +1,21 @@
-// delta_net_chunk_kernel's in-chunk math (backend/cuda/delta_chunk.cuh, the same functions the
-// kernel calls) run on the CPU: every thread of a phase in turn, phase by phase, as the kernel's
-// barriers order them, over several chunks (the state carried), with the rows and entries a
-// phase must not read poisoned with NaN. Checked against the recurrence in double.
+// delta_net_chunk_kernel's phases (backend/cuda/delta_chunk.cuh, the same functions the kernel
+// calls) run on the CPU: every thread of a phase in turn, phase by phase, as the kernel's barriers
+// order them, over several chunks (the state carried), with the rows and entries a phase must not
+// read poisoned with NaN. The in-chunk math against the recurrence in double; the whole chunk
+// pipeline (conv, norms, outputs, states) against the CPU backend's gated_delta_net.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
+#include <memory>
 #include <random>
 #include <vector>
 
+#include "backend/backend.h"
 #include "backend/cuda/delta_chunk.cuh"
 
 namespace {
@@ -72,18 +76,17 @@ void recurrent(const Tokens& t, std::vector<double>& state, std::vector<double>&
 
 // Shared memory of one block, the kernel's layout, with every float NaN until written.
 struct Block {
-  std::vector<float> q, k, v, u, state, a, t, pm, b, beta;
+  std::vector<float> q, k, v, u, state, a, t, pm, b, beta, scale;
   Block() {
     const float nan = std::numeric_limits<float>::quiet_NaN();
     for (auto* x : {&q, &k, &v, &u}) x->assign(dc::kTokens * dc::kRow, nan);
     state.assign(dc::kDim * dc::kRow, nan);
     for (auto* x : {&a, &t, &pm}) x->assign(dc::kTokens * dc::kSquare, nan);
-    b.assign(dc::kTokens, nan);
-    beta.assign(dc::kTokens, nan);
+    for (auto* x : {&b, &beta, &scale}) x->assign(dc::kTokens, nan);
   }
   dc::View view() {
-    return {q.data(), k.data(), v.data(),  u.data(), state.data(),
-            a.data(), t.data(), pm.data(), b.data(), beta.data()};
+    return {q.data(), k.data(),  v.data(), u.data(),    state.data(), a.data(),
+            t.data(), pm.data(), b.data(), beta.data(), scale.data()};
   }
 };
 
@@ -159,6 +162,163 @@ TEST(DeltaChunkPhases, TheKernelsInChunkMathMatchesTheRecurrence) {
   emulate(t, sizes, state0, got, got_state);
   EXPECT_LT(relative_error(got, want), 1e-5);
   EXPECT_LT(relative_error(got_state, want_state), 1e-5);
+}
+
+// A step of two sequences on the CPU backend and through the chunk phases, block by block as the
+// kernel runs them: sequence 0 fresh (75 tokens: chunks of 32, 32, 11), sequence 1 continuing
+// from state buffer 2 (40 tokens), their tokens interleaved in the step for the first 80.
+TEST(DeltaChunkPhases, TheChunkPipelineMatchesTheCpuBackend) {
+  constexpr int kHistory = 3, kKernel = kHistory + 1, kKeyHeads = 2, kValueHeads = 4, D = dc::kDim;
+  constexpr int64_t key_dim = int64_t{kKeyHeads} * D, value_dim = int64_t{kValueHeads} * D;
+  constexpr int64_t conv_dim = 2 * key_dim + value_dim, buffers = 4;
+  const std::vector<int> lengths = {75, 40}, starts = {0, 230}, read = {0, 2}, write = {1, 3};
+  std::vector<int32_t> positions, token_seq;
+  std::vector<int> next(2, 0);
+  while (next[0] < lengths[0] || next[1] < lengths[1])
+    for (int s = 0; s < 2; ++s)
+      if (next[s] < lengths[s]) {
+        positions.push_back(starts[s] + next[s]++);
+        token_seq.push_back(s);
+      }
+  const int64_t T = static_cast<int64_t>(positions.size());
+  std::mt19937 rng(5u);
+  std::normal_distribution<float> normal;
+  auto randoms = [&](int64_t count, float scale) {
+    std::vector<float> x(static_cast<size_t>(count));
+    for (float& e : x) e = scale * normal(rng);
+    return x;
+  };
+  std::vector<float> qkv = randoms(T * conv_dim, 1.5f), z = randoms(T * value_dim, 2.0f);
+  std::vector<float> b = randoms(T * kValueHeads, 2.0f), a = randoms(T * kValueHeads, 2.0f);
+  std::vector<float> a_log = randoms(kValueHeads, 1.0f), dt_bias = randoms(kValueHeads, 1.0f);
+  std::vector<float> norm = randoms(D, 0.3f);
+  for (float& e : norm) e += 1.0f;
+  std::vector<uint16_t> conv_w(static_cast<size_t>(conv_dim * kKernel));
+  for (uint16_t& w : conv_w) {
+    const float value = 0.6f * normal(rng);
+    uint32_t bits;
+    std::memcpy(&bits, &value, sizeof(bits));
+    w = static_cast<uint16_t>(bits >> 16);  // truncated to bf16: any bf16 values do
+  }
+  const std::vector<float> conv0 = randoms(buffers * conv_dim * kHistory, 1.0f);
+  const std::vector<float> recurrent0 = randoms(buffers * kValueHeads * D * D, 0.3f);
+
+  // The CPU backend.
+  std::unique_ptr<sy::backend::Backend> cpu = sy::backend::make_cpu_backend({2});
+  using sy::DType;
+  using sy::Tensor;
+  std::vector<float> conv_cpu = conv0, recurrent_cpu = recurrent0,
+                     out_cpu(static_cast<size_t>(T * value_dim), 0.0f);
+  std::vector<int32_t> read32(read.begin(), read.end()), write32(write.begin(), write.end());
+  Tensor t_qkv(qkv.data(), DType::kF32, {T, conv_dim}), t_z(z.data(), DType::kF32, {T, value_dim});
+  Tensor t_b(b.data(), DType::kF32, {T, kValueHeads}), t_a(a.data(), DType::kF32, {T, kValueHeads});
+  Tensor t_conv_w(conv_w.data(), DType::kBF16, {conv_dim, 1, kKernel});
+  Tensor t_a_log(a_log.data(), DType::kF32, {kValueHeads}),
+      t_dt(dt_bias.data(), DType::kF32, {kValueHeads});
+  Tensor t_norm(norm.data(), DType::kF32, {D});
+  Tensor t_conv(conv_cpu.data(), DType::kF32, {buffers, conv_dim, kHistory});
+  Tensor t_recurrent(recurrent_cpu.data(), DType::kF32, {buffers, kValueHeads, D, D});
+  Tensor t_out(out_cpu.data(), DType::kF32, {T, value_dim});
+  sy::backend::AttentionBatch batch;
+  batch.positions = Tensor(positions.data(), DType::kI32, {T});
+  batch.token_seq = Tensor(token_seq.data(), DType::kI32, {T});
+  batch.max_query_len = lengths[0];
+  const sy::backend::Backend::LinearState state{Tensor(read32.data(), DType::kI32, {2}),
+                                                Tensor(write32.data(), DType::kI32, {2}), &t_conv,
+                                                &t_recurrent};
+  cpu->gated_delta_net(t_qkv, t_z, t_b, t_a, {&t_conv_w, &t_a_log, &t_dt, &t_norm},
+                       {kKeyHeads, kValueHeads, D, D, kKernel}, 1e-6f, batch, state, t_out);
+
+  // The phases, a block per (sequence, value head) as delta_net_chunk_kernel runs them.
+  std::vector<float> conv_dev = conv0, recurrent_dev = recurrent0;
+  std::vector<float> out_dev(static_cast<size_t>(T * value_dim),
+                             std::numeric_limits<float>::quiet_NaN());
+  for (int s = 0; s < 2; ++s) {
+    std::vector<int32_t> list;
+    for (int64_t t = 0; t < T; ++t)
+      if (token_seq[t] == s) list.push_back(static_cast<int32_t>(t));
+    const bool fresh = positions[list[0]] == 0;
+    for (int h = 0; h < kValueHeads; ++h) {
+      Block blk;
+      const dc::View view = blk.view();
+      dc::Inputs in{qkv.data(),
+                    z.data(),
+                    b.data(),
+                    a.data(),
+                    conv_w.data(),
+                    norm.data(),
+                    list.data(),
+                    key_dim,
+                    conv_dim,
+                    value_dim,
+                    h / (kValueHeads / kKeyHeads),
+                    h,
+                    kValueHeads,
+                    std::exp(a_log[h]),
+                    dt_bias[h],
+                    1e-6f};
+      std::vector<float> history(kHistory * dc::kChannels);
+      for (int i = 0; i < kHistory * dc::kChannels; ++i)
+        history[i] =
+            fresh ? 0.0f
+                  : conv0[(read[s] * conv_dim + dc::channel_of(in, i % dc::kChannels)) * kHistory +
+                          i / dc::kChannels];
+      for (int i = 0; i < D * D; ++i)
+        blk.state[(i / D) * dc::kRow + i % D] =
+            fresh ? 0.0f : recurrent0[(read[s] * kValueHeads + h) * D * D + i];
+      const int count = static_cast<int>(list.size());
+      for (int c0 = 0; c0 < count; c0 += dc::kTokens) {
+        const int n = std::min(dc::kTokens, count - c0);
+        in.tok = list.data() + c0;
+        std::vector<std::array<std::array<float, 2>, kHistory>> next(dc::kThreads);
+        for (int tid = 0; tid < dc::kThreads; ++tid) {
+          float nh[kHistory][2] = {};
+          dc::conv_and_gates<kHistory>(in, history.data(), n, tid, view);
+          dc::history_next<kHistory>(in, history.data(), n, tid, nh);
+          for (int m = 0; m < kHistory; ++m) next[tid][m] = {nh[m][0], nh[m][1]};
+        }
+        for (int tid = 0; tid < dc::kThreads; ++tid) {
+          float nh[kHistory][2] = {};
+          for (int m = 0; m < kHistory; ++m) nh[m][0] = next[tid][m][0], nh[m][1] = next[tid][m][1];
+          dc::history_store<kHistory>(history.data(), tid, nh);
+          dc::normalize(view, n, tid);
+        }
+        for (int tid = 0; tid < dc::kThreads; ++tid) dc::a_and_pm(view, n, tid);
+        for (int i = 0; i < n; ++i)
+          for (int tid = 0; tid < dc::kThreads; ++tid) dc::t_row(view, n, i, tid);
+        std::vector<std::array<float, dc::kRowsPerThread>> kept(dc::kThreads);
+        for (int tid = 0; tid < dc::kThreads; ++tid) {
+          float o[dc::kRowsPerThread];
+          dc::r_and_qs(view, n, tid, o);
+          std::copy(o, o + dc::kRowsPerThread, kept[tid].begin());
+        }
+        for (int tid = 0; tid < dc::kThreads; ++tid) dc::u_of(view, n, tid);
+        for (int tid = 0; tid < dc::kThreads; ++tid) {
+          float o[dc::kRowsPerThread];
+          std::copy(kept[tid].begin(), kept[tid].end(), o);
+          dc::outputs_and_state(view, n, tid, o);
+        }
+        for (int tid = 0; tid < dc::kThreads; ++tid) dc::output_scales(in, view, n, tid);
+        for (int tid = 0; tid < dc::kThreads; ++tid)
+          dc::write_outputs(in, view, n, tid, out_dev.data());
+      }
+      for (int i = 0; i < kHistory * dc::kChannels; ++i) {
+        const int ch = i % dc::kChannels;
+        if (ch < 2 * D && h % (kValueHeads / kKeyHeads) != 0) continue;
+        conv_dev[(write[s] * conv_dim + dc::channel_of(in, ch)) * kHistory + i / dc::kChannels] =
+            history[i];
+      }
+      for (int i = 0; i < D * D; ++i)
+        recurrent_dev[(write[s] * kValueHeads + h) * D * D + i] =
+            blk.state[(i / D) * dc::kRow + i % D];
+    }
+  }
+  auto as_double = [](const std::vector<float>& x) {
+    return std::vector<double>(x.begin(), x.end());
+  };
+  EXPECT_LT(relative_error(as_double(out_dev), as_double(out_cpu)), 1e-4);
+  EXPECT_LT(relative_error(as_double(conv_dev), as_double(conv_cpu)), 1e-6);
+  EXPECT_LT(relative_error(as_double(recurrent_dev), as_double(recurrent_cpu)), 1e-4);
 }
 
 }  // namespace

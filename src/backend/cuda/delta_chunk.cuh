@@ -1,5 +1,5 @@
-// The in-chunk math of the chunked gated delta rule (delta_net_chunk_kernel's steps 3 to 7) as
-// functions of one thread, callable on the host too. The kernel runs each phase on its kThreads
+// The phases of one chunk of the chunked gated delta rule (delta_net_chunk_kernel) as functions of
+// one thread, callable on the host too. The kernel runs each phase on its kThreads
 // threads with a barrier between phases; within a phase no thread reads what another writes, so
 // tests/backend/delta_chunk_phases_test.cpp can run the same functions for tid = 0, 1, ... in
 // turn, phase by phase, on the CPU, and check them against the recurrence.
@@ -15,6 +15,8 @@
 #pragma once
 
 #include <math.h>
+#include <stdint.h>
+#include <string.h>
 
 #ifdef __CUDACC__
 #define SY_HOST_DEVICE __host__ __device__
@@ -40,6 +42,9 @@ constexpr int kRowsPerThread = kTokens * kDim / kThreads;
 constexpr int kStateRows = kDim * kDim / kThreads;
 static_assert(kThreads % kDim == 0 && kThreads >= kTokens, "thread layout");
 
+constexpr int kChannels = 3 * kDim;  // a head's conv channels: q and k of its key head, v
+static_assert(2 * kThreads >= kChannels, "two history channels a thread");
+
 struct View {
   float* q;      // [kTokens][kRow]; after outputs_and_state, the outputs o
   float* k;      // [kTokens][kRow]
@@ -49,9 +54,128 @@ struct View {
   float* a;      // [kTokens][kSquare]
   float* t;      // [kTokens][kSquare]
   float* pm;     // [kTokens][kSquare]: e^(b_i - b_j) q_i.k_j for j <= i, else 0
-  float* b;      // [kTokens]
+  float* b;      // [kTokens]: log(decay), then its running sum
   float* beta;   // [kTokens]
+  float* scale;  // [kTokens]: the output norm's scale of each token
 };
+
+// What a block reads of the step for its (sequence, value head): the chunk's tokens (step
+// indices) and the rows of the op's inputs (DeltaNetParams), conv weights as raw bf16 bits.
+struct Inputs {
+  const float* qkv;        // [tokens, conv_dim]
+  const float* z;          // [tokens, value_heads * kDim]
+  const float* b;          // [tokens, value_heads]
+  const float* a;          // [tokens, value_heads]
+  const uint16_t* conv_w;  // [conv_dim, history + 1], bf16
+  const float* norm;       // [kDim]
+  const int32_t* tok;      // the chunk's tokens
+  int64_t key_dim, conv_dim, value_dim;
+  int key_head, head, value_heads;
+  float A, dt_bias, eps;
+};
+
+SY_HOST_DEVICE inline float silu(float x) {
+  return x / (1.0f + expf(-x));
+}
+SY_HOST_DEVICE inline float sigmoid(float x) {
+  return 1.0f / (1.0f + expf(-x));
+}
+SY_HOST_DEVICE inline float softplus(float x) {  // torch's threshold
+  return x > 20.0f ? x : log1pf(expf(x));
+}
+SY_HOST_DEVICE inline float bf16_to_float(uint16_t bits) {
+  const uint32_t word = static_cast<uint32_t>(bits) << 16;
+#ifdef __CUDA_ARCH__
+  return __uint_as_float(word);
+#else
+  float value;
+  memcpy(&value, &word, sizeof(value));
+  return value;
+#endif
+}
+// The head's conv channel ch (q and k of its key head, then v of its value head) in qkv.
+SY_HOST_DEVICE inline int64_t channel_of(const Inputs& in, int ch) {
+  return ch < kDim       ? int64_t{in.key_head} * kDim + ch
+         : ch < 2 * kDim ? in.key_dim + int64_t{in.key_head} * kDim + (ch - kDim)
+                         : 2 * in.key_dim + int64_t{in.head} * kDim + (ch - 2 * kDim);
+}
+// Token t's raw input on channel ch, t < 0 reaching back into history ([HISTORY][kChannels],
+// oldest first: the raw inputs of the tokens before the chunk).
+template <int HISTORY>
+SY_HOST_DEVICE inline float raw_input(const Inputs& in, const float* history, int t, int ch) {
+  return t >= 0 ? in.qkv[int64_t{in.tok[t]} * in.conv_dim + channel_of(in, ch)]
+                : history[(HISTORY + t) * kChannels + ch];
+}
+
+// Phase 1: conv1d + SiLU of every channel of the n tokens into q, k, v (ConvChannel's order:
+// the oldest input first); beta and log(decay) of each token.
+template <int HISTORY>
+SY_HOST_DEVICE inline void conv_and_gates(const Inputs& in, const float* history, int n, int tid,
+                                          const View& s) {
+  for (int i = tid; i < n * kChannels; i += kThreads) {
+    const int t = i / kChannels, ch = i % kChannels;
+    const uint16_t* w = in.conv_w + channel_of(in, ch) * (HISTORY + 1);
+    float acc = 0.0f;
+    SY_UNROLL
+    for (int m = 0; m < HISTORY; ++m)
+      acc += bf16_to_float(w[m]) * raw_input<HISTORY>(in, history, t - HISTORY + m, ch);
+    acc += bf16_to_float(w[HISTORY]) * raw_input<HISTORY>(in, history, t, ch);
+    float* row = ch < kDim       ? s.q + t * kRow + ch
+                 : ch < 2 * kDim ? s.k + t * kRow + ch - kDim
+                                 : s.v + t * kRow + ch - 2 * kDim;
+    *row = silu(acc);
+  }
+  if (tid < n) {
+    const int64_t at = int64_t{in.tok[tid]} * in.value_heads + in.head;
+    s.beta[tid] = sigmoid(in.b[at]);
+    s.b[tid] = -in.A * softplus(in.a[at] + in.dt_bias);
+  }
+}
+
+// Phase 1 too (reads history before the barrier): the raw inputs the next chunk looks back at,
+// for this thread's channels tid and tid + kThreads. history_store writes them after it.
+template <int HISTORY>
+SY_HOST_DEVICE inline void history_next(const Inputs& in, const float* history, int n, int tid,
+                                        float (&next)[HISTORY > 0 ? HISTORY : 1][2]) {
+  SY_UNROLL
+  for (int j = 0; j < 2; ++j) {
+    const int ch = tid + j * kThreads;
+    if (ch >= kChannels) continue;
+    SY_UNROLL
+    for (int m = 0; m < HISTORY; ++m)
+      next[m][j] = raw_input<HISTORY>(in, history, n - HISTORY + m, ch);
+  }
+}
+template <int HISTORY>
+SY_HOST_DEVICE inline void history_store(float* history, int tid,
+                                         const float (&next)[HISTORY > 0 ? HISTORY : 1][2]) {
+  SY_UNROLL
+  for (int j = 0; j < 2; ++j) {
+    const int ch = tid + j * kThreads;
+    if (ch >= kChannels) continue;
+    SY_UNROLL
+    for (int m = 0; m < HISTORY; ++m) history[m * kChannels + ch] = next[m][j];
+  }
+}
+
+// Phase 2: thread t < n l2-normalises q and k of token t (x / sqrt(sum x^2 + 1e-6), as
+// transformers' l2norm; q also by 1/sqrt(kDim)); thread 0 also sums b over the chunk.
+SY_HOST_DEVICE inline void normalize(const View& s, int n, int tid) {
+  if (tid >= n) return;
+  float sq = 0.0f, sk = 0.0f;
+  for (int c = 0; c < kDim; ++c) {
+    sq += s.q[tid * kRow + c] * s.q[tid * kRow + c];
+    sk += s.k[tid * kRow + c] * s.k[tid * kRow + c];
+  }
+  const float q_scale = 1.0f / sqrtf(sq + 1e-6f) * (1.0f / sqrtf(static_cast<float>(kDim)));
+  const float k_scale = 1.0f / sqrtf(sk + 1e-6f);
+  for (int c = 0; c < kDim; ++c) {
+    s.q[tid * kRow + c] *= q_scale;
+    s.k[tid * kRow + c] *= k_scale;
+  }
+  if (tid == 0)
+    for (int t = 1; t < n; ++t) s.b[t] += s.b[t - 1];
+}
 
 // Phase 3: A and pm, every entry of the kTokens x kTokens (zeros outside their triangles).
 SY_HOST_DEVICE inline void a_and_pm(const View& s, int n, int tid) {
@@ -144,6 +268,23 @@ SY_HOST_DEVICE inline void outputs_and_state(const View& s, int n, int tid,
     for (int j = 0; j < kTokens; ++j)
       if (j < n) x += s.k[j * kRow + r] * carried[j];
     s.state[r * kRow + col] = x;
+  }
+}
+
+// Phase 8: thread t < n finds token t's output norm scale (RMSNorm over the head's outputs).
+SY_HOST_DEVICE inline void output_scales(const Inputs& in, const View& s, int n, int tid) {
+  if (tid >= n) return;
+  float sum = 0.0f;
+  for (int c = 0; c < kDim; ++c) sum += s.q[tid * kRow + c] * s.q[tid * kRow + c];
+  s.scale[tid] = 1.0f / sqrtf(sum / static_cast<float>(kDim) + in.eps);
+}
+// Phase 9: the outputs, normed, times the norm weight and silu(z).
+SY_HOST_DEVICE inline void write_outputs(const Inputs& in, const View& s, int n, int tid,
+                                         float* out) {
+  for (int i = tid; i < n * kDim; i += kThreads) {
+    const int t = i / kDim, c = i % kDim;
+    const int64_t at = int64_t{in.tok[t]} * in.value_dim + int64_t{in.head} * kDim + c;
+    out[at] = in.norm[c] * (s.q[t * kRow + c] * s.scale[t]) * silu(in.z[at]);
   }
 }
 

@@ -16,16 +16,9 @@ constexpr int kScanPerThread = 4;
 constexpr int kRegisterKeyDim = 128;
 constexpr int kFence = 16;
 
-__device__ float silu(float x) {
-  return x / (1.0f + expf(-x));
-}
-__device__ float sigmoid(float x) {
-  return 1.0f / (1.0f + expf(-x));
-}
-// torch's threshold
-__device__ float softplus(float x) {
-  return x > 20.0f ? x : log1pf(expf(x));
-}
+using delta_chunk::sigmoid;  // (shared with the chunked kernel's phases)
+using delta_chunk::silu;
+using delta_chunk::softplus;
 
 // Sums a and b over the block (every thread gets the same sums, added in the same order).
 // `red` holds 64 floats; the block's size is a multiple of 32. No barrier after the reads:
@@ -303,7 +296,7 @@ __global__ void delta_net_kernel(DeltaNetParams p) {
 
 // ---- The chunked form, for prefill (SY_DELTA_CHUNKED=1; compiled only, not yet run on a GPU) ----
 // One block per (sequence, value head) takes its tokens kChunkTokens at a time (delta_chunk.cuh
-// holds the in-chunk math, also run on the CPU by a test): conv1d + SiLU of
+// holds every phase of a chunk, also run on the CPU by DeltaChunkPhases): conv1d + SiLU of
 // the chunk's q, k and v channels (the raw inputs of the last HISTORY tokens kept in shared
 // memory), l2-normalised q and k, then the gated delta rule of the whole chunk as small matmuls
 // on the CUDA cores, in f32. With b the running sum of log(decay) over the chunk
@@ -320,24 +313,24 @@ constexpr int kChunkDim = delta_chunk::kDim;
 constexpr int kChunkThreads = delta_chunk::kThreads;
 constexpr int kChunkRow = delta_chunk::kRow;
 constexpr int kChunkSquare = delta_chunk::kSquare;
-constexpr int kChunkChannels = 3 * kChunkDim;  // the head's q, k and v conv channels
+constexpr int kChunkChannels = delta_chunk::kChannels;
 constexpr int kChunkRowsPerThread = delta_chunk::kRowsPerThread;
-static_assert(2 * kChunkThreads >= kChunkChannels, "two history channels a thread");
 
 // Float offsets in the chunked kernel's shared memory; then HISTORY x kChunkChannels raw inputs,
 // 32 warp counts and a pass's token list.
 struct ChunkLayout {
   static constexpr int q = 0;
   static constexpr int k = q + kChunkTokens * kChunkRow;
-  static constexpr int v = k + kChunkTokens * kChunkRow;  // then R
+  static constexpr int v = k + kChunkTokens * kChunkRow;
   static constexpr int u = v + kChunkTokens * kChunkRow;
-  static constexpr int state = u + kChunkTokens * kChunkRow;  // [key_head_dim][value_head_dim]
+  static constexpr int state = u + kChunkTokens * kChunkRow;
   static constexpr int a = state + kChunkDim * kChunkRow;
   static constexpr int t = a + kChunkTokens * kChunkSquare;
-  static constexpr int pm = t + kChunkTokens * kChunkSquare;  // e^(b_i - b_j) q_i.k_j, j <= i
+  static constexpr int pm = t + kChunkTokens * kChunkSquare;
   static constexpr int b = pm + kChunkTokens * kChunkSquare;
   static constexpr int beta = b + kChunkTokens;
-  static constexpr int history = beta + kChunkTokens;
+  static constexpr int scale = beta + kChunkTokens;
+  static constexpr int history = scale + kChunkTokens;
 };
 size_t delta_net_chunk_smem(int history) {
   return (static_cast<size_t>(ChunkLayout::history) +
@@ -349,34 +342,36 @@ template <int HISTORY>
 __global__ void __launch_bounds__(kChunkThreads) delta_net_chunk_kernel(DeltaNetParams p) {
   extern __shared__ __align__(16) float smem[];
   constexpr int kd = kChunkDim, vd = kChunkDim, R = kChunkRow;
-  float* Q = smem + ChunkLayout::q;  // [token][kd]; at the end of a chunk, its outputs o
-  float* K = smem + ChunkLayout::k;
-  float* V = smem + ChunkLayout::v;  // [token][vd]; then R
-  float* U = smem + ChunkLayout::u;
-  float* S = smem + ChunkLayout::state;
-  float* Am = smem + ChunkLayout::a;
-  float* Tm = smem + ChunkLayout::t;
-  float* Pm = smem + ChunkLayout::pm;
-  float* b = smem + ChunkLayout::b;
-  float* beta = smem + ChunkLayout::beta;
+  const delta_chunk::View view{
+      smem + ChunkLayout::q,    smem + ChunkLayout::k,     smem + ChunkLayout::v,
+      smem + ChunkLayout::u,    smem + ChunkLayout::state, smem + ChunkLayout::a,
+      smem + ChunkLayout::t,    smem + ChunkLayout::pm,    smem + ChunkLayout::b,
+      smem + ChunkLayout::beta, smem + ChunkLayout::scale};
+  float* S = view.state;
   float* history = smem + ChunkLayout::history;  // [m][channel], oldest first
   int* counts = reinterpret_cast<int*>(history + HISTORY * kChunkChannels);
   int32_t* list = reinterpret_cast<int32_t*>(counts + 32);
-  const delta_chunk::View view{Q, K, V, U, S, Am, Tm, Pm, b, beta};
   const int s = blockIdx.x / p.value_heads, h = blockIdx.x % p.value_heads;
-  const int group = p.value_heads / p.key_heads, key_head = h / group;
-  const int64_t key_dim = int64_t{p.key_heads} * kd, value_dim = int64_t{p.value_heads} * vd;
-  const int64_t conv_dim = 2 * key_dim + value_dim;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, warps = kChunkThreads / 32;
+  const int group = p.value_heads / p.key_heads;
+  const int tid = threadIdx.x;
   const int read = p.state_read[s], write = p.state_write[s];
-  // The head's conv channel ch (q and k of its key head, then v of its value head) in qkv.
-  auto channel_of = [&](int ch) -> int64_t {
-    return ch < kd       ? int64_t{key_head} * kd + ch
-           : ch < 2 * kd ? key_dim + int64_t{key_head} * kd + (ch - kd)
-                         : 2 * key_dim + int64_t{h} * vd + (ch - 2 * kd);
-  };
-  const float A = expf(p.a_log[h]), dt_bias = p.dt_bias[h];
-  const float inv_sqrt_kd = 1.0f / sqrtf(static_cast<float>(kd));
+  delta_chunk::Inputs in;
+  in.qkv = p.qkv;
+  in.z = p.z;
+  in.b = p.b;
+  in.a = p.a;
+  in.conv_w = reinterpret_cast<const uint16_t*>(p.conv_w);
+  in.norm = p.norm;
+  in.tok = list;
+  in.key_dim = int64_t{p.key_heads} * kd;
+  in.conv_dim = 2 * in.key_dim + int64_t{p.value_heads} * vd;
+  in.value_dim = int64_t{p.value_heads} * vd;
+  in.key_head = h / group;
+  in.head = h;
+  in.value_heads = p.value_heads;
+  in.A = expf(p.a_log[h]);
+  in.dt_bias = p.dt_bias[h];
+  in.eps = p.eps;
 
   bool started = false;
   const int pass = kChunkThreads * kScanPerThread;
@@ -384,19 +379,18 @@ __global__ void __launch_bounds__(kChunkThreads) delta_net_chunk_kernel(DeltaNet
     const int count = gather_tokens(p.token_seq, p.tokens, s, base, list, counts);  // (uniform)
     if (count == 0) continue;
     if (read < 0) {  // a padding sequence: zero outputs, states untouched
-      for (int i = 0; i < count; ++i)
-        for (int c = tid; c < vd; c += kChunkThreads)
-          p.out[int64_t{list[i]} * value_dim + int64_t{h} * vd + c] = 0.0f;
+      for (int i = tid; i < count * vd; i += kChunkThreads)
+        p.out[int64_t{list[i / vd]} * in.value_dim + int64_t{h} * vd + i % vd] = 0.0f;
       continue;
     }
     if (!started) {
       started = true;
       const bool fresh = p.positions[list[0]] == 0;
-      const float* conv_read = p.conv_state + int64_t{read} * conv_dim * HISTORY;
-      for (int i = tid; i < HISTORY * kChunkChannels; i += kChunkThreads) {
-        const int m = i / kChunkChannels, ch = i % kChunkChannels;
-        history[i] = fresh ? 0.0f : conv_read[channel_of(ch) * HISTORY + m];
-      }
+      const float* conv_read = p.conv_state + int64_t{read} * in.conv_dim * HISTORY;
+      for (int i = tid; i < HISTORY * kChunkChannels; i += kChunkThreads)
+        history[i] = fresh ? 0.0f
+                           : conv_read[delta_chunk::channel_of(in, i % kChunkChannels) * HISTORY +
+                                       i / kChunkChannels];
       const float* recurrent_read = p.recurrent + (int64_t{read} * p.value_heads + h) * kd * vd;
       for (int i = tid; i < kd * vd; i += kChunkThreads)
         S[(i / vd) * R + i % vd] = fresh ? 0.0f : recurrent_read[i];
@@ -404,76 +398,15 @@ __global__ void __launch_bounds__(kChunkThreads) delta_net_chunk_kernel(DeltaNet
     }
     for (int c0 = 0; c0 < count; c0 += kChunkTokens) {
       const int n = min(kChunkTokens, count - c0);
-      const int32_t* tok = list + c0;
-      // (1) conv1d + SiLU of every channel of the chunk's tokens (ConvChannel's sum order), and
-      // the raw inputs the next chunk's first tokens look back at; beta, log(decay).
-      for (int i = tid; i < n * kChunkChannels; i += kChunkThreads) {
-        const int t = i / kChunkChannels, ch = i % kChunkChannels;
-        const int64_t channel = channel_of(ch);
-        const __nv_bfloat16* w = p.conv_w + channel * (HISTORY + 1);
-        float acc = 0.0f;
-#pragma unroll
-        for (int m = 0; m < HISTORY; ++m) {
-          const int from = t - HISTORY + m;  // a token of the chunk, or one before it
-          const float x = from >= 0 ? p.qkv[int64_t{tok[from]} * conv_dim + channel]
-                                    : history[(HISTORY + from) * kChunkChannels + ch];
-          acc += __bfloat162float(w[m]) * x;
-        }
-        acc += __bfloat162float(w[HISTORY]) * p.qkv[int64_t{tok[t]} * conv_dim + channel];
-        const float y = silu(acc);
-        if (ch < kd)
-          Q[t * R + ch] = y;
-        else if (ch < 2 * kd)
-          K[t * R + ch - kd] = y;
-        else
-          V[t * R + ch - 2 * kd] = y;
-      }
+      in.tok = list + c0;
+      // The phases of delta_chunk.cuh, a barrier between them.
       float next_history[HISTORY > 0 ? HISTORY : 1][2];
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        const int ch = tid + j * kChunkThreads;
-        if (ch >= kChunkChannels) continue;
-#pragma unroll
-        for (int m = 0; m < HISTORY; ++m) {
-          const int from = n - HISTORY + m;
-          next_history[m][j] = from >= 0 ? p.qkv[int64_t{tok[from]} * conv_dim + channel_of(ch)]
-                                         : history[(HISTORY + from) * kChunkChannels + ch];
-        }
-      }
-      if (tid < n) {
-        beta[tid] = sigmoid(p.b[int64_t{tok[tid]} * p.value_heads + h]);
-        b[tid] = -A * softplus(p.a[int64_t{tok[tid]} * p.value_heads + h] + dt_bias);  // log(decay)
-      }
+      delta_chunk::conv_and_gates<HISTORY>(in, history, n, tid, view);
+      delta_chunk::history_next<HISTORY>(in, history, n, tid, next_history);
       __syncthreads();
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        const int ch = tid + j * kChunkThreads;
-        if (ch >= kChunkChannels) continue;
-#pragma unroll
-        for (int m = 0; m < HISTORY; ++m) history[m * kChunkChannels + ch] = next_history[m][j];
-      }
-      // (2) q and k l2-normalised (as the recurrent kernel), q scaled; b summed over the chunk.
-      for (int t = warp; t < n; t += warps) {
-        float sq = 0.0f, sk = 0.0f;
-        for (int c = lane; c < kd; c += 32) {
-          sq += Q[t * R + c] * Q[t * R + c];
-          sk += K[t * R + c] * K[t * R + c];
-        }
-        for (int o = 16; o > 0; o >>= 1) {
-          sq += __shfl_xor_sync(0xffffffffu, sq, o);
-          sk += __shfl_xor_sync(0xffffffffu, sk, o);
-        }
-        const float q_scale = 1.0f / sqrtf(sq + 1e-6f) * inv_sqrt_kd,
-                    k_scale = 1.0f / sqrtf(sk + 1e-6f);
-        for (int c = lane; c < kd; c += 32) {
-          Q[t * R + c] *= q_scale;
-          K[t * R + c] *= k_scale;
-        }
-      }
-      if (tid == 0)
-        for (int t = 1; t < n; ++t) b[t] += b[t - 1];
+      delta_chunk::history_store<HISTORY>(history, tid, next_history);
+      delta_chunk::normalize(view, n, tid);
       __syncthreads();
-      // (3) to (7): the chunk's math (delta_chunk.cuh), a barrier between phases.
       delta_chunk::a_and_pm(view, n, tid);
       __syncthreads();
       for (int i = 0; i < n; ++i) {
@@ -487,26 +420,18 @@ __global__ void __launch_bounds__(kChunkThreads) delta_net_chunk_kernel(DeltaNet
       __syncthreads();
       delta_chunk::outputs_and_state(view, n, tid, out);
       __syncthreads();
-      // (8) Per token: RMSNorm over the head's outputs, times the norm weight and silu(z).
-      for (int t = warp; t < n; t += warps) {
-        float sum = 0.0f;
-        for (int c = lane; c < vd; c += 32) sum += Q[t * R + c] * Q[t * R + c];
-        for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-        const float scale = 1.0f / sqrtf(sum / static_cast<float>(vd) + p.eps);
-        for (int c = lane; c < vd; c += 32) {
-          const int64_t at = int64_t{tok[t]} * value_dim + int64_t{h} * vd + c;
-          p.out[at] = p.norm[c] * (Q[t * R + c] * scale) * silu(p.z[at]);
-        }
-      }
-      __syncthreads();  // the next chunk overwrites Q, K, V, U, A, T, Pm
+      delta_chunk::output_scales(in, view, n, tid);
+      __syncthreads();
+      delta_chunk::write_outputs(in, view, n, tid, p.out);
+      __syncthreads();  // the next chunk overwrites the chunk's arrays and the token list's use
     }
   }
   if (!started) return;  // no tokens, or padding
-  float* conv_write = p.conv_state + int64_t{write} * conv_dim * HISTORY;
+  float* conv_write = p.conv_state + int64_t{write} * in.conv_dim * HISTORY;
   for (int i = tid; i < HISTORY * kChunkChannels; i += kChunkThreads) {
     const int m = i / kChunkChannels, ch = i % kChunkChannels;
     if (ch < 2 * kd && h % group != 0) continue;  // the key head's q and k channels: one writer
-    conv_write[channel_of(ch) * HISTORY + m] = history[i];
+    conv_write[delta_chunk::channel_of(in, ch) * HISTORY + m] = history[i];
   }
   float* recurrent_write = p.recurrent + (int64_t{write} * p.value_heads + h) * kd * vd;
   for (int i = tid; i < kd * vd; i += kChunkThreads) recurrent_write[i] = S[(i / vd) * R + i % vd];
