@@ -17,6 +17,7 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/delta_chunk.cuh"
+#include "delta_rule_reference.h"
 
 namespace {
 
@@ -55,23 +56,10 @@ Tokens make_tokens(uint32_t seed, int count) {
 
 // The recurrence: o [count, kDim] before the output norm; state updated in place.
 void recurrent(const Tokens& t, std::vector<double>& state, std::vector<double>& out) {
-  const int D = dc::kDim;
-  out.assign(static_cast<size_t>(t.count) * D, 0.0);
-  for (int i = 0; i < t.count; ++i) {
-    const double decay = std::exp(t.log_decay[i]);
-    for (double& x : state) x *= decay;
-    for (int c = 0; c < D; ++c) {
-      double read = 0.0;
-      for (int r = 0; r < D; ++r) read += state[r * D + c] * t.k[i * D + r];
-      const double delta = t.beta[i] * (t.v[i * D + c] - read);
-      double o = 0.0;
-      for (int r = 0; r < D; ++r) {
-        state[r * D + c] += t.k[i * D + r] * delta;
-        o += state[r * D + c] * t.q[i * D + r];
-      }
-      out[i * D + c] = o;
-    }
-  }
+  std::vector<double> decay;
+  for (double log_decay : t.log_decay) decay.push_back(std::exp(log_decay));
+  sy::test::delta_rule_recurrence(t.count, dc::kDim, dc::kDim, t.q, t.k, t.v, decay, t.beta, state,
+                                  out);
 }
 
 // Shared memory of one block, the kernel's layout, with every float NaN until written.
@@ -89,6 +77,26 @@ struct Block {
             t.data(), pm.data(), b.data(), beta.data(), scale.data()};
   }
 };
+
+// Phases 3 to 7 (the chunk's math) for every thread in turn, each phase after the previous one
+// as the kernel's barriers order them; a thread's registers between phases 5 and 7 kept aside.
+void run_math_phases(const dc::View& view, int n) {
+  for (int tid = 0; tid < dc::kThreads; ++tid) dc::a_and_pm(view, n, tid);
+  for (int i = 0; i < n; ++i)
+    for (int tid = 0; tid < dc::kThreads; ++tid) dc::t_row(view, n, i, tid);
+  std::vector<std::array<float, dc::kRowsPerThread>> kept(dc::kThreads);
+  for (int tid = 0; tid < dc::kThreads; ++tid) {
+    float o[dc::kRowsPerThread];
+    dc::r_and_qs(view, n, tid, o);
+    std::copy(o, o + dc::kRowsPerThread, kept[tid].begin());
+  }
+  for (int tid = 0; tid < dc::kThreads; ++tid) dc::u_of(view, n, tid);
+  for (int tid = 0; tid < dc::kThreads; ++tid) {
+    float o[dc::kRowsPerThread];
+    std::copy(kept[tid].begin(), kept[tid].end(), o);
+    dc::outputs_and_state(view, n, tid, o);
+  }
+}
 
 // The chunks of `sizes` through the phases; o [count, kDim] and the final state.
 void emulate(const Tokens& t, const std::vector<int>& sizes, const std::vector<double>& state0,
@@ -113,21 +121,7 @@ void emulate(const Tokens& t, const std::vector<int>& sizes, const std::vector<d
       blk.b[i] = running;
       blk.beta[i] = static_cast<float>(t.beta[first + i]);
     }
-    for (int tid = 0; tid < dc::kThreads; ++tid) dc::a_and_pm(view, n, tid);
-    for (int i = 0; i < n; ++i)
-      for (int tid = 0; tid < dc::kThreads; ++tid) dc::t_row(view, n, i, tid);
-    std::vector<std::array<float, dc::kRowsPerThread>> kept(dc::kThreads);
-    for (int tid = 0; tid < dc::kThreads; ++tid) {
-      float o[dc::kRowsPerThread];
-      dc::r_and_qs(view, n, tid, o);
-      std::copy(o, o + dc::kRowsPerThread, kept[tid].begin());
-    }
-    for (int tid = 0; tid < dc::kThreads; ++tid) dc::u_of(view, n, tid);
-    for (int tid = 0; tid < dc::kThreads; ++tid) {
-      float o[dc::kRowsPerThread];
-      std::copy(kept[tid].begin(), kept[tid].end(), o);
-      dc::outputs_and_state(view, n, tid, o);
-    }
+    run_math_phases(view, n);
     for (int i = 0; i < n; ++i)
       for (int c = 0; c < D; ++c) out[(first + i) * D + c] = blk.q[i * dc::kRow + c];
     first += n;
@@ -283,21 +277,7 @@ TEST(DeltaChunkPhases, TheChunkPipelineMatchesTheCpuBackend) {
           dc::history_store<kHistory>(history.data(), tid, nh);
           dc::normalize(view, n, tid);
         }
-        for (int tid = 0; tid < dc::kThreads; ++tid) dc::a_and_pm(view, n, tid);
-        for (int i = 0; i < n; ++i)
-          for (int tid = 0; tid < dc::kThreads; ++tid) dc::t_row(view, n, i, tid);
-        std::vector<std::array<float, dc::kRowsPerThread>> kept(dc::kThreads);
-        for (int tid = 0; tid < dc::kThreads; ++tid) {
-          float o[dc::kRowsPerThread];
-          dc::r_and_qs(view, n, tid, o);
-          std::copy(o, o + dc::kRowsPerThread, kept[tid].begin());
-        }
-        for (int tid = 0; tid < dc::kThreads; ++tid) dc::u_of(view, n, tid);
-        for (int tid = 0; tid < dc::kThreads; ++tid) {
-          float o[dc::kRowsPerThread];
-          std::copy(kept[tid].begin(), kept[tid].end(), o);
-          dc::outputs_and_state(view, n, tid, o);
-        }
+        run_math_phases(view, n);
         for (int tid = 0; tid < dc::kThreads; ++tid) dc::output_scales(in, view, n, tid);
         for (int tid = 0; tid < dc::kThreads; ++tid)
           dc::write_outputs(in, view, n, tid, out_dev.data());

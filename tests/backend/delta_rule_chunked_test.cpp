@@ -20,6 +20,8 @@
 #include <random>
 #include <vector>
 
+#include "delta_rule_reference.h"
+
 namespace {
 
 struct Problem {
@@ -56,22 +58,7 @@ Problem make_problem(uint32_t seed, int tokens, int kd, int vd, double min_decay
 
 // out [tokens, vd]; state updated in place.
 void recurrent(const Problem& p, std::vector<double>& state, std::vector<double>& out) {
-  const int kd = p.kd, vd = p.vd;
-  out.assign(static_cast<size_t>(p.tokens) * vd, 0.0);
-  for (int t = 0; t < p.tokens; ++t) {
-    for (double& x : state) x *= p.decay[t];
-    for (int c = 0; c < vd; ++c) {
-      double read = 0.0;
-      for (int i = 0; i < kd; ++i) read += state[i * vd + c] * p.k[t * kd + i];
-      const double delta = p.beta[t] * (p.v[t * vd + c] - read);
-      double o = 0.0;
-      for (int i = 0; i < kd; ++i) {
-        state[i * vd + c] += p.k[t * kd + i] * delta;
-        o += state[i * vd + c] * p.q[t * kd + i];
-      }
-      out[t * vd + c] = o;
-    }
-  }
+  sy::test::delta_rule_recurrence(p.tokens, p.kd, p.vd, p.q, p.k, p.v, p.decay, p.beta, state, out);
 }
 
 // The chunked form in precision F, chunks of `chunk` tokens (the last one shorter).
