@@ -295,67 +295,54 @@ __global__ void delta_net_kernel(DeltaNetParams p) {
 }
 
 // ---- The chunked form, for prefill (SY_DELTA_CHUNKED=1; compiled only, not yet run on a GPU) ----
-// One block per (sequence, value head) takes its tokens kChunkTokens at a time (delta_chunk.cuh
-// holds every phase of a chunk, also run on the CPU by DeltaChunkPhases): conv1d + SiLU of
-// the chunk's q, k and v channels (the raw inputs of the last HISTORY tokens kept in shared
-// memory), l2-normalised q and k, then the gated delta rule of the whole chunk as small matmuls
-// on the CUDA cores, in f32. With b the running sum of log(decay) over the chunk
-// (tests/backend/delta_rule_chunked_test.cpp writes these out and checks them against the
-// recurrence):
-//   A_ij = beta_i e^(b_i - b_j) k_i.k_j (j < i),  T = (I + A)^-1 (forward substitution),
-//   R_i = beta_i (v_i - e^(b_i) S0^T k_i),  U = T R (U_i: token i's delta),
-//   o_i = e^(b_i) S0^T q_i + sum_{j <= i} e^(b_i - b_j) q_i.k_j U_j,
-//   S = e^(b_last) S0 + sum_j e^(b_last - b_j) k_j U_j^T.
-// Key and value heads of kChunkDim (Qwen3.5's 128) only. The sums run in another order than
-// the recurrence's: equal within the op harness's tolerance, not bitwise.
-constexpr int kChunkTokens = delta_chunk::kTokens;
-constexpr int kChunkDim = delta_chunk::kDim;
-constexpr int kChunkThreads = delta_chunk::kThreads;
-constexpr int kChunkRow = delta_chunk::kRow;
-constexpr int kChunkSquare = delta_chunk::kSquare;
-constexpr int kChunkChannels = delta_chunk::kChannels;
-constexpr int kChunkRowsPerThread = delta_chunk::kRowsPerThread;
+// One block per (sequence, value head) takes its tokens dc::kTokens at a time through the phases
+// of delta_chunk.cuh (which states the equations; DeltaChunkPhases runs the same phases on the
+// CPU), a barrier between phases: the chunk's conv1d + SiLU (the raw inputs of the last HISTORY
+// tokens kept in shared memory), l2-normalised q and k, the gated delta rule of the whole chunk as
+// small matmuls on the CUDA cores in f32, the output norm and gate. Heads of dc::kDim (Qwen3.5's
+// 128) only. The sums run in another order than the recurrence's: equal within the op harness's
+// tolerance, not bitwise.
+namespace dc = delta_chunk;
 
-// Float offsets in the chunked kernel's shared memory; then HISTORY x kChunkChannels raw inputs,
+// Float offsets in the chunked kernel's shared memory; then HISTORY x dc::kChannels raw inputs,
 // 32 warp counts and a pass's token list.
 struct ChunkLayout {
   static constexpr int q = 0;
-  static constexpr int k = q + kChunkTokens * kChunkRow;
-  static constexpr int v = k + kChunkTokens * kChunkRow;
-  static constexpr int u = v + kChunkTokens * kChunkRow;
-  static constexpr int state = u + kChunkTokens * kChunkRow;
-  static constexpr int a = state + kChunkDim * kChunkRow;
-  static constexpr int t = a + kChunkTokens * kChunkSquare;
-  static constexpr int pm = t + kChunkTokens * kChunkSquare;
-  static constexpr int b = pm + kChunkTokens * kChunkSquare;
-  static constexpr int beta = b + kChunkTokens;
-  static constexpr int scale = beta + kChunkTokens;
-  static constexpr int history = scale + kChunkTokens;
+  static constexpr int k = q + dc::kTokens * dc::kRow;
+  static constexpr int v = k + dc::kTokens * dc::kRow;
+  static constexpr int u = v + dc::kTokens * dc::kRow;
+  static constexpr int state = u + dc::kTokens * dc::kRow;
+  static constexpr int a = state + dc::kDim * dc::kRow;
+  static constexpr int t = a + dc::kTokens * dc::kSquare;
+  static constexpr int pm = t + dc::kTokens * dc::kSquare;
+  static constexpr int b = pm + dc::kTokens * dc::kSquare;
+  static constexpr int beta = b + dc::kTokens;
+  static constexpr int scale = beta + dc::kTokens;
+  static constexpr int history = scale + dc::kTokens;
 };
 size_t delta_net_chunk_smem(int history) {
-  return (static_cast<size_t>(ChunkLayout::history) +
-          static_cast<size_t>(history) * kChunkChannels + 32 + kChunkThreads * kScanPerThread) *
+  return (static_cast<size_t>(ChunkLayout::history) + static_cast<size_t>(history) * dc::kChannels +
+          32 + dc::kThreads * kScanPerThread) *
          sizeof(float);
 }
 
 template <int HISTORY>
-__global__ void __launch_bounds__(kChunkThreads) delta_net_chunk_kernel(DeltaNetParams p) {
+__global__ void __launch_bounds__(dc::kThreads) delta_net_chunk_kernel(DeltaNetParams p) {
   extern __shared__ __align__(16) float smem[];
-  constexpr int kd = kChunkDim, vd = kChunkDim, R = kChunkRow;
-  const delta_chunk::View view{
-      smem + ChunkLayout::q,    smem + ChunkLayout::k,     smem + ChunkLayout::v,
-      smem + ChunkLayout::u,    smem + ChunkLayout::state, smem + ChunkLayout::a,
-      smem + ChunkLayout::t,    smem + ChunkLayout::pm,    smem + ChunkLayout::b,
-      smem + ChunkLayout::beta, smem + ChunkLayout::scale};
+  constexpr int kd = dc::kDim, vd = dc::kDim, R = dc::kRow;
+  const dc::View view{smem + ChunkLayout::q,    smem + ChunkLayout::k,     smem + ChunkLayout::v,
+                      smem + ChunkLayout::u,    smem + ChunkLayout::state, smem + ChunkLayout::a,
+                      smem + ChunkLayout::t,    smem + ChunkLayout::pm,    smem + ChunkLayout::b,
+                      smem + ChunkLayout::beta, smem + ChunkLayout::scale};
   float* S = view.state;
   float* history = smem + ChunkLayout::history;  // [m][channel], oldest first
-  int* counts = reinterpret_cast<int*>(history + HISTORY * kChunkChannels);
+  int* counts = reinterpret_cast<int*>(history + HISTORY * dc::kChannels);
   int32_t* list = reinterpret_cast<int32_t*>(counts + 32);
   const int s = blockIdx.x / p.value_heads, h = blockIdx.x % p.value_heads;
   const int group = p.value_heads / p.key_heads;
   const int tid = threadIdx.x;
   const int read = p.state_read[s], write = p.state_write[s];
-  delta_chunk::Inputs in;
+  dc::Inputs in;
   in.qkv = p.qkv;
   in.z = p.z;
   in.b = p.b;
@@ -374,12 +361,12 @@ __global__ void __launch_bounds__(kChunkThreads) delta_net_chunk_kernel(DeltaNet
   in.eps = p.eps;
 
   bool started = false;
-  const int pass = kChunkThreads * kScanPerThread;
+  const int pass = dc::kThreads * kScanPerThread;
   for (int64_t base = 0; base < p.tokens; base += pass) {
     const int count = gather_tokens(p.token_seq, p.tokens, s, base, list, counts);  // (uniform)
     if (count == 0) continue;
     if (read < 0) {  // a padding sequence: zero outputs, states untouched
-      for (int i = tid; i < count * vd; i += kChunkThreads)
+      for (int i = tid; i < count * vd; i += dc::kThreads)
         p.out[int64_t{list[i / vd]} * in.value_dim + int64_t{h} * vd + i % vd] = 0.0f;
       continue;
     }
@@ -387,65 +374,65 @@ __global__ void __launch_bounds__(kChunkThreads) delta_net_chunk_kernel(DeltaNet
       started = true;
       const bool fresh = p.positions[list[0]] == 0;
       const float* conv_read = p.conv_state + int64_t{read} * in.conv_dim * HISTORY;
-      for (int i = tid; i < HISTORY * kChunkChannels; i += kChunkThreads)
-        history[i] = fresh ? 0.0f
-                           : conv_read[delta_chunk::channel_of(in, i % kChunkChannels) * HISTORY +
-                                       i / kChunkChannels];
+      for (int i = tid; i < HISTORY * dc::kChannels; i += dc::kThreads)
+        history[i] =
+            fresh ? 0.0f
+                  : conv_read[dc::channel_of(in, i % dc::kChannels) * HISTORY + i / dc::kChannels];
       const float* recurrent_read = p.recurrent + (int64_t{read} * p.value_heads + h) * kd * vd;
-      for (int i = tid; i < kd * vd; i += kChunkThreads)
+      for (int i = tid; i < kd * vd; i += dc::kThreads)
         S[(i / vd) * R + i % vd] = fresh ? 0.0f : recurrent_read[i];
       __syncthreads();
     }
-    for (int c0 = 0; c0 < count; c0 += kChunkTokens) {
-      const int n = min(kChunkTokens, count - c0);
+    for (int c0 = 0; c0 < count; c0 += dc::kTokens) {
+      const int n = min(dc::kTokens, count - c0);
       in.tok = list + c0;
       // The phases of delta_chunk.cuh, a barrier between them.
       float next_history[HISTORY > 0 ? HISTORY : 1][2];
-      delta_chunk::conv_and_gates<HISTORY>(in, history, n, tid, view);
-      delta_chunk::history_next<HISTORY>(in, history, n, tid, next_history);
+      dc::conv_and_gates<HISTORY>(in, history, n, tid, view);
+      dc::history_next<HISTORY>(in, history, n, tid, next_history);
       __syncthreads();
-      delta_chunk::history_store<HISTORY>(history, tid, next_history);
-      delta_chunk::normalize(view, n, tid);
+      dc::history_store<HISTORY>(history, tid, next_history);
+      dc::normalize(view, n, tid);
       __syncthreads();
-      delta_chunk::a_and_pm(view, n, tid);
+      dc::a_and_pm(view, n, tid);
       __syncthreads();
       for (int i = 0; i < n; ++i) {
-        delta_chunk::t_row(view, n, i, tid);
+        dc::t_row(view, n, i, tid);
         __syncthreads();
       }
-      float out[kChunkRowsPerThread];
-      delta_chunk::r_and_qs(view, n, tid, out);
+      float out[dc::kRowsPerThread];
+      dc::r_and_qs(view, n, tid, out);
       __syncthreads();
-      delta_chunk::u_of(view, n, tid);
+      dc::u_of(view, n, tid);
       __syncthreads();
-      delta_chunk::outputs_and_state(view, n, tid, out);
+      dc::outputs_and_state(view, n, tid, out);
       __syncthreads();
-      delta_chunk::output_scales(in, view, n, tid);
+      dc::output_scales(in, view, n, tid);
       __syncthreads();
-      delta_chunk::write_outputs(in, view, n, tid, p.out);
+      dc::write_outputs(in, view, n, tid, p.out);
       __syncthreads();  // the next chunk overwrites the chunk's arrays and the token list's use
     }
   }
   if (!started) return;  // no tokens, or padding
   float* conv_write = p.conv_state + int64_t{write} * in.conv_dim * HISTORY;
-  for (int i = tid; i < HISTORY * kChunkChannels; i += kChunkThreads) {
-    const int m = i / kChunkChannels, ch = i % kChunkChannels;
+  for (int i = tid; i < HISTORY * dc::kChannels; i += dc::kThreads) {
+    const int m = i / dc::kChannels, ch = i % dc::kChannels;
     if (ch < 2 * kd && h % group != 0) continue;  // the key head's q and k channels: one writer
-    conv_write[delta_chunk::channel_of(in, ch) * HISTORY + m] = history[i];
+    conv_write[dc::channel_of(in, ch) * HISTORY + m] = history[i];
   }
   float* recurrent_write = p.recurrent + (int64_t{write} * p.value_heads + h) * kd * vd;
-  for (int i = tid; i < kd * vd; i += kChunkThreads) recurrent_write[i] = S[(i / vd) * R + i % vd];
+  for (int i = tid; i < kd * vd; i += dc::kThreads) recurrent_write[i] = S[(i / vd) * R + i % vd];
 }
 
 // SY_DELTA_CHUNKED=1 (until a GPU visit has checked and timed it): steps with a sequence of
-// kChunkTokens or more query tokens take the chunked kernel, where the heads are kChunkDim wide.
+// dc::kTokens or more query tokens take the chunked kernel, where the heads are dc::kDim wide.
 bool use_chunked(const DeltaNetParams& p) {
   static const bool enabled = [] {
     const char* value = std::getenv("SY_DELTA_CHUNKED");
     return value && value[0] == '1';
   }();
-  return enabled && p.key_head_dim == kChunkDim && p.value_head_dim == kChunkDim &&
-         p.max_query_len >= kChunkTokens;
+  return enabled && p.key_head_dim == dc::kDim && p.value_head_dim == dc::kDim &&
+         p.max_query_len >= dc::kTokens;
 }
 
 template <int HISTORY>
@@ -453,7 +440,7 @@ void launch_history(const DeltaNetParams& p, cudaStream_t stream) {
   if (use_chunked(p)) {
     const unsigned blocks = static_cast<unsigned>(p.seqs) * static_cast<unsigned>(p.value_heads);
     delta_net_chunk_kernel<HISTORY>
-        <<<blocks, kChunkThreads, delta_net_chunk_smem(HISTORY), stream>>>(p);
+        <<<blocks, dc::kThreads, delta_net_chunk_smem(HISTORY), stream>>>(p);
     SY_CUDA_LAUNCH_CHECK("delta_net_chunk_kernel");
     return;
   }

@@ -13,7 +13,6 @@
 #include <cstdint>
 #include <cstdlib>
 #include <string_view>
-#include <type_traits>
 
 #include "backend/cuda/moe_kernels.h"
 #include "backend/cuda/mxfp4.cuh"
@@ -610,34 +609,28 @@ __global__ void __launch_bounds__(kGemvThreads) mxfp4_gemv_kernel(const __grid_c
 // in order.
 constexpr int kStreamWarps = 2;
 constexpr int kStreamThreads = kStreamWarps * 32;
+constexpr int kStreamStages = 4;
+// 128 bytes of each row a stage, the successor issued after computing it: wider stages (256, 512
+// bytes) and issuing before computing measured slower (gpt-oss-20b, H100, BENCHMARKS.md session
+// 19).
+constexpr int kStreamStageBlocks = 8;                     // MXFP4 blocks (32 values) a stage
+constexpr int kStreamRowBytes = kStreamStageBlocks * 16;  // 128 packed bytes of a row a stage
+constexpr int kStreamRowStride = kStreamRowBytes + 16;    // padded: rows g fall in distinct banks
+constexpr int kStreamStageBytes = 16 * kStreamRowStride;
 constexpr int kStreamMaxK = 8192;  // x (hi, lo) and scales in shared memory
 
-// A stage: kBlocks MXFP4 blocks (32 values, 16 bytes) of each of a warp's 16 rows; kStages of
-// them in the ring; a stage's successor S - 1 on is issued after the stage is computed. 8 x 4
-// (128 bytes of a row at a time) measured best: 8 x 4 issued before computing, 16 x 3 and 32 x 2
-// were slower (gpt-oss-20b, H100, 2026-12-06, BENCHMARKS.md session 19), so DRAM page locality
-// does not bound this kernel.
-template <int kBlocks, int kStages>
-struct StreamShape {
-  static constexpr int kStageBlocks = kBlocks, kRingStages = kStages;
-  static constexpr int kRowStride = kBlocks * 16 + 16;  // padded: rows g fall in distinct banks
-  static constexpr int kStageBytes = 16 * kRowStride;
-  // Shared memory of one block for k: per warp the ring and its rows' scales; x's hi and lo.
-  static constexpr int64_t smem(int64_t k) {
-    return kStreamWarps * (kStages * kStageBytes + 16 * (k / 32)) + (2 * k + 32) * 2;
-  }
-};
-using StreamShape8 = StreamShape<8, 4>;
+// Shared memory of one block for k: per warp the ring and its rows' scales; x's hi and lo.
+constexpr int64_t stream_gemv_smem(int64_t k) {
+  return kStreamWarps * (kStreamStages * kStreamStageBytes + 16 * (k / 32)) + (2 * k + 32) * 2;
+}
 
-// grid (ceil(rows / (16 * kStreamWarps)), pairs), kStreamThreads threads, Shape::smem(k)
+// grid (ceil(rows / (16 * kStreamWarps)), pairs), kStreamThreads threads, stream_gemv_smem(k)
 // bytes: rows = 2n (gate_up) or n (down) of pair blockIdx.y's expert. Reads x_split (hi, lo);
 // gate_up writes the activations to out_split (hi, lo), down writes y (out) as
 // mxfp4_gemv_kernel does (zeros for a pair never routed).
-template <bool kGateUp, class Shape>
+template <bool kGateUp>
 __global__ void __launch_bounds__(kStreamThreads)
     mxfp4_stream_gemv_kernel(const __grid_constant__ Mxfp4Gemv g) {
-  constexpr int kStreamStages = Shape::kRingStages, kStreamStageBlocks = Shape::kStageBlocks;
-  constexpr int kStreamRowStride = Shape::kRowStride, kStreamStageBytes = Shape::kStageBytes;
   extern __shared__ __align__(16) uint8_t smem[];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int pair = blockIdx.y;
@@ -667,14 +660,13 @@ __global__ void __launch_bounds__(kStreamThreads)
   const uint8_t* expert_blocks = g.blocks + static_cast<int64_t>(e) * rows * (k / 2);
   const int stages = (kb + kStreamStageBlocks - 1) / kStreamStageBlocks;
   const bool live = row0 < rows;  // rows is a multiple of 16: a live warp's 16 rows all exist
-  // Stage st: 16 rows x kStageBlocks chunks of 16 bytes, kStageBlocks / 2 a lane (kStageBlocks
-  // lanes read one row's part).
+  // Stage st: 16 rows x 8 chunks of 16 bytes, 4 a lane (8 lanes read one row's 128 bytes).
   auto issue = [&](int st) {
     if (live && st < stages) {
       uint8_t* buf = ring + (st % kStreamStages) * kStreamStageBytes;
 #pragma unroll
-      for (int j = 0; j < kStreamStageBlocks / 2; ++j) {
-        const int c = lane + 32 * j, r = c / kStreamStageBlocks, col = c % kStreamStageBlocks;
+      for (int j = 0; j < 4; ++j) {
+        const int c = lane + 32 * j, r = c >> 3, col = c & 7;
         const int block = st * kStreamStageBlocks + col;
         const bool ok = block < kb;
         const uint8_t* src = ok ? expert_blocks + static_cast<int64_t>(row_of(r)) * (k / 2) + block * 16 : g.blocks;
@@ -710,36 +702,33 @@ __global__ void __launch_bounds__(kStreamThreads)
     cp_async_wait<kStreamStages - 2>();
     __syncwarp();
     const uint8_t* buf = ring + (st % kStreamStages) * kStreamStageBytes;
-    // Unrolled by 8: the blocks' loads, decodes and mma pairs are independent until the sums,
-    // which stay in block order.
+    // Unrolled: the blocks' loads, decodes and mma pairs are independent until the sums, which
+    // stay in block order.
+    float part_lo[kStreamStageBlocks], part_hi[kStreamStageBlocks];
 #pragma unroll
-    for (int b8 = 0; b8 < kStreamStageBlocks; b8 += 8) {
-      float part_lo[8], part_hi[8];
+    for (int b = 0; b < kStreamStageBlocks; ++b) {
+      const int block = st * kStreamStageBlocks + b;
+      const uint4 w_lo = mxfp4_unscaled_bf16x8(
+          *reinterpret_cast<const uint32_t*>(buf + gr * kStreamRowStride + b * 16 + q * 4));
+      const uint4 w_hi = mxfp4_unscaled_bf16x8(
+          *reinterpret_cast<const uint32_t*>(buf + (gr + 8) * kStreamRowStride + b * 16 + q * 4));
+      uint4 xv = make_uint4(0, 0, 0, 0);
+      if (gr < 2 && block < kb)
+        xv = *reinterpret_cast<const uint4*>((gr ? x_lo : x_hi) + block * 32 + q * 8);
+      float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      const uint32_t a0[4] = {w_lo.x, w_hi.x, w_lo.y, w_hi.y},
+                     a1[4] = {w_lo.z, w_hi.z, w_lo.w, w_hi.w};
+      const uint32_t b0[2] = {xv.x, xv.y}, b1[2] = {xv.z, xv.w};
+      mma_bf16(d, a0, b0);
+      mma_bf16(d, a1, b1);
+      const bool in = block < kb;
+      part_lo[b] = in ? (d[0] + d[1]) * e8m0_scale(scale_lo[block]) : 0.0f;
+      part_hi[b] = in ? (d[2] + d[3]) * e8m0_scale(scale_hi[block]) : 0.0f;
+    }
 #pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const int b = b8 + i, block = st * kStreamStageBlocks + b;
-        const uint4 w_lo = mxfp4_unscaled_bf16x8(
-            *reinterpret_cast<const uint32_t*>(buf + gr * kStreamRowStride + b * 16 + q * 4));
-        const uint4 w_hi = mxfp4_unscaled_bf16x8(
-            *reinterpret_cast<const uint32_t*>(buf + (gr + 8) * kStreamRowStride + b * 16 + q * 4));
-        uint4 xv = make_uint4(0, 0, 0, 0);
-        if (gr < 2 && block < kb)
-          xv = *reinterpret_cast<const uint4*>((gr ? x_lo : x_hi) + block * 32 + q * 8);
-        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        const uint32_t a0[4] = {w_lo.x, w_hi.x, w_lo.y, w_hi.y},
-                       a1[4] = {w_lo.z, w_hi.z, w_lo.w, w_hi.w};
-        const uint32_t b0[2] = {xv.x, xv.y}, b1[2] = {xv.z, xv.w};
-        mma_bf16(d, a0, b0);
-        mma_bf16(d, a1, b1);
-        const bool in = block < kb;
-        part_lo[i] = in ? (d[0] + d[1]) * e8m0_scale(scale_lo[block]) : 0.0f;
-        part_hi[i] = in ? (d[2] + d[3]) * e8m0_scale(scale_hi[block]) : 0.0f;
-      }
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        acc_lo += part_lo[i];
-        acc_hi += part_hi[i];
-      }
+    for (int b = 0; b < kStreamStageBlocks; ++b) {
+      acc_lo += part_lo[b];
+      acc_hi += part_hi[b];
     }
     __syncwarp();  // every lane is done with this buffer before it is refilled
     issue(st + kStreamStages - 1);
@@ -826,14 +815,13 @@ void dense_gemm(const __nv_bfloat16* x, int64_t rows, int64_t k, const __nv_bflo
 
 // ---- The kernel object ----
 
-// The streamed MXFP4 GEMV's shapes above 48 KB of shared memory (16 and 32 blocks a stage at
-// large k) need the opt-in.
-template <class Shape>
+// The streamed MXFP4 GEMV above 48 KB of shared memory (k past ~5k, up to kStreamMaxK) needs the
+// opt-in.
 void allow_stream_shared_memory(int64_t max_k) {
-  for (const void* kernel : {reinterpret_cast<const void*>(mxfp4_stream_gemv_kernel<true, Shape>),
-                             reinterpret_cast<const void*>(mxfp4_stream_gemv_kernel<false, Shape>)})
+  for (const void* kernel : {reinterpret_cast<const void*>(mxfp4_stream_gemv_kernel<true>),
+                             reinterpret_cast<const void*>(mxfp4_stream_gemv_kernel<false>)})
     SY_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       static_cast<int>(Shape::smem(max_k))));
+                                       static_cast<int>(stream_gemv_smem(max_k))));
 }
 
 // max_k: the largest k_dim an MXFP4 launch will have (its scales live in shared memory).
@@ -937,7 +925,7 @@ class ModularKernel final : public moe::ExpertsKernel {
     allow_shared_memory<MediumTile>(max_k);
     allow_shared_memory<LargeTile>(max_k);
     const int64_t stream_k = std::min<int64_t>(max_k, kStreamMaxK);
-    allow_stream_shared_memory<StreamShape8>(stream_k);
+    allow_stream_shared_memory(stream_k);
     return Status::ok();
   }
 
@@ -1115,10 +1103,9 @@ class ModularKernel final : public moe::ExpertsKernel {
         mxfp4_gemv_ == Mxfp4Path::kStream || (mxfp4_gemv_ == Mxfp4Path::kAuto && tokens > 1);
     if (stream_path && std::max(hidden_, intermediate_) <= kStreamMaxK && hidden_ % 16 == 0 &&
         aligned(w.gate_up) && aligned(w.down) && aligned(w.gate_up_scales) && aligned(w.down_scales)) {
-      auto launch = [&](auto gate_up, int64_t rows) {
+      auto launch = [&](auto kernel, int64_t rows) {
         const dim3 grid(static_cast<unsigned>(ceil_div(rows, 16 * kStreamWarps)), static_cast<unsigned>(pairs));
-        mxfp4_stream_gemv_kernel<decltype(gate_up)::value, StreamShape8>
-            <<<grid, kStreamThreads, static_cast<size_t>(StreamShape8::smem(g.k)), stream>>>(g);
+        kernel<<<grid, kStreamThreads, static_cast<size_t>(stream_gemv_smem(g.k)), stream>>>(g);
         SY_CUDA_LAUNCH_CHECK("mxfp4_stream_gemv_kernel");
       };
       split_bf16_kernel<<<static_cast<unsigned>(ceil_div(tokens * hidden_ / 4, 256)), 256, 0, stream>>>(
@@ -1127,11 +1114,11 @@ class ModularKernel final : public moe::ExpertsKernel {
       bind(w.gate_up, w.gate_up_scales, hidden_, intermediate_);
       g.x_split = x_split_;
       g.out_split = act_split_;
-      launch(std::true_type{}, 2 * intermediate_);
+      launch(mxfp4_stream_gemv_kernel<true>, 2 * intermediate_);
       bind(w.down, w.down_scales, intermediate_, hidden_);
       g.x_split = act_split_;
       g.out = y_;
-      launch(std::false_type{}, hidden_);
+      launch(mxfp4_stream_gemv_kernel<false>, hidden_);
       return;
     }
     auto launch = [&](auto kernel, int outputs_per_warp, const float* x, float* out) {
@@ -1254,14 +1241,13 @@ class ModularKernel final : public moe::ExpertsKernel {
   float* act_f32_ = nullptr;         // [min(T, kGemvMaxTokens) * K, I] the MXFP4 GEMV's activations
   __nv_bfloat16* x_split_ = nullptr;    // [min(T, kGemvMaxTokens), 2H] the streamed GEMV's hidden (hi, lo)
   __nv_bfloat16* act_split_ = nullptr;  // [min(T, kGemvMaxTokens) * K, 2I] its activations (hi, lo)
-  // Few-token MXFP4 steps on the GEMV kernels: on by default since the 2026-12-06 H100 visit
-  // (op harness and gpt-oss goldens pass; gpt-oss-20b batch 1: 42.2% of floor against 29.5%
-  // on the grouped GEMM, batch 8: 27.8% against 24.8%); SY_MXFP4_GEMV=0 turns it off (A/B).
-  // Which few-token kernel: by default (kAuto) the warp GEMV for one token and the streamed one
-  // for 2..8 (gpt-oss-20b shapes, H100, 2026-12-06: batch 1 2.90 against 2.95 ms, batch 8 10.70
-  // against 9.92 ms; nothing measured between). SY_MXFP4_GEMV=stream or =warp: always that one;
-  // SY_MXFP4_GEMV=0: the grouped GEMM. The warp GEMV also runs where the streamed one cannot
-  // (k > kStreamMaxK, unaligned rows or scales).
+  // Few-token MXFP4 steps run on the GEMV kernels (gpt-oss-20b batch 1 on an H100, 2026-12-06:
+  // 42.2% of floor against 29.5% on the grouped GEMM). Which few-token kernel: by default (kAuto)
+  // the warp GEMV for one token and the streamed one for 2..8 (gpt-oss-20b shapes, H100,
+  // 2026-12-06: batch 1 2.90 against 2.95 ms, batch 8 10.70 against 9.92 ms; nothing measured
+  // between). SY_MXFP4_GEMV=stream or =warp: always that one; SY_MXFP4_GEMV=0: the grouped GEMM.
+  // The warp GEMV also runs where the streamed one cannot (k > kStreamMaxK, unaligned rows or
+  // scales).
   enum class Mxfp4Path { kOff, kAuto, kWarp, kStream };
   const Mxfp4Path mxfp4_gemv_ = [] {
     const char* v = std::getenv("SY_MXFP4_GEMV");
