@@ -82,11 +82,10 @@ struct Block {
 // as the kernel's barriers order them; a thread's registers between phases 5 and 7 kept aside.
 void run_math_phases(const dc::View& view, int n) {
   for (int tid = 0; tid < dc::kThreads; ++tid) dc::a_and_pm(view, n, tid);
-  for (int i = 0; i < n; ++i)
-    for (int tid = 0; tid < dc::kThreads; ++tid) dc::t_row(view, n, i, tid);
   std::vector<std::array<float, dc::kRowsPerThread>> kept(dc::kThreads);
   for (int tid = 0; tid < dc::kThreads; ++tid) {
     float o[dc::kRowsPerThread];
+    dc::t_matrix(view, tid);
     dc::r_and_qs(view, n, tid, o);
     std::copy(o, o + dc::kRowsPerThread, kept[tid].begin());
   }

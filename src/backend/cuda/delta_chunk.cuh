@@ -33,8 +33,14 @@ namespace sy::backend::cuda::delta_chunk {
 
 constexpr int kTokens = 32;  // tokens a chunk
 constexpr int kDim = 128;    // key and value head width
-constexpr int kThreads = 256;
-constexpr int kRow = kDim + 4;        // padded rows of q, k, v, u and the state
+// (SY_DELTA_CHUNK_THREADS: a build-time experiment, 256 or 512.)
+#ifndef SY_DELTA_CHUNK_THREADS
+#define SY_DELTA_CHUNK_THREADS 256
+#endif
+constexpr int kThreads = SY_DELTA_CHUNK_THREADS;
+// Rows of q, k, v, u and the state padded by one float: a warp reading one column of 32 rows
+// (a_and_pm's k_j, normalize's and output_scales' per-token loops) hits 32 banks.
+constexpr int kRow = kDim + 1;
 constexpr int kSquare = kTokens + 1;  // padded rows of the chunk x chunk matrices
 // Thread tid has column tid % kDim of the (token, column) outputs, kRowsPerThread rows of them,
 // and kStateRows rows of the state's column.
@@ -194,16 +200,22 @@ SY_HOST_DEVICE inline void a_and_pm(const View& s, int n, int tid) {
   }
 }
 
-// Phase 4, row i (rows 0 .. n-1 in order, a barrier after each): T = (I + A)^-1, lower triangular
-// with a unit diagonal, T_ic = [i == c] - sum_{c <= j < i} A_ij T_jc. Thread c < n writes T_ic.
-SY_HOST_DEVICE inline void t_row(const View& s, int n, int i, int tid) {
-  if (tid >= n) return;
-  float x = 0.0f;
-  if (tid <= i) {
-    x = tid == i ? 1.0f : 0.0f;
-    for (int j = tid; j < i; ++j) x -= s.a[i * kSquare + j] * s.t[j * kSquare + tid];
+// Phase 4 (beside phase 5: it reads only A and writes only T): T = (I + A)^-1, lower triangular
+// with a unit diagonal, T_ic = [i == c] - sum_{c <= j < i} A_ij T_jc, by forward substitution.
+// Thread c < kTokens (one warp) keeps column c in registers and writes it; no barriers. Terms
+// with j < c are A_ij * 0 (A is finite), so the sum is the one from j = c on.
+SY_HOST_DEVICE inline void t_matrix(const View& s, int tid) {
+  if (tid >= kTokens) return;
+  const int c = tid;
+  float column[kTokens];
+  SY_UNROLL
+  for (int i = 0; i < kTokens; ++i) {
+    float x = i == c ? 1.0f : 0.0f;
+    SY_UNROLL
+    for (int j = 0; j < i; ++j) x -= s.a[i * kSquare + j] * column[j];
+    column[i] = x;
+    s.t[i * kSquare + c] = x;
   }
-  s.t[i * kSquare + tid] = x;
 }
 
 // Phase 5: R = beta (v - e^b k S0) in place of v; out = e^b q S0 (kept by the thread for phase 7).

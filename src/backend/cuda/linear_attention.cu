@@ -396,11 +396,8 @@ __global__ void __launch_bounds__(dc::kThreads) delta_net_chunk_kernel(DeltaNetP
       __syncthreads();
       dc::a_and_pm(view, n, tid);
       __syncthreads();
-      for (int i = 0; i < n; ++i) {
-        dc::t_row(view, n, i, tid);
-        __syncthreads();
-      }
       float out[dc::kRowsPerThread];
+      dc::t_matrix(view, tid);
       dc::r_and_qs(view, n, tid, out);
       __syncthreads();
       dc::u_of(view, n, tid);
