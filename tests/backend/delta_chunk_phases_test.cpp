@@ -64,35 +64,46 @@ void recurrent(const Tokens& t, std::vector<double>& state, std::vector<double>&
 
 // Shared memory of one block, the kernel's layout, with every float NaN until written.
 struct Block {
-  std::vector<float> q, k, v, u, state, a, t, pm, b, beta, scale;
+  std::vector<float> q, k, v, u, state, a, t, pm, b, beta, partial;
   Block() {
     const float nan = std::numeric_limits<float>::quiet_NaN();
     for (auto* x : {&q, &k, &v, &u}) x->assign(dc::kTokens * dc::kRow, nan);
     state.assign(dc::kDim * dc::kRow, nan);
     for (auto* x : {&a, &t, &pm}) x->assign(dc::kTokens * dc::kSquare, nan);
-    for (auto* x : {&b, &beta, &scale}) x->assign(dc::kTokens, nan);
+    for (auto* x : {&b, &beta}) x->assign(dc::kTokens, nan);
+    partial.assign(dc::kTokens * 2 * dc::kParts, nan);
   }
   dc::View view() {
-    return {q.data(), k.data(),  v.data(), u.data(),    state.data(), a.data(),
-            t.data(), pm.data(), b.data(), beta.data(), scale.data()};
+    return {q.data(), k.data(),  v.data(), u.data(),    state.data(),  a.data(),
+            t.data(), pm.data(), b.data(), beta.data(), partial.data()};
   }
 };
 
-// Phases 3 to 7 (the chunk's math) for every thread in turn, each phase after the previous one
+// The order in which a phase's threads run, one after another: both tests run with threads
+// ascending and descending, so a phase in which a thread read what another writes (a missing
+// barrier) would give two results.
+std::vector<int> g_threads;
+void set_thread_order(bool descending) {
+  g_threads.resize(dc::kThreads);
+  for (int i = 0; i < dc::kThreads; ++i) g_threads[i] = descending ? dc::kThreads - 1 - i : i;
+}
+
+// Phases 4 to 7 (the chunk's math) for every thread in turn, each phase after the previous one
 // as the kernel's barriers order them; a thread's registers between phases 5 and 7 kept aside.
 void run_math_phases(const dc::View& view, int n) {
-  for (int tid = 0; tid < dc::kThreads; ++tid) dc::a_and_pm(view, n, tid);
-  std::vector<std::array<float, dc::kRowsPerThread>> kept(dc::kThreads);
-  for (int tid = 0; tid < dc::kThreads; ++tid) {
-    float o[dc::kRowsPerThread];
+  for (int tid : g_threads) dc::a_and_pm(view, n, tid);
+  using Tile = float[dc::kTile][dc::kTile];
+  std::vector<std::array<float, dc::kTile * dc::kTile>> kept(dc::kThreads);
+  for (int tid : g_threads) {
+    Tile o;
     dc::t_matrix(view, tid);
     dc::r_and_qs(view, n, tid, o);
-    std::copy(o, o + dc::kRowsPerThread, kept[tid].begin());
+    std::memcpy(kept[tid].data(), o, sizeof(o));
   }
-  for (int tid = 0; tid < dc::kThreads; ++tid) dc::u_of(view, n, tid);
-  for (int tid = 0; tid < dc::kThreads; ++tid) {
-    float o[dc::kRowsPerThread];
-    std::copy(kept[tid].begin(), kept[tid].end(), o);
+  for (int tid : g_threads) dc::u_of(view, n, tid);
+  for (int tid : g_threads) {
+    Tile o;
+    std::memcpy(o, kept[tid].data(), sizeof(o));
     dc::outputs_and_state(view, n, tid, o);
   }
 }
@@ -141,8 +152,10 @@ double relative_error(const std::vector<double>& a, const std::vector<double>& b
 }
 
 TEST(DeltaChunkPhases, TheKernelsInChunkMathMatchesTheRecurrence) {
-  // Full chunks, a short one between them (rows past n left from a full chunk), a 1-token chunk.
-  const std::vector<int> sizes = {dc::kTokens, 7, dc::kTokens, 1, 20};
+  // A short first chunk, full chunks, a short one between them (rows past n left from a full
+  // chunk), a 1-token chunk.
+  // The first chunk short: its rows past n are NaN, never read.
+  const std::vector<int> sizes = {20, dc::kTokens, 7, dc::kTokens, 1};
   int count = 0;
   for (int n : sizes) count += n;
   const Tokens t = make_tokens(7u, count);
@@ -150,25 +163,33 @@ TEST(DeltaChunkPhases, TheKernelsInChunkMathMatchesTheRecurrence) {
   std::normal_distribution<double> normal;
   std::vector<double> state0(static_cast<size_t>(dc::kDim) * dc::kDim);
   for (double& x : state0) x = 0.3 * normal(rng);
-  std::vector<double> want_state = state0, want, got, got_state;
+  std::vector<double> want_state = state0, want;
   recurrent(t, want_state, want);
-  emulate(t, sizes, state0, got, got_state);
-  EXPECT_LT(relative_error(got, want), 1e-5);
-  EXPECT_LT(relative_error(got_state, want_state), 1e-5);
+  for (bool descending : {false, true}) {
+    SCOPED_TRACE(descending ? "threads descending" : "threads ascending");
+    set_thread_order(descending);
+    std::vector<double> got, got_state;
+    emulate(t, sizes, state0, got, got_state);
+    EXPECT_LT(relative_error(got, want), 1e-5);
+    EXPECT_LT(relative_error(got_state, want_state), 1e-5);
+  }
 }
 
-// A step of two sequences on the CPU backend and through the chunk phases, block by block as the
+// A step of three sequences on the CPU backend and through the chunk phases, block by block as the
 // kernel runs them: sequence 0 fresh (75 tokens: chunks of 32, 32, 11), sequence 1 continuing
-// from state buffer 2 (40 tokens), their tokens interleaved in the step for the first 80.
+// from state buffer 2 (40 tokens), sequence 2 fresh and shorter than a chunk (9 tokens: its
+// block's rows past 9 are NaN), their tokens interleaved in the step.
 TEST(DeltaChunkPhases, TheChunkPipelineMatchesTheCpuBackend) {
   constexpr int kHistory = 3, kKernel = kHistory + 1, kKeyHeads = 2, kValueHeads = 4, D = dc::kDim;
   constexpr int64_t key_dim = int64_t{kKeyHeads} * D, value_dim = int64_t{kValueHeads} * D;
-  constexpr int64_t conv_dim = 2 * key_dim + value_dim, buffers = 4;
-  const std::vector<int> lengths = {75, 40}, starts = {0, 230}, read = {0, 2}, write = {1, 3};
+  constexpr int64_t conv_dim = 2 * key_dim + value_dim, buffers = 6;
+  const std::vector<int> lengths = {75, 40, 9}, starts = {0, 230, 0}, read = {0, 2, 4},
+                         write = {1, 3, 5};
+  constexpr int kSeqs = 3;
   std::vector<int32_t> positions, token_seq;
-  std::vector<int> next(2, 0);
-  while (next[0] < lengths[0] || next[1] < lengths[1])
-    for (int s = 0; s < 2; ++s)
+  std::vector<int> next(kSeqs, 0);
+  while (next[0] < lengths[0] || next[1] < lengths[1] || next[2] < lengths[2])
+    for (int s = 0; s < kSeqs; ++s)
       if (next[s] < lengths[s]) {
         positions.push_back(starts[s] + next[s]++);
         token_seq.push_back(s);
@@ -216,88 +237,94 @@ TEST(DeltaChunkPhases, TheChunkPipelineMatchesTheCpuBackend) {
   batch.positions = Tensor(positions.data(), DType::kI32, {T});
   batch.token_seq = Tensor(token_seq.data(), DType::kI32, {T});
   batch.max_query_len = lengths[0];
-  const sy::backend::Backend::LinearState state{Tensor(read32.data(), DType::kI32, {2}),
-                                                Tensor(write32.data(), DType::kI32, {2}), &t_conv,
-                                                &t_recurrent};
+  const sy::backend::Backend::LinearState state{Tensor(read32.data(), DType::kI32, {kSeqs}),
+                                                Tensor(write32.data(), DType::kI32, {kSeqs}),
+                                                &t_conv, &t_recurrent};
   cpu->gated_delta_net(t_qkv, t_z, t_b, t_a, {&t_conv_w, &t_a_log, &t_dt, &t_norm},
                        {kKeyHeads, kValueHeads, D, D, kKernel}, 1e-6f, batch, state, t_out);
 
-  // The phases, a block per (sequence, value head) as delta_net_chunk_kernel runs them.
-  std::vector<float> conv_dev = conv0, recurrent_dev = recurrent0;
-  std::vector<float> out_dev(static_cast<size_t>(T * value_dim),
-                             std::numeric_limits<float>::quiet_NaN());
-  for (int s = 0; s < 2; ++s) {
-    std::vector<int32_t> list;
-    for (int64_t t = 0; t < T; ++t)
-      if (token_seq[t] == s) list.push_back(static_cast<int32_t>(t));
-    const bool fresh = positions[list[0]] == 0;
-    for (int h = 0; h < kValueHeads; ++h) {
-      Block blk;
-      const dc::View view = blk.view();
-      dc::Inputs in{qkv.data(),
-                    z.data(),
-                    b.data(),
-                    a.data(),
-                    conv_w.data(),
-                    norm.data(),
-                    list.data(),
-                    key_dim,
-                    conv_dim,
-                    value_dim,
-                    h / (kValueHeads / kKeyHeads),
-                    h,
-                    kValueHeads,
-                    std::exp(a_log[h]),
-                    dt_bias[h],
-                    1e-6f};
-      std::vector<float> history(kHistory * dc::kChannels);
-      for (int i = 0; i < kHistory * dc::kChannels; ++i)
-        history[i] =
-            fresh ? 0.0f
+  for (bool descending : {false, true}) {
+    SCOPED_TRACE(descending ? "threads descending" : "threads ascending");
+    set_thread_order(descending);
+    // The phases, a block per (sequence, value head) as delta_net_chunk_kernel runs them.
+    std::vector<float> conv_dev = conv0, recurrent_dev = recurrent0;
+    std::vector<float> out_dev(static_cast<size_t>(T * value_dim),
+                               std::numeric_limits<float>::quiet_NaN());
+    for (int s = 0; s < kSeqs; ++s) {
+      std::vector<int32_t> list;
+      for (int64_t t = 0; t < T; ++t)
+        if (token_seq[t] == s) list.push_back(static_cast<int32_t>(t));
+      const bool fresh = positions[list[0]] == 0;
+      for (int h = 0; h < kValueHeads; ++h) {
+        Block blk;
+        const dc::View view = blk.view();
+        dc::Inputs in{qkv.data(),
+                      z.data(),
+                      b.data(),
+                      a.data(),
+                      conv_w.data(),
+                      norm.data(),
+                      list.data(),
+                      key_dim,
+                      conv_dim,
+                      value_dim,
+                      h / (kValueHeads / kKeyHeads),
+                      h,
+                      kValueHeads,
+                      std::exp(a_log[h]),
+                      dt_bias[h],
+                      1e-6f};
+        std::vector<float> history(kHistory * dc::kChannels);
+        for (int i = 0; i < kHistory * dc::kChannels; ++i)
+          history[i] =
+              fresh
+                  ? 0.0f
                   : conv0[(read[s] * conv_dim + dc::channel_of(in, i % dc::kChannels)) * kHistory +
                           i / dc::kChannels];
-      for (int i = 0; i < D * D; ++i)
-        blk.state[(i / D) * dc::kRow + i % D] =
-            fresh ? 0.0f : recurrent0[(read[s] * kValueHeads + h) * D * D + i];
-      const int count = static_cast<int>(list.size());
-      for (int c0 = 0; c0 < count; c0 += dc::kTokens) {
-        const int n = std::min(dc::kTokens, count - c0);
-        in.tok = list.data() + c0;
-        std::vector<std::array<std::array<float, 2>, kHistory>> next(dc::kThreads);
-        for (int tid = 0; tid < dc::kThreads; ++tid) {
-          float nh[kHistory][2] = {};
-          dc::conv_and_gates<kHistory>(in, history.data(), n, tid, view);
-          dc::history_next<kHistory>(in, history.data(), n, tid, nh);
-          for (int m = 0; m < kHistory; ++m) next[tid][m] = {nh[m][0], nh[m][1]};
+        for (int i = 0; i < D * D; ++i)
+          blk.state[(i / D) * dc::kRow + i % D] =
+              fresh ? 0.0f : recurrent0[(read[s] * kValueHeads + h) * D * D + i];
+        const int count = static_cast<int>(list.size());
+        for (int c0 = 0; c0 < count; c0 += dc::kTokens) {
+          const int n = std::min(dc::kTokens, count - c0);
+          in.tok = list.data() + c0;
+          std::vector<std::array<std::array<float, 2>, kHistory>> next(dc::kThreads);
+          for (int tid : g_threads) {
+            float nh[kHistory][2] = {};
+            dc::conv_and_gates<kHistory>(in, history.data(), n, tid, view);
+            dc::history_next<kHistory>(in, history.data(), n, tid, nh);
+            for (int m = 0; m < kHistory; ++m) next[tid][m] = {nh[m][0], nh[m][1]};
+          }
+          for (int tid : g_threads) {
+            float nh[kHistory][2] = {};
+            for (int m = 0; m < kHistory; ++m)
+              nh[m][0] = next[tid][m][0], nh[m][1] = next[tid][m][1];
+            dc::history_store<kHistory>(history.data(), tid, nh);
+            dc::norm_partials(view, n, tid);
+          }
+          for (int tid : g_threads) dc::normalize(view, n, tid);
+          run_math_phases(view, n);
+          for (int tid : g_threads) dc::output_partials(view, n, tid);
+          for (int tid : g_threads) dc::write_outputs(in, view, n, tid, out_dev.data());
         }
-        for (int tid = 0; tid < dc::kThreads; ++tid) {
-          float nh[kHistory][2] = {};
-          for (int m = 0; m < kHistory; ++m) nh[m][0] = next[tid][m][0], nh[m][1] = next[tid][m][1];
-          dc::history_store<kHistory>(history.data(), tid, nh);
-          dc::normalize(view, n, tid);
+        for (int i = 0; i < kHistory * dc::kChannels; ++i) {
+          const int ch = i % dc::kChannels;
+          if (ch < 2 * D && h % (kValueHeads / kKeyHeads) != 0) continue;
+          conv_dev[(write[s] * conv_dim + dc::channel_of(in, ch)) * kHistory + i / dc::kChannels] =
+              history[i];
         }
-        run_math_phases(view, n);
-        for (int tid = 0; tid < dc::kThreads; ++tid) dc::output_scales(in, view, n, tid);
-        for (int tid = 0; tid < dc::kThreads; ++tid)
-          dc::write_outputs(in, view, n, tid, out_dev.data());
+        for (int i = 0; i < D * D; ++i)
+          recurrent_dev[(write[s] * kValueHeads + h) * D * D + i] =
+              blk.state[(i / D) * dc::kRow + i % D];
       }
-      for (int i = 0; i < kHistory * dc::kChannels; ++i) {
-        const int ch = i % dc::kChannels;
-        if (ch < 2 * D && h % (kValueHeads / kKeyHeads) != 0) continue;
-        conv_dev[(write[s] * conv_dim + dc::channel_of(in, ch)) * kHistory + i / dc::kChannels] =
-            history[i];
-      }
-      for (int i = 0; i < D * D; ++i)
-        recurrent_dev[(write[s] * kValueHeads + h) * D * D + i] =
-            blk.state[(i / D) * dc::kRow + i % D];
     }
+    auto as_double = [](const std::vector<float>& x) {
+      return std::vector<double>(x.begin(), x.end());
+    };
+    EXPECT_LT(relative_error(as_double(out_dev), as_double(out_cpu)), 1e-4);
+    EXPECT_LT(relative_error(as_double(conv_dev), as_double(conv_cpu)), 1e-6);
+    EXPECT_LT(relative_error(as_double(recurrent_dev), as_double(recurrent_cpu)), 1e-4);
   }
-  auto as_double = [](const std::vector<float>& x) {
-    return std::vector<double>(x.begin(), x.end());
-  };
-  EXPECT_LT(relative_error(as_double(out_dev), as_double(out_cpu)), 1e-4);
-  EXPECT_LT(relative_error(as_double(conv_dev), as_double(conv_cpu)), 1e-6);
-  EXPECT_LT(relative_error(as_double(recurrent_dev), as_double(recurrent_cpu)), 1e-4);
 }
 
 }  // namespace

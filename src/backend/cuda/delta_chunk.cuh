@@ -33,20 +33,22 @@ namespace sy::backend::cuda::delta_chunk {
 
 constexpr int kTokens = 32;  // tokens a chunk
 constexpr int kDim = 128;    // key and value head width
-// (SY_DELTA_CHUNK_THREADS: a build-time experiment, 256 or 512.)
-#ifndef SY_DELTA_CHUNK_THREADS
-#define SY_DELTA_CHUNK_THREADS 256
-#endif
-constexpr int kThreads = SY_DELTA_CHUNK_THREADS;
-// Rows of q, k, v, u and the state padded by one float: a warp reading one column of 32 rows
-// (a_and_pm's k_j, normalize's and output_scales' per-token loops) hits 32 banks.
-constexpr int kRow = kDim + 1;
-constexpr int kSquare = kTokens + 1;  // padded rows of the chunk x chunk matrices
-// Thread tid has column tid % kDim of the (token, column) outputs, kRowsPerThread rows of them,
-// and kStateRows rows of the state's column.
-constexpr int kRowsPerThread = kTokens * kDim / kThreads;
-constexpr int kStateRows = kDim * kDim / kThreads;
-static_assert(kThreads % kDim == 0 && kThreads >= kTokens, "thread layout");
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+// Rows of q, k, v, u and the state padded by 4 floats: 16-byte aligned for 4-wide loads, and 8
+// lanes loading 4 floats each of 8 consecutive rows hit 32 different banks.
+constexpr int kRow = kDim + 4;
+constexpr int kSquare = kTokens + 4;  // padded rows of the chunk x chunk matrices
+// Register tiles. The (token, column) outputs [kTokens][kDim]: thread tid has rows
+// 4 (tid / 32) .. + 3 and columns 4 (tid % 32) .. + 3 (a warp shares its rows). The state
+// [kDim][kDim]: rows kStateRows (tid / 32) .. and the same 4 columns.
+constexpr int kTile = 4;
+constexpr int kStateRows = kDim / kWarps;
+static_assert(kTokens == kTile * kWarps && kDim == kTile * 32, "output tile layout");
+// Per-token sums over a row (the l2 norms, the output norm): kParts threads a token, their
+// partial sums in View::partial.
+constexpr int kParts = kThreads / kTokens;
+static_assert(kDim % (4 * kParts) == 0, "4-column groups a part");
 
 constexpr int kChannels = 3 * kDim;  // a head's conv channels: q and k of its key head, v
 static_assert(2 * kThreads >= kChannels, "two history channels a thread");
@@ -62,7 +64,7 @@ struct View {
   float* pm;     // [kTokens][kSquare]: e^(b_i - b_j) q_i.k_j for j <= i, else 0
   float* b;      // [kTokens]: log(decay), then its running sum
   float* beta;   // [kTokens]
-  float* scale;  // [kTokens]: the output norm's scale of each token
+  float* partial;  // [kTokens][2 kParts]: partial sums of squares (q then k; later o)
 };
 
 // What a block reads of the step for its (sequence, value head): the chunk's tokens (step
@@ -97,6 +99,26 @@ SY_HOST_DEVICE inline float bf16_to_float(uint16_t bits) {
   float value;
   memcpy(&value, &word, sizeof(value));
   return value;
+#endif
+}
+// Four consecutive floats (16-byte aligned on the device).
+struct Vec4 {
+  float x, y, z, w;
+  SY_HOST_DEVICE float operator[](int i) const { return i == 0 ? x : i == 1 ? y : i == 2 ? z : w; }
+};
+SY_HOST_DEVICE inline Vec4 load4(const float* p) {
+#ifdef __CUDA_ARCH__
+  const float4 v = *reinterpret_cast<const float4*>(p);
+  return {v.x, v.y, v.z, v.w};
+#else
+  return {p[0], p[1], p[2], p[3]};
+#endif
+}
+SY_HOST_DEVICE inline void store4(float* p, const float (&v)[4]) {
+#ifdef __CUDA_ARCH__
+  *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
+#else
+  for (int i = 0; i < 4; ++i) p[i] = v[i];
 #endif
 }
 // The head's conv channel ch (q and k of its key head, then v of its value head) in qkv.
@@ -164,43 +186,90 @@ SY_HOST_DEVICE inline void history_store(float* history, int tid,
   }
 }
 
-// Phase 2: thread t < n l2-normalises q and k of token t (x / sqrt(sum x^2 + 1e-6), as
-// transformers' l2norm; q also by 1/sqrt(kDim)); thread 0 also sums b over the chunk.
-SY_HOST_DEVICE inline void normalize(const View& s, int n, int tid) {
-  if (tid >= n) return;
+// Phase 2 (beside history_store): partial sums of squares of q and k, thread (token
+// tid / kParts, part tid % kParts) over the 4-column groups 4 part + 32 m (a warp's 8 parts of
+// a token read 32 consecutive floats); thread 0 also sums b over the chunk.
+SY_HOST_DEVICE inline void norm_partials(const View& s, int n, int tid) {
+  if (tid == 0)
+    for (int t = 1; t < n; ++t) s.b[t] += s.b[t - 1];
+  const int t = tid / kParts, part = tid % kParts;
+  if (t >= n) return;
   float sq = 0.0f, sk = 0.0f;
-  for (int c = 0; c < kDim; ++c) {
-    sq += s.q[tid * kRow + c] * s.q[tid * kRow + c];
-    sk += s.k[tid * kRow + c] * s.k[tid * kRow + c];
+  SY_UNROLL
+  for (int c = 4 * part; c < kDim; c += 4 * kParts) {
+    const Vec4 q = load4(s.q + t * kRow + c), k = load4(s.k + t * kRow + c);
+    SY_UNROLL
+    for (int e = 0; e < 4; ++e) {
+      sq += q[e] * q[e];
+      sk += k[e] * k[e];
+    }
+  }
+  s.partial[t * 2 * kParts + part] = sq;
+  s.partial[t * 2 * kParts + kParts + part] = sk;
+}
+
+// Phase 3: q and k of each token l2-normalised (x / sqrt(sum x^2 + 1e-6), as transformers'
+// l2norm; q also by 1/sqrt(kDim)), each thread its columns of phase 2.
+SY_HOST_DEVICE inline void normalize(const View& s, int n, int tid) {
+  const int t = tid / kParts, part = tid % kParts;
+  if (t >= n) return;
+  float sq = 0.0f, sk = 0.0f;
+  for (int p = 0; p < kParts; ++p) {
+    sq += s.partial[t * 2 * kParts + p];
+    sk += s.partial[t * 2 * kParts + kParts + p];
   }
   const float q_scale = 1.0f / sqrtf(sq + 1e-6f) * (1.0f / sqrtf(static_cast<float>(kDim)));
   const float k_scale = 1.0f / sqrtf(sk + 1e-6f);
-  for (int c = 0; c < kDim; ++c) {
-    s.q[tid * kRow + c] *= q_scale;
-    s.k[tid * kRow + c] *= k_scale;
+  SY_UNROLL
+  for (int c = 4 * part; c < kDim; c += 4 * kParts) {
+    const Vec4 q = load4(s.q + t * kRow + c), k = load4(s.k + t * kRow + c);
+    float qs[4], ks[4];
+    SY_UNROLL
+    for (int e = 0; e < 4; ++e) {
+      qs[e] = q[e] * q_scale;
+      ks[e] = k[e] * k_scale;
+    }
+    store4(s.q + t * kRow + c, qs);
+    store4(s.k + t * kRow + c, ks);
   }
-  if (tid == 0)
-    for (int t = 1; t < n; ++t) s.b[t] += s.b[t - 1];
 }
 
-// Phase 3: A and pm, every entry of the kTokens x kTokens (zeros outside their triangles).
+// Phase 4: A and pm, every entry of the kTokens x kTokens (zeros outside their triangles).
+// Thread tid: rows i0, i0 + kTokens/2 and columns j0, j0 + kTokens/2 (i0 = tid / 16, j0 = tid
+// % 16), the dot products over r in order, 4 floats a load.
+constexpr int kHalf = kTokens / 2;
+static_assert(kHalf * kHalf == kThreads, "a 2 x 2 tile of A and pm a thread");
 SY_HOST_DEVICE inline void a_and_pm(const View& s, int n, int tid) {
-  for (int e = tid; e < kTokens * kTokens; e += kThreads) {
-    const int i = e / kTokens, j = e % kTokens;
-    float kk = 0.0f, qk = 0.0f;
-    if (i < n && j <= i)
-      for (int r = 0; r < kDim; ++r) {
-        const float kj = s.k[j * kRow + r];
-        kk += s.k[i * kRow + r] * kj;
-        qk += s.q[i * kRow + r] * kj;
-      }
-    const float decay = i < n && j <= i ? expf(s.b[i] - s.b[j]) : 0.0f;
-    s.a[i * kSquare + j] = j < i ? s.beta[i] * decay * kk : 0.0f;
-    s.pm[i * kSquare + j] = decay * qk;
+  const int i0 = tid / kHalf, j0 = tid % kHalf;
+  float kk[2][2] = {}, qk[2][2] = {};
+  for (int r = 0; r < kDim; r += 4) {
+    Vec4 ki[2], qi[2], kj[2];
+    SY_UNROLL
+    for (int x = 0; x < 2; ++x) {
+      ki[x] = load4(s.k + (i0 + x * kHalf) * kRow + r);
+      qi[x] = load4(s.q + (i0 + x * kHalf) * kRow + r);
+      kj[x] = load4(s.k + (j0 + x * kHalf) * kRow + r);
+    }
+    SY_UNROLL
+    for (int e = 0; e < 4; ++e) SY_UNROLL
+    for (int x = 0; x < 2; ++x) SY_UNROLL
+    for (int y = 0; y < 2; ++y) {
+      kk[x][y] += ki[x][e] * kj[y][e];
+      qk[x][y] += qi[x][e] * kj[y][e];
+    }
+  }
+  SY_UNROLL
+  for (int x = 0; x < 2; ++x) SY_UNROLL
+  for (int y = 0; y < 2; ++y) {
+    const int i = i0 + x * kHalf, j = j0 + y * kHalf;
+    const bool lower = i < n && j <= i;  // (rows past n hold no data: selected away)
+    const float decay = lower ? expf(s.b[i] - s.b[j]) : 0.0f;
+    s.a[i * kSquare + j] = lower && j < i ? s.beta[i] * decay * kk[x][y] : 0.0f;
+    s.pm[i * kSquare + j] = lower ? decay * qk[x][y] : 0.0f;
   }
 }
 
-// Phase 4 (beside phase 5: it reads only A and writes only T): T = (I + A)^-1, lower triangular
+// Phase 5a (beside 5b: it reads only A and writes only T): T = (I + A)^-1, lower triangular
 // with a unit diagonal, T_ic = [i == c] - sum_{c <= j < i} A_ij T_jc, by forward substitution.
 // Thread c < kTokens (one warp) keeps column c in registers and writes it; no barriers. Terms
 // with j < c are A_ij * 0 (A is finite), so the sum is the one from j = c on.
@@ -218,85 +287,148 @@ SY_HOST_DEVICE inline void t_matrix(const View& s, int tid) {
   }
 }
 
-// Phase 5: R = beta (v - e^b k S0) in place of v; out = e^b q S0 (kept by the thread for phase 7).
-SY_HOST_DEVICE inline void r_and_qs(const View& s, int n, int tid, float (&out)[kRowsPerThread]) {
-  const int col = tid % kDim, row0 = (tid / kDim) * kRowsPerThread;
-  float k_s[kRowsPerThread];
+// Phase 5b: R = beta (v - e^b k S0) in place of v; out = e^b q S0 (kept by the thread for phase
+// 7). The thread's output tile; S0 read 4 rows at a time.
+SY_HOST_DEVICE inline void r_and_qs(const View& s, int n, int tid, float (&out)[kTile][kTile]) {
+  const int row0 = kTile * (tid / 32), col0 = kTile * (tid % 32);
+  float ks[kTile][kTile];
   SY_UNROLL
-  for (int m = 0; m < kRowsPerThread; ++m) k_s[m] = out[m] = 0.0f;
-  for (int r = 0; r < kDim; ++r) {
-    const float sv = s.state[r * kRow + col];
+  for (int m = 0; m < kTile; ++m) SY_UNROLL
+  for (int e = 0; e < kTile; ++e) ks[m][e] = out[m][e] = 0.0f;
+  for (int r = 0; r < kDim; r += 4) {
+    Vec4 state[4], k[kTile], q[kTile];
     SY_UNROLL
-    for (int m = 0; m < kRowsPerThread; ++m) {
-      k_s[m] += s.k[(row0 + m) * kRow + r] * sv;
-      out[m] += s.q[(row0 + m) * kRow + r] * sv;
+    for (int x = 0; x < 4; ++x) state[x] = load4(s.state + (r + x) * kRow + col0);
+    SY_UNROLL
+    for (int m = 0; m < kTile; ++m) {
+      k[m] = load4(s.k + (row0 + m) * kRow + r);
+      q[m] = load4(s.q + (row0 + m) * kRow + r);
+    }
+    SY_UNROLL
+    for (int x = 0; x < 4; ++x) SY_UNROLL
+    for (int m = 0; m < kTile; ++m) SY_UNROLL
+    for (int e = 0; e < kTile; ++e) {
+      ks[m][e] += k[m][x] * state[x][e];
+      out[m][e] += q[m][x] * state[x][e];
     }
   }
   SY_UNROLL
-  for (int m = 0; m < kRowsPerThread; ++m) {
+  for (int m = 0; m < kTile; ++m) {
     const int i = row0 + m;
     if (i >= n) continue;
     const float grow = expf(s.b[i]);
-    s.v[i * kRow + col] = s.beta[i] * (s.v[i * kRow + col] - grow * k_s[m]);
-    out[m] *= grow;
-  }
-}
-
-// Phase 6: U = T R.
-SY_HOST_DEVICE inline void u_of(const View& s, int n, int tid) {
-  const int col = tid % kDim, row0 = (tid / kDim) * kRowsPerThread;
-  SY_UNROLL
-  for (int m = 0; m < kRowsPerThread; ++m) {
-    const int i = row0 + m;
-    if (i >= n) continue;
-    float x = 0.0f;
-    for (int j = 0; j <= i; ++j) x += s.t[i * kSquare + j] * s.v[j * kRow + col];
-    s.u[i * kRow + col] = x;
-  }
-}
-
-// Phase 7: o = out + pm U into q; the state carried to the next chunk, in place.
-SY_HOST_DEVICE inline void outputs_and_state(const View& s, int n, int tid,
-                                             float (&out)[kRowsPerThread]) {
-  const int col = tid % kDim, row0 = (tid / kDim) * kRowsPerThread;
-  SY_UNROLL
-  for (int m = 0; m < kRowsPerThread; ++m) {
-    const int i = row0 + m;
-    if (i >= n) continue;
-    for (int j = 0; j <= i; ++j) out[m] += s.pm[i * kSquare + j] * s.u[j * kRow + col];
-    s.q[i * kRow + col] = out[m];
-  }
-  const float b_last = s.b[n - 1];
-  float carried[kTokens];  // e^(b_last - b_j) U_j, this column
-  SY_UNROLL
-  for (int j = 0; j < kTokens; ++j)
-    carried[j] = j < n ? expf(b_last - s.b[j]) * s.u[j * kRow + col] : 0.0f;
-  const float keep = expf(b_last);
-  const int state_row0 = (tid / kDim) * kStateRows;
-  for (int rr = 0; rr < kStateRows; ++rr) {
-    const int r = state_row0 + rr;
-    float x = keep * s.state[r * kRow + col];
+    const Vec4 v = load4(s.v + i * kRow + col0);
+    float r_row[kTile];
     SY_UNROLL
-    for (int j = 0; j < kTokens; ++j)
-      if (j < n) x += s.k[j * kRow + r] * carried[j];
-    s.state[r * kRow + col] = x;
+    for (int e = 0; e < kTile; ++e) {
+      r_row[e] = s.beta[i] * (v[e] - grow * ks[m][e]);
+      out[m][e] *= grow;
+    }
+    store4(s.v + i * kRow + col0, r_row);
   }
 }
 
-// Phase 8: thread t < n finds token t's output norm scale (RMSNorm over the head's outputs).
-SY_HOST_DEVICE inline void output_scales(const Inputs& in, const View& s, int n, int tid) {
-  if (tid >= n) return;
-  float sum = 0.0f;
-  for (int c = 0; c < kDim; ++c) sum += s.q[tid * kRow + c] * s.q[tid * kRow + c];
-  s.scale[tid] = 1.0f / sqrtf(sum / static_cast<float>(kDim) + in.eps);
+// Rows j < this bound feed the thread's output rows (T and pm are zero above the diagonal;
+// rows past n hold no data).
+SY_HOST_DEVICE inline int rows_feeding(int row0, int n) {
+  return row0 + kTile < n ? row0 + kTile : n;
 }
-// Phase 9: the outputs, normed, times the norm weight and silu(z).
+
+// Phase 6: U = T R, the thread's tile.
+SY_HOST_DEVICE inline void u_of(const View& s, int n, int tid) {
+  const int row0 = kTile * (tid / 32), col0 = kTile * (tid % 32);
+  float u[kTile][kTile] = {};
+  const int last = rows_feeding(row0, n);
+  for (int j = 0; j < last; ++j) {
+    const Vec4 r = load4(s.v + j * kRow + col0);
+    SY_UNROLL
+    for (int m = 0; m < kTile; ++m) {
+      const float t = s.t[(row0 + m) * kSquare + j];
+      SY_UNROLL
+      for (int e = 0; e < kTile; ++e) u[m][e] += t * r[e];
+    }
+  }
+  SY_UNROLL
+  for (int m = 0; m < kTile; ++m)
+    if (row0 + m < n) store4(s.u + (row0 + m) * kRow + col0, u[m]);
+}
+
+// Phase 7: o = out + pm U into q (the thread's tile); the state carried to the next chunk, in
+// place (the thread's kStateRows x 4 of it), k read 4 rows at a time.
+SY_HOST_DEVICE inline void outputs_and_state(const View& s, int n, int tid,
+                                             float (&out)[kTile][kTile]) {
+  const int warp = tid / 32, row0 = kTile * warp, col0 = kTile * (tid % 32);
+  const int last = rows_feeding(row0, n);
+  for (int j = 0; j < last; ++j) {
+    const Vec4 u = load4(s.u + j * kRow + col0);
+    SY_UNROLL
+    for (int m = 0; m < kTile; ++m) {
+      const float p = s.pm[(row0 + m) * kSquare + j];
+      SY_UNROLL
+      for (int e = 0; e < kTile; ++e) out[m][e] += p * u[e];
+    }
+  }
+  SY_UNROLL
+  for (int m = 0; m < kTile; ++m)
+    if (row0 + m < n) store4(s.q + (row0 + m) * kRow + col0, out[m]);
+
+  const float b_last = s.b[n - 1], keep = expf(b_last);
+  const int state0 = kStateRows * warp;
+  float state[kStateRows][kTile];
+  SY_UNROLL
+  for (int r = 0; r < kStateRows; ++r) {
+    const Vec4 x = load4(s.state + (state0 + r) * kRow + col0);
+    SY_UNROLL
+    for (int e = 0; e < kTile; ++e) state[r][e] = keep * x[e];
+  }
+  for (int j = 0; j < n; ++j) {
+    const float grow = expf(b_last - s.b[j]);
+    const Vec4 u = load4(s.u + j * kRow + col0);
+    float carried[kTile];  // e^(b_last - b_j) U_j, the thread's columns
+    SY_UNROLL
+    for (int e = 0; e < kTile; ++e) carried[e] = grow * u[e];
+    SY_UNROLL
+    for (int r = 0; r < kStateRows; r += 4) {
+      const Vec4 k = load4(s.k + j * kRow + state0 + r);
+      SY_UNROLL
+      for (int x = 0; x < 4; ++x) SY_UNROLL
+      for (int e = 0; e < kTile; ++e) state[r + x][e] += k[x] * carried[e];
+    }
+  }
+  SY_UNROLL
+  for (int r = 0; r < kStateRows; ++r) store4(s.state + (state0 + r) * kRow + col0, state[r]);
+}
+
+// Phase 8: partial sums of squares of the outputs o (the output norm), as phase 2's.
+SY_HOST_DEVICE inline void output_partials(const View& s, int n, int tid) {
+  const int t = tid / kParts, part = tid % kParts;
+  if (t >= n) return;
+  float sum = 0.0f;
+  SY_UNROLL
+  for (int c = 4 * part; c < kDim; c += 4 * kParts) {
+    const Vec4 o = load4(s.q + t * kRow + c);
+    SY_UNROLL
+    for (int e = 0; e < 4; ++e) sum += o[e] * o[e];
+  }
+  s.partial[t * 2 * kParts + part] = sum;
+}
+
+// Phase 9: the outputs, normed (RMSNorm over the head's outputs), times the norm weight and
+// silu(z); each thread its columns of phase 8.
 SY_HOST_DEVICE inline void write_outputs(const Inputs& in, const View& s, int n, int tid,
                                          float* out) {
-  for (int i = tid; i < n * kDim; i += kThreads) {
-    const int t = i / kDim, c = i % kDim;
-    const int64_t at = int64_t{in.tok[t]} * in.value_dim + int64_t{in.head} * kDim + c;
-    out[at] = in.norm[c] * (s.q[t * kRow + c] * s.scale[t]) * silu(in.z[at]);
+  const int t = tid / kParts, part = tid % kParts;
+  if (t >= n) return;
+  float sum = 0.0f;
+  for (int p = 0; p < kParts; ++p) sum += s.partial[t * 2 * kParts + p];
+  const float scale = 1.0f / sqrtf(sum / static_cast<float>(kDim) + in.eps);
+  const int64_t row = int64_t{in.tok[t]} * in.value_dim + int64_t{in.head} * kDim;
+  SY_UNROLL
+  for (int c = 4 * part; c < kDim; c += 4 * kParts) {
+    const Vec4 o = load4(s.q + t * kRow + c);
+    SY_UNROLL
+    for (int e = 0; e < 4; ++e)
+      out[row + c + e] = in.norm[c + e] * (o[e] * scale) * silu(in.z[row + c + e]);
   }
 }
 

@@ -317,8 +317,10 @@ struct ChunkLayout {
   static constexpr int pm = t + dc::kTokens * dc::kSquare;
   static constexpr int b = pm + dc::kTokens * dc::kSquare;
   static constexpr int beta = b + dc::kTokens;
-  static constexpr int scale = beta + dc::kTokens;
-  static constexpr int history = scale + dc::kTokens;
+  static constexpr int partial = beta + dc::kTokens;
+  static constexpr int history = partial + dc::kTokens * 2 * dc::kParts;
+  static_assert(k % 4 == 0 && state % 4 == 0 && a % 4 == 0 && t % 4 == 0 && pm % 4 == 0,
+                "16-byte aligned arrays (4-float loads)");
 };
 size_t delta_net_chunk_smem(int history) {
   return (static_cast<size_t>(ChunkLayout::history) + static_cast<size_t>(history) * dc::kChannels +
@@ -330,10 +332,10 @@ template <int HISTORY>
 __global__ void __launch_bounds__(dc::kThreads) delta_net_chunk_kernel(DeltaNetParams p) {
   extern __shared__ __align__(16) float smem[];
   constexpr int kd = dc::kDim, vd = dc::kDim, R = dc::kRow;
-  const dc::View view{smem + ChunkLayout::q,    smem + ChunkLayout::k,     smem + ChunkLayout::v,
-                      smem + ChunkLayout::u,    smem + ChunkLayout::state, smem + ChunkLayout::a,
-                      smem + ChunkLayout::t,    smem + ChunkLayout::pm,    smem + ChunkLayout::b,
-                      smem + ChunkLayout::beta, smem + ChunkLayout::scale};
+  const dc::View view{smem + ChunkLayout::q,    smem + ChunkLayout::k,      smem + ChunkLayout::v,
+                      smem + ChunkLayout::u,    smem + ChunkLayout::state,  smem + ChunkLayout::a,
+                      smem + ChunkLayout::t,    smem + ChunkLayout::pm,     smem + ChunkLayout::b,
+                      smem + ChunkLayout::beta, smem + ChunkLayout::partial};
   float* S = view.state;
   float* history = smem + ChunkLayout::history;  // [m][channel], oldest first
   int* counts = reinterpret_cast<int*>(history + HISTORY * dc::kChannels);
@@ -392,11 +394,13 @@ __global__ void __launch_bounds__(dc::kThreads) delta_net_chunk_kernel(DeltaNetP
       dc::history_next<HISTORY>(in, history, n, tid, next_history);
       __syncthreads();
       dc::history_store<HISTORY>(history, tid, next_history);
+      dc::norm_partials(view, n, tid);
+      __syncthreads();
       dc::normalize(view, n, tid);
       __syncthreads();
       dc::a_and_pm(view, n, tid);
       __syncthreads();
-      float out[dc::kRowsPerThread];
+      float out[dc::kTile][dc::kTile];
       dc::t_matrix(view, tid);
       dc::r_and_qs(view, n, tid, out);
       __syncthreads();
@@ -404,7 +408,7 @@ __global__ void __launch_bounds__(dc::kThreads) delta_net_chunk_kernel(DeltaNetP
       __syncthreads();
       dc::outputs_and_state(view, n, tid, out);
       __syncthreads();
-      dc::output_scales(in, view, n, tid);
+      dc::output_partials(view, n, tid);
       __syncthreads();
       dc::write_outputs(in, view, n, tid, p.out);
       __syncthreads();  // the next chunk overwrites the chunk's arrays and the token list's use
