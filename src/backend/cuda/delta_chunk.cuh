@@ -127,31 +127,45 @@ SY_HOST_DEVICE inline int64_t channel_of(const Inputs& in, int ch) {
          : ch < 2 * kDim ? in.key_dim + int64_t{in.key_head} * kDim + (ch - kDim)
                          : 2 * in.key_dim + int64_t{in.head} * kDim + (ch - 2 * kDim);
 }
-// Token t's raw input on channel ch, t < 0 reaching back into history ([HISTORY][kChannels],
-// oldest first: the raw inputs of the tokens before the chunk).
+// Phase 1: conv1d + SiLU of the n tokens into q, k, v; beta and log(decay) of each token. Thread
+// tid has channels tid and tid + kThreads (those below kChannels): the chunk's raw inputs of a
+// channel loaded at once (one batch of loads in flight, not one a token), the window sliding in
+// registers from the channel's history ([HISTORY][kChannels], oldest first: the raw inputs of the
+// tokens before the chunk), summed oldest input first as ConvChannel does, and the history
+// advanced by the same thread (no other thread touches a channel's history).
 template <int HISTORY>
-SY_HOST_DEVICE inline float raw_input(const Inputs& in, const float* history, int t, int ch) {
-  return t >= 0 ? in.qkv[int64_t{in.tok[t]} * in.conv_dim + channel_of(in, ch)]
-                : history[(HISTORY + t) * kChannels + ch];
-}
-
-// Phase 1: conv1d + SiLU of every channel of the n tokens into q, k, v (ConvChannel's order:
-// the oldest input first); beta and log(decay) of each token.
-template <int HISTORY>
-SY_HOST_DEVICE inline void conv_and_gates(const Inputs& in, const float* history, int n, int tid,
+SY_HOST_DEVICE inline void conv_and_gates(const Inputs& in, float* history, int n, int tid,
                                           const View& s) {
-  for (int i = tid; i < n * kChannels; i += kThreads) {
-    const int t = i / kChannels, ch = i % kChannels;
-    const uint16_t* w = in.conv_w + channel_of(in, ch) * (HISTORY + 1);
-    float acc = 0.0f;
+  SY_UNROLL
+  for (int j = 0; j < 2; ++j) {
+    const int ch = tid + j * kThreads;
+    if (ch >= kChannels) continue;
+    const int64_t col = channel_of(in, ch);
+    float raw[kTokens];
     SY_UNROLL
-    for (int m = 0; m < HISTORY; ++m)
-      acc += bf16_to_float(w[m]) * raw_input<HISTORY>(in, history, t - HISTORY + m, ch);
-    acc += bf16_to_float(w[HISTORY]) * raw_input<HISTORY>(in, history, t, ch);
-    float* row = ch < kDim       ? s.q + t * kRow + ch
-                 : ch < 2 * kDim ? s.k + t * kRow + ch - kDim
-                                 : s.v + t * kRow + ch - 2 * kDim;
-    *row = silu(acc);
+    for (int t = 0; t < kTokens; ++t)
+      raw[t] = t < n ? in.qkv[int64_t{in.tok[t]} * in.conv_dim + col] : 0.0f;
+    float w[HISTORY + 1], window[HISTORY > 0 ? HISTORY : 1];
+    SY_UNROLL
+    for (int m = 0; m <= HISTORY; ++m) w[m] = bf16_to_float(in.conv_w[col * (HISTORY + 1) + m]);
+    SY_UNROLL
+    for (int m = 0; m < HISTORY; ++m) window[m] = history[m * kChannels + ch];
+    float* row = ch < kDim ? s.q + ch : ch < 2 * kDim ? s.k + ch - kDim : s.v + ch - 2 * kDim;
+    SY_UNROLL
+    for (int t = 0; t < kTokens; ++t) {
+      if (t < n) {
+        float acc = 0.0f;
+        SY_UNROLL
+        for (int m = 0; m < HISTORY; ++m) acc += w[m] * window[m];
+        acc += w[HISTORY] * raw[t];
+        SY_UNROLL
+        for (int m = 0; m + 1 < HISTORY; ++m) window[m] = window[m + 1];
+        if (HISTORY > 0) window[HISTORY - 1] = raw[t];
+        row[t * kRow] = silu(acc);
+      }
+    }
+    SY_UNROLL
+    for (int m = 0; m < HISTORY; ++m) history[m * kChannels + ch] = window[m];
   }
   if (tid < n) {
     const int64_t at = int64_t{in.tok[tid]} * in.value_heads + in.head;
@@ -160,33 +174,7 @@ SY_HOST_DEVICE inline void conv_and_gates(const Inputs& in, const float* history
   }
 }
 
-// Phase 1 too (reads history before the barrier): the raw inputs the next chunk looks back at,
-// for this thread's channels tid and tid + kThreads. history_store writes them after it.
-template <int HISTORY>
-SY_HOST_DEVICE inline void history_next(const Inputs& in, const float* history, int n, int tid,
-                                        float (&next)[HISTORY > 0 ? HISTORY : 1][2]) {
-  SY_UNROLL
-  for (int j = 0; j < 2; ++j) {
-    const int ch = tid + j * kThreads;
-    if (ch >= kChannels) continue;
-    SY_UNROLL
-    for (int m = 0; m < HISTORY; ++m)
-      next[m][j] = raw_input<HISTORY>(in, history, n - HISTORY + m, ch);
-  }
-}
-template <int HISTORY>
-SY_HOST_DEVICE inline void history_store(float* history, int tid,
-                                         const float (&next)[HISTORY > 0 ? HISTORY : 1][2]) {
-  SY_UNROLL
-  for (int j = 0; j < 2; ++j) {
-    const int ch = tid + j * kThreads;
-    if (ch >= kChannels) continue;
-    SY_UNROLL
-    for (int m = 0; m < HISTORY; ++m) history[m * kChannels + ch] = next[m][j];
-  }
-}
-
-// Phase 2 (beside history_store): partial sums of squares of q and k, thread (token
+// Phase 2: partial sums of squares of q and k, thread (token
 // tid / kParts, part tid % kParts) over the 4-column groups 4 part + 32 m (a warp's 8 parts of
 // a token read 32 consecutive floats); thread 0 also sums b over the chunk.
 SY_HOST_DEVICE inline void norm_partials(const View& s, int n, int tid) {

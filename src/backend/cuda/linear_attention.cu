@@ -329,7 +329,7 @@ size_t delta_net_chunk_smem(int history) {
 }
 
 template <int HISTORY>
-__global__ void __launch_bounds__(dc::kThreads) delta_net_chunk_kernel(DeltaNetParams p) {
+__global__ void __launch_bounds__(dc::kThreads, 1) delta_net_chunk_kernel(DeltaNetParams p) {
   extern __shared__ __align__(16) float smem[];
   constexpr int kd = dc::kDim, vd = dc::kDim, R = dc::kRow;
   const dc::View view{smem + ChunkLayout::q,    smem + ChunkLayout::k,      smem + ChunkLayout::v,
@@ -389,11 +389,8 @@ __global__ void __launch_bounds__(dc::kThreads) delta_net_chunk_kernel(DeltaNetP
       const int n = min(dc::kTokens, count - c0);
       in.tok = list + c0;
       // The phases of delta_chunk.cuh, a barrier between them.
-      float next_history[HISTORY > 0 ? HISTORY : 1][2];
       dc::conv_and_gates<HISTORY>(in, history, n, tid, view);
-      dc::history_next<HISTORY>(in, history, n, tid, next_history);
       __syncthreads();
-      dc::history_store<HISTORY>(history, tid, next_history);
       dc::norm_partials(view, n, tid);
       __syncthreads();
       dc::normalize(view, n, tid);
