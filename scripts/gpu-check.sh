@@ -163,12 +163,13 @@ if want mxfp4-gemv; then
   done
 fi
 if want route-tile; then
-  # The tiled router kernel for steps of more than 16 tokens (SY_ROUTE_TILE=1; its logits are
-  # bitwise route_kernel's by construction): the op harness's MoE cases and the goldens with it,
-  # then prefill with it off and on, alternating (Qwen3 48 layers 4k, Qwen3.5 1k).
-  section "tiled router (SY_ROUTE_TILE=1): op harness, goldens, prefill A/B"
-  SY_ROUTE_TILE=1 run route-tile-ops timeout "${STAGE_TIMEOUT:-300}" "$carry/cuda_op_harness" --filter moe
-  SY_ROUTE_TILE=1 SY_TEST_DEVICE=cuda run route-tile-goldens timeout "${STAGE_TIMEOUT:-300}" "$carry/test_model" \
+  # The tiled router kernel for steps of more than 16 tokens (the default; its logits are bitwise
+  # route_kernel's by construction): the op harness's MoE cases and the goldens on route_kernel
+  # (SY_ROUTE_TILE=0; the ops and golden stages run the default), then prefill with the tile off
+  # and on, alternating (Qwen3 48 layers 4k, Qwen3.5 1k).
+  section "tiled router (SY_ROUTE_TILE=0 checks, then prefill A/B)"
+  SY_ROUTE_TILE=0 run route-tile-ops timeout "${STAGE_TIMEOUT:-300}" "$carry/cuda_op_harness" --filter moe
+  SY_ROUTE_TILE=0 SY_TEST_DEVICE=cuda run route-tile-goldens timeout "${STAGE_TIMEOUT:-300}" "$carry/test_model" \
     --gtest_filter='*HfGolden*:*LongGolden*:CudaAgreement.*' --gtest_brief=1
   for round in 1 2; do
     for tile in 0 1; do

@@ -8,8 +8,8 @@
 // token's inputs one token ahead. The recurrent form, token by token: exact, and as fast as
 // decode needs. Prefill of long prompts wants the chunked form (the same sums reordered into
 // matmuls): delta_net_chunk_kernel, chunks of 32 tokens on the CUDA cores in f32, heads of 128,
-// opt-in (SY_DELTA_CHUNKED=1) and not yet run on a GPU (Qwen3.5 prefill on an H100:
-// BENCHMARKS.md, session 19).
+// opt-in (SY_DELTA_CHUNKED=1) until its current phases have run on a GPU (Qwen3.5 prefill on an
+// H100: BENCHMARKS.md, sessions 19 and 20).
 // Floor per decode step and layer: the states read and written once, 2 * value_heads *
 // key_head_dim * value_head_dim * 4 bytes per sequence.
 #pragma once

@@ -96,11 +96,12 @@ __global__ void __launch_bounds__(kTileThreads) route_tile_kernel(RouteLaunch a)
 
 void launch_route(const RouteLaunch& launch, cudaStream_t stream) {
   if (launch.tokens == 0) return;
-  // SY_ROUTE_TILE=1: route_tile_kernel for steps of more than 16 tokens (compiled only so far:
-  // the default until a GPU visit has checked and timed it).
+  // route_tile_kernel for steps of more than 16 tokens (H100, 2026-12-06: a Qwen3 4k prefill
+  // 180.0 -> 162.5 ms, Qwen3.5 1k 130.4 -> 122.6 ms; BENCHMARKS.md); SY_ROUTE_TILE=0 keeps
+  // route_kernel for them (the same logits bit for bit).
   static const bool tile = [] {
     const char* value = std::getenv("SY_ROUTE_TILE");
-    return value && value[0] == '1';
+    return !(value && value[0] == '0');
   }();
   if (tile && launch.tokens > 16) {
     const unsigned tiles = static_cast<unsigned>((launch.tokens + kTileTokens - 1) / kTileTokens);
