@@ -320,11 +320,12 @@ if want long-goldens; then
   run long-golden-cpu timeout "${STAGE_TIMEOUT:-300}" "$carry/test_model" --gtest_filter='*LongGolden*' --gtest_brief=1
 fi
 if want stamps; then
-  # Phase timers of cuda-fused (SY_FUSED_STAMPS=1) and decode attention (SY_ATTN_STAMPS=1), batch 1, 8-layer cut.
-  section "cuda-fused phase stamps, batch 1, 8-layer cut"
+  # Phase timers of cuda-fused (SY_FUSED_STAMPS=1) and decode attention (SY_ATTN_STAMPS=1), batch 1,
+  # Qwen3's 8-layer cut (STAMP_CONFIG: another config-only model, e.g. Qwen3.5's 512-wide experts).
+  section "cuda-fused phase stamps, batch 1, ${STAMP_CONFIG:-8-layer cut}"
   for variant in ${STAMP_VARIANTS:--}; do
     echo "--- variant: $variant"
-    env SY_FUSED_STAMPS=1 SY_ATTN_STAMPS=1 ${variant#-} "$carry/step_bench" --device cuda --random-weights "$carry/qwen3-30b-a3b-8l/config.json" \
+    env SY_FUSED_STAMPS=1 SY_ATTN_STAMPS=1 ${variant#-} "$carry/step_bench" --device cuda --random-weights "${STAMP_CONFIG:-$carry/qwen3-30b-a3b-8l/config.json}" \
       --no-graphs --kernel cuda-fused --batches 1 --context 1024 --steps 32 --ab-pairs 0 --prefill 0 || failed+=(stamps)
   done
 fi
