@@ -54,16 +54,16 @@ constexpr int kChannels = 3 * kDim;  // a head's conv channels: q and k of its k
 static_assert(2 * kThreads >= kChannels, "two history channels a thread");
 
 struct View {
-  float* q;      // [kTokens][kRow]; after outputs_and_state, the outputs o
-  float* k;      // [kTokens][kRow]
-  float* v;      // [kTokens][kRow]; after r_and_qs, R
-  float* u;      // [kTokens][kRow]
-  float* state;  // [kDim][kRow]
-  float* a;      // [kTokens][kSquare]
-  float* t;      // [kTokens][kSquare]
-  float* pm;     // [kTokens][kSquare]: e^(b_i - b_j) q_i.k_j for j <= i, else 0
-  float* b;      // [kTokens]: log(decay), then its running sum
-  float* beta;   // [kTokens]
+  float* q;        // [kTokens][kRow]; after outputs_and_state, the outputs o
+  float* k;        // [kTokens][kRow]
+  float* v;        // [kTokens][kRow]; after r_and_qs, R
+  float* u;        // [kTokens][kRow]
+  float* state;    // [kDim][kRow]
+  float* a;        // [kTokens][kSquare]
+  float* t;        // [kTokens][kSquare]
+  float* pm;       // [kTokens][kSquare]: e^(b_i - b_j) q_i.k_j for j <= i, else 0
+  float* b;        // [kTokens]: log(decay), then its running sum
+  float* beta;     // [kTokens]
   float* partial;  // [kTokens][2 kParts]: partial sums of squares (q then k; later o)
 };
 
@@ -230,7 +230,8 @@ static_assert(kHalf * kHalf == kThreads, "a 2 x 2 tile of A and pm a thread");
 SY_HOST_DEVICE inline void a_and_pm(const View& s, int n, int tid) {
   const int i0 = tid / kHalf, j0 = tid % kHalf;
   float kk[2][2] = {}, qk[2][2] = {};
-  for (int r = 0; r < kDim; r += 4) {
+  // (Both rows past n, as in a short chunk's idle threads: zeros, no dot products.)
+  for (int r = 0; r < (i0 < n ? kDim : 0); r += 4) {
     Vec4 ki[2], qi[2], kj[2];
     SY_UNROLL
     for (int x = 0; x < 2; ++x) {
@@ -239,22 +240,22 @@ SY_HOST_DEVICE inline void a_and_pm(const View& s, int n, int tid) {
       kj[x] = load4(s.k + (j0 + x * kHalf) * kRow + r);
     }
     SY_UNROLL
-    for (int e = 0; e < 4; ++e) SY_UNROLL
-    for (int x = 0; x < 2; ++x) SY_UNROLL
-    for (int y = 0; y < 2; ++y) {
-      kk[x][y] += ki[x][e] * kj[y][e];
-      qk[x][y] += qi[x][e] * kj[y][e];
-    }
+    for (int e = 0; e < 4; ++e)
+      for (int x = 0; x < 2; ++x)
+        for (int y = 0; y < 2; ++y) {
+          kk[x][y] += ki[x][e] * kj[y][e];
+          qk[x][y] += qi[x][e] * kj[y][e];
+        }
   }
   SY_UNROLL
-  for (int x = 0; x < 2; ++x) SY_UNROLL
-  for (int y = 0; y < 2; ++y) {
-    const int i = i0 + x * kHalf, j = j0 + y * kHalf;
-    const bool lower = i < n && j <= i;  // (rows past n hold no data: selected away)
-    const float decay = lower ? expf(s.b[i] - s.b[j]) : 0.0f;
-    s.a[i * kSquare + j] = lower && j < i ? s.beta[i] * decay * kk[x][y] : 0.0f;
-    s.pm[i * kSquare + j] = lower ? decay * qk[x][y] : 0.0f;
-  }
+  for (int x = 0; x < 2; ++x)
+    for (int y = 0; y < 2; ++y) {
+      const int i = i0 + x * kHalf, j = j0 + y * kHalf;
+      const bool lower = i < n && j <= i;  // (rows past n hold no data: selected away)
+      const float decay = lower ? expf(s.b[i] - s.b[j]) : 0.0f;
+      s.a[i * kSquare + j] = lower && j < i ? s.beta[i] * decay * kk[x][y] : 0.0f;
+      s.pm[i * kSquare + j] = lower ? decay * qk[x][y] : 0.0f;
+    }
 }
 
 // Phase 5a (beside 5b: it reads only A and writes only T): T = (I + A)^-1, lower triangular
@@ -281,8 +282,9 @@ SY_HOST_DEVICE inline void r_and_qs(const View& s, int n, int tid, float (&out)[
   const int row0 = kTile * (tid / 32), col0 = kTile * (tid % 32);
   float ks[kTile][kTile];
   SY_UNROLL
-  for (int m = 0; m < kTile; ++m) SY_UNROLL
-  for (int e = 0; e < kTile; ++e) ks[m][e] = out[m][e] = 0.0f;
+  for (int m = 0; m < kTile; ++m)
+    for (int e = 0; e < kTile; ++e) ks[m][e] = out[m][e] = 0.0f;
+  if (row0 >= n) return;  // (a short chunk: the warp's rows hold no tokens)
   for (int r = 0; r < kDim; r += 4) {
     Vec4 state[4], k[kTile], q[kTile];
     SY_UNROLL
@@ -293,12 +295,12 @@ SY_HOST_DEVICE inline void r_and_qs(const View& s, int n, int tid, float (&out)[
       q[m] = load4(s.q + (row0 + m) * kRow + r);
     }
     SY_UNROLL
-    for (int x = 0; x < 4; ++x) SY_UNROLL
-    for (int m = 0; m < kTile; ++m) SY_UNROLL
-    for (int e = 0; e < kTile; ++e) {
-      ks[m][e] += k[m][x] * state[x][e];
-      out[m][e] += q[m][x] * state[x][e];
-    }
+    for (int x = 0; x < 4; ++x)
+      for (int m = 0; m < kTile; ++m)
+        for (int e = 0; e < kTile; ++e) {
+          ks[m][e] += k[m][x] * state[x][e];
+          out[m][e] += q[m][x] * state[x][e];
+        }
   }
   SY_UNROLL
   for (int m = 0; m < kTile; ++m) {
@@ -325,6 +327,7 @@ SY_HOST_DEVICE inline int rows_feeding(int row0, int n) {
 // Phase 6: U = T R, the thread's tile.
 SY_HOST_DEVICE inline void u_of(const View& s, int n, int tid) {
   const int row0 = kTile * (tid / 32), col0 = kTile * (tid % 32);
+  if (row0 >= n) return;
   float u[kTile][kTile] = {};
   const int last = rows_feeding(row0, n);
   for (int j = 0; j < last; ++j) {
@@ -346,7 +349,8 @@ SY_HOST_DEVICE inline void u_of(const View& s, int n, int tid) {
 SY_HOST_DEVICE inline void outputs_and_state(const View& s, int n, int tid,
                                              float (&out)[kTile][kTile]) {
   const int warp = tid / 32, row0 = kTile * warp, col0 = kTile * (tid % 32);
-  const int last = rows_feeding(row0, n);
+  const int last =
+      row0 < n ? rows_feeding(row0, n) : 0;  // (no o rows of a short chunk's idle warps)
   for (int j = 0; j < last; ++j) {
     const Vec4 u = load4(s.u + j * kRow + col0);
     SY_UNROLL
@@ -379,8 +383,8 @@ SY_HOST_DEVICE inline void outputs_and_state(const View& s, int n, int tid,
     for (int r = 0; r < kStateRows; r += 4) {
       const Vec4 k = load4(s.k + j * kRow + state0 + r);
       SY_UNROLL
-      for (int x = 0; x < 4; ++x) SY_UNROLL
-      for (int e = 0; e < kTile; ++e) state[r + x][e] += k[x] * carried[e];
+      for (int x = 0; x < 4; ++x)
+        for (int e = 0; e < kTile; ++e) state[r + x][e] += k[x] * carried[e];
     }
   }
   SY_UNROLL
