@@ -324,21 +324,27 @@ SY_HOST_DEVICE inline int rows_feeding(int row0, int n) {
   return row0 + kTile < n ? row0 + kTile : n;
 }
 
+// acc[m][e] += sum_{j < last} square[row0 + m][j] rows[j][col0 + e], j in order: the thread's
+// tile of a chunk x chunk matrix (kSquare rows) times rows of the chunk (kRow rows).
+SY_HOST_DEVICE inline void add_square_times_rows(const float* square, const float* rows, int row0,
+                                                 int col0, int last, float (&acc)[kTile][kTile]) {
+  for (int j = 0; j < last; ++j) {
+    const Vec4 r = load4(rows + j * kRow + col0);
+    SY_UNROLL
+    for (int m = 0; m < kTile; ++m) {
+      const float x = square[(row0 + m) * kSquare + j];
+      SY_UNROLL
+      for (int e = 0; e < kTile; ++e) acc[m][e] += x * r[e];
+    }
+  }
+}
+
 // Phase 6: U = T R, the thread's tile.
 SY_HOST_DEVICE inline void u_of(const View& s, int n, int tid) {
   const int row0 = kTile * (tid / 32), col0 = kTile * (tid % 32);
   if (row0 >= n) return;
   float u[kTile][kTile] = {};
-  const int last = rows_feeding(row0, n);
-  for (int j = 0; j < last; ++j) {
-    const Vec4 r = load4(s.v + j * kRow + col0);
-    SY_UNROLL
-    for (int m = 0; m < kTile; ++m) {
-      const float t = s.t[(row0 + m) * kSquare + j];
-      SY_UNROLL
-      for (int e = 0; e < kTile; ++e) u[m][e] += t * r[e];
-    }
-  }
+  add_square_times_rows(s.t, s.v, row0, col0, rows_feeding(row0, n), u);
   SY_UNROLL
   for (int m = 0; m < kTile; ++m)
     if (row0 + m < n) store4(s.u + (row0 + m) * kRow + col0, u[m]);
@@ -349,17 +355,7 @@ SY_HOST_DEVICE inline void u_of(const View& s, int n, int tid) {
 SY_HOST_DEVICE inline void outputs_and_state(const View& s, int n, int tid,
                                              float (&out)[kTile][kTile]) {
   const int warp = tid / 32, row0 = kTile * warp, col0 = kTile * (tid % 32);
-  const int last =
-      row0 < n ? rows_feeding(row0, n) : 0;  // (no o rows of a short chunk's idle warps)
-  for (int j = 0; j < last; ++j) {
-    const Vec4 u = load4(s.u + j * kRow + col0);
-    SY_UNROLL
-    for (int m = 0; m < kTile; ++m) {
-      const float p = s.pm[(row0 + m) * kSquare + j];
-      SY_UNROLL
-      for (int e = 0; e < kTile; ++e) out[m][e] += p * u[e];
-    }
-  }
+  if (row0 < n) add_square_times_rows(s.pm, s.u, row0, col0, rows_feeding(row0, n), out);
   SY_UNROLL
   for (int m = 0; m < kTile; ++m)
     if (row0 + m < n) store4(s.q + (row0 + m) * kRow + col0, out[m]);
