@@ -1,8 +1,9 @@
 // The phases of one chunk of the chunked gated delta rule (delta_net_chunk_kernel) as functions of
 // one thread, callable on the host too. The kernel runs each phase on its kThreads
 // threads with a barrier between phases; within a phase no thread reads what another writes, so
-// tests/backend/delta_chunk_phases_test.cpp can run the same functions for tid = 0, 1, ... in
-// turn, phase by phase, on the CPU, and check them against the recurrence.
+// tests/backend/delta_chunk_phases_test.cpp can run the same functions one thread after another
+// (ascending, and again descending), phase by phase, on the CPU, and check them against the
+// recurrence. Threads own register tiles of the outputs and the state (kTile, kStateRows).
 //
 // A chunk of n <= kTokens tokens, in shared memory (rows padded to kRow / kSquare floats): q and
 // k l2-normalised (q scaled), v, b the running sum of log(decay), beta, S0 the state
