@@ -122,6 +122,26 @@ SY_HOST_DEVICE inline void store4(float* p, const float (&v)[4]) {
   for (int i = 0; i < 4; ++i) p[i] = v[i];
 #endif
 }
+// One channel's causal conv1d + SiLU over its last HISTORY raw inputs and the new one: the sum
+// oldest input first (the CPU's order), then the window slides by one. Both DeltaNet kernels
+// step their channels through it.
+template <int HISTORY>
+struct ConvWindow {
+  float w[HISTORY + 1];
+  float window[HISTORY > 0 ? HISTORY : 1];  // the last HISTORY raw inputs, oldest first
+  SY_HOST_DEVICE void load_weights(const uint16_t* conv_w, int64_t channel) {
+    for (int m = 0; m <= HISTORY; ++m) w[m] = bf16_to_float(conv_w[channel * (HISTORY + 1) + m]);
+  }
+  SY_HOST_DEVICE float step(float x) {
+    float acc = 0.0f;
+    for (int m = 0; m < HISTORY; ++m) acc += w[m] * window[m];
+    acc += w[HISTORY] * x;
+    for (int m = 0; m + 1 < HISTORY; ++m) window[m] = window[m + 1];
+    if (HISTORY > 0) window[HISTORY - 1] = x;
+    return silu(acc);
+  }
+};
+
 // The head's conv channel ch (q and k of its key head, then v of its value head) in qkv.
 SY_HOST_DEVICE inline int64_t channel_of(const Inputs& in, int ch) {
   return ch < kDim       ? int64_t{in.key_head} * kDim + ch
@@ -146,27 +166,16 @@ SY_HOST_DEVICE inline void conv_and_gates(const Inputs& in, float* history, int 
     SY_UNROLL
     for (int t = 0; t < kTokens; ++t)
       raw[t] = t < n ? in.qkv[int64_t{in.tok[t]} * in.conv_dim + col] : 0.0f;
-    float w[HISTORY + 1], window[HISTORY > 0 ? HISTORY : 1];
+    ConvWindow<HISTORY> conv;
+    conv.load_weights(in.conv_w, col);
     SY_UNROLL
-    for (int m = 0; m <= HISTORY; ++m) w[m] = bf16_to_float(in.conv_w[col * (HISTORY + 1) + m]);
-    SY_UNROLL
-    for (int m = 0; m < HISTORY; ++m) window[m] = history[m * kChannels + ch];
+    for (int m = 0; m < HISTORY; ++m) conv.window[m] = history[m * kChannels + ch];
     float* row = ch < kDim ? s.q + ch : ch < 2 * kDim ? s.k + ch - kDim : s.v + ch - 2 * kDim;
     SY_UNROLL
-    for (int t = 0; t < kTokens; ++t) {
-      if (t < n) {
-        float acc = 0.0f;
-        SY_UNROLL
-        for (int m = 0; m < HISTORY; ++m) acc += w[m] * window[m];
-        acc += w[HISTORY] * raw[t];
-        SY_UNROLL
-        for (int m = 0; m + 1 < HISTORY; ++m) window[m] = window[m + 1];
-        if (HISTORY > 0) window[HISTORY - 1] = raw[t];
-        row[t * kRow] = silu(acc);
-      }
-    }
+    for (int t = 0; t < kTokens; ++t)
+      if (t < n) row[t * kRow] = conv.step(raw[t]);
     SY_UNROLL
-    for (int m = 0; m < HISTORY; ++m) history[m * kChannels + ch] = window[m];
+    for (int m = 0; m < HISTORY; ++m) history[m * kChannels + ch] = conv.window[m];
   }
   if (tid < n) {
     const int64_t at = int64_t{in.tok[tid]} * in.value_heads + in.head;

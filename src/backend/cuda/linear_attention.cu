@@ -75,27 +75,17 @@ __device__ int gather_tokens(const int32_t* token_seq, int64_t tokens, int s, in
   return total;
 }
 
-// One channel's causal conv1d over its last HISTORY raw inputs and the new one, then SiLU; the
-// window slides by one. The sum's order is the CPU's: oldest input first.
+// One channel's conv window (delta_chunk::ConvWindow) loaded from and stored to its conv state
+// ([channel][HISTORY]); a fresh sequence starts from zeros.
 template <int HISTORY>
-struct ConvChannel {
-  float w[HISTORY + 1];
-  float window[HISTORY > 0 ? HISTORY : 1];
+struct ConvChannel : delta_chunk::ConvWindow<HISTORY> {
   __device__ void load(const __nv_bfloat16* conv_w, const float* state, int64_t channel,
                        bool fresh) {
-    for (int m = 0; m <= HISTORY; ++m) w[m] = __bfloat162float(conv_w[channel * (HISTORY + 1) + m]);
-    for (int m = 0; m < HISTORY; ++m) window[m] = fresh ? 0.0f : state[m];
-  }
-  __device__ float step(float x) {
-    float acc = 0.0f;
-    for (int m = 0; m < HISTORY; ++m) acc += w[m] * window[m];
-    acc += w[HISTORY] * x;
-    for (int m = 0; m + 1 < HISTORY; ++m) window[m] = window[m + 1];
-    if (HISTORY > 0) window[HISTORY - 1] = x;
-    return silu(acc);
+    this->load_weights(reinterpret_cast<const uint16_t*>(conv_w), channel);
+    for (int m = 0; m < HISTORY; ++m) this->window[m] = fresh ? 0.0f : state[m];
   }
   __device__ void store(float* state) const {
-    for (int m = 0; m < HISTORY; ++m) state[m] = window[m];
+    for (int m = 0; m < HISTORY; ++m) state[m] = this->window[m];
   }
 };
 
