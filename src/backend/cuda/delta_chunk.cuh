@@ -148,12 +148,12 @@ SY_HOST_DEVICE inline int64_t channel_of(const Inputs& in, int ch) {
          : ch < 2 * kDim ? in.key_dim + int64_t{in.key_head} * kDim + (ch - kDim)
                          : 2 * in.key_dim + int64_t{in.head} * kDim + (ch - 2 * kDim);
 }
+
 // Phase 1: conv1d + SiLU of the n tokens into q, k, v; beta and log(decay) of each token. Thread
 // tid has channels tid and tid + kThreads (those below kChannels): the chunk's raw inputs of a
-// channel loaded at once (one batch of loads in flight, not one a token), the window sliding in
-// registers from the channel's history ([HISTORY][kChannels], oldest first: the raw inputs of the
-// tokens before the chunk), summed oldest input first as ConvChannel does, and the history
-// advanced by the same thread (no other thread touches a channel's history).
+// channel loaded at once (one batch of loads in flight, not one a token), its ConvWindow starting
+// from the channel's history ([HISTORY][kChannels], oldest first: the raw inputs of the tokens
+// before the chunk), and the history advanced by the same thread (no other thread touches a channel's history).
 template <int HISTORY>
 SY_HOST_DEVICE inline void conv_and_gates(const Inputs& in, float* history, int n, int tid,
                                           const View& s) {
