@@ -153,7 +153,8 @@ SY_HOST_DEVICE inline int64_t channel_of(const Inputs& in, int ch) {
 // tid has channels tid and tid + kThreads (those below kChannels): the chunk's raw inputs of a
 // channel loaded at once (one batch of loads in flight, not one a token), its ConvWindow starting
 // from the channel's history ([HISTORY][kChannels], oldest first: the raw inputs of the tokens
-// before the chunk), and the history advanced by the same thread (no other thread touches a channel's history).
+// before the chunk), and the history advanced by the same thread (no other thread touches a
+// channel's history).
 template <int HISTORY>
 SY_HOST_DEVICE inline void conv_and_gates(const Inputs& in, float* history, int n, int tid,
                                           const View& s) {
