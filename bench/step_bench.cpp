@@ -1,11 +1,13 @@
 // step_bench: one decoder's steps timed on any backend (the GPU's decode and prefill figures in
 // BENCHMARKS.md): batch-B decode over a context of C tokens (each step = forward + greedy
 // sampling + route check, as the engine runs it), capture on/off interleaved ABBA, and one long
-// prefill. Floors: decode = bytes the step must read (weights of the attention, router, the
+// prefill step (one sequence's, or --prefill-seqs equal prompts together: a serving prefill
+// step). Floors: decode = bytes the step must read (weights of the attention, router, the
 // experts the captured routes actually chose, lm_head rows, KV of the context) / --bandwidth-gbs;
 // prefill = its FLOPs / --matmul-tflops (both measured in the same run by scripts/gpu-check.sh).
 //   step_bench --device cuda --random-weights CONFIG.json [--batches 1,8,64] [--context 1024]
-//              [--steps 64] [--prefill 8192] [--kernel auto] [--batch-invariant] [--bandwidth-gbs B] [--matmul-tflops F]
+//              [--steps 64] [--prefill 8192] [--prefill-seqs 1] [--kernel auto] [--batch-invariant]
+//              [--bandwidth-gbs B] [--matmul-tflops F]
 //              [--json-out FILE]
 #include <algorithm>
 #include <chrono>
@@ -34,6 +36,7 @@ struct Args {
   std::string device = "cuda", random_weights, model_dir, kernel = "auto", json_out;
   std::vector<int> batches{1, 8, 64};
   int context = 1024, steps = 64, prefill = 8192, ab_pairs = 32;
+  int prefill_seqs = 1;  // the prefill step's tokens split evenly over this many sequences
   double bandwidth_gbs = 0, matmul_tflops = 0;
   bool no_graphs = false;
   bool batch_invariant = false;  // BackendOptions::batch_invariant (cuda-modular only)
@@ -129,6 +132,8 @@ int main(int argc, char** argv) {
     else if (flag == "--context") a.context = std::stoi(next());
     else if (flag == "--steps") a.steps = std::stoi(next());
     else if (flag == "--prefill") a.prefill = std::stoi(next());
+    else if (flag == "--prefill-seqs")
+      a.prefill_seqs = std::stoi(next());
     else if (flag == "--ab-pairs") a.ab_pairs = std::stoi(next());
     else if (flag == "--bandwidth-gbs") a.bandwidth_gbs = std::stod(next());
     else if (flag == "--matmul-tflops") a.matmul_tflops = std::stod(next());
@@ -156,16 +161,23 @@ int main(int argc, char** argv) {
   bench.model = std::move(loaded).value();
   const sy::model::ModelConfig& c = bench.model->config();
 
-  const int max_batch = a.batches.empty() ? 1 : *std::max_element(a.batches.begin(), a.batches.end());
+  if (a.prefill_seqs < 1 || a.prefill % a.prefill_seqs != 0)
+    die("--prefill-seqs must divide --prefill");
+  const int prefill_len = a.prefill / a.prefill_seqs;  // each prefill sequence's tokens
+  const int max_batch =
+      std::max(a.batches.empty() ? 1 : *std::max_element(a.batches.begin(), a.batches.end()),
+               a.prefill_seqs);
   const int longest = a.context + a.steps + 2 * a.ab_pairs + 8;
   bench.blocks_per_seq = (longest + bench.block_size - 1) / bench.block_size;
-  const int prefill_blocks = (a.prefill + bench.block_size - 1) / bench.block_size;
+  const int prefill_blocks =
+      (prefill_len + bench.block_size - 1) / bench.block_size;  // a sequence's
   const int64_t decode_blocks = int64_t{max_batch} * bench.blocks_per_seq;
   const int64_t max_tokens = std::max<int64_t>({a.prefill, 2048, max_batch});
   bench.decoder = std::make_unique<sy::model::Decoder>(*bench.backend, kernels, bench.block_size);
   bench.decoder->set_graphs_enabled(!a.no_graphs);
-  if (Status s = bench.decoder->allocate(c, decode_blocks + prefill_blocks,
-                                         {max_tokens, max_batch, std::max(bench.blocks_per_seq, prefill_blocks), max_tokens});
+  if (Status s = bench.decoder->allocate(
+          c, decode_blocks + int64_t{prefill_blocks} * a.prefill_seqs,
+          {max_tokens, max_batch, std::max(bench.blocks_per_seq, prefill_blocks), max_tokens});
       !s)
     die(s.message());
 
@@ -283,9 +295,10 @@ int main(int argc, char** argv) {
   }
 
   if (a.prefill > 0) {
-    // One sequence's prompt of `prefill` tokens in one step (sequence 0's blocks).
+    // The prompts of `prefill_seqs` sequences, `prefill` tokens together, in one step.
     auto prefill_step = [&](bool capture) {
-      return bench.run(bench.make_step(1, 0, a.prefill, capture, static_cast<int>(decode_blocks), prefill_blocks));
+      return bench.run(bench.make_step(a.prefill_seqs, 0, prefill_len, capture,
+                                       static_cast<int>(decode_blocks), prefill_blocks));
     };
     std::vector<double> times;
     for (int i = 0; i < 3; ++i) times.push_back(prefill_step(true));
@@ -294,14 +307,22 @@ int main(int argc, char** argv) {
                           static_cast<double>(c.moe_layers().size()) *
                               (router_bytes / 2 + c.experts_per_token * expert_bytes / 2.0);
     const double attention_flops = 2.0 * c.num_hidden_layers * c.num_attention_heads * c.head_dim *
-                                   static_cast<double>(a.prefill) * a.prefill;  // causal: QK^T + PV, halved
-    const double flops = 2.0 * active * a.prefill + 2.0 * c.vocab_size * hidden + attention_flops;
+                                   static_cast<double>(a.prefill) *
+                                   prefill_len;  // causal: QK^T + PV, halved
+    const double flops =
+        2.0 * active * a.prefill + 2.0 * c.vocab_size * hidden * a.prefill_seqs + attention_flops;
     const double floor_s = a.matmul_tflops > 0 ? flops / (a.matmul_tflops * 1e12) : 0.0;
-    std::printf("prefill %d tokens: %.1f ms, %.0f tok/s, %.1f TFLOP/s; floor %.1f ms -> %.1f%% of the matmul rate\n",
-                a.prefill, seconds * 1e3, a.prefill / seconds, flops / seconds / 1e12, floor_s * 1e3,
-                floor_s > 0 ? 100.0 * floor_s / seconds : 0.0);
-    records.push_back({{"metric", "prefill_tok_s"}, {"tokens", a.prefill}, {"value", a.prefill / seconds},
-                       {"ms", seconds * 1e3}, {"tflops", flops / seconds / 1e12},
+    std::printf(
+        "prefill %d tokens (%d sequences): %.1f ms, %.0f tok/s, %.1f TFLOP/s; floor %.1f ms -> "
+        "%.1f%% of the matmul rate\n",
+        a.prefill, a.prefill_seqs, seconds * 1e3, a.prefill / seconds, flops / seconds / 1e12,
+        floor_s * 1e3, floor_s > 0 ? 100.0 * floor_s / seconds : 0.0);
+    records.push_back({{"metric", "prefill_tok_s"},
+                       {"tokens", a.prefill},
+                       {"sequences", a.prefill_seqs},
+                       {"value", a.prefill / seconds},
+                       {"ms", seconds * 1e3},
+                       {"tflops", flops / seconds / 1e12},
                        {"floor", floor_s > 0 ? a.prefill / floor_s : 0.0},
                        {"fraction", floor_s > 0 ? floor_s / seconds : 0.0}});
     // Capture overhead of the long step (T * L * K ids copied down and checked on the host): a

@@ -196,6 +196,15 @@ if want delta-chunked; then
         --matmul-tflops "$tflops" 2>&1 | grep -E "decode batch|prefill"
     done
   done
+  # A serving prefill step (8 prompts of 1,024 together: 256 blocks of the kernel), off and on.
+  for chunked in 0 1; do
+    echo "--- 8 x 1,024-token prefill step, SY_DELTA_CHUNKED=$chunked"
+    SY_DELTA_CHUNKED=$chunked "$carry/step_bench" --device cuda --random-weights "$carry/qwen3.5-35b-a3b/config.json" \
+      --batches "" --steps 1 --ab-pairs 0 --prefill 8192 --prefill-seqs 8 --matmul-tflops "$tflops" 2>&1 | grep -E "prefill"
+  done
+  # Where a chunk's time goes (SY_DELTA_STAMPS=1: clock64 from barrier to barrier, thread 0).
+  SY_DELTA_CHUNKED=1 SY_DELTA_STAMPS=1 "$carry/step_bench" --device cuda --random-weights "$carry/qwen3.5-35b-a3b/config.json" \
+    --batches "" --steps 1 --ab-pairs 0 --prefill 1024 2>&1 | tail -14
 fi
 if want crossover; then
   section "MoE kernel crossover: monolithic (cuda-fused) vs modular (cuda-modular) decode, 48 layers"

@@ -1,6 +1,9 @@
 #include "backend/cuda/linear_attention.h"
 
+#include <algorithm>
+#include <cstdio>
 #include <cstdlib>
+#include <vector>
 
 #include "backend/cuda/delta_chunk.cuh"
 
@@ -312,6 +315,7 @@ struct ChunkLayout {
   static_assert(k % 4 == 0 && state % 4 == 0 && a % 4 == 0 && t % 4 == 0 && pm % 4 == 0,
                 "16-byte aligned arrays (4-float loads)");
 };
+constexpr int kDeltaPhases = 9;
 size_t delta_net_chunk_smem(int history) {
   return (static_cast<size_t>(ChunkLayout::history) + static_cast<size_t>(history) * dc::kChannels +
           32 + dc::kThreads * kScanPerThread) *
@@ -352,6 +356,19 @@ __global__ void __launch_bounds__(dc::kThreads, 1) delta_net_chunk_kernel(DeltaN
   in.dt_bias = p.dt_bias[h];
   in.eps = p.eps;
 
+  // SY_DELTA_STAMPS: thread 0's cycles from barrier to barrier, per phase.
+  const bool stamping = p.phase_cycles != nullptr && tid == 0;
+  unsigned long long cycles[kDeltaPhases] = {}, chunks = 0;
+  long long last = 0;
+  const auto phase_done = [&](int phase) {
+    __syncthreads();
+    if (stamping) {
+      const long long now = clock64();
+      cycles[phase] += static_cast<unsigned long long>(now - last);
+      last = now;
+    }
+  };
+
   bool started = false;
   const int pass = dc::kThreads * kScanPerThread;
   for (int64_t base = 0; base < p.tokens; base += pass) {
@@ -378,28 +395,34 @@ __global__ void __launch_bounds__(dc::kThreads, 1) delta_net_chunk_kernel(DeltaN
     for (int c0 = 0; c0 < count; c0 += dc::kTokens) {
       const int n = min(dc::kTokens, count - c0);
       in.tok = list + c0;
-      // The phases of delta_chunk.cuh, a barrier between them.
+      // The phases of delta_chunk.cuh, a barrier between them (each timed when stamping).
+      if (stamping) last = clock64();
       dc::conv_and_gates<HISTORY>(in, history, n, tid, view);
-      __syncthreads();
+      phase_done(0);
       dc::norm_partials(view, n, tid);
-      __syncthreads();
+      phase_done(1);
       dc::normalize(view, n, tid);
-      __syncthreads();
+      phase_done(2);
       dc::a_and_pm(view, n, tid);
-      __syncthreads();
+      phase_done(3);
       float out[dc::kTile][dc::kTile];
       dc::t_matrix(view, tid);
       dc::r_and_qs(view, n, tid, out);
-      __syncthreads();
+      phase_done(4);
       dc::u_of(view, n, tid);
-      __syncthreads();
+      phase_done(5);
       dc::outputs_and_state(view, n, tid, out);
-      __syncthreads();
+      phase_done(6);
       dc::output_partials(view, n, tid);
-      __syncthreads();
+      phase_done(7);
       dc::write_outputs(in, view, n, tid, p.out);
-      __syncthreads();  // the next chunk overwrites the chunk's arrays and the token list's use
+      phase_done(8);  // (the next chunk overwrites the chunk's arrays and the token list's use)
+      ++chunks;
     }
+  }
+  if (stamping) {
+    for (int ph = 0; ph < kDeltaPhases; ++ph) atomicAdd(p.phase_cycles + ph, cycles[ph]);
+    atomicAdd(p.phase_cycles + kDeltaPhases, chunks);
   }
   if (!started) return;  // no tokens, or padding
   float* conv_write = p.conv_state + int64_t{write} * in.conv_dim * HISTORY;
@@ -425,13 +448,82 @@ bool use_chunked(const DeltaNetParams& p) {
          p.max_query_len >= dc::kTokens;
 }
 
+// SY_DELTA_STAMPS=1 (experiments): the chunked kernel's phase cycles over every launch outside
+// graph capture, printed at exit as cycles and microseconds a chunk (one block's thread 0, from
+// barrier to barrier: the phase's slowest thread plus the barrier).
+class DeltaStamps {
+ public:
+  static DeltaStamps* get() {
+    static DeltaStamps* instance = [] {
+      const char* value = std::getenv("SY_DELTA_STAMPS");
+      return value && value[0] == '1' ? new DeltaStamps() : nullptr;
+    }();
+    return instance;
+  }
+  unsigned long long* begin(cudaStream_t stream) {  // nullptr while capturing
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    cudaStreamIsCapturing(stream, &capturing);
+    if (capturing != cudaStreamCaptureStatusNone) return nullptr;
+    if (!buffer_ &&
+        cudaMalloc(&buffer_, sizeof(unsigned long long) * (kDeltaPhases + 1)) != cudaSuccess)
+      return buffer_ = nullptr;
+    SY_CUDA_CHECK(
+        cudaMemsetAsync(buffer_, 0, sizeof(unsigned long long) * (kDeltaPhases + 1), stream));
+    return buffer_;
+  }
+  void end(cudaStream_t stream) {
+    unsigned long long host[kDeltaPhases + 1];
+    SY_CUDA_CHECK(cudaMemcpyAsync(host, buffer_, sizeof(host), cudaMemcpyDeviceToHost, stream));
+    SY_CUDA_CHECK(cudaStreamSynchronize(stream));
+    for (int ph = 0; ph <= kDeltaPhases; ++ph) total_[ph] += static_cast<double>(host[ph]);
+    ++launches_;
+  }
+
+ private:
+  DeltaStamps() {
+    int device = 0, khz = 0;
+    cudaGetDevice(&device);
+    cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, device);
+    khz_ = khz;
+    std::atexit([] {
+      DeltaStamps* s = get();
+      if (!s || s->total_[kDeltaPhases] == 0) return;
+      const double chunks = s->total_[kDeltaPhases];
+      std::fprintf(
+          stderr,
+          "chunked DeltaNet phase cycles over %d launches, %.0f block-chunks (a chunk's mean; "
+          "us at the %.0f MHz clock rate):\n",
+          s->launches_, chunks, s->khz_ / 1e3);
+      const char* names[kDeltaPhases] = {"conv+gates", "norm partials", "normalize",
+                                         "A, pm",      "T | R, qS",     "U = T R",
+                                         "o, state",   "o partials",    "write"};
+      double sum = 0;
+      for (int ph = 0; ph < kDeltaPhases; ++ph) sum += s->total_[ph];
+      for (int ph = 0; ph < kDeltaPhases; ++ph)
+        std::fprintf(stderr, "  %-14s %9.0f cycles %7.2f us %5.1f%%\n", names[ph],
+                     s->total_[ph] / chunks, s->total_[ph] / chunks / s->khz_ * 1e3,
+                     100.0 * s->total_[ph] / sum);
+      std::fprintf(stderr, "  %-14s %9.0f cycles %7.2f us\n", "chunk", sum / chunks,
+                   sum / chunks / s->khz_ * 1e3);
+    });
+  }
+  unsigned long long* buffer_ = nullptr;
+  double total_[kDeltaPhases + 1] = {};
+  double khz_ = 1;
+  int launches_ = 0;
+};
+
 template <int HISTORY>
 void launch_history(const DeltaNetParams& p, cudaStream_t stream) {
   if (use_chunked(p)) {
     const unsigned blocks = static_cast<unsigned>(p.seqs) * static_cast<unsigned>(p.value_heads);
+    DeltaNetParams stamped = p;
+    DeltaStamps* stamps = DeltaStamps::get();
+    if (stamps) stamped.phase_cycles = stamps->begin(stream);
     delta_net_chunk_kernel<HISTORY>
-        <<<blocks, dc::kThreads, delta_net_chunk_smem(HISTORY), stream>>>(p);
+        <<<blocks, dc::kThreads, delta_net_chunk_smem(HISTORY), stream>>>(stamped);
     SY_CUDA_LAUNCH_CHECK("delta_net_chunk_kernel");
+    if (stamped.phase_cycles) stamps->end(stream);
     return;
   }
   const bool registers = p.key_head_dim == kRegisterKeyDim;

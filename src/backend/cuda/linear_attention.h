@@ -36,6 +36,10 @@ struct DeltaNetParams {
   float* conv_state = nullptr;            // [buffers, conv_dim, kernel - 1]
   float* recurrent = nullptr;             // [buffers, value_heads, key_head_dim, value_head_dim]
   float* out = nullptr;                   // [tokens, value_heads * value_head_dim]
+  // SY_DELTA_STAMPS=1 (experiments): the chunked kernel adds each phase's clock64 cycles (thread
+  // 0, barrier to barrier) over its blocks and chunks here, then the chunk count
+  // ([kDeltaPhases + 1]); set by launch_gated_delta_net.
+  unsigned long long* phase_cycles = nullptr;
   int64_t tokens = 0;
   int64_t max_query_len = 0;  // the most tokens of one sequence in the step (AttentionBatch)
   int seqs = 0, key_heads = 0, value_heads = 0, key_head_dim = 0, value_head_dim = 0, kernel = 0;
