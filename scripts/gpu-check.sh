@@ -220,11 +220,11 @@ if want profile; then
   section "profile: ncu per-kernel times"
   ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
   # PROFILE_CONFIG: another config-only model (e.g. gpt-oss-20b); PROFILE_BATCH: the decode batch;
-  # PROFILE_PREFILL: the prefill length.
+  # PROFILE_PREFILL: the prefill length (PROFILE_PREFILL_SEQS: over that many equal prompts).
   profile_config=${PROFILE_CONFIG:-$carry/qwen3-30b-a3b/config.json}
   for what in ${PROFILE_STEPS:-decode prefill}; do
     if [[ $what == decode ]]; then shape=(--batches "${PROFILE_BATCH:-1}" --context 1024 --steps 2 --ab-pairs 0 --prefill 0)
-    else shape=(--batches "" --prefill "${PROFILE_PREFILL:-4096}" --steps 1 --ab-pairs 0); fi
+    else shape=(--batches "" --prefill "${PROFILE_PREFILL:-4096}" --prefill-seqs "${PROFILE_PREFILL_SEQS:-1}" --steps 1 --ab-pairs 0); fi
     run "profile-$what" timeout 400 "$ncu_bin" --clock-control none --cache-control none --csv \
       --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum --log-file "$OUT/ncu_$what.csv" \
       "$carry/step_bench" --device cuda --random-weights "$profile_config" --no-graphs \
