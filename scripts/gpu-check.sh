@@ -183,28 +183,28 @@ if want route-tile; then
 fi
 if want delta-chunked; then
   # The chunked DeltaNet kernel (SY_DELTA_CHUNKED=1: steps with 32+ tokens of a sequence, heads of
-  # 128): the op harness's gated_delta_net cases with it (the 128-wide config's 37- and 300-token
-  # steps take it; the next step continues from its states on the recurrent kernel), then
-  # Qwen3.5-35B-A3B prefill and decode with it off and on, alternating.
-  section "chunked DeltaNet (SY_DELTA_CHUNKED=1): op harness, Qwen3.5 A/B"
+  # 128; SY_DELTA_TC=1: its matmul phases on tensor cores): the op harness's gated_delta_net cases
+  # with it (the 128-wide config's 37- and 300-token steps take it; the next step continues from
+  # its states on the recurrent kernel), then Qwen3.5-35B-A3B prefill steps with the recurrent
+  # kernel, the chunked one, and the chunked one on tensor cores: one prompt of 1,024 tokens, and
+  # a serving prefill step (8 prompts of 1,024 together: 256 blocks of the kernel).
+  section "chunked DeltaNet (SY_DELTA_CHUNKED=1, SY_DELTA_TC=1): op harness, Qwen3.5 A/B"
   SY_DELTA_CHUNKED=1 run delta-chunked-ops timeout "${STAGE_TIMEOUT:-300}" "$carry/cuda_op_harness" --filter gated_delta_net
-  for round in 1 2; do
-    for chunked in 0 1; do
-      echo "--- SY_DELTA_CHUNKED=$chunked (round $round)"
-      SY_DELTA_CHUNKED=$chunked "$carry/step_bench" --device cuda --random-weights "$carry/qwen3.5-35b-a3b/config.json" \
-        --batches 1 --context 1024 --steps 16 --ab-pairs 0 --prefill 1024 --bandwidth-gbs "$bandwidth" \
-        --matmul-tflops "$tflops" 2>&1 | grep -E "decode batch|prefill"
+  SY_DELTA_CHUNKED=1 SY_DELTA_TC=1 run delta-tc-ops timeout "${STAGE_TIMEOUT:-300}" "$carry/cuda_op_harness" --filter gated_delta_net
+  for seqs in 1 8; do
+    for variant in "SY_DELTA_CHUNKED=0" "SY_DELTA_CHUNKED=1" "SY_DELTA_CHUNKED=1 SY_DELTA_TC=1"; do
+      echo "--- $seqs x 1,024-token prefill, $variant"
+      env $variant "$carry/step_bench" --device cuda --random-weights "$carry/qwen3.5-35b-a3b/config.json" \
+        --batches "" --steps 1 --ab-pairs 0 --prefill $((seqs * 1024)) --prefill-seqs $seqs \
+        --matmul-tflops "$tflops" 2>&1 | grep -E "prefill|rror"
     done
   done
-  # A serving prefill step (8 prompts of 1,024 together: 256 blocks of the kernel), off and on.
-  for chunked in 0 1; do
-    echo "--- 8 x 1,024-token prefill step, SY_DELTA_CHUNKED=$chunked"
-    SY_DELTA_CHUNKED=$chunked "$carry/step_bench" --device cuda --random-weights "$carry/qwen3.5-35b-a3b/config.json" \
-      --batches "" --steps 1 --ab-pairs 0 --prefill 8192 --prefill-seqs 8 --matmul-tflops "$tflops" 2>&1 | grep -E "prefill"
-  done
   # Where a chunk's time goes (SY_DELTA_STAMPS=1: clock64 from barrier to barrier, thread 0).
-  SY_DELTA_CHUNKED=1 SY_DELTA_STAMPS=1 "$carry/step_bench" --device cuda --random-weights "$carry/qwen3.5-35b-a3b/config.json" \
-    --batches "" --steps 1 --ab-pairs 0 --prefill 1024 2>&1 | tail -14
+  for variant in "SY_DELTA_TC=0" "SY_DELTA_TC=1"; do
+    echo "--- phase stamps, $variant"
+    env SY_DELTA_CHUNKED=1 SY_DELTA_STAMPS=1 $variant "$carry/step_bench" --device cuda \
+      --random-weights "$carry/qwen3.5-35b-a3b/config.json" --batches "" --steps 1 --ab-pairs 0 --prefill 1024 2>&1 | tail -11
+  done
 fi
 if want crossover; then
   section "MoE kernel crossover: monolithic (cuda-fused) vs modular (cuda-modular) decode, 48 layers"

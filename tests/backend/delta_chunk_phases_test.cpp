@@ -64,18 +64,18 @@ void recurrent(const Tokens& t, std::vector<double>& state, std::vector<double>&
 
 // Shared memory of one block, the kernel's layout, with every float NaN until written.
 struct Block {
-  std::vector<float> q, k, v, u, state, a, t, pm, b, beta, partial;
+  std::vector<float> q, k, v, u, state, a, t, pm, b, beta, partial, grow;
   Block() {
     const float nan = std::numeric_limits<float>::quiet_NaN();
     for (auto* x : {&q, &k, &v, &u}) x->assign(dc::kTokens * dc::kRow, nan);
     state.assign(dc::kDim * dc::kRow, nan);
     for (auto* x : {&a, &t, &pm}) x->assign(dc::kTokens * dc::kSquare, nan);
-    for (auto* x : {&b, &beta}) x->assign(dc::kTokens, nan);
+    for (auto* x : {&b, &beta, &grow}) x->assign(dc::kTokens, nan);
     partial.assign(dc::kTokens * 2 * dc::kParts, nan);
   }
   dc::View view() {
-    return {q.data(), k.data(),  v.data(), u.data(),    state.data(),  a.data(),
-            t.data(), pm.data(), b.data(), beta.data(), partial.data()};
+    return {q.data(), k.data(),  v.data(), u.data(),    state.data(),   a.data(),
+            t.data(), pm.data(), b.data(), beta.data(), partial.data(), grow.data()};
   }
 };
 
@@ -90,27 +90,29 @@ void set_thread_order(bool descending) {
 
 // Phases 4 to 7 (the chunk's math) for every thread in turn, each phase after the previous one
 // as the kernel's barriers order them; a thread's registers between phases 5 and 7 kept aside.
-void run_math_phases(const dc::View& view, int n) {
-  for (int tid : g_threads) dc::a_and_pm(view, n, tid);
+// tensor_cores: the _tc phases (a lane's mma entries computed from shared memory, as on the
+// device), as the kernel runs them with SY_DELTA_TC=1.
+void run_math_phases(const dc::View& view, int n, bool tensor_cores) {
+  for (int tid : g_threads) (tensor_cores ? dc::a_and_pm_tc : dc::a_and_pm)(view, n, tid);
   using Tile = float[dc::kTile][dc::kTile];
   std::vector<std::array<float, dc::kTile * dc::kTile>> kept(dc::kThreads);
   for (int tid : g_threads) {
     Tile o;
     dc::t_matrix(view, tid);
-    dc::r_and_qs(view, n, tid, o);
+    (tensor_cores ? dc::r_and_qs_tc : dc::r_and_qs)(view, n, tid, o);
     std::memcpy(kept[tid].data(), o, sizeof(o));
   }
-  for (int tid : g_threads) dc::u_of(view, n, tid);
+  for (int tid : g_threads) (tensor_cores ? dc::u_of_tc : dc::u_of)(view, n, tid);
   for (int tid : g_threads) {
     Tile o;
     std::memcpy(o, kept[tid].data(), sizeof(o));
-    dc::outputs_and_state(view, n, tid, o);
+    (tensor_cores ? dc::outputs_and_state_tc : dc::outputs_and_state)(view, n, tid, o);
   }
 }
 
 // The chunks of `sizes` through the phases; o [count, kDim] and the final state.
 void emulate(const Tokens& t, const std::vector<int>& sizes, const std::vector<double>& state0,
-             std::vector<double>& out, std::vector<double>& state) {
+             bool tensor_cores, std::vector<double>& out, std::vector<double>& state) {
   const int D = dc::kDim;
   Block blk;
   const dc::View view = blk.view();
@@ -131,7 +133,7 @@ void emulate(const Tokens& t, const std::vector<int>& sizes, const std::vector<d
       blk.b[i] = running;
       blk.beta[i] = static_cast<float>(t.beta[first + i]);
     }
-    run_math_phases(view, n);
+    run_math_phases(view, n, tensor_cores);
     for (int i = 0; i < n; ++i)
       for (int c = 0; c < D; ++c) out[(first + i) * D + c] = blk.q[i * dc::kRow + c];
     first += n;
@@ -165,14 +167,16 @@ TEST(DeltaChunkPhases, TheKernelsInChunkMathMatchesTheRecurrence) {
   for (double& x : state0) x = 0.3 * normal(rng);
   std::vector<double> want_state = state0, want;
   recurrent(t, want_state, want);
-  for (bool descending : {false, true}) {
-    SCOPED_TRACE(descending ? "threads descending" : "threads ascending");
-    set_thread_order(descending);
-    std::vector<double> got, got_state;
-    emulate(t, sizes, state0, got, got_state);
-    EXPECT_LT(relative_error(got, want), 1e-5);
-    EXPECT_LT(relative_error(got_state, want_state), 1e-5);
-  }
+  for (bool tensor_cores : {false, true})
+    for (bool descending : {false, true}) {
+      SCOPED_TRACE(descending ? "threads descending" : "threads ascending");
+      SCOPED_TRACE(tensor_cores ? "tensor cores" : "CUDA cores");
+      set_thread_order(descending);
+      std::vector<double> got, got_state;
+      emulate(t, sizes, state0, tensor_cores, got, got_state);
+      EXPECT_LT(relative_error(got, want), 1e-5);
+      EXPECT_LT(relative_error(got_state, want_state), 1e-5);
+    }
 }
 
 // A step of three sequences on the CPU backend and through the chunk phases, block by block as the
@@ -243,76 +247,79 @@ TEST(DeltaChunkPhases, TheChunkPipelineMatchesTheCpuBackend) {
   cpu->gated_delta_net(t_qkv, t_z, t_b, t_a, {&t_conv_w, &t_a_log, &t_dt, &t_norm},
                        {kKeyHeads, kValueHeads, D, D, kKernel}, 1e-6f, batch, state, t_out);
 
-  for (bool descending : {false, true}) {
-    SCOPED_TRACE(descending ? "threads descending" : "threads ascending");
-    set_thread_order(descending);
-    // The phases, a block per (sequence, value head) as delta_net_chunk_kernel runs them.
-    std::vector<float> conv_dev = conv0, recurrent_dev = recurrent0;
-    std::vector<float> out_dev(static_cast<size_t>(T * value_dim),
-                               std::numeric_limits<float>::quiet_NaN());
-    for (int s = 0; s < kSeqs; ++s) {
-      std::vector<int32_t> list;
-      for (int64_t t = 0; t < T; ++t)
-        if (token_seq[t] == s) list.push_back(static_cast<int32_t>(t));
-      const bool fresh = positions[list[0]] == 0;
-      for (int h = 0; h < kValueHeads; ++h) {
-        Block blk;
-        const dc::View view = blk.view();
-        dc::Inputs in{qkv.data(),
-                      z.data(),
-                      b.data(),
-                      a.data(),
-                      conv_w.data(),
-                      norm.data(),
-                      list.data(),
-                      key_dim,
-                      conv_dim,
-                      value_dim,
-                      h / (kValueHeads / kKeyHeads),
-                      h,
-                      kValueHeads,
-                      std::exp(a_log[h]),
-                      dt_bias[h],
-                      1e-6f};
-        std::vector<float> history(kHistory * dc::kChannels);
-        for (int i = 0; i < kHistory * dc::kChannels; ++i)
-          history[i] =
-              fresh
-                  ? 0.0f
-                  : conv0[(read[s] * conv_dim + dc::channel_of(in, i % dc::kChannels)) * kHistory +
-                          i / dc::kChannels];
-        for (int i = 0; i < D * D; ++i)
-          blk.state[(i / D) * dc::kRow + i % D] =
-              fresh ? 0.0f : recurrent0[(read[s] * kValueHeads + h) * D * D + i];
-        const int count = static_cast<int>(list.size());
-        for (int c0 = 0; c0 < count; c0 += dc::kTokens) {
-          const int n = std::min(dc::kTokens, count - c0);
-          in.tok = list.data() + c0;
-          for (int tid : g_threads) dc::conv_and_gates<kHistory>(in, history.data(), n, tid, view);
-          for (int tid : g_threads) dc::norm_partials(view, n, tid);
-          for (int tid : g_threads) dc::normalize(view, n, tid);
-          run_math_phases(view, n);
-          for (int tid : g_threads) dc::output_partials(view, n, tid);
-          for (int tid : g_threads) dc::write_outputs(in, view, n, tid, out_dev.data());
+  for (bool tensor_cores : {false, true})
+    for (bool descending : {false, true}) {
+      SCOPED_TRACE(tensor_cores ? "tensor cores" : "CUDA cores");
+      SCOPED_TRACE(descending ? "threads descending" : "threads ascending");
+      set_thread_order(descending);
+      // The phases, a block per (sequence, value head) as delta_net_chunk_kernel runs them.
+      std::vector<float> conv_dev = conv0, recurrent_dev = recurrent0;
+      std::vector<float> out_dev(static_cast<size_t>(T * value_dim),
+                                 std::numeric_limits<float>::quiet_NaN());
+      for (int s = 0; s < kSeqs; ++s) {
+        std::vector<int32_t> list;
+        for (int64_t t = 0; t < T; ++t)
+          if (token_seq[t] == s) list.push_back(static_cast<int32_t>(t));
+        const bool fresh = positions[list[0]] == 0;
+        for (int h = 0; h < kValueHeads; ++h) {
+          Block blk;
+          const dc::View view = blk.view();
+          dc::Inputs in{qkv.data(),
+                        z.data(),
+                        b.data(),
+                        a.data(),
+                        conv_w.data(),
+                        norm.data(),
+                        list.data(),
+                        key_dim,
+                        conv_dim,
+                        value_dim,
+                        h / (kValueHeads / kKeyHeads),
+                        h,
+                        kValueHeads,
+                        std::exp(a_log[h]),
+                        dt_bias[h],
+                        1e-6f};
+          std::vector<float> history(kHistory * dc::kChannels);
+          for (int i = 0; i < kHistory * dc::kChannels; ++i)
+            history[i] = fresh
+                             ? 0.0f
+                             : conv0[(read[s] * conv_dim + dc::channel_of(in, i % dc::kChannels)) *
+                                         kHistory +
+                                     i / dc::kChannels];
+          for (int i = 0; i < D * D; ++i)
+            blk.state[(i / D) * dc::kRow + i % D] =
+                fresh ? 0.0f : recurrent0[(read[s] * kValueHeads + h) * D * D + i];
+          const int count = static_cast<int>(list.size());
+          for (int c0 = 0; c0 < count; c0 += dc::kTokens) {
+            const int n = std::min(dc::kTokens, count - c0);
+            in.tok = list.data() + c0;
+            for (int tid : g_threads)
+              dc::conv_and_gates<kHistory>(in, history.data(), n, tid, view);
+            for (int tid : g_threads) dc::norm_partials(view, n, tid);
+            for (int tid : g_threads) dc::normalize(view, n, tid);
+            run_math_phases(view, n, tensor_cores);
+            for (int tid : g_threads) dc::output_partials(view, n, tid);
+            for (int tid : g_threads) dc::write_outputs(in, view, n, tid, out_dev.data());
+          }
+          for (int i = 0; i < kHistory * dc::kChannels; ++i) {
+            const int ch = i % dc::kChannels;
+            if (ch < 2 * D && h % (kValueHeads / kKeyHeads) != 0) continue;
+            conv_dev[(write[s] * conv_dim + dc::channel_of(in, ch)) * kHistory +
+                     i / dc::kChannels] = history[i];
+          }
+          for (int i = 0; i < D * D; ++i)
+            recurrent_dev[(write[s] * kValueHeads + h) * D * D + i] =
+                blk.state[(i / D) * dc::kRow + i % D];
         }
-        for (int i = 0; i < kHistory * dc::kChannels; ++i) {
-          const int ch = i % dc::kChannels;
-          if (ch < 2 * D && h % (kValueHeads / kKeyHeads) != 0) continue;
-          conv_dev[(write[s] * conv_dim + dc::channel_of(in, ch)) * kHistory + i / dc::kChannels] =
-              history[i];
-        }
-        for (int i = 0; i < D * D; ++i)
-          recurrent_dev[(write[s] * kValueHeads + h) * D * D + i] =
-              blk.state[(i / D) * dc::kRow + i % D];
       }
+      auto as_double = [](const std::vector<float>& x) {
+        return std::vector<double>(x.begin(), x.end());
+      };
+      EXPECT_LT(relative_error(as_double(out_dev), as_double(out_cpu)), 1e-4);
+      EXPECT_LT(relative_error(as_double(conv_dev), as_double(conv_cpu)), 1e-6);
+      EXPECT_LT(relative_error(as_double(recurrent_dev), as_double(recurrent_cpu)), 1e-4);
     }
-    auto as_double = [](const std::vector<float>& x) {
-      return std::vector<double>(x.begin(), x.end());
-    };
-    EXPECT_LT(relative_error(as_double(out_dev), as_double(out_cpu)), 1e-4);
-    EXPECT_LT(relative_error(as_double(conv_dev), as_double(conv_cpu)), 1e-6);
-    EXPECT_LT(relative_error(as_double(recurrent_dev), as_double(recurrent_cpu)), 1e-4);
-  }
 }
 
 }  // namespace

@@ -20,6 +20,10 @@
 #include <string.h>
 
 #ifdef __CUDACC__
+#include "backend/cuda/mma_ptx.cuh"
+#endif
+
+#ifdef __CUDACC__
 #define SY_HOST_DEVICE __host__ __device__
 #else
 #define SY_HOST_DEVICE
@@ -66,6 +70,7 @@ struct View {
   float* b;        // [kTokens]: log(decay), then its running sum
   float* beta;     // [kTokens]
   float* partial;  // [kTokens][2 kParts]: partial sums of squares (q then k; later o)
+  float* grow;     // [kTokens]: e^(b_last - b_j) for j < n, else 0 (tensor-core phases)
 };
 
 // What a block reads of the step for its (sequence, value head): the chunk's tokens (step
@@ -429,6 +434,248 @@ SY_HOST_DEVICE inline void write_outputs(const Inputs& in, const View& s, int n,
     for (int e = 0; e < 4; ++e)
       out[row + c + e] = in.norm[c + e] * (o[e] * scale) * silu(in.z[row + c + e]);
   }
+}
+
+// ---- The chunk's matmuls on tensor cores (SY_DELTA_TC=1; phases 4, 5b, 6 and 7 above, same
+// inputs and outputs) ----
+//
+// mma.sync m16n8k16 (bf16 in, f32 accumulate) with every f32 operand split into a bf16 high part
+// and a bf16 low part (x - high, rounded): a product is hi.hi + hi.lo + lo.hi, three mmas, ~2^-16
+// of it left out (lo.lo and the low parts' rounding) where plain bf16 would leave ~2^-8; the op
+// harness holds DeltaNet to 1e-4. A warp computes 16 x 8 output tiles; its lane (g = lane / 4,
+// t = lane % 4) holds entries (g, 2t), (g, 2t + 1), (g + 8, 2t), (g + 8, 2t + 1) of each, in that
+// order. Operands are read from shared memory by strides, so one function serves row- and
+// column-major views; k indices at or past a bound read as zero (rows past n never enter a sum).
+// On the host (tests) a fragment is its tile's address and mma3 computes the lane's entries from
+// shared memory with the same split, so each lane stays a function of shared memory alone.
+SY_HOST_DEVICE inline float bf16_round(float x) {  // to nearest, ties to even (finite x)
+#ifdef __CUDA_ARCH__
+  return __bfloat162float(__float2bfloat16_rn(x));
+#else
+  uint32_t bits;
+  memcpy(&bits, &x, sizeof(bits));
+  bits = (bits + 0x7fffu + ((bits >> 16) & 1u)) & 0xffff0000u;
+  float rounded;
+  memcpy(&rounded, &bits, sizeof(rounded));
+  return rounded;
+#endif
+}
+SY_HOST_DEVICE inline int lane_row(int lane, int entry) {
+  return lane / 4 + 8 * (entry / 2);
+}
+SY_HOST_DEVICE inline int lane_col(int lane, int entry) {
+  return 2 * (lane % 4) + entry % 2;
+}
+
+#ifdef __CUDA_ARCH__
+struct FragA {  // 16 x 16
+  uint32_t hi[4], lo[4];
+};
+struct FragB {  // 16 x 8
+  uint32_t hi[2], lo[2];
+};
+__device__ __forceinline__ void split_pair(float x0, float x1, uint32_t& hi, uint32_t& lo) {
+  const float h0 = bf16_round(x0), h1 = bf16_round(x1);
+  hi = pack_bf16(h0, h1);
+  lo = pack_bf16(x0 - h0, x1 - h1);
+}
+#else
+struct FragA {
+  const float* p;
+  int sm, sk, k_valid;
+};
+struct FragB {
+  const float* p;
+  int sk, sn, k_valid;
+  const float* scale;
+};
+#endif
+
+// A(m, k) = p[m sm + k sk] for m, k < 16; zero for k >= k_valid.
+SY_HOST_DEVICE inline FragA load_a(const float* p, int sm, int sk, int k_valid, int lane) {
+#ifdef __CUDA_ARCH__
+  FragA f;
+  const int g = lane / 4, t = lane % 4;
+  SY_UNROLL
+  for (int r = 0; r < 4; ++r) {
+    const int m = g + 8 * (r % 2), k = 2 * t + 8 * (r / 2);
+    const float x0 = k < k_valid ? p[m * sm + k * sk] : 0.0f;
+    const float x1 = k + 1 < k_valid ? p[m * sm + (k + 1) * sk] : 0.0f;
+    split_pair(x0, x1, f.hi[r], f.lo[r]);
+  }
+  return f;
+#else
+  (void)lane;
+  return {p, sm, sk, k_valid};
+#endif
+}
+// B(k, n) = scale[k] p[k sk + n sn] for k < 16, n < 8 (scale: nullptr for 1); zero for k >=
+// k_valid.
+SY_HOST_DEVICE inline FragB load_b(const float* p, int sk, int sn, int k_valid, int lane,
+                                   const float* scale = nullptr) {
+#ifdef __CUDA_ARCH__
+  FragB f;
+  const int g = lane / 4, t = lane % 4;
+  SY_UNROLL
+  for (int r = 0; r < 2; ++r) {
+    const int k = 2 * t + 8 * r;
+    float x0 = k < k_valid ? p[k * sk + g * sn] : 0.0f;
+    float x1 = k + 1 < k_valid ? p[(k + 1) * sk + g * sn] : 0.0f;
+    if (scale) {
+      x0 = k < k_valid ? x0 * scale[k] : 0.0f;
+      x1 = k + 1 < k_valid ? x1 * scale[k + 1] : 0.0f;
+    }
+    split_pair(x0, x1, f.hi[r], f.lo[r]);
+  }
+  return f;
+#else
+  (void)lane;
+  return {p, sk, sn, k_valid, scale};
+#endif
+}
+// c += A B, the lane's four entries.
+SY_HOST_DEVICE inline void mma3(float (&c)[4], const FragA& a, const FragB& b, int lane) {
+#ifdef __CUDA_ARCH__
+  (void)lane;
+  mma_bf16(c, a.lo, b.hi[0], b.hi[1]);
+  mma_bf16(c, a.hi, b.lo[0], b.lo[1]);
+  mma_bf16(c, a.hi, b.hi[0], b.hi[1]);
+#else
+  for (int e = 0; e < 4; ++e) {
+    const int m = lane_row(lane, e), n = lane_col(lane, e);
+    float sum = 0.0f;
+    for (int k = 0; k < 16; ++k) {
+      const float x = k < a.k_valid ? a.p[m * a.sm + k * a.sk] : 0.0f;
+      float y = k < b.k_valid ? b.p[k * b.sk + n * b.sn] : 0.0f;
+      if (b.scale) y = k < b.k_valid ? y * b.scale[k] : 0.0f;
+      const float xh = bf16_round(x), yh = bf16_round(y);
+      const float xl = bf16_round(x - xh), yl = bf16_round(y - yh);
+      sum += xl * yh + xh * yl + xh * yh;
+    }
+    c[e] += sum;
+  }
+#endif
+}
+
+// The 32 x 128 outputs (R, U, o) as the warps hold them: warp w has rows 16 (w % 2) .. + 15 and
+// the four 8-column tiles from column 32 (w / 2).
+SY_HOST_DEVICE inline int tc_row0(int tid) {
+  return 16 * ((tid / 32) % 2);
+}
+SY_HOST_DEVICE inline int tc_col0(int tid) {
+  return 32 * (tid / 64);
+}
+static_assert(kTokens == 32 && kDim == 128 && kWarps == 8, "the warps' tiles");
+
+// Phase 4 on tensor cores: warp w the 16 x 8 tile at rows 16 (w / 4), columns 8 (w % 4) of both
+// k k^T and q k^T, then A and pm as a_and_pm writes them; threads < kTokens also write grow.
+SY_HOST_DEVICE inline void a_and_pm_tc(const View& s, int n, int tid) {
+  const int warp = tid / 32, lane = tid % 32;
+  const int m0 = 16 * (warp / 4), n0 = 8 * (warp % 4);
+  float kk[4] = {}, qk[4] = {};
+  if (n0 <= m0 + 15 && m0 < n)  // (tiles above the diagonal or past n are zero)
+    for (int d = 0; d < kDim; d += 16) {
+      const FragB kj = load_b(s.k + n0 * kRow + d, 1, kRow, 16, lane);
+      mma3(kk, load_a(s.k + m0 * kRow + d, kRow, 1, 16, lane), kj, lane);
+      mma3(qk, load_a(s.q + m0 * kRow + d, kRow, 1, 16, lane), kj, lane);
+    }
+  SY_UNROLL
+  for (int e = 0; e < 4; ++e) {
+    const int i = m0 + lane_row(lane, e), j = n0 + lane_col(lane, e);
+    const bool lower = i < n && j <= i;
+    const float decay = lower ? expf(s.b[i] - s.b[j]) : 0.0f;
+    s.a[i * kSquare + j] = lower && j < i ? s.beta[i] * decay * kk[e] : 0.0f;
+    s.pm[i * kSquare + j] = lower ? decay * qk[e] : 0.0f;
+  }
+  if (tid < kTokens) s.grow[tid] = tid < n ? expf(s.b[n - 1] - s.b[tid]) : 0.0f;
+}
+
+// Phase 5b on tensor cores: R = beta (v - e^b k S0) in place of v and out = e^b q S0 (the
+// thread's entries, [column tile][entry], kept for phase 7).
+SY_HOST_DEVICE inline void r_and_qs_tc(const View& s, int n, int tid, float (&out)[kTile][kTile]) {
+  const int lane = tid % 32, row0 = tc_row0(tid), col0 = tc_col0(tid);
+  float ks[kTile][kTile];
+  SY_UNROLL
+  for (int c = 0; c < kTile; ++c)
+    for (int e = 0; e < 4; ++e) ks[c][e] = out[c][e] = 0.0f;
+  if (row0 >= n) return;
+  for (int d = 0; d < kDim; d += 16) {
+    const FragA k = load_a(s.k + row0 * kRow + d, kRow, 1, 16, lane);
+    const FragA q = load_a(s.q + row0 * kRow + d, kRow, 1, 16, lane);
+    SY_UNROLL
+    for (int c = 0; c < kTile; ++c) {
+      const FragB state = load_b(s.state + d * kRow + col0 + 8 * c, kRow, 1, 16, lane);
+      mma3(ks[c], k, state, lane);
+      mma3(out[c], q, state, lane);
+    }
+  }
+  SY_UNROLL
+  for (int c = 0; c < kTile; ++c)
+    for (int e = 0; e < 4; ++e) {
+      const int i = row0 + lane_row(lane, e), col = col0 + 8 * c + lane_col(lane, e);
+      if (i >= n) continue;
+      const float grow = expf(s.b[i]);
+      s.v[i * kRow + col] = s.beta[i] * (s.v[i * kRow + col] - grow * ks[c][e]);
+      out[c][e] *= grow;
+    }
+}
+
+// Phase 6 on tensor cores: U = T R (rows of R past n read as zero).
+SY_HOST_DEVICE inline void u_of_tc(const View& s, int n, int tid) {
+  const int lane = tid % 32, row0 = tc_row0(tid), col0 = tc_col0(tid);
+  if (row0 >= n) return;
+  float u[kTile][4] = {};
+  for (int j = 0; j < n; j += 16) {
+    const FragA t = load_a(s.t + row0 * kSquare + j, kSquare, 1, 16, lane);
+    SY_UNROLL
+    for (int c = 0; c < kTile; ++c)
+      mma3(u[c], t, load_b(s.v + j * kRow + col0 + 8 * c, kRow, 1, n - j, lane), lane);
+  }
+  SY_UNROLL
+  for (int c = 0; c < kTile; ++c)
+    for (int e = 0; e < 4; ++e) {
+      const int i = row0 + lane_row(lane, e);
+      if (i < n) s.u[i * kRow + col0 + 8 * c + lane_col(lane, e)] = u[c][e];
+    }
+}
+
+// Phase 7 on tensor cores: o = out + pm U into q; the state carried to the next chunk in place,
+// S = e^(b_last) S0 + k^T (grow U), warp w its key rows 16 w .. + 15, every value column.
+SY_HOST_DEVICE inline void outputs_and_state_tc(const View& s, int n, int tid,
+                                                float (&out)[kTile][kTile]) {
+  const int warp = tid / 32, lane = tid % 32, row0 = tc_row0(tid), col0 = tc_col0(tid);
+  if (row0 < n) {
+    for (int j = 0; j < n; j += 16) {
+      const FragA pm = load_a(s.pm + row0 * kSquare + j, kSquare, 1, 16, lane);
+      SY_UNROLL
+      for (int c = 0; c < kTile; ++c)
+        mma3(out[c], pm, load_b(s.u + j * kRow + col0 + 8 * c, kRow, 1, n - j, lane), lane);
+    }
+    SY_UNROLL
+    for (int c = 0; c < kTile; ++c)
+      for (int e = 0; e < 4; ++e) {
+        const int i = row0 + lane_row(lane, e);
+        if (i < n) s.q[i * kRow + col0 + 8 * c + lane_col(lane, e)] = out[c][e];
+      }
+  }
+  constexpr int kColTiles = kDim / 8;
+  const int key0 = 16 * warp;
+  const float keep = expf(s.b[n - 1]);
+  float state[kColTiles][4];
+  SY_UNROLL
+  for (int c = 0; c < kColTiles; ++c)
+    for (int e = 0; e < 4; ++e)
+      state[c][e] = keep * s.state[(key0 + lane_row(lane, e)) * kRow + 8 * c + lane_col(lane, e)];
+  for (int j = 0; j < n; j += 16) {
+    const FragA k = load_a(s.k + j * kRow + key0, 1, kRow, n - j, lane);  // k^T
+    SY_UNROLL
+    for (int c = 0; c < kColTiles; ++c)
+      mma3(state[c], k, load_b(s.u + j * kRow + 8 * c, kRow, 1, n - j, lane, s.grow + j), lane);
+  }
+  SY_UNROLL
+  for (int c = 0; c < kColTiles; ++c)
+    for (int e = 0; e < 4; ++e)
+      s.state[(key0 + lane_row(lane, e)) * kRow + 8 * c + lane_col(lane, e)] = state[c][e];
 }
 
 }  // namespace sy::backend::cuda::delta_chunk

@@ -311,7 +311,8 @@ struct ChunkLayout {
   static constexpr int b = pm + dc::kTokens * dc::kSquare;
   static constexpr int beta = b + dc::kTokens;
   static constexpr int partial = beta + dc::kTokens;
-  static constexpr int history = partial + dc::kTokens * 2 * dc::kParts;
+  static constexpr int grow = partial + dc::kTokens * 2 * dc::kParts;
+  static constexpr int history = grow + dc::kTokens;
   static_assert(k % 4 == 0 && state % 4 == 0 && a % 4 == 0 && t % 4 == 0 && pm % 4 == 0,
                 "16-byte aligned arrays (4-float loads)");
 };
@@ -326,10 +327,11 @@ template <int HISTORY>
 __global__ void __launch_bounds__(dc::kThreads, 1) delta_net_chunk_kernel(DeltaNetParams p) {
   extern __shared__ __align__(16) float smem[];
   constexpr int kd = dc::kDim, vd = dc::kDim, R = dc::kRow;
-  const dc::View view{smem + ChunkLayout::q,    smem + ChunkLayout::k,      smem + ChunkLayout::v,
-                      smem + ChunkLayout::u,    smem + ChunkLayout::state,  smem + ChunkLayout::a,
-                      smem + ChunkLayout::t,    smem + ChunkLayout::pm,     smem + ChunkLayout::b,
-                      smem + ChunkLayout::beta, smem + ChunkLayout::partial};
+  const dc::View view{
+      smem + ChunkLayout::q,    smem + ChunkLayout::k,       smem + ChunkLayout::v,
+      smem + ChunkLayout::u,    smem + ChunkLayout::state,   smem + ChunkLayout::a,
+      smem + ChunkLayout::t,    smem + ChunkLayout::pm,      smem + ChunkLayout::b,
+      smem + ChunkLayout::beta, smem + ChunkLayout::partial, smem + ChunkLayout::grow};
   float* S = view.state;
   float* history = smem + ChunkLayout::history;  // [m][channel], oldest first
   int* counts = reinterpret_cast<int*>(history + HISTORY * dc::kChannels);
@@ -403,16 +405,28 @@ __global__ void __launch_bounds__(dc::kThreads, 1) delta_net_chunk_kernel(DeltaN
       phase_done(1);
       dc::normalize(view, n, tid);
       phase_done(2);
-      dc::a_and_pm(view, n, tid);
-      phase_done(3);
       float out[dc::kTile][dc::kTile];
-      dc::t_matrix(view, tid);
-      dc::r_and_qs(view, n, tid, out);
-      phase_done(4);
-      dc::u_of(view, n, tid);
-      phase_done(5);
-      dc::outputs_and_state(view, n, tid, out);
-      phase_done(6);
+      if (p.tensor_cores) {  // (uniform)
+        dc::a_and_pm_tc(view, n, tid);
+        phase_done(3);
+        dc::t_matrix(view, tid);
+        dc::r_and_qs_tc(view, n, tid, out);
+        phase_done(4);
+        dc::u_of_tc(view, n, tid);
+        phase_done(5);
+        dc::outputs_and_state_tc(view, n, tid, out);
+        phase_done(6);
+      } else {
+        dc::a_and_pm(view, n, tid);
+        phase_done(3);
+        dc::t_matrix(view, tid);
+        dc::r_and_qs(view, n, tid, out);
+        phase_done(4);
+        dc::u_of(view, n, tid);
+        phase_done(5);
+        dc::outputs_and_state(view, n, tid, out);
+        phase_done(6);
+      }
       dc::output_partials(view, n, tid);
       phase_done(7);
       dc::write_outputs(in, view, n, tid, p.out);
@@ -517,7 +531,12 @@ template <int HISTORY>
 void launch_history(const DeltaNetParams& p, cudaStream_t stream) {
   if (use_chunked(p)) {
     const unsigned blocks = static_cast<unsigned>(p.seqs) * static_cast<unsigned>(p.value_heads);
+    static const bool tensor_cores = [] {
+      const char* value = std::getenv("SY_DELTA_TC");
+      return value && value[0] == '1';
+    }();
     DeltaNetParams stamped = p;
+    stamped.tensor_cores = tensor_cores;
     DeltaStamps* stamps = DeltaStamps::get();
     if (stamps) stamped.phase_cycles = stamps->begin(stream);
     delta_net_chunk_kernel<HISTORY>

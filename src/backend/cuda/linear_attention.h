@@ -40,6 +40,9 @@ struct DeltaNetParams {
   // 0, barrier to barrier) over its blocks and chunks here, then the chunk count
   // ([kDeltaPhases + 1]); set by launch_gated_delta_net.
   unsigned long long* phase_cycles = nullptr;
+  // SY_DELTA_TC=1 (until a GPU visit has checked it): the chunked kernel's matmul phases on
+  // tensor cores (delta_chunk.cuh); set by launch_gated_delta_net.
+  bool tensor_cores = false;
   int64_t tokens = 0;
   int64_t max_query_len = 0;  // the most tokens of one sequence in the step (AttentionBatch)
   int seqs = 0, key_heads = 0, value_heads = 0, key_head_dim = 0, value_head_dim = 0, kernel = 0;
