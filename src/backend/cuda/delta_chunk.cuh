@@ -620,43 +620,44 @@ SY_HOST_DEVICE inline void r_and_qs_tc(const View& s, int n, int tid, float (&ou
     }
 }
 
-// Phase 6 on tensor cores: U = T R (rows of R past n read as zero).
-SY_HOST_DEVICE inline void u_of_tc(const View& s, int n, int tid) {
+// acc += square rows (chunk x chunk, kSquare rows) times rows [j < n] of the chunk (kRow rows),
+// the thread's entries of the 32 x 128 result; then those of rows < n stored to `out` rows.
+SY_HOST_DEVICE inline void add_square_times_rows_tc(const float* square, const float* rows, int n,
+                                                    int tid, float (&acc)[kTile][4]) {
   const int lane = tid % 32, row0 = tc_row0(tid), col0 = tc_col0(tid);
-  if (row0 >= n) return;
-  float u[kTile][4] = {};
   for (int j = 0; j < n; j += 16) {
-    const FragA t = load_a(s.t + row0 * kSquare + j, kSquare, 1, 16, lane);
+    const FragA a = load_a(square + row0 * kSquare + j, kSquare, 1, 16, lane);
     SY_UNROLL
     for (int c = 0; c < kTile; ++c)
-      mma3(u[c], t, load_b(s.v + j * kRow + col0 + 8 * c, kRow, 1, n - j, lane), lane);
+      mma3(acc[c], a, load_b(rows + j * kRow + col0 + 8 * c, kRow, 1, n - j, lane), lane);
   }
+}
+SY_HOST_DEVICE inline void store_rows_tc(float* out, int n, int tid, const float (&acc)[kTile][4]) {
+  const int lane = tid % 32, row0 = tc_row0(tid), col0 = tc_col0(tid);
   SY_UNROLL
   for (int c = 0; c < kTile; ++c)
     for (int e = 0; e < 4; ++e) {
       const int i = row0 + lane_row(lane, e);
-      if (i < n) s.u[i * kRow + col0 + 8 * c + lane_col(lane, e)] = u[c][e];
+      if (i < n) out[i * kRow + col0 + 8 * c + lane_col(lane, e)] = acc[c][e];
     }
+}
+
+// Phase 6 on tensor cores: U = T R (rows of R past n read as zero).
+SY_HOST_DEVICE inline void u_of_tc(const View& s, int n, int tid) {
+  if (tc_row0(tid) >= n) return;
+  float u[kTile][4] = {};
+  add_square_times_rows_tc(s.t, s.v, n, tid, u);
+  store_rows_tc(s.u, n, tid, u);
 }
 
 // Phase 7 on tensor cores: o = out + pm U into q; the state carried to the next chunk in place,
 // S = e^(b_last) S0 + k^T (grow U), warp w its key rows 16 w .. + 15, every value column.
 SY_HOST_DEVICE inline void outputs_and_state_tc(const View& s, int n, int tid,
                                                 float (&out)[kTile][kTile]) {
-  const int warp = tid / 32, lane = tid % 32, row0 = tc_row0(tid), col0 = tc_col0(tid);
-  if (row0 < n) {
-    for (int j = 0; j < n; j += 16) {
-      const FragA pm = load_a(s.pm + row0 * kSquare + j, kSquare, 1, 16, lane);
-      SY_UNROLL
-      for (int c = 0; c < kTile; ++c)
-        mma3(out[c], pm, load_b(s.u + j * kRow + col0 + 8 * c, kRow, 1, n - j, lane), lane);
-    }
-    SY_UNROLL
-    for (int c = 0; c < kTile; ++c)
-      for (int e = 0; e < 4; ++e) {
-        const int i = row0 + lane_row(lane, e);
-        if (i < n) s.q[i * kRow + col0 + 8 * c + lane_col(lane, e)] = out[c][e];
-      }
+  const int warp = tid / 32, lane = tid % 32;
+  if (tc_row0(tid) < n) {
+    add_square_times_rows_tc(s.pm, s.u, n, tid, out);
+    store_rows_tc(s.q, n, tid, out);
   }
   constexpr int kColTiles = kDim / 8;
   const int key0 = 16 * warp;

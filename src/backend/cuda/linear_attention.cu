@@ -323,6 +323,33 @@ size_t delta_net_chunk_smem(int history) {
          sizeof(float);
 }
 
+// Phases 4 to 7 of a chunk (delta_chunk.cuh), on CUDA cores or tensor cores; done(phase) after
+// each (the barrier).
+template <bool kTensorCores, class Done>
+__device__ __forceinline__ void chunk_math(const dc::View& view, int n, int tid, Done& done) {
+  float out[dc::kTile][dc::kTile];
+  if constexpr (kTensorCores) {
+    dc::a_and_pm_tc(view, n, tid);
+    done(3);
+    dc::t_matrix(view, tid);
+    dc::r_and_qs_tc(view, n, tid, out);
+    done(4);
+    dc::u_of_tc(view, n, tid);
+    done(5);
+    dc::outputs_and_state_tc(view, n, tid, out);
+  } else {
+    dc::a_and_pm(view, n, tid);
+    done(3);
+    dc::t_matrix(view, tid);
+    dc::r_and_qs(view, n, tid, out);
+    done(4);
+    dc::u_of(view, n, tid);
+    done(5);
+    dc::outputs_and_state(view, n, tid, out);
+  }
+  done(6);
+}
+
 template <int HISTORY>
 __global__ void __launch_bounds__(dc::kThreads, 1) delta_net_chunk_kernel(DeltaNetParams p) {
   extern __shared__ __align__(16) float smem[];
@@ -405,28 +432,10 @@ __global__ void __launch_bounds__(dc::kThreads, 1) delta_net_chunk_kernel(DeltaN
       phase_done(1);
       dc::normalize(view, n, tid);
       phase_done(2);
-      float out[dc::kTile][dc::kTile];
-      if (p.tensor_cores) {  // (uniform)
-        dc::a_and_pm_tc(view, n, tid);
-        phase_done(3);
-        dc::t_matrix(view, tid);
-        dc::r_and_qs_tc(view, n, tid, out);
-        phase_done(4);
-        dc::u_of_tc(view, n, tid);
-        phase_done(5);
-        dc::outputs_and_state_tc(view, n, tid, out);
-        phase_done(6);
-      } else {
-        dc::a_and_pm(view, n, tid);
-        phase_done(3);
-        dc::t_matrix(view, tid);
-        dc::r_and_qs(view, n, tid, out);
-        phase_done(4);
-        dc::u_of(view, n, tid);
-        phase_done(5);
-        dc::outputs_and_state(view, n, tid, out);
-        phase_done(6);
-      }
+      if (p.tensor_cores)  // (uniform)
+        chunk_math<true>(view, n, tid, phase_done);
+      else
+        chunk_math<false>(view, n, tid, phase_done);
       dc::output_partials(view, n, tid);
       phase_done(7);
       dc::write_outputs(in, view, n, tid, p.out);
