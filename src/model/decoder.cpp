@@ -600,13 +600,17 @@ Status Decoder::forward(const Model& model, const StepInputs& in, StepOutputs& o
           g = Tensor(g.data, DType::kF32, {T, width}, g.device);
           u = Tensor(u.data, DType::kF32, {T, width}, u.device);
           Tensor shared_out = ws.shared_out.slice_rows(0, T);
-          backend_.matmul(normed, shared.gate_proj, nullptr, g);
-          backend_.matmul(normed, shared.up_proj, nullptr, u);
+          Tensor gate_logit = spec.shared_expert_gate ? ws.shared_gate.slice_rows(0, T) : Tensor();
+          // gate, up and the sigmoid gate's logit read the same input: one launch where the
+          // backend can (a decode step's GEMV), the same results as three matmuls.
+          std::vector<backend::Backend::MatmulPart> parts = {{&shared.gate_proj, nullptr, &g},
+                                                             {&shared.up_proj, nullptr, &u}};
+          if (spec.shared_expert_gate)
+            parts.push_back({&lw.shared_expert_gate, nullptr, &gate_logit});
+          backend_.matmul_parts(normed, parts);
           backend_.silu_mul(g, u, g);
           backend_.matmul(g, shared.down_proj, nullptr, shared_out);
           if (spec.shared_expert_gate) {
-            Tensor gate_logit = ws.shared_gate.slice_rows(0, T);
-            backend_.matmul(normed, lw.shared_expert_gate, nullptr, gate_logit);
             backend_.add_sigmoid_gated(ffn_out, shared_out, gate_logit);
           } else {
             backend_.add_inplace(ffn_out, shared_out);
@@ -616,8 +620,8 @@ Status Decoder::forward(const Model& model, const StepInputs& in, StepOutputs& o
         Tensor g = ws.gate.slice_rows(0, T), u = ws.up.slice_rows(0, T);
         g = Tensor(g.data, DType::kF32, {T, c.intermediate_size}, g.device);
         u = Tensor(u.data, DType::kF32, {T, c.intermediate_size}, u.device);
-        backend_.matmul(normed, lw.mlp.gate_proj, nullptr, g);
-        backend_.matmul(normed, lw.mlp.up_proj, nullptr, u);
+        backend_.matmul_parts(normed,
+                              {{&lw.mlp.gate_proj, nullptr, &g}, {&lw.mlp.up_proj, nullptr, &u}});
         backend_.silu_mul(g, u, g);
         backend_.matmul(g, lw.mlp.down_proj, nullptr, ffn_out);
       }
