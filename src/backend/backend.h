@@ -287,6 +287,20 @@ class Backend {
   }
   // out = silu(gate) * up, element-wise.
   virtual void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) = 0;
+  // A shared expert's end, its gate and up projections done: out[t] += s_t * (silu(gate[t]) *
+  // up[t]) down_proj^T with s_t = sigmoid(gate_logit[t]) (gate_logit nullptr: 1). Here as
+  // silu_mul into gate, matmul into scratch [T, out width], add_sigmoid_gated (add_inplace);
+  // a device backend may fuse them (decode steps: one GEMV) into the same results bitwise. gate
+  // may be overwritten.
+  virtual void add_shared_expert_down(Tensor& gate, const Tensor& up, const Tensor& down_proj,
+                                      const Tensor* gate_logit, Tensor& scratch, Tensor& out) {
+    silu_mul(gate, up, gate);
+    matmul(gate, down_proj, nullptr, scratch);
+    if (gate_logit)
+      add_sigmoid_gated(out, scratch, *gate_logit);
+    else
+      add_inplace(out, scratch);
+  }
   // Rotary embedding (rotate-half) on x [T, heads, head_dim] at the batch's positions, over the
   // first spec.head_dim dims of each head (all of them unless partial rotary).
   virtual void rope(Tensor& x, const AttentionBatch& batch, const RopeSpec& spec) = 0;

@@ -608,13 +608,9 @@ Status Decoder::forward(const Model& model, const StepInputs& in, StepOutputs& o
           if (spec.shared_expert_gate)
             parts.push_back({&lw.shared_expert_gate, nullptr, &gate_logit});
           backend_.matmul_parts(normed, parts);
-          backend_.silu_mul(g, u, g);
-          backend_.matmul(g, shared.down_proj, nullptr, shared_out);
-          if (spec.shared_expert_gate) {
-            backend_.add_sigmoid_gated(ffn_out, shared_out, gate_logit);
-          } else {
-            backend_.add_inplace(ffn_out, shared_out);
-          }
+          backend_.add_shared_expert_down(g, u, shared.down_proj,
+                                          spec.shared_expert_gate ? &gate_logit : nullptr,
+                                          shared_out, ffn_out);
         }
       } else {
         Tensor g = ws.gate.slice_rows(0, T), u = ws.up.slice_rows(0, T);

@@ -294,11 +294,13 @@ void matmul_parts_cases(Harness& h) {
     std::vector<int64_t> outs;
     int biased_part;  // -1: none
   };
-  const std::vector<Shape> shapes = {{1, 2048, {4096, 512, 512}, -1}, {3, 2048, {4096, 512, 512}, -1},
-                                     {8, 328, {200, 72, 8}, -1},       {1, 4096, {2048}, -1},
-                                     {5, 200, {16, 24, 8, 40}, -1},    {2, 200, {16, 24, 8, 40, 56}, -1},
-                                     {4, 328, {200, 72, 8}, 1},        {9, 2048, {4096, 512, 512}, -1},
-                                     {40, 328, {200, 72, 8}, 2}};
+  const std::vector<Shape> shapes = {
+      {1, 2048, {4096, 512, 512}, -1}, {3, 2048, {4096, 512, 512}, -1},
+      {8, 328, {200, 72, 8}, -1},      {1, 4096, {2048}, -1},
+      {5, 200, {16, 24, 8, 40}, -1},   {2, 200, {16, 24, 8, 40, 56}, -1},
+      {4, 328, {200, 72, 8}, 1},       {9, 2048, {4096, 512, 512}, -1},
+      {40, 328, {200, 72, 8}, 2},      {1, 2048, {512, 512, 1}, -1},
+      {4, 2048, {512, 512, 1}, -1}};
   for (const Shape& s : shapes) {
     std::string outs;
     for (int64_t o : s.outs) outs += fmt::format("{}{}", outs.empty() ? "" : ",", o);
@@ -478,6 +480,52 @@ void silu_mul_cases(Harness& h) {
   }
 }
 
+// A shared expert's end (silu·mul, down projection, sigmoid-gated or plain add into the routed
+// output): the device's fused GEMV (decode rows) bitwise its own three ops, near the CPU's;
+// steps past the GEMV's rows and widths not a multiple of 8 take the three ops.
+void shared_expert_down_cases(Harness& h) {
+  struct Shape {
+    int64_t rows, width, hidden;
+    bool gated;
+  };
+  const std::vector<Shape> shapes = {
+      {1, 512, 2048, true}, {3, 512, 2048, true}, {8, 1408, 2048, false}, {1, 200, 72, true},
+      {5, 2816, 512, true}, {17, 512, 256, true}, {2, 20, 24, false}};
+  for (const Shape& s : shapes) {
+    h.run("shared_expert_down",
+          fmt::format("rows={} width={} hidden={}{}", s.rows, s.width, s.hidden,
+                      s.gated ? " gated" : ""),
+          [&](Case& c) {
+            std::vector<float> gate = random_floats(c.rng, s.rows * s.width, 6.0f);
+            gate[0] = -100.0f;  // silu's tails
+            if (gate.size() > 1) gate[1] = 100.0f;
+            const std::vector<float> up = random_floats(c.rng, s.rows * s.width, 2.0f);
+            std::vector<float> logit = random_floats(c.rng, s.rows, 6.0f);
+            logit[0] = -100.0f;  // exp overflows: the gate is 0
+            const std::vector<float> routed = random_floats(c.rng, s.rows * s.hidden, 1.0f);
+            Pair p(h);
+            const HostTensor w_host = host_random(h.cpu, DType::kBF16, {s.hidden, s.width},
+                                                  c.rng.next(), std::sqrt(3.0f / s.width));
+            Both w = p.weight(w_host.view), u = p.f32(up, {s.rows, s.width}),
+                 lg = p.f32(logit, {s.rows, 1});
+            Both g_fused = p.f32(gate, {s.rows, s.width}), g_ops = p.f32(gate, {s.rows, s.width});
+            Both out_fused = p.f32(routed, {s.rows, s.hidden}),
+                 out_ops = p.f32(routed, {s.rows, s.hidden});
+            Both scratch = p.output({s.rows, s.hidden});
+            h.cpu.add_shared_expert_down(g_fused.cpu, u.cpu, w.cpu, s.gated ? &lg.cpu : nullptr,
+                                         scratch.cpu, out_fused.cpu);
+            h.device.add_shared_expert_down(g_fused.dev, u.dev, w.dev, s.gated ? &lg.dev : nullptr,
+                                            scratch.dev, out_fused.dev);
+            h.device.Backend::add_shared_expert_down(
+                g_ops.dev, u.dev, w.dev, s.gated ? &lg.dev : nullptr, scratch.dev, out_ops.dev);
+            const std::vector<float> got = to_host(h.device, out_fused.dev);
+            c.check("out = the three ops", compare(got, to_host(h.device, out_ops.dev), s.hidden),
+                    0.0);
+            c.check("out ~ cpu", compare(got, to_host(h.cpu, out_fused.cpu), s.hidden), kGemmTol);
+          });
+  }
+}
+
 void rope_cases(Harness& h) {
   struct Shape {
     int64_t tokens, heads, kv_heads, head_dim, max_position;
@@ -587,6 +635,7 @@ void run_basic_ops(Harness& h) {
   silu_mul_cases(h);
   rope_cases(h);
   add_sigmoid_gated_cases(h);
+  shared_expert_down_cases(h);
   gather_rows_cases(h);
   matmul_cases(h);
   matmul_parts_cases(h);

@@ -458,6 +458,18 @@ class CudaBackend final : public Backend {
     launch_add_sigmoid_gated(out.ptr<float>(), y.ptr<float>(), gate_logit.ptr<float>(), rows, out.numel() / rows,
                              context_.stream);
   }
+  void add_shared_expert_down(Tensor& gate, const Tensor& up, const Tensor& down_proj,
+                              const Tensor* gate_logit, Tensor& scratch, Tensor& out) override {
+    // Decode steps: one GEMV (silu·mul as it loads, the gated add in its epilogue).
+    const int64_t in = down_proj.dim(1), rows = in > 0 ? gate.numel() / in : 0;
+    if (invariant_ || skip_matmul_ || rows == 0 || rows > kGemvMaxRows || in % 8 != 0 ||
+        down_proj.dtype != DType::kBF16)
+      return Backend::add_shared_expert_down(gate, up, down_proj, gate_logit, scratch, out);
+    launch_shared_down_gemv(gate.ptr<float>(), up.ptr<float>(), rows, in,
+                            down_proj.ptr<__nv_bfloat16>(), down_proj.dim(0),
+                            gate_logit ? gate_logit->ptr<float>() : nullptr, out.ptr<float>(),
+                            context_.stream);
+  }
   void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out) override {
     launch_silu_mul(gate.ptr<float>(), up.ptr<float>(), out.numel(), out.ptr<float>(), context_.stream);
   }

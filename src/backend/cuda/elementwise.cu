@@ -68,11 +68,19 @@ __global__ void add_bias_kernel(float* out, const float* bias, int64_t rows, int
     out[i] += bias[i % width];
 }
 
+// silu(g) * u as silu_mul_kernel computes it.
+__device__ __forceinline__ float silu_times(float g, float u) {
+  return g / (1.0f + expf(-g)) * u;
+}
+// The shared expert's gate, as add_sigmoid_gated_kernel computes it.
+__device__ __forceinline__ float sigmoid_of(float logit) {
+  return 1.0f / (1.0f + expf(-logit));
+}
+
 __global__ void silu_mul_kernel(const float* gate, const float* up, int64_t count, float* out) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const float g = gate[i];
-    out[i] = g / (1.0f + expf(-g)) * up[i];
+    out[i] = silu_times(gate[i], up[i]);
   }
 }
 
@@ -81,8 +89,7 @@ __global__ void add_sigmoid_gated_kernel(float* out, const float* y, const float
                                          int64_t width) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const float gate = 1.0f / (1.0f + expf(-gate_logit[i / width]));
-    out[i] += gate * y[i];
+    out[i] += sigmoid_of(gate_logit[i / width]) * y[i];
   }
 }
 
@@ -158,6 +165,13 @@ __device__ __forceinline__ void bf16x8_to_f32(const uint4& packed, float (&wf)[8
   }
 }
 
+// acc += x . w for 8 columns (the one expression every GEMV here uses: the same bits).
+__device__ __forceinline__ float dot8(float acc, const float4& a, const float4& b,
+                                      const float (&wf)[8]) {
+  return acc + (a.x * wf[0] + a.y * wf[1] + a.z * wf[2] + a.w * wf[3] + b.x * wf[4] + b.y * wf[5] +
+                b.z * wf[6] + b.w * wf[7]);
+}
+
 template <int ROWS>
 __device__ __forceinline__ void gemv_slab(const float* __restrict__ x, int64_t in, int64_t col,
                                           const uint4& packed, float (&acc)[ROWS]) {
@@ -167,9 +181,13 @@ __device__ __forceinline__ void gemv_slab(const float* __restrict__ x, int64_t i
   for (int r = 0; r < ROWS; ++r) {
     const float4 a = *reinterpret_cast<const float4*>(x + r * in + col);
     const float4 b = *reinterpret_cast<const float4*>(x + r * in + col + 4);
-    acc[r] += a.x * wf[0] + a.y * wf[1] + a.z * wf[2] + a.w * wf[3] + b.x * wf[4] + b.y * wf[5] +
-              b.z * wf[6] + b.w * wf[7];
+    acc[r] = dot8(acc[r], a, b, wf);
   }
+}
+
+__device__ __forceinline__ float4 silu_times4(const float4& g, const float4& u) {
+  return make_float4(silu_times(g.x, u.x), silu_times(g.y, u.y), silu_times(g.z, u.z),
+                     silu_times(g.w, u.w));
 }
 
 // UNROLL: slabs of 256 columns in flight per lane (0: 8 for one or two rows, else 4); 16 for one
@@ -262,6 +280,69 @@ __global__ void __launch_bounds__(256) norm_gemv_kernel(const float* __restrict_
   float v = acc[0];
   for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
   if (lane == 0) parts.out[part][o] = parts.bias[part] ? v + parts.bias[part][o] : v;
+}
+
+// launch_shared_down_gemv: gemv_kernel<ROWS> on silu(gate) * up computed as it loads (as
+// silu_mul_kernel would have written it), the result added into out times sigmoid(gate_logit[r])
+// (as add_sigmoid_gated_kernel; without gate_logit, as add_kernel). The slabs summed in column
+// order as in gemv_kernel whatever its unroll: the same bits as the three kernels in a row.
+template <int ROWS>
+__global__ void __launch_bounds__(256)
+    shared_down_gemv_kernel(const float* __restrict__ gate, const float* __restrict__ up,
+                            int64_t in, const __nv_bfloat16* __restrict__ w, int64_t out_features,
+                            const float* __restrict__ gate_logit, float* __restrict__ out) {
+  const int64_t o = static_cast<int64_t>(blockIdx.x) * 8 + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (o >= out_features) return;
+  const __nv_bfloat16* row = w + o * in;
+  float acc[ROWS];
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r) acc[r] = 0.0f;
+  constexpr int kUnroll = ROWS <= 2 ? 8 : 4;
+  uint4 packed[kUnroll];
+  int64_t base = lane * 8;
+  auto load_round = [&] {
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+      packed[u] = base + u * 256 < in ? __ldg(reinterpret_cast<const uint4*>(row + base + u * 256))
+                                      : make_uint4(0, 0, 0, 0);
+  };
+  load_round();  // (weights: no kernel of the step writes them)
+  overlap_prologue();
+  while (true) {
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t col = base + u * 256;
+      if (col >= in) continue;
+      float wf[8];
+      bf16x8_to_f32(packed[u], wf);
+#pragma unroll
+      for (int r = 0; r < ROWS; ++r) {
+        const float* g = gate + r * in + col;
+        const float* v = up + r * in + col;
+        const float4 a =
+            silu_times4(*reinterpret_cast<const float4*>(g), *reinterpret_cast<const float4*>(v));
+        const float4 b = silu_times4(*reinterpret_cast<const float4*>(g + 4),
+                                     *reinterpret_cast<const float4*>(v + 4));
+        acc[r] = dot8(acc[r], a, b, wf);
+      }
+    }
+    base += kUnroll * 256;
+    if (base >= in) break;
+    load_round();
+  }
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r) {
+    float v = acc[r];
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+    if (lane == 0) {
+      float& dst = out[r * out_features + o];
+      if (gate_logit)
+        dst += sigmoid_of(gate_logit[r]) * v;
+      else
+        dst += v;
+    }
+  }
 }
 
 unsigned grid_stride_blocks(int64_t count) {
@@ -430,6 +511,28 @@ void launch_gemv(const float* x, int64_t rows, int64_t in, const __nv_bfloat16* 
                  cudaStream_t stream) {
   const GemvPart part{w, out, out_features};
   launch_gemv_parts(x, rows, in, &part, 1, stream);
+}
+
+void launch_shared_down_gemv(const float* gate, const float* up, int64_t rows, int64_t in,
+                             const __nv_bfloat16* w, int64_t out_features, const float* gate_logit,
+                             float* out, cudaStream_t stream) {
+  if (rows == 0 || out_features == 0) return;
+  if (in % 8 != 0) cuda_fail("launch_shared_down_gemv", "in % 8 != 0", __FILE__, __LINE__);
+  const dim3 grid(static_cast<unsigned>((out_features + 7) / 8)), block(256);
+  switch (rows) {
+#define SY_SHARED_DOWN_CASE(R)                                                             \
+  case R:                                                                                  \
+    launch_overlapped(shared_down_gemv_kernel<R>, grid, block, 0, stream, gate, up, in, w, \
+                      out_features, gate_logit, out);                                      \
+    break;
+    SY_SHARED_DOWN_CASE(1)
+    SY_SHARED_DOWN_CASE(2) SY_SHARED_DOWN_CASE(3) SY_SHARED_DOWN_CASE(4) SY_SHARED_DOWN_CASE(5)
+        SY_SHARED_DOWN_CASE(6) SY_SHARED_DOWN_CASE(7) SY_SHARED_DOWN_CASE(8)
+#undef SY_SHARED_DOWN_CASE
+            default
+        : cuda_fail("launch_shared_down_gemv", "rows > kGemvMaxRows", __FILE__, __LINE__);
+  }
+  SY_CUDA_LAUNCH_CHECK("shared_down_gemv");
 }
 
 }  // namespace sy::backend::cuda

@@ -50,6 +50,12 @@ void launch_gemv_parts(const float* x, int64_t rows, int64_t in, const GemvPart*
 // the residual add and norm inside the GEMV (x and the normed row are not written). Bitwise
 // launch_rms_norm then launch_gemv_parts. For widths where norm_gemv_supported(in).
 bool norm_gemv_supported(int64_t in);
+// A shared expert's end for rows <= kGemvMaxRows (in % 8 == 0): out[r] += s_r * (silu(gate[r]) *
+// up[r]) w^T, s_r = sigmoid(gate_logit[r]) (nullptr: 1); bitwise launch_silu_mul,
+// launch_gemv_parts and launch_add_sigmoid_gated (launch_add) in a row.
+void launch_shared_down_gemv(const float* gate, const float* up, int64_t rows, int64_t in,
+                             const __nv_bfloat16* w, int64_t out_features, const float* gate_logit,
+                             float* out, cudaStream_t stream);
 void launch_norm_gemv_parts(const float* x, const float* delta, const float* norm_weight, float eps, int64_t in,
                             const GemvPart* parts, int count, cudaStream_t stream);
 
