@@ -526,8 +526,9 @@ void launch_shared_down_gemv(const float* gate, const float* up, int64_t rows, i
                       out_features, gate_logit, out);                                      \
     break;
     SY_SHARED_DOWN_CASE(1)
-    SY_SHARED_DOWN_CASE(2) SY_SHARED_DOWN_CASE(3) SY_SHARED_DOWN_CASE(4) SY_SHARED_DOWN_CASE(5)
-        SY_SHARED_DOWN_CASE(6) SY_SHARED_DOWN_CASE(7) SY_SHARED_DOWN_CASE(8)
+    SY_SHARED_DOWN_CASE(2)
+    SY_SHARED_DOWN_CASE(3) SY_SHARED_DOWN_CASE(4) SY_SHARED_DOWN_CASE(5) SY_SHARED_DOWN_CASE(6)
+        SY_SHARED_DOWN_CASE(7) SY_SHARED_DOWN_CASE(8)
 #undef SY_SHARED_DOWN_CASE
             default
         : cuda_fail("launch_shared_down_gemv", "rows > kGemvMaxRows", __FILE__, __LINE__);
