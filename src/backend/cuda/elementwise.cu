@@ -519,19 +519,37 @@ void launch_shared_down_gemv(const float* gate, const float* up, int64_t rows, i
   if (rows == 0 || out_features == 0) return;
   if (in % 8 != 0) cuda_fail("launch_shared_down_gemv", "in % 8 != 0", __FILE__, __LINE__);
   const dim3 grid(static_cast<unsigned>((out_features + 7) / 8)), block(256);
+  const auto launch = [&](auto kernel) {
+    launch_overlapped(kernel, grid, block, 0, stream, gate, up, in, w, out_features, gate_logit,
+                      out);
+  };
   switch (rows) {
-#define SY_SHARED_DOWN_CASE(R)                                                             \
-  case R:                                                                                  \
-    launch_overlapped(shared_down_gemv_kernel<R>, grid, block, 0, stream, gate, up, in, w, \
-                      out_features, gate_logit, out);                                      \
-    break;
-    SY_SHARED_DOWN_CASE(1)
-    SY_SHARED_DOWN_CASE(2)
-    SY_SHARED_DOWN_CASE(3) SY_SHARED_DOWN_CASE(4) SY_SHARED_DOWN_CASE(5) SY_SHARED_DOWN_CASE(6)
-        SY_SHARED_DOWN_CASE(7) SY_SHARED_DOWN_CASE(8)
-#undef SY_SHARED_DOWN_CASE
-            default
-        : cuda_fail("launch_shared_down_gemv", "rows > kGemvMaxRows", __FILE__, __LINE__);
+    case 1:
+      launch(shared_down_gemv_kernel<1>);
+      break;
+    case 2:
+      launch(shared_down_gemv_kernel<2>);
+      break;
+    case 3:
+      launch(shared_down_gemv_kernel<3>);
+      break;
+    case 4:
+      launch(shared_down_gemv_kernel<4>);
+      break;
+    case 5:
+      launch(shared_down_gemv_kernel<5>);
+      break;
+    case 6:
+      launch(shared_down_gemv_kernel<6>);
+      break;
+    case 7:
+      launch(shared_down_gemv_kernel<7>);
+      break;
+    case 8:
+      launch(shared_down_gemv_kernel<8>);
+      break;
+    default:
+      cuda_fail("launch_shared_down_gemv", "rows > kGemvMaxRows", __FILE__, __LINE__);
   }
   SY_CUDA_LAUNCH_CHECK("shared_down_gemv");
 }
