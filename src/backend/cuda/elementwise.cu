@@ -519,38 +519,16 @@ void launch_shared_down_gemv(const float* gate, const float* up, int64_t rows, i
   if (rows == 0 || out_features == 0) return;
   if (in % 8 != 0) cuda_fail("launch_shared_down_gemv", "in % 8 != 0", __FILE__, __LINE__);
   const dim3 grid(static_cast<unsigned>((out_features + 7) / 8)), block(256);
-  const auto launch = [&](auto kernel) {
-    launch_overlapped(kernel, grid, block, 0, stream, gate, up, in, w, out_features, gate_logit,
-                      out);
-  };
-  switch (rows) {
-    case 1:
-      launch(shared_down_gemv_kernel<1>);
-      break;
-    case 2:
-      launch(shared_down_gemv_kernel<2>);
-      break;
-    case 3:
-      launch(shared_down_gemv_kernel<3>);
-      break;
-    case 4:
-      launch(shared_down_gemv_kernel<4>);
-      break;
-    case 5:
-      launch(shared_down_gemv_kernel<5>);
-      break;
-    case 6:
-      launch(shared_down_gemv_kernel<6>);
-      break;
-    case 7:
-      launch(shared_down_gemv_kernel<7>);
-      break;
-    case 8:
-      launch(shared_down_gemv_kernel<8>);
-      break;
-    default:
-      cuda_fail("launch_shared_down_gemv", "rows > kGemvMaxRows", __FILE__, __LINE__);
-  }
+  if (rows > kGemvMaxRows)
+    cuda_fail("launch_shared_down_gemv", "rows > kGemvMaxRows", __FILE__, __LINE__);
+  using Kernel = void (*)(const float*, const float*, int64_t, const __nv_bfloat16*, int64_t,
+                          const float*, float*);
+  const Kernel kernels[kGemvMaxRows] = {shared_down_gemv_kernel<1>, shared_down_gemv_kernel<2>,
+                                        shared_down_gemv_kernel<3>, shared_down_gemv_kernel<4>,
+                                        shared_down_gemv_kernel<5>, shared_down_gemv_kernel<6>,
+                                        shared_down_gemv_kernel<7>, shared_down_gemv_kernel<8>};
+  launch_overlapped(kernels[rows - 1], grid, block, 0, stream, gate, up, in, w, out_features,
+                    gate_logit, out);
   SY_CUDA_LAUNCH_CHECK("shared_down_gemv");
 }
 
