@@ -956,9 +956,7 @@ class AttentionStamps {
   }
   // The buffer for a launch of `blocks` on `stream`, or nullptr (capturing, or too many blocks).
   unsigned long long* begin(int64_t blocks, cudaStream_t stream) {
-    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-    cudaStreamIsCapturing(stream, &capturing);
-    if (capturing != cudaStreamCaptureStatusNone || blocks > kMaxBlocks) return nullptr;
+    if (stream_capturing(stream) || blocks > kMaxBlocks) return nullptr;
     if (!buffer_ && cudaMalloc(&buffer_, sizeof(unsigned long long) * kMaxBlocks * kAttnStamps) != cudaSuccess)
       return buffer_ = nullptr;
     SY_CUDA_CHECK(cudaMemsetAsync(buffer_, 0, sizeof(unsigned long long) * blocks * kAttnStamps, stream));

@@ -23,10 +23,6 @@
 
 namespace sy::backend::cuda {
 namespace {
-bool env_flag(const char* name) {
-  const char* value = std::getenv(name);
-  return value && value[0] == '1';
-}
 // SY_SKIP_OPS=attention,matmul,norm_matmul (timing experiments only: the step's output is then
 // wrong): the named ops launch nothing, so a same-run A/B shows what each costs inside the graph.
 // "matmul" skips the small-step GEMVs except the LM head (out_features >= 65536).

@@ -30,6 +30,19 @@ struct CudaContext {
   std::abort();
 }
 
+// An experiment or opt-in switch: the environment variable `name` set to 1.
+inline bool env_flag(const char* name) {
+  const char* value = std::getenv(name);
+  return value && value[0] == '1';
+}
+
+// Whether `stream` is recording a graph (the phase-stamp experiments skip those launches).
+inline bool stream_capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  cudaStreamIsCapturing(stream, &status);
+  return status != cudaStreamCaptureStatusNone;
+}
+
 }  // namespace sy::backend::cuda
 
 #define SY_CUDA_CHECK(expr)                                                                   \

@@ -238,6 +238,15 @@ SY_HOST_DEVICE inline void normalize(const View& s, int n, int tid) {
   }
 }
 
+// Entry (i, j) of A and pm from k_i.k_j and q_i.k_j (zero outside their triangles; rows past n
+// hold no data: selected away, not multiplied).
+SY_HOST_DEVICE inline void store_a_pm(const View& s, int n, int i, int j, float kk, float qk) {
+  const bool lower = i < n && j <= i;
+  const float decay = lower ? expf(s.b[i] - s.b[j]) : 0.0f;
+  s.a[i * kSquare + j] = lower && j < i ? s.beta[i] * decay * kk : 0.0f;
+  s.pm[i * kSquare + j] = lower ? decay * qk : 0.0f;
+}
+
 // Phase 4: A and pm, every entry of the kTokens x kTokens (zeros outside their triangles).
 // Thread tid: rows i0, i0 + kTokens/2 and columns j0, j0 + kTokens/2 (i0 = tid / 16, j0 = tid
 // % 16), the dot products over r in order, 4 floats a load.
@@ -265,13 +274,8 @@ SY_HOST_DEVICE inline void a_and_pm(const View& s, int n, int tid) {
   }
   SY_UNROLL
   for (int x = 0; x < 2; ++x)
-    for (int y = 0; y < 2; ++y) {
-      const int i = i0 + x * kHalf, j = j0 + y * kHalf;
-      const bool lower = i < n && j <= i;  // (rows past n hold no data: selected away)
-      const float decay = lower ? expf(s.b[i] - s.b[j]) : 0.0f;
-      s.a[i * kSquare + j] = lower && j < i ? s.beta[i] * decay * kk[x][y] : 0.0f;
-      s.pm[i * kSquare + j] = lower ? decay * qk[x][y] : 0.0f;
-    }
+    for (int y = 0; y < 2; ++y)
+      store_a_pm(s, n, i0 + x * kHalf, j0 + y * kHalf, kk[x][y], qk[x][y]);
 }
 
 // Phase 5a (beside 5b: it reads only A and writes only T): T = (I + A)^-1, lower triangular
@@ -580,13 +584,8 @@ SY_HOST_DEVICE inline void a_and_pm_tc(const View& s, int n, int tid) {
       mma3(qk, load_a(s.q + m0 * kRow + d, kRow, 1, 16, lane), kj, lane);
     }
   SY_UNROLL
-  for (int e = 0; e < 4; ++e) {
-    const int i = m0 + lane_row(lane, e), j = n0 + lane_col(lane, e);
-    const bool lower = i < n && j <= i;
-    const float decay = lower ? expf(s.b[i] - s.b[j]) : 0.0f;
-    s.a[i * kSquare + j] = lower && j < i ? s.beta[i] * decay * kk[e] : 0.0f;
-    s.pm[i * kSquare + j] = lower ? decay * qk[e] : 0.0f;
-  }
+  for (int e = 0; e < 4; ++e)
+    store_a_pm(s, n, m0 + lane_row(lane, e), n0 + lane_col(lane, e), kk[e], qk[e]);
   if (tid < kTokens) s.grow[tid] = tid < n ? expf(s.b[n - 1] - s.b[tid]) : 0.0f;
 }
 

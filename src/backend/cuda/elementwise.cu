@@ -172,6 +172,23 @@ __device__ __forceinline__ float dot8(float acc, const float4& a, const float4& 
                 b.z * wf[6] + b.w * wf[7]);
 }
 
+// A lane's next kUnroll slabs of a weight row (8 bf16 each, slabs 256 apart from `base`; past
+// `in`: zeros, nothing read), and a warp's sum of its lanes' partial dots: every GEMV here
+// loads and reduces alike.
+template <int kUnroll>
+__device__ __forceinline__ void load_slabs(uint4 (&packed)[kUnroll], const __nv_bfloat16* row,
+                                           int64_t base, int64_t in, bool active = true) {
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u)
+    packed[u] = active && base + u * 256 < in
+                    ? __ldg(reinterpret_cast<const uint4*>(row + base + u * 256))
+                    : make_uint4(0, 0, 0, 0);
+}
+__device__ __forceinline__ float warp_total(float v) {
+  for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+  return v;
+}
+
 template <int ROWS>
 __device__ __forceinline__ void gemv_slab(const float* __restrict__ x, int64_t in, int64_t col,
                                           const uint4& packed, float (&acc)[ROWS]) {
@@ -213,9 +230,7 @@ __global__ void __launch_bounds__(256) gemv_kernel(const float* __restrict__ x, 
   // DRAM latency of that round hides behind the previous kernel's tail.
   uint4 packed[kUnroll];
   int64_t base = lane * 8;
-#pragma unroll
-  for (int u = 0; u < kUnroll; ++u)
-    packed[u] = base + u * 256 < in ? __ldg(reinterpret_cast<const uint4*>(row + base + u * 256)) : make_uint4(0, 0, 0, 0);
+  load_slabs(packed, row, base, in);
   overlap_prologue();
   while (true) {
 #pragma unroll
@@ -223,15 +238,12 @@ __global__ void __launch_bounds__(256) gemv_kernel(const float* __restrict__ x, 
       if (base + u * 256 < in) gemv_slab<ROWS>(x, in, base + u * 256, packed[u], acc);
     base += kUnroll * 256;
     if (base >= in) break;
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u)
-      packed[u] = base + u * 256 < in ? __ldg(reinterpret_cast<const uint4*>(row + base + u * 256)) : make_uint4(0, 0, 0, 0);
+    load_slabs(packed, row, base, in);
   }
   float* out = parts.out[part];
 #pragma unroll
   for (int r = 0; r < ROWS; ++r) {
-    float v = acc[r];
-    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+    const float v = warp_total(acc[r]);
     if (lane == 0) out[r * out_features + o] = parts.bias[part] ? v + parts.bias[part][o] : v;
   }
 }
@@ -255,15 +267,9 @@ __global__ void __launch_bounds__(256) norm_gemv_kernel(const float* __restrict_
   const __nv_bfloat16* row = parts.w[part] + (active ? o : 0) * in;
   constexpr int kUnroll = 8;
   uint4 packed[kUnroll];
-  auto load_round = [&](int64_t base) {
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u)
-      packed[u] = active && base + u * 256 < in ? __ldg(reinterpret_cast<const uint4*>(row + base + u * 256))
-                                                : make_uint4(0, 0, 0, 0);
-  };
   const int64_t chunks = in / 4;
   NormRow<VEC> n;
-  load_round(lane * 8);
+  load_slabs(packed, row, lane * 8, in, active);
   n.load_weight(norm_weight, chunks);
   overlap_prologue();
   n.load_row(x, delta, nullptr, chunks);
@@ -272,13 +278,12 @@ __global__ void __launch_bounds__(256) norm_gemv_kernel(const float* __restrict_
   if (!active) return;
   float acc[1] = {0.0f};
   for (int64_t base = lane * 8; base < in; base += kUnroll * 256) {
-    if (base != lane * 8) load_round(base);
+    if (base != lane * 8) load_slabs(packed, row, base, in);
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u)
       if (base + u * 256 < in) gemv_slab<1>(s_normed, in, base + u * 256, packed[u], acc);
   }
-  float v = acc[0];
-  for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+  const float v = warp_total(acc[0]);
   if (lane == 0) parts.out[part][o] = parts.bias[part] ? v + parts.bias[part][o] : v;
 }
 
@@ -301,13 +306,7 @@ __global__ void __launch_bounds__(256)
   constexpr int kUnroll = ROWS <= 2 ? 8 : 4;
   uint4 packed[kUnroll];
   int64_t base = lane * 8;
-  auto load_round = [&] {
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u)
-      packed[u] = base + u * 256 < in ? __ldg(reinterpret_cast<const uint4*>(row + base + u * 256))
-                                      : make_uint4(0, 0, 0, 0);
-  };
-  load_round();  // (weights: no kernel of the step writes them)
+  load_slabs(packed, row, base, in);  // (weights: no kernel of the step writes them)
   overlap_prologue();
   while (true) {
 #pragma unroll
@@ -329,12 +328,11 @@ __global__ void __launch_bounds__(256)
     }
     base += kUnroll * 256;
     if (base >= in) break;
-    load_round();
+    load_slabs(packed, row, base, in);
   }
 #pragma unroll
   for (int r = 0; r < ROWS; ++r) {
-    float v = acc[r];
-    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+    const float v = warp_total(acc[r]);
     if (lane == 0) {
       float& dst = out[r * out_features + o];
       if (gate_logit)

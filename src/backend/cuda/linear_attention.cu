@@ -1,9 +1,7 @@
 #include "backend/cuda/linear_attention.h"
 
-#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <vector>
 
 #include "backend/cuda/delta_chunk.cuh"
 
@@ -328,25 +326,15 @@ size_t delta_net_chunk_smem(int history) {
 template <bool kTensorCores, class Done>
 __device__ __forceinline__ void chunk_math(const dc::View& view, int n, int tid, Done& done) {
   float out[dc::kTile][dc::kTile];
-  if constexpr (kTensorCores) {
-    dc::a_and_pm_tc(view, n, tid);
-    done(3);
-    dc::t_matrix(view, tid);
-    dc::r_and_qs_tc(view, n, tid, out);
-    done(4);
-    dc::u_of_tc(view, n, tid);
-    done(5);
-    dc::outputs_and_state_tc(view, n, tid, out);
-  } else {
-    dc::a_and_pm(view, n, tid);
-    done(3);
-    dc::t_matrix(view, tid);
-    dc::r_and_qs(view, n, tid, out);
-    done(4);
-    dc::u_of(view, n, tid);
-    done(5);
-    dc::outputs_and_state(view, n, tid, out);
-  }
+  kTensorCores ? dc::a_and_pm_tc(view, n, tid) : dc::a_and_pm(view, n, tid);
+  done(3);
+  dc::t_matrix(view, tid);
+  kTensorCores ? dc::r_and_qs_tc(view, n, tid, out) : dc::r_and_qs(view, n, tid, out);
+  done(4);
+  kTensorCores ? dc::u_of_tc(view, n, tid) : dc::u_of(view, n, tid);
+  done(5);
+  kTensorCores ? dc::outputs_and_state_tc(view, n, tid, out)
+               : dc::outputs_and_state(view, n, tid, out);
   done(6);
 }
 
@@ -463,10 +451,7 @@ __global__ void __launch_bounds__(dc::kThreads, 1) delta_net_chunk_kernel(DeltaN
 // with a sequence of dc::kTokens or more query tokens take the chunked kernel, where the heads
 // are dc::kDim wide.
 bool use_chunked(const DeltaNetParams& p) {
-  static const bool enabled = [] {
-    const char* value = std::getenv("SY_DELTA_CHUNKED");
-    return value && value[0] == '1';
-  }();
+  static const bool enabled = env_flag("SY_DELTA_CHUNKED");
   return enabled && p.key_head_dim == dc::kDim && p.value_head_dim == dc::kDim &&
          p.max_query_len >= dc::kTokens;
 }
@@ -477,16 +462,11 @@ bool use_chunked(const DeltaNetParams& p) {
 class DeltaStamps {
  public:
   static DeltaStamps* get() {
-    static DeltaStamps* instance = [] {
-      const char* value = std::getenv("SY_DELTA_STAMPS");
-      return value && value[0] == '1' ? new DeltaStamps() : nullptr;
-    }();
+    static DeltaStamps* instance = env_flag("SY_DELTA_STAMPS") ? new DeltaStamps() : nullptr;
     return instance;
   }
   unsigned long long* begin(cudaStream_t stream) {  // nullptr while capturing
-    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-    cudaStreamIsCapturing(stream, &capturing);
-    if (capturing != cudaStreamCaptureStatusNone) return nullptr;
+    if (stream_capturing(stream)) return nullptr;
     if (!buffer_ &&
         cudaMalloc(&buffer_, sizeof(unsigned long long) * (kDeltaPhases + 1)) != cudaSuccess)
       return buffer_ = nullptr;
@@ -540,10 +520,7 @@ template <int HISTORY>
 void launch_history(const DeltaNetParams& p, cudaStream_t stream) {
   if (use_chunked(p)) {
     const unsigned blocks = static_cast<unsigned>(p.seqs) * static_cast<unsigned>(p.value_heads);
-    static const bool tensor_cores = [] {
-      const char* value = std::getenv("SY_DELTA_TC");
-      return value && value[0] == '1';
-    }();
+    static const bool tensor_cores = env_flag("SY_DELTA_TC");
     DeltaNetParams stamped = p;
     stamped.tensor_cores = tensor_cores;
     DeltaStamps* stamps = DeltaStamps::get();

@@ -921,9 +921,7 @@ class FusedKernel final : public moe::ExpertsKernel {
   // each block minus the earliest block's start; the median and the latest block per phase.
   void collect_stamps() {
     if (!stamps_) return;
-    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-    cudaStreamIsCapturing(context_.stream, &capturing);
-    if (capturing != cudaStreamCaptureStatusNone) return;
+    if (stream_capturing(context_.stream)) return;
     std::vector<unsigned long long> host(static_cast<size_t>(grid_) * kStamps);
     SY_CUDA_CHECK(cudaMemcpyAsync(host.data(), stamps_, host.size() * 8, cudaMemcpyDeviceToHost, context_.stream));
     SY_CUDA_CHECK(cudaStreamSynchronize(context_.stream));
