@@ -286,8 +286,8 @@ void matmul_cases(Harness& h) {
 }
 
 // Several weights over one x (the attention's q/k/v): each part must equal matmul's result,
-// whether the device runs them as one launch (small rows; f32 biases in the GEMV's epilogue) or
-// falls back per part.
+// whether the device runs them as one launch (small rows; f32 biases in the GEMV's epilogue), as
+// GEMMs over x rounded to bf16 once (large rows), or falls back per part.
 void matmul_parts_cases(Harness& h) {
   struct Shape {
     int64_t rows, in;
@@ -300,7 +300,8 @@ void matmul_parts_cases(Harness& h) {
       {5, 200, {16, 24, 8, 40}, -1},   {2, 200, {16, 24, 8, 40, 56}, -1},
       {4, 328, {200, 72, 8}, 1},       {9, 2048, {4096, 512, 512}, -1},
       {40, 328, {200, 72, 8}, 2},      {1, 2048, {512, 512, 1}, -1},
-      {4, 2048, {512, 512, 1}, -1}};
+      {4, 2048, {512, 512, 1}, -1},    {300, 2048, {512, 512, 1}, 0},
+      {77, 200, {16, 24, 8, 40}, 3}};
   for (const Shape& s : shapes) {
     std::string outs;
     for (int64_t o : s.outs) outs += fmt::format("{}{}", outs.empty() ? "" : ",", o);

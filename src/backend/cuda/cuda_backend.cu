@@ -352,37 +352,42 @@ class CudaBackend final : public Backend {
     const int64_t in = weight.dim(1), out_features = weight.dim(0), rows = x.numel() / in;
     if (rows == 0) return;
     if (skip_matmul_ && rows <= kGemvMaxRows && out_features < 65536) return;
-    if (invariant_ && out_features % 8 != 0 && in % 8 == 0) {
-      // Output widths the GEMM does not take (a shared expert's sigmoid gate: 1): the GEMV, a
-      // warp per output summing its row in a fixed order whatever the rows beside it, in chunks.
-      for (int64_t first = 0; first < rows; first += kGemvMaxRows) {
-        const GemvPart part{weight.ptr<__nv_bfloat16>(), out.ptr<float>() + first * out_features,
-                            out_features, bias && bias->data ? bias->ptr<float>() : nullptr};
-        launch_gemv_parts(x.ptr<float>() + first * in, std::min(kGemvMaxRows, rows - first), in,
-                          &part, 1, context_.stream);
-      }
-      return;
-    } else if (invariant_) {
-      // One GEMM (fixed k order, no split-K) for every row count: a row's result is the same in
-      // any step. Activations rounded to bf16 as the large-step path rounds them.
-      if (rows * in > matmul_scratch_elems_)
-        cuda_fail("matmul", "step larger than reserved", __FILE__, __LINE__);
-      auto* x_bf16 = static_cast<__nv_bfloat16*>(matmul_scratch_);
-      launch_f32_to_bf16(x.ptr<float>(), rows * in, x_bf16, context_.stream);
-      launch_dense_gemm(x_bf16, rows, in, weight.ptr<__nv_bfloat16>(), out_features, out.ptr<float>(),
-                        static_cast<int32_t*>(dense_plan_), context_.stream);
-    } else if (rows <= kGemvMaxRows && in % 8 == 0) {
-      // The bias is added in the GEMV's epilogue (the same f32 sum as add_bias after it). (Rows
-      // whose width is not a multiple of 8, tiny test models' expert widths, go to cuBLAS.)
-      const GemvPart part{weight.ptr<__nv_bfloat16>(), out.ptr<float>(), out_features,
-                          bias && bias->data ? bias->ptr<float>() : nullptr};
-      launch_gemv_parts(x.ptr<float>(), rows, in, &part, 1, context_.stream);
-      return;
+    if (gemm_takes(rows, in, out_features))
+      return gemm(bf16_rows(x, rows, in), rows, in, weight, bias, out);
+    // The GEMV, a warp per output summing its row in a fixed order whatever the rows beside it.
+    // Batch-invariant mode sends it only the output widths the GEMM does not take (a shared
+    // expert's sigmoid gate: 1), in chunks; otherwise it takes every step of few rows, the bias
+    // added in its epilogue (the same f32 sum as add_bias after it).
+    for (int64_t first = 0; first < rows; first += kGemvMaxRows) {
+      const GemvPart part{weight.ptr<__nv_bfloat16>(), out.ptr<float>() + first * out_features,
+                          out_features, bias && bias->data ? bias->ptr<float>() : nullptr};
+      launch_gemv_parts(x.ptr<float>() + first * in, std::min(kGemvMaxRows, rows - first), in,
+                        &part, 1, context_.stream);
+    }
+  }
+  // Whether a matmul of these shapes goes to the GEMM (else the GEMV). (Rows whose width is not a
+  // multiple of 8, tiny test models' expert widths, go to the GEMM.)
+  bool gemm_takes(int64_t rows, int64_t in, int64_t out_features) const {
+    if (in % 8 != 0) return true;
+    return invariant_ ? out_features % 8 == 0 : rows > kGemvMaxRows;
+  }
+  // x's rows rounded to bf16 (the GEMM's operand) in the matmul scratch.
+  const __nv_bfloat16* bf16_rows(const Tensor& x, int64_t rows, int64_t in) {
+    if (rows * in > matmul_scratch_elems_)
+      cuda_fail("matmul", "step larger than reserved", __FILE__, __LINE__);
+    auto* x_bf16 = static_cast<__nv_bfloat16*>(matmul_scratch_);
+    launch_f32_to_bf16(x.ptr<float>(), rows * in, x_bf16, context_.stream);
+    return x_bf16;
+  }
+  // out[rows, out] = x[rows, in] W^T (+ bias) from bf16 rows. Batch-invariant: our GEMM (fixed k
+  // order, no split-K) for every row count, so a row's result is the same in any step.
+  void gemm(const __nv_bfloat16* x_bf16, int64_t rows, int64_t in, const Tensor& weight,
+            const Tensor* bias, Tensor& out) {
+    const int64_t out_features = weight.dim(0);
+    if (invariant_) {
+      launch_dense_gemm(x_bf16, rows, in, weight.ptr<__nv_bfloat16>(), out_features,
+                        out.ptr<float>(), static_cast<int32_t*>(dense_plan_), context_.stream);
     } else {
-      if (rows * in > matmul_scratch_elems_)
-        cuda_fail("matmul", "step larger than reserved", __FILE__, __LINE__);
-      auto* x_bf16 = static_cast<__nv_bfloat16*>(matmul_scratch_);
-      launch_f32_to_bf16(x.ptr<float>(), rows * in, x_bf16, context_.stream);
       // Row-major out[rows, out] = x[rows, in] * W[out, in]^T is column-major C[out, rows] =
       // W'^T * x' with W' = W as column-major [in, out].
       const float alpha = 1.0f, beta = 0.0f;
@@ -416,8 +421,17 @@ class CudaBackend final : public Backend {
       gemv[p] = {part.weight->ptr<__nv_bfloat16>(), part.out->ptr<float>(), part.weight->dim(0),
                  bias_of(part)};
     }
-    if (!one_launch) return Backend::matmul_parts(x, parts);
-    launch_gemv_parts(x.ptr<float>(), rows, in, gemv, static_cast<int>(parts.size()), context_.stream);
+    if (one_launch)
+      return launch_gemv_parts(x.ptr<float>(), rows, in, gemv, static_cast<int>(parts.size()),
+                               context_.stream);
+    // Large steps: x rounded to bf16 once for every part's GEMM (not once a part).
+    bool shared_rows = rows > 0;
+    for (const MatmulPart& part : parts)
+      shared_rows = shared_rows && part.weight->dim(1) == in &&
+                    part.weight->dtype == DType::kBF16 && gemm_takes(rows, in, part.weight->dim(0));
+    if (!shared_rows) return Backend::matmul_parts(x, parts);
+    const __nv_bfloat16* x_bf16 = bf16_rows(x, rows, in);
+    for (const MatmulPart& part : parts) gemm(x_bf16, rows, in, *part.weight, part.bias, *part.out);
   }
   bool norm_matmul_parts(const Tensor& x, const Tensor* delta, const Tensor& weight, float eps,
                          const std::vector<MatmulPart>& parts) override {

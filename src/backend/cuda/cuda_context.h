@@ -35,6 +35,11 @@ inline bool env_flag(const char* name) {
   const char* value = std::getenv(name);
   return value && value[0] == '1';
 }
+// A default that the environment variable `name` set to 0 turns off (A/B against the old path).
+inline bool env_off(const char* name) {
+  const char* value = std::getenv(name);
+  return value && value[0] == '0';
+}
 
 // Whether `stream` is recording a graph (the phase-stamp experiments skip those launches).
 inline bool stream_capturing(cudaStream_t stream) {

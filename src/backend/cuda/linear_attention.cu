@@ -446,12 +446,11 @@ __global__ void __launch_bounds__(dc::kThreads, 1) delta_net_chunk_kernel(DeltaN
   for (int i = tid; i < kd * vd; i += dc::kThreads) recurrent_write[i] = S[(i / vd) * R + i % vd];
 }
 
-// SY_DELTA_CHUNKED=1 (until a GPU visit has checked and timed the current phases; an earlier
-// version passed the op harness on an H100 and was 17% faster on a 1k Qwen3.5 prefill): steps
-// with a sequence of dc::kTokens or more query tokens take the chunked kernel, where the heads
-// are dc::kDim wide.
+// Steps with a sequence of dc::kTokens or more query tokens take the chunked kernel, where the
+// heads are dc::kDim wide (H100, c2f818a: Qwen3.5 prefill of 1 x 1,024 tokens 123.7 -> 81.5 ms,
+// 8 x 1,024 280.1 -> 260.2 ms; BENCHMARKS.md). SY_DELTA_CHUNKED=0: the recurrent kernel for all.
 bool use_chunked(const DeltaNetParams& p) {
-  static const bool enabled = env_flag("SY_DELTA_CHUNKED");
+  static const bool enabled = !env_off("SY_DELTA_CHUNKED");
   return enabled && p.key_head_dim == dc::kDim && p.value_head_dim == dc::kDim &&
          p.max_query_len >= dc::kTokens;
 }

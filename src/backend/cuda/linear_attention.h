@@ -8,8 +8,8 @@
 // token's inputs one token ahead. The recurrent form, token by token: exact, and as fast as
 // decode needs. Prefill of long prompts wants the chunked form (the same sums reordered into
 // matmuls): delta_net_chunk_kernel, chunks of 32 tokens on the CUDA cores in f32, heads of 128,
-// opt-in (SY_DELTA_CHUNKED=1) until its current phases have run on a GPU (Qwen3.5 prefill on an
-// H100: BENCHMARKS.md, sessions 19 and 20).
+// the default for steps with 32+ tokens of a sequence (SY_DELTA_CHUNKED=0 turns it off; Qwen3.5
+// prefill on an H100: BENCHMARKS.md, sessions 19 to 22).
 // Floor per decode step and layer: the states read and written once, 2 * value_heads *
 // key_head_dim * value_head_dim * 4 bytes per sequence.
 #pragma once
@@ -40,8 +40,9 @@ struct DeltaNetParams {
   // 0, barrier to barrier) over its blocks and chunks here, then the chunk count
   // ([kDeltaPhases + 1]); set by launch_gated_delta_net.
   unsigned long long* phase_cycles = nullptr;
-  // SY_DELTA_TC=1 (until a GPU visit has checked it): the chunked kernel's matmul phases on
-  // tensor cores (delta_chunk.cuh); set by launch_gated_delta_net.
+  // SY_DELTA_TC=1 (an option: it passes the op harness on an H100 and cuts a chunk 31.1 -> 28.7
+  // us, but no prefill step measured faster, and its products leave ~2^-16 out): the chunked
+  // kernel's matmul phases on tensor cores (delta_chunk.cuh); set by launch_gated_delta_net.
   bool tensor_cores = false;
   int64_t tokens = 0;
   int64_t max_query_len = 0;  // the most tokens of one sequence in the step (AttentionBatch)

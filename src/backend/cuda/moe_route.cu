@@ -1,4 +1,5 @@
 #include <cstdlib>
+#include <string_view>
 
 #include "backend/cuda/moe_route.cuh"
 
@@ -43,11 +44,14 @@ __global__ void __launch_bounds__(THREADS) route_kernel(RouteLaunch a) {
 // reads a layer), and each x slab loaded serves kTileExperts rows. Every (token, expert) sum is
 // router_logit_warp's (router_dot8 steps in slab order, the same butterfly): the logits, and so
 // the routes, are bitwise those of route_kernel. Then a warp per token selects.
+// kTileExperts (4: 86 registers, two blocks an SM; 8: 228, one block, each x slab serving twice
+// the rows): SY_ROUTE_TILE_EXPERTS=8 picks the wider one (an experiment until a GPU visit times
+// it).
 constexpr int kTileTokens = 8;
-constexpr int kTileExperts = 4;
 constexpr int kTileThreads = 256;
 static_assert(kTileThreads / 32 >= kTileTokens, "a warp per token selects");
 
+template <int kTileExperts>
 __global__ void __launch_bounds__(kTileThreads) route_tile_kernel(RouteLaunch a) {
   __shared__ float logits[kTileTokens][kMaxRouteExperts];
   __shared__ int32_t ids[kTileTokens][kMaxRouteTopK];
@@ -99,13 +103,17 @@ void launch_route(const RouteLaunch& launch, cudaStream_t stream) {
   // route_tile_kernel for steps of more than 16 tokens (H100, 2026-12-06: a Qwen3 4k prefill
   // 180.0 -> 162.5 ms, Qwen3.5 1k 130.4 -> 122.6 ms; BENCHMARKS.md); SY_ROUTE_TILE=0 keeps
   // route_kernel for them (the same logits bit for bit).
-  static const bool tile = [] {
-    const char* value = std::getenv("SY_ROUTE_TILE");
-    return !(value && value[0] == '0');
+  static const bool tile = !env_off("SY_ROUTE_TILE");
+  static const bool wide = [] {
+    const char* value = std::getenv("SY_ROUTE_TILE_EXPERTS");
+    return value && std::string_view(value) == "8";
   }();
   if (tile && launch.tokens > 16) {
     const unsigned tiles = static_cast<unsigned>((launch.tokens + kTileTokens - 1) / kTileTokens);
-    route_tile_kernel<<<tiles, kTileThreads, 0, stream>>>(launch);
+    if (wide)
+      route_tile_kernel<8><<<tiles, kTileThreads, 0, stream>>>(launch);
+    else
+      route_tile_kernel<4><<<tiles, kTileThreads, 0, stream>>>(launch);
     SY_CUDA_LAUNCH_CHECK("route_tile_kernel");
     return;
   }
