@@ -145,6 +145,7 @@ struct StepLimits {
   // v_head_dim (0: no latent layers), and the longest context (max_blocks_per_seq x block size).
   int64_t latent_kv_lora = 0, latent_rope = 0, latent_nope = 0, latent_v_dim = 0;
   int64_t max_context = 0;
+  int64_t linear_conv_dim = 0;  // linear attention's conv channels (0: no linear layers)
 };
 
 class Backend {

@@ -118,6 +118,7 @@ Status Decoder::allocate(const ModelConfig& c, int64_t num_blocks, const backend
   full.max_context = limits.max_blocks_per_seq * block_size_;
   const LinearAttentionSpec& lin = c.linear_attention;
   const bool linear = c.has_linear_attention();
+  if (linear) full.linear_conv_dim = lin.conv_dim();
   bool output_gate = false;
   for (const LayerSpec& layer : c.layers) output_gate |= layer.attention.output_gate;
   full.max_feature_dim =

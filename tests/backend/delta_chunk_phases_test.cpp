@@ -256,19 +256,32 @@ TEST(DeltaChunkPhases, TheChunkPipelineMatchesTheCpuBackend) {
       std::vector<float> conv_dev = conv0, recurrent_dev = recurrent0;
       std::vector<float> out_dev(static_cast<size_t>(T * value_dim),
                                  std::numeric_limits<float>::quiet_NaN());
+      std::vector<float> conv_out(static_cast<size_t>(T * conv_dim),
+                                  std::numeric_limits<float>::quiet_NaN());
       for (int s = 0; s < kSeqs; ++s) {
         std::vector<int32_t> list;
         for (int64_t t = 0; t < T; ++t)
           if (token_seq[t] == s) list.push_back(static_cast<int32_t>(t));
         const bool fresh = positions[list[0]] == 0;
+        // Phase 0 (delta_conv_kernel): a thread per channel, descending or ascending.
+        for (int64_t i = 0; i < conv_dim; ++i) {
+          const int64_t col = descending ? conv_dim - 1 - i : i;
+          dc::ConvWindow<kHistory> conv;
+          conv.load_weights(conv_w.data(), col);
+          for (int m = 0; m < kHistory; ++m)
+            conv.window[m] = fresh ? 0.0f : conv0[(read[s] * conv_dim + col) * kHistory + m];
+          dc::conv_walk<kHistory>(qkv.data(), conv_dim, col, list.data(),
+                                  static_cast<int>(list.size()), conv, conv_out.data());
+          for (int m = 0; m < kHistory; ++m)
+            conv_dev[(write[s] * conv_dim + col) * kHistory + m] = conv.window[m];
+        }
         for (int h = 0; h < kValueHeads; ++h) {
           Block blk;
           const dc::View view = blk.view();
-          dc::Inputs in{qkv.data(),
+          dc::Inputs in{conv_out.data(),
                         z.data(),
                         b.data(),
                         a.data(),
-                        conv_w.data(),
                         norm.data(),
                         list.data(),
                         key_dim,
@@ -280,13 +293,6 @@ TEST(DeltaChunkPhases, TheChunkPipelineMatchesTheCpuBackend) {
                         std::exp(a_log[h]),
                         dt_bias[h],
                         1e-6f};
-          std::vector<float> history(kHistory * dc::kChannels);
-          for (int i = 0; i < kHistory * dc::kChannels; ++i)
-            history[i] = fresh
-                             ? 0.0f
-                             : conv0[(read[s] * conv_dim + dc::channel_of(in, i % dc::kChannels)) *
-                                         kHistory +
-                                     i / dc::kChannels];
           for (int i = 0; i < D * D; ++i)
             blk.state[(i / D) * dc::kRow + i % D] =
                 fresh ? 0.0f : recurrent0[(read[s] * kValueHeads + h) * D * D + i];
@@ -294,19 +300,12 @@ TEST(DeltaChunkPhases, TheChunkPipelineMatchesTheCpuBackend) {
           for (int c0 = 0; c0 < count; c0 += dc::kTokens) {
             const int n = std::min(dc::kTokens, count - c0);
             in.tok = list.data() + c0;
-            for (int tid : g_threads)
-              dc::conv_and_gates<kHistory>(in, history.data(), n, tid, view);
+            for (int tid : g_threads) dc::load_chunk(in, n, tid, view);
             for (int tid : g_threads) dc::norm_partials(view, n, tid);
             for (int tid : g_threads) dc::normalize(view, n, tid);
             run_math_phases(view, n, tensor_cores);
             for (int tid : g_threads) dc::output_partials(view, n, tid);
             for (int tid : g_threads) dc::write_outputs(in, view, n, tid, out_dev.data());
-          }
-          for (int i = 0; i < kHistory * dc::kChannels; ++i) {
-            const int ch = i % dc::kChannels;
-            if (ch < 2 * D && h % (kValueHeads / kKeyHeads) != 0) continue;
-            conv_dev[(write[s] * conv_dim + dc::channel_of(in, ch)) * kHistory +
-                     i / dc::kChannels] = history[i];
           }
           for (int i = 0; i < D * D; ++i)
             recurrent_dev[(write[s] * kValueHeads + h) * D * D + i] =

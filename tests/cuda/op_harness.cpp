@@ -121,6 +121,7 @@ int main(int argc, char** argv) {
   limits.latent_nope = 128;  // with v_dim and max_context: the expanded prefill's scratch
   limits.latent_v_dim = 128;
   limits.max_context = 5120;
+  limits.linear_conv_dim = 1024;  // the gated_delta_net cases' widest (2 x 2 x 128 + 4 x 128)
   for (sy::backend::Backend* b : {cpu.get(), device.get(), invariant.get()}) {
     sy::Status reserved = b->reserve(limits);
     if (!reserved) return setup_failure("backend.reserve", b->name() + ": " + reserved.message(), options.seed);

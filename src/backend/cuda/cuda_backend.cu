@@ -62,6 +62,7 @@ class CudaBackend final : public Backend {
     if (dense_plan_) cudaFree(dense_plan_);
     if (attention_scratch_) cudaFree(attention_scratch_);
     if (latent_scratch_) cudaFree(latent_scratch_);
+    if (conv_scratch_) cudaFree(conv_scratch_);
     latent_expand_release(latent_expand_);
     if (attention_arrivals_) cudaFree(attention_arrivals_);
     cudaFree(context_.cublas_workspace);
@@ -106,6 +107,14 @@ class CudaBackend final : public Backend {
     SY_CUDA_CHECK(cudaMemset(attention_arrivals_, 0, arrivals * sizeof(int)));
     if (limits.vocab_size > 0) sampler_.reserve(limits.max_logits_rows, limits.vocab_size);
     prepare_gated_delta_net(context_.device);
+    if (limits.linear_conv_dim > 0) {
+      conv_scratch_elems_ = limits.max_tokens * limits.linear_conv_dim;
+      if (conv_scratch_) cudaFree(conv_scratch_);
+      if (cudaMalloc(&conv_scratch_, static_cast<size_t>(conv_scratch_elems_) * sizeof(float)) !=
+          cudaSuccess)
+        return Status::error(ErrorCode::kResourceExhausted,
+                             "cuda: out of memory for the DeltaNet conv scratch");
+    }
     if (limits.latent_kv_lora > 0) {
       latent_scratch_bytes_ = latent_attention_scratch_bytes(
           static_cast<int>(limits.num_heads), static_cast<int>(limits.latent_kv_lora),
@@ -687,6 +696,10 @@ class CudaBackend final : public Backend {
     p.value_head_dim = static_cast<int>(shape.value_head_dim);
     p.kernel = static_cast<int>(shape.kernel);
     p.eps = eps;
+    const int64_t conv_dim =
+        2 * shape.key_heads * shape.key_head_dim + shape.value_heads * shape.value_head_dim;
+    if (p.tokens * conv_dim <= conv_scratch_elems_)
+      p.conv_out = conv_scratch_;  // (else: recurrent)
     launch_gated_delta_net(p, context_.stream);
   }
   void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttentionBatch& batch,
@@ -797,6 +810,9 @@ class CudaBackend final : public Backend {
   int64_t matmul_scratch_elems_ = 0;
   void* attention_scratch_ = nullptr;
   float* latent_scratch_ = nullptr;  // latent_attention.cu's (StepLimits::latent_*)
+  float* conv_scratch_ =
+      nullptr;  // the chunked DeltaNet's conv outputs (StepLimits::linear_conv_dim)
+  int64_t conv_scratch_elems_ = 0;
   LatentExpandScratch latent_expand_;  // its expanded prefill path (group 0: not reserved)
   size_t latent_scratch_bytes_ = 0;
   int* attention_arrivals_ = nullptr;

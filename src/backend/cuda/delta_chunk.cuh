@@ -56,7 +56,6 @@ constexpr int kParts = kThreads / kTokens;
 static_assert(kDim % (4 * kParts) == 0, "4-column groups a part");
 
 constexpr int kChannels = 3 * kDim;  // a head's conv channels: q and k of its key head, v
-static_assert(2 * kThreads >= kChannels, "two history channels a thread");
 
 struct View {
   float* q;        // [kTokens][kRow]; after outputs_and_state, the outputs o
@@ -74,13 +73,12 @@ struct View {
 };
 
 // What a block reads of the step for its (sequence, value head): the chunk's tokens (step
-// indices) and the rows of the op's inputs (DeltaNetParams), conv weights as raw bf16 bits.
+// indices) and the rows of the op's inputs (DeltaNetParams) and of phase 0's conv outputs.
 struct Inputs {
-  const float* qkv;        // [tokens, conv_dim]
+  const float* conv;       // [tokens, conv_dim]: conv1d + SiLU of qkv (conv_walk)
   const float* z;          // [tokens, value_heads * kDim]
   const float* b;          // [tokens, value_heads]
   const float* a;          // [tokens, value_heads]
-  const uint16_t* conv_w;  // [conv_dim, history + 1], bf16
   const float* norm;       // [kDim]
   const int32_t* tok;      // the chunk's tokens
   int64_t key_dim, conv_dim, value_dim;
@@ -154,34 +152,54 @@ SY_HOST_DEVICE inline int64_t channel_of(const Inputs& in, int ch) {
                          : 2 * in.key_dim + int64_t{in.head} * kDim + (ch - 2 * kDim);
 }
 
-// Phase 1: conv1d + SiLU of the n tokens into q, k, v; beta and log(decay) of each token. Thread
-// tid has channels tid and tid + kThreads (those below kChannels): the chunk's raw inputs of a
-// channel loaded at once (one batch of loads in flight, not one a token), its ConvWindow starting
-// from the channel's history ([HISTORY][kChannels], oldest first: the raw inputs of the tokens
-// before the chunk), and the history advanced by the same thread (no other thread touches a
-// channel's history).
+// Phase 0, a kernel of its own before the chunks (delta_conv_kernel): channel col of qkv's
+// conv_dim over one sequence's tokens tok[0, count) (step order), conv1d + SiLU into conv_out
+// ([tokens, conv_dim]), the window carried in `conv` from the sequence's conv state on. A chunk's
+// raw inputs are loaded at once (one batch of loads in flight, not one a token). One thread owns
+// a channel for the whole sequence, so the conv state has one writer and the value heads of a key
+// head share its q and k.
 template <int HISTORY>
-SY_HOST_DEVICE inline void conv_and_gates(const Inputs& in, float* history, int n, int tid,
-                                          const View& s) {
-  SY_UNROLL
-  for (int j = 0; j < 2; ++j) {
-    const int ch = tid + j * kThreads;
-    if (ch >= kChannels) continue;
-    const int64_t col = channel_of(in, ch);
+SY_HOST_DEVICE inline void conv_walk(const float* qkv, int64_t conv_dim, int64_t col,
+                                     const int32_t* tok, int count, ConvWindow<HISTORY>& conv,
+                                     float* conv_out) {
+  for (int t0 = 0; t0 < count; t0 += kTokens) {
+    const int n = count - t0 < kTokens ? count - t0 : kTokens;
     float raw[kTokens];
     SY_UNROLL
     for (int t = 0; t < kTokens; ++t)
-      raw[t] = t < n ? in.qkv[int64_t{in.tok[t]} * in.conv_dim + col] : 0.0f;
-    ConvWindow<HISTORY> conv;
-    conv.load_weights(in.conv_w, col);
-    SY_UNROLL
-    for (int m = 0; m < HISTORY; ++m) conv.window[m] = history[m * kChannels + ch];
-    float* row = ch < kDim ? s.q + ch : ch < 2 * kDim ? s.k + ch - kDim : s.v + ch - 2 * kDim;
+      raw[t] = t < n ? qkv[int64_t{tok[t0 + t]} * conv_dim + col] : 0.0f;
     SY_UNROLL
     for (int t = 0; t < kTokens; ++t)
-      if (t < n) row[t * kRow] = conv.step(raw[t]);
+      if (t < n) conv_out[int64_t{tok[t0 + t]} * conv_dim + col] = conv.step(raw[t]);
+  }
+}
+
+// Phase 1: the chunk's q, k and v rows (phase 0's outputs) into shared memory, 4 floats a load,
+// kLoadBatch loads a thread in flight at once (all 12 at once took the kernel from 216 registers
+// to 255 and spills); beta and log(decay) of each token.
+constexpr int kLoadBatch = 6;
+SY_HOST_DEVICE inline void load_chunk(const Inputs& in, int n, int tid, const View& s) {
+  constexpr int kGroups = kChannels / 4;  // 4-float groups of a token
+  constexpr int kRounds = kTokens * kGroups / kThreads, kBatch = kLoadBatch;
+  static_assert(kTokens * kGroups % kThreads == 0 && kRounds % kBatch == 0,
+                "whole rounds of loads");
+  for (int j0 = 0; j0 < kRounds; j0 += kBatch) {
+    Vec4 x[kBatch];
     SY_UNROLL
-    for (int m = 0; m < HISTORY; ++m) history[m * kChannels + ch] = conv.window[m];
+    for (int j = 0; j < kBatch; ++j) {
+      const int i = tid + (j0 + j) * kThreads, t = i / kGroups;
+      if (t < n)
+        x[j] =
+            load4(in.conv + int64_t{in.tok[t]} * in.conv_dim + channel_of(in, 4 * (i % kGroups)));
+    }
+    SY_UNROLL
+    for (int j = 0; j < kBatch; ++j) {
+      const int i = tid + (j0 + j) * kThreads, t = i / kGroups, ch = 4 * (i % kGroups);
+      if (t >= n) continue;
+      float* row = ch < kDim ? s.q + ch : ch < 2 * kDim ? s.k + ch - kDim : s.v + ch - 2 * kDim;
+      const float v[4] = {x[j].x, x[j].y, x[j].z, x[j].w};
+      store4(row + t * kRow, v);
+    }
   }
   if (tid < n) {
     const int64_t at = int64_t{in.tok[tid]} * in.value_heads + in.head;

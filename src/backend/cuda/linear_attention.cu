@@ -285,18 +285,53 @@ __global__ void delta_net_kernel(DeltaNetParams p) {
   }
 }
 
-// ---- The chunked form, for prefill (SY_DELTA_CHUNKED=1) ----
-// One block per (sequence, value head) takes its tokens dc::kTokens at a time through the phases
-// of delta_chunk.cuh (which states the equations; DeltaChunkPhases runs the same phases on the
-// CPU), a barrier between phases: the chunk's conv1d + SiLU (the raw inputs of the last HISTORY
-// tokens kept in shared memory), l2-normalised q and k, the gated delta rule of the whole chunk as
-// small matmuls on the CUDA cores in f32, the output norm and gate. Heads of dc::kDim (Qwen3.5's
-// 128) only. The sums run in another order than the recurrence's: equal within the op harness's
-// tolerance, not bitwise.
+// ---- The chunked form, for prefill (steps with dc::kTokens or more tokens of a sequence) ----
+// Two kernels. delta_conv_kernel: the conv1d + SiLU of every channel (a thread per (sequence,
+// channel) walks the sequence's tokens, dc::conv_walk) into the conv scratch, and the conv states.
+// delta_net_chunk_kernel: one block per (sequence, value head) takes its tokens dc::kTokens at a
+// time through the phases of delta_chunk.cuh (which states the equations; DeltaChunkPhases runs
+// the same phases on the CPU), a barrier between phases: the chunk's conv outputs loaded,
+// l2-normalised q and k, the gated delta rule of the whole chunk as small matmuls on the CUDA
+// cores in f32, the output norm and gate. Heads of dc::kDim (Qwen3.5's 128) only. The sums run
+// in another order than the recurrence's: equal within the op harness's tolerance, not bitwise.
+// (The conv was the chunk kernel's first phase, 30% of a chunk on an H100 at c2f818a: a block
+// per (sequence, head) runs one block an SM, so its loads and SiLUs were latency. As a kernel of
+// its own it runs at full occupancy, and a key head's q and k are convolved once, not once for
+// each of its value heads.)
 namespace dc = delta_chunk;
 
-// Float offsets in the chunked kernel's shared memory; then HISTORY x dc::kChannels raw inputs,
-// 32 warp counts and a pass's token list.
+constexpr int kConvThreads = 128;  // delta_conv_kernel: channels a block
+
+// Phase 0. Block (sequence s, channels [kConvThreads y, +kConvThreads)).
+template <int HISTORY>
+__global__ void __launch_bounds__(kConvThreads) delta_conv_kernel(DeltaNetParams p) {
+  __shared__ int counts[32];
+  __shared__ int32_t list[kConvThreads * kScanPerThread];
+  const int s = blockIdx.x;
+  const int64_t conv_dim =
+      2 * int64_t{p.key_heads} * p.key_head_dim + int64_t{p.value_heads} * p.value_head_dim;
+  const int64_t col = int64_t{blockIdx.y} * kConvThreads + threadIdx.x;
+  const int read = p.state_read[s];
+  if (read < 0) return;  // a padding sequence (uniform): states untouched
+  ConvChannel<HISTORY> conv;
+  bool started = false;
+  const int pass = kConvThreads * kScanPerThread;
+  for (int64_t base = 0; base < p.tokens; base += pass) {
+    const int count = gather_tokens(p.token_seq, p.tokens, s, base, list, counts);  // (uniform)
+    if (count == 0) continue;
+    if (!started && col < conv_dim)
+      conv.load(p.conv_w, p.conv_state + (int64_t{read} * conv_dim + col) * HISTORY, col,
+                p.positions[list[0]] == 0);
+    started = true;
+    if (col < conv_dim) dc::conv_walk<HISTORY>(p.qkv, conv_dim, col, list, count, conv, p.conv_out);
+    __syncthreads();  // (the next pass overwrites the list)
+  }
+  if (started && col < conv_dim)
+    conv.store(p.conv_state + (int64_t{p.state_write[s]} * conv_dim + col) * HISTORY);
+}
+
+// Float offsets in the chunked kernel's shared memory; then 32 warp counts and a pass's token
+// list.
 struct ChunkLayout {
   static constexpr int q = 0;
   static constexpr int k = q + dc::kTokens * dc::kRow;
@@ -310,16 +345,13 @@ struct ChunkLayout {
   static constexpr int beta = b + dc::kTokens;
   static constexpr int partial = beta + dc::kTokens;
   static constexpr int grow = partial + dc::kTokens * 2 * dc::kParts;
-  static constexpr int history = grow + dc::kTokens;
+  static constexpr int counts = grow + dc::kTokens;
   static_assert(k % 4 == 0 && state % 4 == 0 && a % 4 == 0 && t % 4 == 0 && pm % 4 == 0,
                 "16-byte aligned arrays (4-float loads)");
 };
 constexpr int kDeltaPhases = 9;
-size_t delta_net_chunk_smem(int history) {
-  return (static_cast<size_t>(ChunkLayout::history) + static_cast<size_t>(history) * dc::kChannels +
-          32 + dc::kThreads * kScanPerThread) *
-         sizeof(float);
-}
+constexpr size_t kChunkSmem =
+    (ChunkLayout::counts + 32 + dc::kThreads * kScanPerThread) * sizeof(float);
 
 // Phases 4 to 7 of a chunk (delta_chunk.cuh), on CUDA cores or tensor cores; done(phase) after
 // each (the barrier).
@@ -338,7 +370,6 @@ __device__ __forceinline__ void chunk_math(const dc::View& view, int n, int tid,
   done(6);
 }
 
-template <int HISTORY>
 __global__ void __launch_bounds__(dc::kThreads, 1) delta_net_chunk_kernel(DeltaNetParams p) {
   extern __shared__ __align__(16) float smem[];
   constexpr int kd = dc::kDim, vd = dc::kDim, R = dc::kRow;
@@ -348,19 +379,17 @@ __global__ void __launch_bounds__(dc::kThreads, 1) delta_net_chunk_kernel(DeltaN
       smem + ChunkLayout::t,    smem + ChunkLayout::pm,      smem + ChunkLayout::b,
       smem + ChunkLayout::beta, smem + ChunkLayout::partial, smem + ChunkLayout::grow};
   float* S = view.state;
-  float* history = smem + ChunkLayout::history;  // [m][channel], oldest first
-  int* counts = reinterpret_cast<int*>(history + HISTORY * dc::kChannels);
+  int* counts = reinterpret_cast<int*>(smem + ChunkLayout::counts);
   int32_t* list = reinterpret_cast<int32_t*>(counts + 32);
   const int s = blockIdx.x / p.value_heads, h = blockIdx.x % p.value_heads;
   const int group = p.value_heads / p.key_heads;
   const int tid = threadIdx.x;
   const int read = p.state_read[s], write = p.state_write[s];
   dc::Inputs in;
-  in.qkv = p.qkv;
+  in.conv = p.conv_out;
   in.z = p.z;
   in.b = p.b;
   in.a = p.a;
-  in.conv_w = reinterpret_cast<const uint16_t*>(p.conv_w);
   in.norm = p.norm;
   in.tok = list;
   in.key_dim = int64_t{p.key_heads} * kd;
@@ -399,11 +428,6 @@ __global__ void __launch_bounds__(dc::kThreads, 1) delta_net_chunk_kernel(DeltaN
     if (!started) {
       started = true;
       const bool fresh = p.positions[list[0]] == 0;
-      const float* conv_read = p.conv_state + int64_t{read} * in.conv_dim * HISTORY;
-      for (int i = tid; i < HISTORY * dc::kChannels; i += dc::kThreads)
-        history[i] =
-            fresh ? 0.0f
-                  : conv_read[dc::channel_of(in, i % dc::kChannels) * HISTORY + i / dc::kChannels];
       const float* recurrent_read = p.recurrent + (int64_t{read} * p.value_heads + h) * kd * vd;
       for (int i = tid; i < kd * vd; i += dc::kThreads)
         S[(i / vd) * R + i % vd] = fresh ? 0.0f : recurrent_read[i];
@@ -414,7 +438,7 @@ __global__ void __launch_bounds__(dc::kThreads, 1) delta_net_chunk_kernel(DeltaN
       in.tok = list + c0;
       // The phases of delta_chunk.cuh, a barrier between them (each timed when stamping).
       if (stamping) last = clock64();
-      dc::conv_and_gates<HISTORY>(in, history, n, tid, view);
+      dc::load_chunk(in, n, tid, view);
       phase_done(0);
       dc::norm_partials(view, n, tid);
       phase_done(1);
@@ -436,12 +460,6 @@ __global__ void __launch_bounds__(dc::kThreads, 1) delta_net_chunk_kernel(DeltaN
     atomicAdd(p.phase_cycles + kDeltaPhases, chunks);
   }
   if (!started) return;  // no tokens, or padding
-  float* conv_write = p.conv_state + int64_t{write} * in.conv_dim * HISTORY;
-  for (int i = tid; i < HISTORY * dc::kChannels; i += dc::kThreads) {
-    const int m = i / dc::kChannels, ch = i % dc::kChannels;
-    if (ch < 2 * kd && h % group != 0) continue;  // the key head's q and k channels: one writer
-    conv_write[dc::channel_of(in, ch) * HISTORY + m] = history[i];
-  }
   float* recurrent_write = p.recurrent + (int64_t{write} * p.value_heads + h) * kd * vd;
   for (int i = tid; i < kd * vd; i += dc::kThreads) recurrent_write[i] = S[(i / vd) * R + i % vd];
 }
@@ -451,7 +469,7 @@ __global__ void __launch_bounds__(dc::kThreads, 1) delta_net_chunk_kernel(DeltaN
 // 8 x 1,024 280.1 -> 260.2 ms; BENCHMARKS.md). SY_DELTA_CHUNKED=0: the recurrent kernel for all.
 bool use_chunked(const DeltaNetParams& p) {
   static const bool enabled = !env_off("SY_DELTA_CHUNKED");
-  return enabled && p.key_head_dim == dc::kDim && p.value_head_dim == dc::kDim &&
+  return enabled && p.conv_out && p.key_head_dim == dc::kDim && p.value_head_dim == dc::kDim &&
          p.max_query_len >= dc::kTokens;
 }
 
@@ -496,7 +514,7 @@ class DeltaStamps {
           "chunked DeltaNet phase cycles over %d launches, %.0f block-chunks (a chunk's mean; "
           "us at the %.0f MHz clock rate):\n",
           s->launches_, chunks, s->khz_ / 1e3);
-      const char* names[kDeltaPhases] = {"conv+gates", "norm partials", "normalize",
+      const char* names[kDeltaPhases] = {"load+gates", "norm partials", "normalize",
                                          "A, pm",      "T | R, qS",     "U = T R",
                                          "o, state",   "o partials",    "write"};
       double sum = 0;
@@ -524,8 +542,12 @@ void launch_history(const DeltaNetParams& p, cudaStream_t stream) {
     stamped.tensor_cores = tensor_cores;
     DeltaStamps* stamps = DeltaStamps::get();
     if (stamps) stamped.phase_cycles = stamps->begin(stream);
-    delta_net_chunk_kernel<HISTORY>
-        <<<blocks, dc::kThreads, delta_net_chunk_smem(HISTORY), stream>>>(stamped);
+    const unsigned channel_blocks = static_cast<unsigned>(
+        (2 * p.key_heads * dc::kDim + p.value_heads * dc::kDim + kConvThreads - 1) / kConvThreads);
+    delta_conv_kernel<HISTORY>
+        <<<dim3(static_cast<unsigned>(p.seqs), channel_blocks), kConvThreads, 0, stream>>>(p);
+    SY_CUDA_LAUNCH_CHECK("delta_conv_kernel");
+    delta_net_chunk_kernel<<<blocks, dc::kThreads, kChunkSmem, stream>>>(stamped);
     SY_CUDA_LAUNCH_CHECK("delta_net_chunk_kernel");
     if (stamped.phase_cycles) stamps->end(stream);
     return;
@@ -569,9 +591,6 @@ void allow_smem(int bytes) {
                                      cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
   SY_CUDA_CHECK(cudaFuncSetAttribute(delta_net_kernel<HISTORY, kRegisterKeyDim>,
                                      cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-  SY_CUDA_CHECK(cudaFuncSetAttribute(delta_net_chunk_kernel<HISTORY>,
-                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     static_cast<int>(delta_net_chunk_smem(HISTORY))));
 }
 
 void prepare_gated_delta_net(int device) {
@@ -585,6 +604,9 @@ void prepare_gated_delta_net(int device) {
   allow_smem<5>(bytes);
   allow_smem<6>(bytes);
   allow_smem<7>(bytes);
+  SY_CUDA_CHECK(cudaFuncSetAttribute(delta_net_chunk_kernel,
+                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     static_cast<int>(kChunkSmem)));
 }
 
 bool delta_net_supported(int key_head_dim, int value_head_dim, int kernel) {

@@ -36,6 +36,9 @@ struct DeltaNetParams {
   float* conv_state = nullptr;            // [buffers, conv_dim, kernel - 1]
   float* recurrent = nullptr;             // [buffers, value_heads, key_head_dim, value_head_dim]
   float* out = nullptr;                   // [tokens, value_heads * value_head_dim]
+  // The chunked kernels' conv outputs, [tokens, conv_dim] (the backend's scratch; the recurrent
+  // kernel, for steps without 32+ tokens of a sequence, needs none).
+  float* conv_out = nullptr;
   // SY_DELTA_STAMPS=1 (experiments): the chunked kernel adds each phase's clock64 cycles (thread
   // 0, barrier to barrier) over its blocks and chunks here, then the chunk count
   // ([kDeltaPhases + 1]); set by launch_gated_delta_net.
