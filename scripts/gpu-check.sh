@@ -166,22 +166,21 @@ if want mxfp4-gemv; then
 fi
 if want route-tile; then
   # The tiled router kernel for steps of more than 16 tokens (the default; its logits are bitwise
-  # route_kernel's by construction): the op harness's MoE cases and the goldens on route_kernel
-  # (SY_ROUTE_TILE=0; the ops and golden stages run the default), then prefill with the tile off
-  # and on, alternating (Qwen3 48 layers 4k, Qwen3.5 1k).
-  section "tiled router (SY_ROUTE_TILE=0 checks, then prefill A/B)"
-  SY_ROUTE_TILE=0 run route-tile-ops timeout "${STAGE_TIMEOUT:-300}" "$carry/cuda_op_harness" --filter moe
-  SY_ROUTE_TILE=0 SY_TEST_DEVICE=cuda run route-tile-goldens timeout "${STAGE_TIMEOUT:-300}" "$carry/test_model" \
-    --gtest_filter='*HfGolden*:*LongGolden*:CudaAgreement.*' --gtest_brief=1
-  # The 8-rows-a-warp tile (SY_ROUTE_TILE_EXPERTS=8): the harness's MoE cases, then the same A/B
-  # (Qwen3.5 as a serving prefill step, 8 x 1,024, where the router was 11% of the kernel time).
-  SY_ROUTE_TILE_EXPERTS=8 run route-tile8-ops timeout "${STAGE_TIMEOUT:-300}" "$carry/cuda_op_harness" --filter moe
+  # route_kernel's by construction; SY_ROUTE_TILE=0 keeps route_kernel: that path's harness and
+  # goldens passed on an H100 in session 20, and the ops and golden stages run the default).
+  section "tiled router: tile shapes (harness, then prefill A/B)"
+  # The tile shapes (SY_ROUTE_TILE_SHAPE: tokens x router rows a warp; 8x4 the default): the
+  # harness's MoE cases with each, then prefill A/B, alternating (Qwen3 48 layers 4k; Qwen3.5 as
+  # a serving prefill step, 8 x 1,024, where the router was 11% of the kernel time).
+  for shape in 8x8 16x4; do
+    SY_ROUTE_TILE_SHAPE=$shape run "route-tile-$shape-ops" timeout "${STAGE_TIMEOUT:-300}" "$carry/cuda_op_harness" --filter moe
+  done
   for round in 1 2; do
-    for variant in "SY_ROUTE_TILE=0" "SY_ROUTE_TILE=1" "SY_ROUTE_TILE_EXPERTS=8"; do
-      echo "--- $variant (round $round)"
-      env $variant "$carry/step_bench" --device cuda --random-weights "$carry/qwen3-30b-a3b/config.json" \
+    for shape in 8x4 8x8 16x4; do
+      echo "--- SY_ROUTE_TILE_SHAPE=$shape (round $round)"
+      SY_ROUTE_TILE_SHAPE=$shape "$carry/step_bench" --device cuda --random-weights "$carry/qwen3-30b-a3b/config.json" \
         --batches "" --prefill 4096 --steps 1 --ab-pairs 0 --matmul-tflops "$tflops" 2>&1 | grep prefill
-      env $variant "$carry/step_bench" --device cuda --random-weights "$carry/qwen3.5-35b-a3b/config.json" \
+      SY_ROUTE_TILE_SHAPE=$shape "$carry/step_bench" --device cuda --random-weights "$carry/qwen3.5-35b-a3b/config.json" \
         --batches "" --prefill 8192 --prefill-seqs 8 --steps 1 --ab-pairs 0 --matmul-tflops "$tflops" 2>&1 | grep prefill
     done
   done
@@ -349,11 +348,16 @@ if want kernel-detail; then
   # of DETAIL_CONFIG (default gpt-oss-20b shapes). Text to ncu_detail.txt, SASS gzipped.
   section "profile: ncu full sections + SASS stalls of ${DETAIL_KERNELS:-route_split_kernel mxfp4_stream_gemv_kernel attention_kernel}"
   ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+  # DETAIL_PREFILL=N (DETAIL_PREFILL_SEQS=S): one prefill step of N tokens over S prompts instead.
+  if [[ -n ${DETAIL_PREFILL:-} ]]; then
+    step_args=(--batches "" --steps 1 --ab-pairs 0 --prefill "$DETAIL_PREFILL" --prefill-seqs "${DETAIL_PREFILL_SEQS:-1}")
+  else
+    step_args=(--batches 1 --context 1024 --steps 4 --ab-pairs 0 --prefill 0)
+  fi
   for kernel in ${DETAIL_KERNELS:-route_split_kernel mxfp4_stream_gemv_kernel attention_kernel}; do
     run "detail-$kernel" timeout "${STAGE_TIMEOUT:-300}" "$ncu_bin" --clock-control none --set full --import-source no \
       -k "regex:$kernel" --launch-skip "${DETAIL_SKIP:-30}" -c 1 -f -o "/tmp/detail_$kernel" "$carry/step_bench" --device cuda \
-      --random-weights "${DETAIL_CONFIG:-$carry/gpt-oss-20b/config.json}" --no-graphs --batches 1 --context 1024 --steps 4 \
-      --ab-pairs 0 --prefill 0 > /dev/null 2>&1
+      --random-weights "${DETAIL_CONFIG:-$carry/gpt-oss-20b/config.json}" --no-graphs "${step_args[@]}" > /dev/null 2>&1
     "$ncu_bin" -i "/tmp/detail_$kernel.ncu-rep" --print-details all >> "$OUT/ncu_detail.txt" 2>&1
     "$ncu_bin" -i "/tmp/detail_$kernel.ncu-rep" --page source --csv --print-source sass 2>&1 | gzip > "$OUT/ncu_sass_$kernel.csv.gz"
   done
