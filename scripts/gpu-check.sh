@@ -168,19 +168,15 @@ if want route-tile; then
   # The tiled router kernel for steps of more than 16 tokens (the default; its logits are bitwise
   # route_kernel's by construction; SY_ROUTE_TILE=0 keeps route_kernel: that path's harness and
   # goldens passed on an H100 in session 20, and the ops and golden stages run the default).
-  section "tiled router: tile shapes (harness, then prefill A/B)"
-  # The tile shapes (SY_ROUTE_TILE_SHAPE: tokens x router rows a warp; 8x4 the default): the
-  # harness's MoE cases with each, then prefill A/B, alternating (Qwen3 48 layers 4k; Qwen3.5 as
-  # a serving prefill step, 8 x 1,024, where the router was 11% of the kernel time).
-  for shape in 8x8 16x4; do
-    SY_ROUTE_TILE_SHAPE=$shape run "route-tile-$shape-ops" timeout "${STAGE_TIMEOUT:-300}" "$carry/cuda_op_harness" --filter moe
-  done
+  section "tiled router: prefill A/B"
+  # Prefill with the tile off and on, alternating (Qwen3 48 layers 4k; Qwen3.5 as a serving
+  # prefill step, 8 x 1,024). (Session 22 timed two other tile shapes here: both slower.)
   for round in 1 2; do
-    for shape in 8x4 8x8 16x4; do
-      echo "--- SY_ROUTE_TILE_SHAPE=$shape (round $round)"
-      SY_ROUTE_TILE_SHAPE=$shape "$carry/step_bench" --device cuda --random-weights "$carry/qwen3-30b-a3b/config.json" \
+    for tile in 0 1; do
+      echo "--- SY_ROUTE_TILE=$tile (round $round)"
+      SY_ROUTE_TILE=$tile "$carry/step_bench" --device cuda --random-weights "$carry/qwen3-30b-a3b/config.json" \
         --batches "" --prefill 4096 --steps 1 --ab-pairs 0 --matmul-tflops "$tflops" 2>&1 | grep prefill
-      SY_ROUTE_TILE_SHAPE=$shape "$carry/step_bench" --device cuda --random-weights "$carry/qwen3.5-35b-a3b/config.json" \
+      SY_ROUTE_TILE=$tile "$carry/step_bench" --device cuda --random-weights "$carry/qwen3.5-35b-a3b/config.json" \
         --batches "" --prefill 8192 --prefill-seqs 8 --steps 1 --ab-pairs 0 --matmul-tflops "$tflops" 2>&1 | grep prefill
     done
   done

@@ -332,8 +332,13 @@ void matmul_parts_cases(Harness& h) {
             }
             h.cpu.matmul_parts(xt.cpu, cpu_parts);
             h.device.matmul_parts(xt.dev, dev_parts);
+            // A part narrower than 8 (a shared expert's 1-wide gate) is compared against its whole
+            // output's scale: a row of one dot product has no rms of its own, and the GEMM rounds x
+            // to bf16 (~2e-3 of a unit-scale output), which a near-zero value cannot absorb.
             for (size_t i = 0; i < s.outs.size(); ++i)
-              c.check(fmt::format("out{}", i), compare(to_host(h.device, out[i].dev), to_host(h.cpu, out[i].cpu), s.outs[i]),
+              c.check(fmt::format("out{}", i),
+                      compare(to_host(h.device, out[i].dev), to_host(h.cpu, out[i].cpu),
+                              s.outs[i] < 8 ? s.rows * s.outs[i] : s.outs[i]),
                       kGemmTol);
           });
   }

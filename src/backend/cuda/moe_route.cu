@@ -1,5 +1,4 @@
 #include <cstdlib>
-#include <string_view>
 
 #include "backend/cuda/moe_route.cuh"
 
@@ -43,17 +42,17 @@ __global__ void __launch_bounds__(THREADS) route_kernel(RouteLaunch a) {
 // once a tile, not once a token (1,024 tokens of Qwen3.5's 256 x 2,048 router were ~1 GB of L2
 // reads a layer), and each x slab loaded serves kTileExperts rows. Every (token, expert) sum is
 // router_logit_warp's (router_dot8 steps in slab order, the same butterfly): the logits, and so
-// the routes, are bitwise those of route_kernel. Then a warp per token selects.
-// Per slab a warp reads kTileExperts rows' 512 bytes from L2 and each token's x slab from L1:
-// more tokens a tile cut the L2 reads per FMA, more experts the L1 reads. The default 8 x 4 (86
-// registers, two blocks an SM) was 0.71 ms a layer of an 8k Qwen3.5 prefill on an H100 (~12 of
-// f32's ~60 TFLOP/s); SY_ROUTE_TILE_SHAPE=8x8 (228 registers, one block) or 16x4 (two blocks)
-// are experiments the gpu-check route-tile stage times.
+// the routes, are bitwise those of route_kernel. Then a warp per token selects. (Tried on an H100,
+// 8f3a420, alternating: 8 rows a warp (226 registers, one block an SM) and 16 tokens a tile (120
+// registers): a Qwen3.5 8 x 1,024 prefill 251.1-251.6 and 248.8-249.3 ms against this shape's
+// 248.2-248.4, a Qwen3 4k 161.8-162.7 and 159.7-160.6 against 159.4-159.8 ms.)
+constexpr int kTileTokens = 8;
+constexpr int kTileExperts = 4;
 constexpr int kTileThreads = 256;
+static_assert(kTileThreads / 32 >= kTileTokens, "a warp per token selects");
 
-template <int kTileTokens, int kTileExperts>
 __global__ void __launch_bounds__(kTileThreads) route_tile_kernel(RouteLaunch a) {
-  extern __shared__ float logits[];  // [kTileTokens][E]
+  __shared__ float logits[kTileTokens][kMaxRouteExperts];
   __shared__ int32_t ids[kTileTokens][kMaxRouteTopK];
   __shared__ float weights[kTileTokens][kMaxRouteTopK];
   const int64_t t0 = static_cast<int64_t>(blockIdx.x) * kTileTokens;
@@ -89,26 +88,12 @@ __global__ void __launch_bounds__(kTileThreads) route_tile_kernel(RouteLaunch a)
         float v = acc[j][m];
         for (int offset = 16; offset > 0; offset >>= 1)
           v += __shfl_xor_sync(0xffffffffu, v, offset);
-        if (lane == 0 && m < rows && e0 + j < E) logits[m * E + e0 + j] = v;
+        if (lane == 0 && m < rows && e0 + j < E) logits[m][e0 + j] = v;
       }
   }
   __syncthreads();
-  for (int m = warp; m < rows; m += warps)
-    select_and_write(a, t0 + m, logits + m * E, ids[m], weights[m]);
+  if (warp < rows) select_and_write(a, t0 + warp, logits[warp], ids[warp], weights[warp]);
 }
-
-// (Logits of up to 48 KB a block: 8 tokens of any kMaxRouteExperts, 16 of up to 768 experts.)
-template <int kTileTokens, int kTileExperts>
-bool launch_tile(const RouteLaunch& launch, cudaStream_t stream) {
-  const size_t smem = sizeof(float) * kTileTokens * launch.params.num_experts;
-  if (smem > 48 * 1024) return false;
-  const unsigned tiles = static_cast<unsigned>((launch.tokens + kTileTokens - 1) / kTileTokens);
-  route_tile_kernel<kTileTokens, kTileExperts><<<tiles, kTileThreads, smem, stream>>>(launch);
-  SY_CUDA_LAUNCH_CHECK("route_tile_kernel");
-  return true;
-}
-static_assert(8 * kMaxRouteExperts * sizeof(float) <= 48 * 1024,
-              "the 8-token tile takes every router");
 
 }  // namespace
 
@@ -118,14 +103,10 @@ void launch_route(const RouteLaunch& launch, cudaStream_t stream) {
   // 180.0 -> 162.5 ms, Qwen3.5 1k 130.4 -> 122.6 ms; BENCHMARKS.md); SY_ROUTE_TILE=0 keeps
   // route_kernel for them (the same logits bit for bit).
   static const bool tile = !env_off("SY_ROUTE_TILE");
-  static const std::string_view shape = [] {
-    const char* value = std::getenv("SY_ROUTE_TILE_SHAPE");
-    return std::string_view(value ? value : "8x4");
-  }();
   if (tile && launch.tokens > 16) {
-    if (shape == "8x8" && launch_tile<8, 8>(launch, stream)) return;
-    if (shape == "16x4" && launch_tile<16, 4>(launch, stream)) return;
-    launch_tile<8, 4>(launch, stream);
+    const unsigned tiles = static_cast<unsigned>((launch.tokens + kTileTokens - 1) / kTileTokens);
+    route_tile_kernel<<<tiles, kTileThreads, 0, stream>>>(launch);
+    SY_CUDA_LAUNCH_CHECK("route_tile_kernel");
     return;
   }
   const unsigned grid = static_cast<unsigned>(launch.tokens);
