@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU machine's whole visit, run as it is from the repo root there, after scripts/gpu-pack.sh
 # here (carry gpu-carry/). Stages (default: all but profile): ceilings ops golden engine bench8
-# bench48 crossover serve-e2e serve-invariant (--batch-invariant tests and bench) soak (CUDA soak, SOAK_SECONDS) serve; chat-goldens (transformers' template renders); stamps (cuda-fused phase timer, STAMP_VARIANTS); ab (knob A/B, AB_VARIANTS); bin-ab (two builds' binaries alternating, BIN_AB); route-tile (the tiled router: harness, goldens, prefill A/B); delta-chunked (the chunked DeltaNet kernel: harness, Qwen3.5 A/B); family-goldens (GOLDEN_FAMILIES; then the golden tests on them); bf16-sensitivity (transformers bf16 vs float64 per golden model); routes-ab (routes on/off over HTTP on CUDA); bench-gptoss (gpt-oss-20b shapes, MXFP4 experts); bench-new (Moonlight-16B-A3B, Qwen3.5-35B-A3B and Mixtral-8x7B 16-layer shapes: MLA, DeltaNet; BENCH_NEW_MODELS); serve-new (their and gpt-oss-20b's throughput profiles, SERVE_MODELS); mxfp4-gemv (the MXFP4 few-token paths: harness, gpt-oss goldens, decode A/B); routes-cost (capture on/off in process on CUDA); long-goldens (tools/gpu/long_goldens.py, then LongGolden on them; long_goldens.tgz); moe-stalls (ncu stall reasons of cuda-fused); attn-detail (ncu full + SASS stalls of decode attention); kernel-detail (the same for DETAIL_KERNELS in a gpt-oss batch-1 decode); profile (ncu per-kernel times of one decode and one prefill step;
+# bench48 crossover serve-e2e serve-invariant (--batch-invariant tests and bench) soak (CUDA soak, SOAK_SECONDS) serve; chat-goldens (transformers' template renders); stamps (cuda-fused phase timer, STAMP_VARIANTS); ab (knob A/B, AB_VARIANTS); bin-ab (two builds' binaries alternating, BIN_AB); route-tile (the tiled router: prefill A/B); gemm-tile (grouped GEMM tile experiments); delta-chunked (the chunked DeltaNet kernel: harness, Qwen3.5 A/B); family-goldens (GOLDEN_FAMILIES; then the golden tests on them); bf16-sensitivity (transformers bf16 vs float64 per golden model); routes-ab (routes on/off over HTTP on CUDA); bench-gptoss (gpt-oss-20b shapes, MXFP4 experts); bench-new (Moonlight-16B-A3B, Qwen3.5-35B-A3B and Mixtral-8x7B 16-layer shapes: MLA, DeltaNet; BENCH_NEW_MODELS); serve-new (their and gpt-oss-20b's throughput profiles, SERVE_MODELS); mxfp4-gemv (the MXFP4 few-token paths: harness, gpt-oss goldens, decode A/B); routes-cost (capture on/off in process on CUDA); long-goldens (tools/gpu/long_goldens.py, then LongGolden on them; long_goldens.tgz); moe-stalls (ncu stall reasons of cuda-fused); attn-detail (ncu full + SASS stalls of decode attention); kernel-detail (the same for DETAIL_KERNELS in a gpt-oss batch-1 decode); profile (ncu per-kernel times of one decode and one prefill step;
 # PROFILE_STEPS=decode for one), moe-detail (ncu's full sections on one cuda-fused launch).
 # Everything it prints also goes to $OUT/gpu-check.log; JSON results land in $OUT.
 #   scripts/gpu-check.sh [stage ...]
@@ -178,6 +178,24 @@ if want route-tile; then
         --batches "" --prefill 4096 --steps 1 --ab-pairs 0 --matmul-tflops "$tflops" 2>&1 | grep prefill
       SY_ROUTE_TILE=$tile "$carry/step_bench" --device cuda --random-weights "$carry/qwen3.5-35b-a3b/config.json" \
         --batches "" --prefill 8192 --prefill-seqs 8 --steps 1 --ab-pairs 0 --matmul-tflops "$tflops" 2>&1 | grep prefill
+    done
+  done
+fi
+if want gemm-tile; then
+  # The grouped GEMM's large-step tile experiments (SY_GEMM_LARGE_TILE=w64|k64|n256; bitwise the
+  # default's results by construction): the harness's MoE cases with each, then prefill A/B,
+  # alternating (Qwen3.5 8 x 1,024 and Qwen3 48 layers 8k: large steps take the large tile).
+  section "grouped GEMM tile experiments: harness, then prefill A/B"
+  for tile in w64 k64 n256; do
+    SY_GEMM_LARGE_TILE=$tile run "gemm-tile-$tile-ops" timeout "${STAGE_TIMEOUT:-300}" "$carry/cuda_op_harness" --filter moe.cuda-modular
+  done
+  for round in 1 2; do
+    for tile in default w64 k64 n256; do
+      echo "--- SY_GEMM_LARGE_TILE=$tile (round $round)"
+      SY_GEMM_LARGE_TILE=$tile "$carry/step_bench" --device cuda --random-weights "$carry/qwen3.5-35b-a3b/config.json" \
+        --batches "" --prefill 8192 --prefill-seqs 8 --steps 1 --ab-pairs 0 --matmul-tflops "$tflops" 2>&1 | grep prefill
+      SY_GEMM_LARGE_TILE=$tile "$carry/step_bench" --device cuda --random-weights "$carry/qwen3-30b-a3b/config.json" \
+        --batches "" --prefill 8192 --steps 1 --ab-pairs 0 --matmul-tflops "$tflops" 2>&1 | grep prefill
     done
   done
 fi

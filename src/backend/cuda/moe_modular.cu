@@ -90,6 +90,14 @@ struct Tile {
 using SmallTile = Tile<32, 64, 64, 1, 4, 5, 3>;
 using MediumTile = Tile<64, 128, 32, 2, 4, 4, 2>;
 using LargeTile = Tile<128, 128, 32, 2, 4, 4, 2>;
+// Experiments for large steps with bf16 weights (SY_GEMM_LARGE_TILE=w64|k64|n256; a Qwen3.5 8k
+// prefill's grouped GEMMs ran at ~28% of the bf16 matmul rate with LargeTile on an H100). Each
+// sums a product's k in LargeTile's order (k tiles ascending, m16n8k16 steps within): bitwise
+// the same results. w64: a warp 64 x 64 (twice the mma per ldmatrix), four warps; k64: k tiles of
+// 64 (half the barriers); n256: eight warps of 64 x 64.
+using WideWarpTile = Tile<128, 128, 32, 2, 2, 4, 2>;
+using DeepKTile = Tile<128, 128, 64, 2, 4, 3, 2>;
+using WideNTile = Tile<128, 256, 32, 2, 4, 3, 1>;
 
 // Shared memory of grouped_gemm_kernel<Cfg, *, kMxfp4>, in bytes: A stages; bf16 B stages (bf16
 // weights: cp.async'd; MXFP4: one buffer, the tile in use, decoded from its packed stage); the
@@ -825,16 +833,18 @@ void allow_stream_shared_memory(int64_t max_k) {
 }
 
 // max_k: the largest k_dim an MXFP4 launch will have (its scales live in shared memory).
-template <class Cfg>
+template <class Cfg, bool kWithMxfp4 = true>
 void allow_shared_memory(int64_t max_k) {
   for (const void* kernel : {reinterpret_cast<const void*>(grouped_gemm_kernel<Cfg, true, false>),
                              reinterpret_cast<const void*>(grouped_gemm_kernel<Cfg, false, false>)})
     SY_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        static_cast<int>(Cfg::kSmemBytes)));
-  for (const void* kernel : {reinterpret_cast<const void*>(grouped_gemm_kernel<Cfg, true, true>),
-                             reinterpret_cast<const void*>(grouped_gemm_kernel<Cfg, false, true>)})
-    SY_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       static_cast<int>(SmemPlan<Cfg, true>::bytes(max_k))));
+  if constexpr (kWithMxfp4)
+    for (const void* kernel :
+         {reinterpret_cast<const void*>(grouped_gemm_kernel<Cfg, true, true>),
+          reinterpret_cast<const void*>(grouped_gemm_kernel<Cfg, false, true>)})
+      SY_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(SmemPlan<Cfg, true>::bytes(max_k))));
 }
 
 class ModularKernel final : public moe::ExpertsKernel {
@@ -924,6 +934,9 @@ class ModularKernel final : public moe::ExpertsKernel {
     allow_shared_memory<SmallTile>(max_k);
     allow_shared_memory<MediumTile>(max_k);
     allow_shared_memory<LargeTile>(max_k);
+    allow_shared_memory<WideWarpTile, false>(max_k);
+    allow_shared_memory<DeepKTile, false>(max_k);
+    allow_shared_memory<WideNTile, false>(max_k);
     const int64_t stream_k = std::min<int64_t>(max_k, kStreamMaxK);
     allow_stream_shared_memory(stream_k);
     return Status::ok();
@@ -983,9 +996,16 @@ class ModularKernel final : public moe::ExpertsKernel {
     else if (pairs <= 96 * experts_)
       mxfp4 ? forward_experts<MediumTile, true>(w, experts, pairs, stream)
             : forward_experts<MediumTile, false>(w, experts, pairs, stream);
+    else if (mxfp4)
+      forward_experts<LargeTile, true>(w, experts, pairs, stream);
+    else if (large_tile_ == "w64")
+      forward_experts<WideWarpTile, false>(w, experts, pairs, stream);
+    else if (large_tile_ == "k64")
+      forward_experts<DeepKTile, false>(w, experts, pairs, stream);
+    else if (large_tile_ == "n256")
+      forward_experts<WideNTile, false>(w, experts, pairs, stream);
     else
-      mxfp4 ? forward_experts<LargeTile, true>(w, experts, pairs, stream)
-            : forward_experts<LargeTile, false>(w, experts, pairs, stream);
+      forward_experts<LargeTile, false>(w, experts, pairs, stream);
 
     // Combine.
     const dim3 combine_grid(static_cast<unsigned>(ceil_div(hidden_ / 4, kCombineThreads)),
@@ -997,6 +1017,11 @@ class ModularKernel final : public moe::ExpertsKernel {
   }
 
  private:
+  // SY_GEMM_LARGE_TILE (experiments; see WideWarpTile).
+  const std::string_view large_tile_ = [] {
+    const char* value = std::getenv("SY_GEMM_LARGE_TILE");
+    return std::string_view(value ? value : "");
+  }();
   template <class Cfg, bool kMxfp4>
   void forward_experts(const moe::MoeLayerWeights& w, const ExpertParams& experts, int64_t pairs,
                        cudaStream_t stream) {
