@@ -182,15 +182,15 @@ if want route-tile; then
   done
 fi
 if want gemm-tile; then
-  # The grouped GEMM's large-step tile experiments (SY_GEMM_LARGE_TILE=w64|k64|n256; bitwise the
+  # The grouped GEMM's large-step tile experiments (SY_GEMM_LARGE_TILE=k32|w64; bitwise the
   # default's results by construction): the harness's MoE cases with each, then prefill A/B,
   # alternating (Qwen3.5 8 x 1,024 and Qwen3 48 layers 8k: large steps take the large tile).
   section "grouped GEMM tile experiments: harness, then prefill A/B"
-  for tile in w64 k64 n256; do
+  for tile in k32 w64; do
     SY_GEMM_LARGE_TILE=$tile run "gemm-tile-$tile-ops" timeout "${STAGE_TIMEOUT:-300}" "$carry/cuda_op_harness" --filter moe.cuda-modular
   done
   for round in 1 2; do
-    for tile in default w64 k64 n256; do
+    for tile in default k32 w64; do
       echo "--- SY_GEMM_LARGE_TILE=$tile (round $round)"
       SY_GEMM_LARGE_TILE=$tile "$carry/step_bench" --device cuda --random-weights "$carry/qwen3.5-35b-a3b/config.json" \
         --batches "" --prefill 8192 --prefill-seqs 8 --steps 1 --ab-pairs 0 --matmul-tflops "$tflops" 2>&1 | grep prefill

@@ -89,15 +89,16 @@ struct Tile {
 // a short M tile, a deep pipeline and many CTAs. Larger steps: bound by tensor-core FLOPs.
 using SmallTile = Tile<32, 64, 64, 1, 4, 5, 3>;
 using MediumTile = Tile<64, 128, 32, 2, 4, 4, 2>;
-using LargeTile = Tile<128, 128, 32, 2, 4, 4, 2>;
-// Experiments for large steps with bf16 weights (SY_GEMM_LARGE_TILE=w64|k64|n256; a Qwen3.5 8k
-// prefill's grouped GEMMs ran at ~28% of the bf16 matmul rate with LargeTile on an H100). Each
-// sums a product's k in LargeTile's order (k tiles ascending, m16n8k16 steps within): bitwise
-// the same results. w64: a warp 64 x 64 (twice the mma per ldmatrix), four warps; k64: k tiles of
-// 64 (half the barriers); n256: eight warps of 64 x 64.
-using WideWarpTile = Tile<128, 128, 32, 2, 2, 4, 2>;
-using DeepKTile = Tile<128, 128, 64, 2, 4, 3, 2>;
-using WideNTile = Tile<128, 256, 32, 2, 4, 3, 1>;
+// k tiles of 64 (three stages; two blocks an SM in 221 KB): on an H100 (88d8eed, alternating) a
+// Qwen3.5 8 x 1,024 prefill 247.7 -> 234.8 ms and a Qwen3 8k 406.8 -> 387.9 ms against k tiles of
+// 32 with four stages. (A warp of 64 x 64 with k 32: 246.4 / 399.3 ms; 128 x 256 tiles of eight
+// such warps: 255.9 / 420.1 ms.)
+using LargeTile = Tile<128, 128, 64, 2, 4, 3, 2>;
+// Experiments (SY_GEMM_LARGE_TILE, bf16 experts): k32, the previous large tile; w64, k 64 with
+// four warps of 64 x 64. Every tile sums a product's k in the same order (k tiles ascending,
+// m16n8k16 steps within): bitwise the same results.
+using K32Tile = Tile<128, 128, 32, 2, 4, 4, 2>;
+using WideWarpTile = Tile<128, 128, 64, 2, 2, 3, 2>;
 
 // Shared memory of grouped_gemm_kernel<Cfg, *, kMxfp4>, in bytes: A stages; bf16 B stages (bf16
 // weights: cp.async'd; MXFP4: one buffer, the tile in use, decoded from its packed stage); the
@@ -934,9 +935,8 @@ class ModularKernel final : public moe::ExpertsKernel {
     allow_shared_memory<SmallTile>(max_k);
     allow_shared_memory<MediumTile>(max_k);
     allow_shared_memory<LargeTile>(max_k);
+    allow_shared_memory<K32Tile, false>(max_k);
     allow_shared_memory<WideWarpTile, false>(max_k);
-    allow_shared_memory<DeepKTile, false>(max_k);
-    allow_shared_memory<WideNTile, false>(max_k);
     const int64_t stream_k = std::min<int64_t>(max_k, kStreamMaxK);
     allow_stream_shared_memory(stream_k);
     return Status::ok();
@@ -998,12 +998,10 @@ class ModularKernel final : public moe::ExpertsKernel {
             : forward_experts<MediumTile, false>(w, experts, pairs, stream);
     else if (mxfp4)
       forward_experts<LargeTile, true>(w, experts, pairs, stream);
+    else if (large_tile_ == "k32")
+      forward_experts<K32Tile, false>(w, experts, pairs, stream);
     else if (large_tile_ == "w64")
       forward_experts<WideWarpTile, false>(w, experts, pairs, stream);
-    else if (large_tile_ == "k64")
-      forward_experts<DeepKTile, false>(w, experts, pairs, stream);
-    else if (large_tile_ == "n256")
-      forward_experts<WideNTile, false>(w, experts, pairs, stream);
     else
       forward_experts<LargeTile, false>(w, experts, pairs, stream);
 
@@ -1017,7 +1015,7 @@ class ModularKernel final : public moe::ExpertsKernel {
   }
 
  private:
-  // SY_GEMM_LARGE_TILE (experiments; see WideWarpTile).
+  // SY_GEMM_LARGE_TILE (experiments; see K32Tile).
   const std::string_view large_tile_ = [] {
     const char* value = std::getenv("SY_GEMM_LARGE_TILE");
     return std::string_view(value ? value : "");
