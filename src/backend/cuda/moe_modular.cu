@@ -94,9 +94,11 @@ using MediumTile = Tile<64, 128, 32, 2, 4, 4, 2>;
 // 32 with four stages. (A warp of 64 x 64 with k 32: 246.4 / 399.3 ms; 128 x 256 tiles of eight
 // such warps: 255.9 / 420.1 ms.)
 using LargeTile = Tile<128, 128, 64, 2, 4, 3, 2>;
-// Experiments (SY_GEMM_LARGE_TILE, bf16 experts): k32, the previous large tile; w64, k 64 with
-// four warps of 64 x 64. Every tile sums a product's k in the same order (k tiles ascending,
-// m16n8k16 steps within): bitwise the same results.
+// The previous large tile: MXFP4 experts and the batch-invariant dense GEMM keep it (the k-64
+// tile has run on a GPU for bf16 experts only), and SY_GEMM_LARGE_TILE=k32 picks it for bf16
+// experts (A/B). SY_GEMM_LARGE_TILE=w64: k 64 with four warps of 64 x 64 (experiment). Every
+// tile sums a product's k in the same order (k tiles ascending, m16n8k16 steps within): bitwise
+// the same results.
 using K32Tile = Tile<128, 128, 32, 2, 4, 4, 2>;
 using WideWarpTile = Tile<128, 128, 64, 2, 2, 3, 2>;
 
@@ -934,8 +936,8 @@ class ModularKernel final : public moe::ExpertsKernel {
     const int64_t max_k = std::max(hidden, intermediate);
     allow_shared_memory<SmallTile>(max_k);
     allow_shared_memory<MediumTile>(max_k);
-    allow_shared_memory<LargeTile>(max_k);
-    allow_shared_memory<K32Tile, false>(max_k);
+    allow_shared_memory<LargeTile, false>(max_k);
+    allow_shared_memory<K32Tile>(max_k);
     allow_shared_memory<WideWarpTile, false>(max_k);
     const int64_t stream_k = std::min<int64_t>(max_k, kStreamMaxK);
     allow_stream_shared_memory(stream_k);
@@ -997,7 +999,7 @@ class ModularKernel final : public moe::ExpertsKernel {
       mxfp4 ? forward_experts<MediumTile, true>(w, experts, pairs, stream)
             : forward_experts<MediumTile, false>(w, experts, pairs, stream);
     else if (mxfp4)
-      forward_experts<LargeTile, true>(w, experts, pairs, stream);
+      forward_experts<K32Tile, true>(w, experts, pairs, stream);
     else if (large_tile_ == "k32")
       forward_experts<K32Tile, false>(w, experts, pairs, stream);
     else if (large_tile_ == "w64")
@@ -1287,7 +1289,8 @@ class ModularKernel final : public moe::ExpertsKernel {
 size_t dense_gemm_plan_ints(int64_t max_rows) {
   // [count | a tile entry per shortest M tile | perm to the largest M tile's multiple]
   const int64_t rows = std::max<int64_t>(max_rows, 1);
-  return static_cast<size_t>(1 + ceil_div(rows, SmallTile::kM) + ceil_div(rows, LargeTile::kM) * LargeTile::kM);
+  return static_cast<size_t>(1 + ceil_div(rows, SmallTile::kM) +
+                             ceil_div(rows, K32Tile::kM) * K32Tile::kM);
 }
 
 void launch_dense_gemm(const __nv_bfloat16* x, int64_t rows, int64_t k, const __nv_bfloat16* w, int64_t n, float* out,
@@ -1300,7 +1303,8 @@ void launch_dense_gemm(const __nv_bfloat16* x, int64_t rows, int64_t k, const __
   // Tiles by size only for speed: every tile shape accumulates each row in the same k order.
   if (rows <= 64) dense_gemm<SmallTile>(x, rows, k, w, n, out, plan, max_tiles, stream);
   else if (rows <= 1024) dense_gemm<MediumTile>(x, rows, k, w, n, out, plan, max_tiles, stream);
-  else dense_gemm<LargeTile>(x, rows, k, w, n, out, plan, max_tiles, stream);
+  else
+    dense_gemm<K32Tile>(x, rows, k, w, n, out, plan, max_tiles, stream);
 }
 
 std::unique_ptr<moe::ExpertsKernel> make_cuda_modular_kernel(CudaContext& context) {
