@@ -182,22 +182,32 @@ if want route-tile; then
   done
 fi
 if want gemm-tile; then
-  # The grouped GEMM's large-step tile experiments (SY_GEMM_LARGE_TILE=k32|w64; bitwise the
-  # default's results by construction): the harness's MoE cases with each, then prefill A/B,
-  # alternating (Qwen3.5 8 x 1,024 and Qwen3 48 layers 8k: large steps take the large tile).
+  # The grouped GEMM's tile experiments (every tile sums k in the same order: bitwise the
+  # default's results by construction): SY_GEMM_LARGE_TILE=k32|w64 (bf16 large steps; k32 the
+  # tile before session 22), SY_GEMM_MEDIUM_TILE=k64 (bf16 medium steps), SY_GEMM_MXFP4_LARGE_TILE=k64
+  # (MXFP4 large steps). The harness's cuda-modular cases with each, then prefill steps alternating.
   section "grouped GEMM tile experiments: harness, then prefill A/B"
-  for tile in k32 w64; do
-    SY_GEMM_LARGE_TILE=$tile run "gemm-tile-$tile-ops" timeout "${STAGE_TIMEOUT:-300}" "$carry/cuda_op_harness" --filter moe.cuda-modular
+  for variant in SY_GEMM_LARGE_TILE=k32 SY_GEMM_LARGE_TILE=w64 SY_GEMM_MEDIUM_TILE=k64 SY_GEMM_MXFP4_LARGE_TILE=k64; do
+    echo "--- harness, $variant"
+    export "${variant?}"
+    run "gemm-tile-$variant-ops" timeout "${STAGE_TIMEOUT:-300}" "$carry/cuda_op_harness" --filter moe.cuda-modular
+    unset "${variant%%=*}"
   done
-  for round in 1 2; do
-    for tile in default k32 w64; do
-      echo "--- SY_GEMM_LARGE_TILE=$tile (round $round)"
-      SY_GEMM_LARGE_TILE=$tile "$carry/step_bench" --device cuda --random-weights "$carry/qwen3.5-35b-a3b/config.json" \
-        --batches "" --prefill 8192 --prefill-seqs 8 --steps 1 --ab-pairs 0 --matmul-tflops "$tflops" 2>&1 | grep prefill
-      SY_GEMM_LARGE_TILE=$tile "$carry/step_bench" --device cuda --random-weights "$carry/qwen3-30b-a3b/config.json" \
-        --batches "" --prefill 8192 --steps 1 --ab-pairs 0 --matmul-tflops "$tflops" 2>&1 | grep prefill
+  tile_ab() {  # model prefill seqs variant...: the prefill step under each variant, two rounds
+    local model=$1 prefill=$2 seqs=$3; shift 3
+    for round in 1 2; do
+      for variant in "$@"; do
+        echo "--- $model, $prefill tokens over $seqs, $variant (round $round)"
+        env $variant "$carry/step_bench" --device cuda --random-weights "$carry/$model/config.json" --batches "" \
+          --prefill "$prefill" --prefill-seqs "$seqs" --steps 1 --ab-pairs 0 --matmul-tflops "$tflops" 2>&1 | grep prefill
+      done
     done
-  done
+  }
+  tile_ab qwen3.5-35b-a3b 8192 8 SY_GEMM_LARGE_TILE= SY_GEMM_LARGE_TILE=k32 SY_GEMM_LARGE_TILE=w64
+  tile_ab qwen3-30b-a3b 8192 1 SY_GEMM_LARGE_TILE= SY_GEMM_LARGE_TILE=k32 SY_GEMM_LARGE_TILE=w64
+  tile_ab qwen3.5-35b-a3b 2048 2 SY_GEMM_MEDIUM_TILE= SY_GEMM_MEDIUM_TILE=k64
+  tile_ab qwen3-30b-a3b 1024 1 SY_GEMM_MEDIUM_TILE= SY_GEMM_MEDIUM_TILE=k64
+  tile_ab gpt-oss-20b 4096 1 SY_GEMM_MXFP4_LARGE_TILE= SY_GEMM_MXFP4_LARGE_TILE=k64
 fi
 if want delta-chunked; then
   # The chunked DeltaNet kernel (SY_DELTA_CHUNKED=1: steps with 32+ tokens of a sequence, heads of

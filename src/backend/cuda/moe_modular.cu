@@ -101,6 +101,11 @@ using LargeTile = Tile<128, 128, 64, 2, 4, 3, 2>;
 // the same results.
 using K32Tile = Tile<128, 128, 32, 2, 4, 4, 2>;
 using WideWarpTile = Tile<128, 128, 64, 2, 2, 3, 2>;
+// Experiments after the k-64 large tile (not yet run): SY_GEMM_MEDIUM_TILE=k64, the medium tile
+// with k tiles of 64 in three stages (bf16 experts: steps of 24 to 96 pairs an expert, Qwen3.5's
+// 768 to 3,072 tokens, serving steps of decodes and a prefill piece); SY_GEMM_MXFP4_LARGE_TILE=k64,
+// MXFP4 experts on LargeTile (gpt-oss prefill).
+using MediumK64Tile = Tile<64, 128, 64, 2, 4, 3, 2>;
 
 // Shared memory of grouped_gemm_kernel<Cfg, *, kMxfp4>, in bytes: A stages; bf16 B stages (bf16
 // weights: cp.async'd; MXFP4: one buffer, the tile in use, decoded from its packed stage); the
@@ -936,8 +941,9 @@ class ModularKernel final : public moe::ExpertsKernel {
     const int64_t max_k = std::max(hidden, intermediate);
     allow_shared_memory<SmallTile>(max_k);
     allow_shared_memory<MediumTile>(max_k);
-    allow_shared_memory<LargeTile, false>(max_k);
+    allow_shared_memory<LargeTile>(max_k);
     allow_shared_memory<K32Tile>(max_k);
+    allow_shared_memory<MediumK64Tile, false>(max_k);
     allow_shared_memory<WideWarpTile, false>(max_k);
     const int64_t stream_k = std::min<int64_t>(max_k, kStreamMaxK);
     allow_stream_shared_memory(stream_k);
@@ -995,9 +1001,14 @@ class ModularKernel final : public moe::ExpertsKernel {
     else if (pairs <= 24 * experts_)
       mxfp4 ? forward_experts<SmallTile, true>(w, experts, pairs, stream)
             : forward_experts<SmallTile, false>(w, experts, pairs, stream);
+    else if (pairs <= 96 * experts_ && mxfp4)
+      forward_experts<MediumTile, true>(w, experts, pairs, stream);
+    else if (pairs <= 96 * experts_ && medium_tile_ == "k64")
+      forward_experts<MediumK64Tile, false>(w, experts, pairs, stream);
     else if (pairs <= 96 * experts_)
-      mxfp4 ? forward_experts<MediumTile, true>(w, experts, pairs, stream)
-            : forward_experts<MediumTile, false>(w, experts, pairs, stream);
+      forward_experts<MediumTile, false>(w, experts, pairs, stream);
+    else if (mxfp4 && mxfp4_large_tile_ == "k64")
+      forward_experts<LargeTile, true>(w, experts, pairs, stream);
     else if (mxfp4)
       forward_experts<K32Tile, true>(w, experts, pairs, stream);
     else if (large_tile_ == "k32")
@@ -1017,11 +1028,15 @@ class ModularKernel final : public moe::ExpertsKernel {
   }
 
  private:
-  // SY_GEMM_LARGE_TILE (experiments; see K32Tile).
-  const std::string_view large_tile_ = [] {
-    const char* value = std::getenv("SY_GEMM_LARGE_TILE");
+  // SY_GEMM_LARGE_TILE, SY_GEMM_MEDIUM_TILE, SY_GEMM_MXFP4_LARGE_TILE (experiments; see K32Tile
+  // and MediumK64Tile).
+  static std::string_view env_choice(const char* name) {
+    const char* value = std::getenv(name);
     return std::string_view(value ? value : "");
-  }();
+  }
+  const std::string_view large_tile_ = env_choice("SY_GEMM_LARGE_TILE");
+  const std::string_view medium_tile_ = env_choice("SY_GEMM_MEDIUM_TILE");
+  const std::string_view mxfp4_large_tile_ = env_choice("SY_GEMM_MXFP4_LARGE_TILE");
   template <class Cfg, bool kMxfp4>
   void forward_experts(const moe::MoeLayerWeights& w, const ExpertParams& experts, int64_t pairs,
                        cudaStream_t stream) {
