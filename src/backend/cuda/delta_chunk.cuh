@@ -440,7 +440,8 @@ SY_HOST_DEVICE inline void output_partials(const View& s, int n, int tid) {
 }
 
 // Phase 9: the outputs, normed (RMSNorm over the head's outputs), times the norm weight and
-// silu(z); each thread its columns of phase 8.
+// silu(z); each thread its columns of phase 8, z, the norm weights and the outputs 4 floats a
+// load or store (value_dim and the head's offset are multiples of 4).
 SY_HOST_DEVICE inline void write_outputs(const Inputs& in, const View& s, int n, int tid,
                                          float* out) {
   const int t = tid / kParts, part = tid % kParts;
@@ -449,12 +450,18 @@ SY_HOST_DEVICE inline void write_outputs(const Inputs& in, const View& s, int n,
   for (int p = 0; p < kParts; ++p) sum += s.partial[t * 2 * kParts + p];
   const float scale = 1.0f / sqrtf(sum / static_cast<float>(kDim) + in.eps);
   const int64_t row = int64_t{in.tok[t]} * in.value_dim + int64_t{in.head} * kDim;
+  constexpr int kGroups = kDim / (4 * kParts);  // a thread's 4-float groups
+  Vec4 z[kGroups];                              // every group's z requested before any is used
   SY_UNROLL
-  for (int c = 4 * part; c < kDim; c += 4 * kParts) {
-    const Vec4 o = load4(s.q + t * kRow + c);
+  for (int g = 0; g < kGroups; ++g) z[g] = load4(in.z + row + 4 * part + 4 * kParts * g);
+  SY_UNROLL
+  for (int g = 0; g < kGroups; ++g) {
+    const int c = 4 * part + 4 * kParts * g;
+    const Vec4 o = load4(s.q + t * kRow + c), w = load4(in.norm + c);
+    float v[4];
     SY_UNROLL
-    for (int e = 0; e < 4; ++e)
-      out[row + c + e] = in.norm[c + e] * (o[e] * scale) * silu(in.z[row + c + e]);
+    for (int e = 0; e < 4; ++e) v[e] = w[e] * (o[e] * scale) * silu(z[g][e]);
+    store4(out + row + c, v);
   }
 }
 

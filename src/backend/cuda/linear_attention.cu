@@ -469,8 +469,10 @@ __global__ void __launch_bounds__(dc::kThreads, 1) delta_net_chunk_kernel(DeltaN
 // 8 x 1,024 280.1 -> 260.2 ms; BENCHMARKS.md). SY_DELTA_CHUNKED=0: the recurrent kernel for all.
 bool use_chunked(const DeltaNetParams& p) {
   static const bool enabled = !env_off("SY_DELTA_CHUNKED");
+  auto aligned = [](const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; };
   return enabled && p.conv_out && p.key_head_dim == dc::kDim && p.value_head_dim == dc::kDim &&
-         p.max_query_len >= dc::kTokens;
+         p.max_query_len >= dc::kTokens && aligned(p.conv_out) && aligned(p.z) && aligned(p.norm) &&
+         aligned(p.out);  // (4-float loads and stores)
 }
 
 // SY_DELTA_STAMPS=1 (experiments): the chunked kernel's phase cycles over every launch outside
