@@ -456,7 +456,8 @@ if want serve-new; then
   # 1000, Moonlight-16B-A3B 1024/512 x 500. SERVE_MODELS picks (default: all three, in that
   # order); SERVE_ARGS_<model with _> adds server flags. The Qwen3 tokenizer makes the prompts and
   # decodes (ids it lacks decode to nothing; usage counts every token). Qwen3.5 keeps two DeltaNet
-  # state buffers per sequence (~131 MB each at these shapes): its default caps sequences at 64.
+  # state buffers per sequence (~66 MB each at these shapes): its default is 256 sequences on a
+  # card of more than 120 GB, else 32.
   for model in ${SERVE_MODELS:-gpt-oss-20b qwen3.5-35b-a3b moonlight-16b-a3b}; do
     case $model in
       gpt-oss-20b) profile="1024 512 500" ;;
@@ -466,7 +467,12 @@ if want serve-new; then
     read -r in_len out_len prompts <<< "$profile"
     var="SERVE_ARGS_${model//[.-]/_}"
     extra=${!var:-}
-    [[ $model == qwen3.5-35b-a3b && -z $extra ]] && extra="--max-num-seqs 64"
+    if [[ $model == qwen3.5-35b-a3b && -z $extra ]]; then
+      # 256 sequences (the anchor's shape) need ~35 GB of DeltaNet states beside 70 GB of weights:
+      # an H200; an 80 GB card has room for 32 (session 22: 256 ran out of memory on an H100).
+      gpu_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
+      if (( ${gpu_mib:-0} > 120000 )); then extra="--max-num-seqs 256"; else extra="--max-num-seqs 32"; fi
+    fi
     cp -n "$carry/qwen3-30b-a3b/"tokenizer*.json "$carry/$model/" 2>/dev/null
     section "serve --device cuda $model + switchyard bench ($in_len in / $out_len out x $prompts) $extra"
     "$carry/switchyard" serve --device cuda --random-weights "$carry/$model/config.json" --port 8392 \
