@@ -452,8 +452,8 @@ class CudaBackend final : public Backend {
     if (x.numel() != in || !norm_gemv_supported(in) || parts.empty() ||
         parts.size() > static_cast<size_t>(kGemvMaxParts))
       return false;
-    auto aligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; };
-    if (!aligned(x.data) || !aligned(weight.data) || (delta && (!aligned(delta->data) || delta->numel() != in)))
+    if (!aligned16(x.data) || !aligned16(weight.data) ||
+        (delta && (!aligned16(delta->data) || delta->numel() != in)))
       return false;
     GemvPart gemv[kGemvMaxParts];
     for (size_t p = 0; p < parts.size(); ++p) {
@@ -696,9 +696,7 @@ class CudaBackend final : public Backend {
     p.value_head_dim = static_cast<int>(shape.value_head_dim);
     p.kernel = static_cast<int>(shape.kernel);
     p.eps = eps;
-    const int64_t conv_dim =
-        2 * shape.key_heads * shape.key_head_dim + shape.value_heads * shape.value_head_dim;
-    if (p.tokens * conv_dim <= conv_scratch_elems_)
+    if (p.tokens * p.conv_dim() <= conv_scratch_elems_)
       p.conv_out = conv_scratch_;  // (else: recurrent)
     launch_gated_delta_net(p, context_.stream);
   }
@@ -810,8 +808,8 @@ class CudaBackend final : public Backend {
   int64_t matmul_scratch_elems_ = 0;
   void* attention_scratch_ = nullptr;
   float* latent_scratch_ = nullptr;  // latent_attention.cu's (StepLimits::latent_*)
-  float* conv_scratch_ =
-      nullptr;  // the chunked DeltaNet's conv outputs (StepLimits::linear_conv_dim)
+  // The chunked DeltaNet's conv outputs (StepLimits::linear_conv_dim).
+  float* conv_scratch_ = nullptr;
   int64_t conv_scratch_elems_ = 0;
   LatentExpandScratch latent_expand_;  // its expanded prefill path (group 0: not reserved)
   size_t latent_scratch_bytes_ = 0;

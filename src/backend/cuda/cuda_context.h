@@ -8,6 +8,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <utility>
@@ -39,6 +40,11 @@ inline bool env_flag(const char* name) {
 inline bool env_off(const char* name) {
   const char* value = std::getenv(name);
   return value && value[0] == '0';
+}
+
+// Whether p is 16-byte aligned (what 4-float and 8-bf16 vector loads need).
+inline bool aligned16(const void* p) {
+  return (reinterpret_cast<uintptr_t>(p) & 15u) == 0;
 }
 
 // Whether `stream` is recording a graph (the phase-stamp experiments skip those launches).

@@ -180,20 +180,20 @@ SY_HOST_DEVICE inline void conv_walk(const float* qkv, int64_t conv_dim, int64_t
 constexpr int kLoadBatch = 6;
 SY_HOST_DEVICE inline void load_chunk(const Inputs& in, int n, int tid, const View& s) {
   constexpr int kGroups = kChannels / 4;  // 4-float groups of a token
-  constexpr int kRounds = kTokens * kGroups / kThreads, kBatch = kLoadBatch;
-  static_assert(kTokens * kGroups % kThreads == 0 && kRounds % kBatch == 0,
+  constexpr int kRounds = kTokens * kGroups / kThreads;
+  static_assert(kTokens * kGroups % kThreads == 0 && kRounds % kLoadBatch == 0,
                 "whole rounds of loads");
-  for (int j0 = 0; j0 < kRounds; j0 += kBatch) {
-    Vec4 x[kBatch];
+  for (int j0 = 0; j0 < kRounds; j0 += kLoadBatch) {
+    Vec4 x[kLoadBatch];
     SY_UNROLL
-    for (int j = 0; j < kBatch; ++j) {
+    for (int j = 0; j < kLoadBatch; ++j) {
       const int i = tid + (j0 + j) * kThreads, t = i / kGroups;
       if (t < n)
         x[j] =
             load4(in.conv + int64_t{in.tok[t]} * in.conv_dim + channel_of(in, 4 * (i % kGroups)));
     }
     SY_UNROLL
-    for (int j = 0; j < kBatch; ++j) {
+    for (int j = 0; j < kLoadBatch; ++j) {
       const int i = tid + (j0 + j) * kThreads, t = i / kGroups, ch = 4 * (i % kGroups);
       if (t >= n) continue;
       float* row = ch < kDim ? s.q + ch : ch < 2 * kDim ? s.k + ch - kDim : s.v + ch - 2 * kDim;

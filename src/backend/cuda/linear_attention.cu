@@ -310,8 +310,7 @@ __global__ void __launch_bounds__(kConvThreads) delta_conv_kernel(DeltaNetParams
   __shared__ int counts[32];
   __shared__ int32_t list[kConvThreads * kScanPerThread];
   const int s = blockIdx.x;
-  const int64_t conv_dim =
-      2 * int64_t{p.key_heads} * p.key_head_dim + int64_t{p.value_heads} * p.value_head_dim;
+  const int64_t conv_dim = p.conv_dim();
   const int64_t col = int64_t{blockIdx.y} * kConvThreads + threadIdx.x;
   const int read = p.state_read[s];
   if (read < 0) return;  // a padding sequence (uniform): states untouched
@@ -395,7 +394,7 @@ __global__ void __launch_bounds__(dc::kThreads, 1) delta_net_chunk_kernel(DeltaN
   in.norm = p.norm;
   in.tok = list;
   in.key_dim = int64_t{p.key_heads} * kd;
-  in.conv_dim = 2 * in.key_dim + int64_t{p.value_heads} * vd;
+  in.conv_dim = p.conv_dim();
   in.value_dim = int64_t{p.value_heads} * vd;
   in.key_head = h / group;
   in.head = h;
@@ -471,10 +470,9 @@ __global__ void __launch_bounds__(dc::kThreads, 1) delta_net_chunk_kernel(DeltaN
 // 8 x 1,024 280.1 -> 260.2 ms; BENCHMARKS.md). SY_DELTA_CHUNKED=0: the recurrent kernel for all.
 bool use_chunked(const DeltaNetParams& p) {
   static const bool enabled = !env_off("SY_DELTA_CHUNKED");
-  auto aligned = [](const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; };
   return enabled && p.conv_out && p.key_head_dim == dc::kDim && p.value_head_dim == dc::kDim &&
-         p.max_query_len >= dc::kTokens && aligned(p.conv_out) && aligned(p.z) && aligned(p.norm) &&
-         aligned(p.out);  // (4-float loads and stores)
+         p.max_query_len >= dc::kTokens && aligned16(p.conv_out) && aligned16(p.z) &&
+         aligned16(p.norm) && aligned16(p.out);  // (4-float loads and stores)
 }
 
 // SY_DELTA_STAMPS=1 (experiments): the chunked kernel's phase cycles over every launch outside
@@ -546,8 +544,8 @@ void launch_history(const DeltaNetParams& p, cudaStream_t stream) {
     stamped.tensor_cores = tensor_cores;
     DeltaStamps* stamps = DeltaStamps::get();
     if (stamps) stamped.phase_cycles = stamps->begin(stream);
-    const unsigned channel_blocks = static_cast<unsigned>(
-        (2 * p.key_heads * dc::kDim + p.value_heads * dc::kDim + kConvThreads - 1) / kConvThreads);
+    const unsigned channel_blocks =
+        static_cast<unsigned>((p.conv_dim() + kConvThreads - 1) / kConvThreads);
     delta_conv_kernel<HISTORY>
         <<<dim3(static_cast<unsigned>(p.seqs), channel_blocks), kConvThreads, 0, stream>>>(p);
     SY_CUDA_LAUNCH_CHECK("delta_conv_kernel");

@@ -51,6 +51,10 @@ struct DeltaNetParams {
   int64_t max_query_len = 0;  // the most tokens of one sequence in the step (AttentionBatch)
   int seqs = 0, key_heads = 0, value_heads = 0, key_head_dim = 0, value_head_dim = 0, kernel = 0;
   float eps = 0;
+  // Channels of qkv and of the conv (q and k of every key head, then v of every value head).
+  __host__ __device__ int64_t conv_dim() const {
+    return 2 * int64_t{key_heads} * key_head_dim + int64_t{value_heads} * value_head_dim;
+  }
 };
 // Shapes the kernel takes (head dims up to 1024, conv kernel 1..8, the state in shared memory).
 bool delta_net_supported(int key_head_dim, int value_head_dim, int kernel);

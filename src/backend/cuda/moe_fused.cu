@@ -599,10 +599,6 @@ __global__ void __launch_bounds__(kThreads, 2)
   stamp(a, 6);
 }
 
-bool aligned16(const void* p) {
-  return (reinterpret_cast<uintptr_t>(p) & 15u) == 0;
-}
-
 class FusedKernel final : public moe::ExpertsKernel {
  public:
   explicit FusedKernel(CudaContext& context) : context_(context) {}

@@ -1137,12 +1137,12 @@ class ModularKernel final : public moe::ExpertsKernel {
     };
     // The streamed tensor-core kernel needs its k in shared memory, 16-byte aligned rows and
     // scales, and row counts (2I, H) that are multiples of 16 (I is a multiple of 32 already).
-    const auto aligned = [](const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data) % 16 == 0; };
     const int64_t tokens = pairs / top_k_;
     const bool stream_path =
         mxfp4_gemv_ == Mxfp4Path::kStream || (mxfp4_gemv_ == Mxfp4Path::kAuto && tokens > 1);
     if (stream_path && std::max(hidden_, intermediate_) <= kStreamMaxK && hidden_ % 16 == 0 &&
-        aligned(w.gate_up) && aligned(w.down) && aligned(w.gate_up_scales) && aligned(w.down_scales)) {
+        aligned16(w.gate_up.data) && aligned16(w.down.data) && aligned16(w.gate_up_scales.data) &&
+        aligned16(w.down_scales.data)) {
       auto launch = [&](auto kernel, int64_t rows) {
         const dim3 grid(static_cast<unsigned>(ceil_div(rows, 16 * kStreamWarps)), static_cast<unsigned>(pairs));
         kernel<<<grid, kStreamThreads, static_cast<size_t>(stream_gemv_smem(g.k)), stream>>>(g);
