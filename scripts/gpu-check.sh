@@ -182,12 +182,12 @@ if want route-tile; then
   done
 fi
 if want gemm-tile; then
-  # The grouped GEMM's tile experiments (every tile sums k in the same order: bitwise the
-  # default's results by construction): SY_GEMM_LARGE_TILE=k32|w64 (bf16 large steps; k32 the
-  # tile before session 22), SY_GEMM_MEDIUM_TILE=k64 (bf16 medium steps), SY_GEMM_MXFP4_LARGE_TILE=k64
-  # (MXFP4 large steps). The harness's cuda-modular cases with each, then prefill steps alternating.
+  # The grouped GEMM's tile choices (every tile sums k in the same order: bitwise the default's
+  # results by construction): SY_GEMM_TILE=k32 (every expert step on the k-32 tiles, the defaults
+  # before session 23) and SY_GEMM_TILE=k64 (also MXFP4's medium steps on k 64: experiment). The
+  # harness's cuda-modular cases with each, then prefill steps alternating.
   section "grouped GEMM tile experiments: harness, then prefill A/B"
-  for variant in SY_GEMM_LARGE_TILE=k32 SY_GEMM_LARGE_TILE=w64 SY_GEMM_MEDIUM_TILE=k64 SY_GEMM_MXFP4_LARGE_TILE=k64; do
+  for variant in SY_GEMM_TILE=k32 SY_GEMM_TILE=k64; do
     echo "--- harness, $variant"
     export "${variant?}"
     run "gemm-tile-$variant-ops" timeout "${STAGE_TIMEOUT:-300}" "$carry/cuda_op_harness" --filter moe.cuda-modular
@@ -203,11 +203,9 @@ if want gemm-tile; then
       done
     done
   }
-  tile_ab qwen3.5-35b-a3b 8192 8 SY_GEMM_LARGE_TILE= SY_GEMM_LARGE_TILE=k32 SY_GEMM_LARGE_TILE=w64
-  tile_ab qwen3-30b-a3b 8192 1 SY_GEMM_LARGE_TILE= SY_GEMM_LARGE_TILE=k32 SY_GEMM_LARGE_TILE=w64
-  tile_ab qwen3.5-35b-a3b 2048 2 SY_GEMM_MEDIUM_TILE= SY_GEMM_MEDIUM_TILE=k64
-  tile_ab qwen3-30b-a3b 1024 1 SY_GEMM_MEDIUM_TILE= SY_GEMM_MEDIUM_TILE=k64
-  tile_ab gpt-oss-20b 4096 1 SY_GEMM_MXFP4_LARGE_TILE= SY_GEMM_MXFP4_LARGE_TILE=k64
+  tile_ab qwen3.5-35b-a3b 2048 2 SY_GEMM_TILE= SY_GEMM_TILE=k32
+  tile_ab gpt-oss-20b 512 1 SY_GEMM_TILE= SY_GEMM_TILE=k64
+  tile_ab gpt-oss-20b 4096 1 SY_GEMM_TILE= SY_GEMM_TILE=k32
 fi
 if want delta-chunked; then
   # The chunked DeltaNet kernel (SY_DELTA_CHUNKED=1: steps with 32+ tokens of a sequence, heads of

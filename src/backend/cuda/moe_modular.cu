@@ -88,24 +88,22 @@ struct Tile {
 // Few rows per expert (decode-sized steps): bound by streaming the touched experts' weights, so
 // a short M tile, a deep pipeline and many CTAs. Larger steps: bound by tensor-core FLOPs.
 using SmallTile = Tile<32, 64, 64, 1, 4, 5, 3>;
-using MediumTile = Tile<64, 128, 32, 2, 4, 4, 2>;
-// k tiles of 64 (three stages; two blocks an SM in 221 KB): on an H100 (88d8eed, alternating) a
-// Qwen3.5 8 x 1,024 prefill 247.7 -> 234.8 ms and a Qwen3 8k 406.8 -> 387.9 ms against k tiles of
-// 32 with four stages. (A warp of 64 x 64 with k 32: 246.4 / 399.3 ms; 128 x 256 tiles of eight
-// such warps: 255.9 / 420.1 ms.)
+// Larger steps: k tiles of 64 in three stages (two blocks an SM; the large tile's 221 KB).
+// Large, on an H100 (88d8eed, alternating): a Qwen3.5 8 x 1,024 prefill 247.7 -> 234.8 ms and a
+// Qwen3 8k 406.8 -> 387.9 ms against k tiles of 32 in four stages (a warp of 64 x 64 with k 64:
+// no faster; 128 x 256 tiles of eight such warps: slower). Medium (bf16 experts: 24 to 96 pairs
+// an expert, Qwen3.5's 768 to 3,072 tokens, serving steps of decodes and a prefill piece) and
+// MXFP4's large steps, on an H100 (712e2b3, two rounds alternating): Qwen3.5 2 x 1,024 prefill
+// 95.7 -> 87.8 ms, Qwen3 1,024 41.8 -> 38.7 ms, gpt-oss 4,096 147.2 -> 133.5 ms.
+using MediumTile = Tile<64, 128, 64, 2, 4, 3, 2>;
 using LargeTile = Tile<128, 128, 64, 2, 4, 3, 2>;
-// The previous large tile: MXFP4 experts and the batch-invariant dense GEMM keep it (the k-64
-// tile has run on a GPU for bf16 experts only), and SY_GEMM_LARGE_TILE=k32 picks it for bf16
-// experts (A/B). SY_GEMM_LARGE_TILE=w64: k 64 with four warps of 64 x 64 (experiment). Every
-// tile sums a product's k in the same order (k tiles ascending, m16n8k16 steps within): bitwise
-// the same results.
-using K32Tile = Tile<128, 128, 32, 2, 4, 4, 2>;
-using WideWarpTile = Tile<128, 128, 64, 2, 2, 3, 2>;
-// Experiments after the k-64 large tile (not yet run): SY_GEMM_MEDIUM_TILE=k64, the medium tile
-// with k tiles of 64 in three stages (bf16 experts: steps of 24 to 96 pairs an expert, Qwen3.5's
-// 768 to 3,072 tokens, serving steps of decodes and a prefill piece); SY_GEMM_MXFP4_LARGE_TILE=k64,
-// MXFP4 experts on LargeTile (gpt-oss prefill).
-using MediumK64Tile = Tile<64, 128, 64, 2, 4, 3, 2>;
+// The k-32 tiles before session 23. MXFP4's medium steps and the batch-invariant dense GEMM keep
+// them (their k-64 variants have not been measured; SY_GEMM_TILE=k64 puts MXFP4's medium steps on
+// MediumTile), and SY_GEMM_TILE=k32 puts every expert step back on them (A/B). Every tile sums a
+// product's k in the same order (k tiles ascending, m16n8k16 steps within): bitwise the same
+// results.
+using MediumK32Tile = Tile<64, 128, 32, 2, 4, 4, 2>;
+using LargeK32Tile = Tile<128, 128, 32, 2, 4, 4, 2>;
 
 // Shared memory of grouped_gemm_kernel<Cfg, *, kMxfp4>, in bytes: A stages; bf16 B stages (bf16
 // weights: cp.async'd; MXFP4: one buffer, the tile in use, decoded from its packed stage); the
@@ -942,9 +940,8 @@ class ModularKernel final : public moe::ExpertsKernel {
     allow_shared_memory<SmallTile>(max_k);
     allow_shared_memory<MediumTile>(max_k);
     allow_shared_memory<LargeTile>(max_k);
-    allow_shared_memory<K32Tile>(max_k);
-    allow_shared_memory<MediumK64Tile, false>(max_k);
-    allow_shared_memory<WideWarpTile, false>(max_k);
+    allow_shared_memory<MediumK32Tile>(max_k);
+    allow_shared_memory<LargeK32Tile>(max_k);
     const int64_t stream_k = std::min<int64_t>(max_k, kStreamMaxK);
     allow_stream_shared_memory(stream_k);
     return Status::ok();
@@ -1001,22 +998,19 @@ class ModularKernel final : public moe::ExpertsKernel {
     else if (pairs <= 24 * experts_)
       mxfp4 ? forward_experts<SmallTile, true>(w, experts, pairs, stream)
             : forward_experts<SmallTile, false>(w, experts, pairs, stream);
-    else if (pairs <= 96 * experts_ && mxfp4)
+    else if (pairs <= 96 * experts_ && mxfp4 && tiles_ == "k64")
       forward_experts<MediumTile, true>(w, experts, pairs, stream);
-    else if (pairs <= 96 * experts_ && medium_tile_ == "k64")
-      forward_experts<MediumK64Tile, false>(w, experts, pairs, stream);
+    else if (pairs <= 96 * experts_ && (mxfp4 || tiles_ == "k32"))
+      mxfp4 ? forward_experts<MediumK32Tile, true>(w, experts, pairs, stream)
+            : forward_experts<MediumK32Tile, false>(w, experts, pairs, stream);
     else if (pairs <= 96 * experts_)
       forward_experts<MediumTile, false>(w, experts, pairs, stream);
-    else if (mxfp4 && mxfp4_large_tile_ == "k64")
-      forward_experts<LargeTile, true>(w, experts, pairs, stream);
-    else if (mxfp4)
-      forward_experts<K32Tile, true>(w, experts, pairs, stream);
-    else if (large_tile_ == "k32")
-      forward_experts<K32Tile, false>(w, experts, pairs, stream);
-    else if (large_tile_ == "w64")
-      forward_experts<WideWarpTile, false>(w, experts, pairs, stream);
+    else if (tiles_ == "k32")
+      mxfp4 ? forward_experts<LargeK32Tile, true>(w, experts, pairs, stream)
+            : forward_experts<LargeK32Tile, false>(w, experts, pairs, stream);
     else
-      forward_experts<LargeTile, false>(w, experts, pairs, stream);
+      mxfp4 ? forward_experts<LargeTile, true>(w, experts, pairs, stream)
+            : forward_experts<LargeTile, false>(w, experts, pairs, stream);
 
     // Combine.
     const dim3 combine_grid(static_cast<unsigned>(ceil_div(hidden_ / 4, kCombineThreads)),
@@ -1028,15 +1022,11 @@ class ModularKernel final : public moe::ExpertsKernel {
   }
 
  private:
-  // SY_GEMM_LARGE_TILE, SY_GEMM_MEDIUM_TILE, SY_GEMM_MXFP4_LARGE_TILE (experiments; see K32Tile
-  // and MediumK64Tile).
-  static std::string_view env_choice(const char* name) {
-    const char* value = std::getenv(name);
+  // SY_GEMM_TILE=k32|k64 (A/B and experiment; see MediumK32Tile).
+  const std::string_view tiles_ = [] {
+    const char* value = std::getenv("SY_GEMM_TILE");
     return std::string_view(value ? value : "");
-  }
-  const std::string_view large_tile_ = env_choice("SY_GEMM_LARGE_TILE");
-  const std::string_view medium_tile_ = env_choice("SY_GEMM_MEDIUM_TILE");
-  const std::string_view mxfp4_large_tile_ = env_choice("SY_GEMM_MXFP4_LARGE_TILE");
+  }();
   template <class Cfg, bool kMxfp4>
   void forward_experts(const moe::MoeLayerWeights& w, const ExpertParams& experts, int64_t pairs,
                        cudaStream_t stream) {
@@ -1305,7 +1295,7 @@ size_t dense_gemm_plan_ints(int64_t max_rows) {
   // [count | a tile entry per shortest M tile | perm to the largest M tile's multiple]
   const int64_t rows = std::max<int64_t>(max_rows, 1);
   return static_cast<size_t>(1 + ceil_div(rows, SmallTile::kM) +
-                             ceil_div(rows, K32Tile::kM) * K32Tile::kM);
+                             ceil_div(rows, LargeK32Tile::kM) * LargeK32Tile::kM);
 }
 
 void launch_dense_gemm(const __nv_bfloat16* x, int64_t rows, int64_t k, const __nv_bfloat16* w, int64_t n, float* out,
@@ -1317,9 +1307,10 @@ void launch_dense_gemm(const __nv_bfloat16* x, int64_t rows, int64_t k, const __
   const int64_t max_tiles = ceil_div(rows, SmallTile::kM);
   // Tiles by size only for speed: every tile shape accumulates each row in the same k order.
   if (rows <= 64) dense_gemm<SmallTile>(x, rows, k, w, n, out, plan, max_tiles, stream);
-  else if (rows <= 1024) dense_gemm<MediumTile>(x, rows, k, w, n, out, plan, max_tiles, stream);
+  else if (rows <= 1024)
+    dense_gemm<MediumK32Tile>(x, rows, k, w, n, out, plan, max_tiles, stream);
   else
-    dense_gemm<K32Tile>(x, rows, k, w, n, out, plan, max_tiles, stream);
+    dense_gemm<LargeK32Tile>(x, rows, k, w, n, out, plan, max_tiles, stream);
 }
 
 std::unique_ptr<moe::ExpertsKernel> make_cuda_modular_kernel(CudaContext& context) {
