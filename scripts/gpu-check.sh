@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU machine's whole visit, run as it is from the repo root there, after scripts/gpu-pack.sh
 # here (carry gpu-carry/). Stages (default: all but profile): ceilings ops golden engine bench8
-# bench48 crossover serve-e2e serve-invariant (--batch-invariant tests and bench) soak (CUDA soak, SOAK_SECONDS) serve; chat-goldens (transformers' template renders); stamps (cuda-fused phase timer, STAMP_VARIANTS); ab (knob A/B, AB_VARIANTS); bin-ab (two builds' binaries alternating, BIN_AB); route-tile (the tiled router: prefill A/B); gemm-tile (grouped GEMM tile experiments); delta-chunked (the chunked DeltaNet kernel: harness, Qwen3.5 A/B); family-goldens (GOLDEN_FAMILIES; then the golden tests on them); bf16-sensitivity (transformers bf16 vs float64 per golden model); routes-ab (routes on/off over HTTP on CUDA); bench-gptoss (gpt-oss-20b shapes, MXFP4 experts); bench-new (Moonlight-16B-A3B, Qwen3.5-35B-A3B and Mixtral-8x7B 16-layer shapes: MLA, DeltaNet; BENCH_NEW_MODELS); serve-new (their and gpt-oss-20b's throughput profiles, SERVE_MODELS); mxfp4-gemv (the MXFP4 few-token paths: harness, gpt-oss goldens, decode A/B); routes-cost (capture on/off in process on CUDA); long-goldens (tools/gpu/long_goldens.py, then LongGolden on them; long_goldens.tgz); moe-stalls (ncu stall reasons of cuda-fused); attn-detail (ncu full + SASS stalls of decode attention); kernel-detail (the same for DETAIL_KERNELS in a gpt-oss batch-1 decode); profile (ncu per-kernel times of one decode and one prefill step;
+# bench48 crossover serve-e2e serve-invariant (--batch-invariant tests and bench) soak (CUDA soak, SOAK_SECONDS) serve; chat-goldens (transformers' template renders); stamps (cuda-fused phase timer, STAMP_VARIANTS); ab (knob A/B, AB_VARIANTS); bin-ab (two builds' binaries alternating, BIN_AB); router-ab (the tensor-core router against an earlier pack's step_bench_old); gemm-tile (grouped GEMM tile experiments); delta-chunked (the chunked DeltaNet kernel: harness, Qwen3.5 A/B); family-goldens (GOLDEN_FAMILIES; then the golden tests on them); bf16-sensitivity (transformers bf16 vs float64 per golden model); routes-ab (routes on/off over HTTP on CUDA); bench-gptoss (gpt-oss-20b shapes, MXFP4 experts); bench-new (Moonlight-16B-A3B, Qwen3.5-35B-A3B and Mixtral-8x7B 16-layer shapes: MLA, DeltaNet; BENCH_NEW_MODELS); serve-new (their and gpt-oss-20b's throughput profiles, SERVE_MODELS); mxfp4-gemv (the MXFP4 few-token paths: harness, gpt-oss goldens, decode A/B); routes-cost (capture on/off in process on CUDA); long-goldens (tools/gpu/long_goldens.py, then LongGolden on them; long_goldens.tgz); moe-stalls (ncu stall reasons of cuda-fused); attn-detail (ncu full + SASS stalls of decode attention); kernel-detail (the same for DETAIL_KERNELS in a gpt-oss batch-1 decode); profile (ncu per-kernel times of one decode and one prefill step;
 # PROFILE_STEPS=decode for one), moe-detail (ncu's full sections on one cuda-fused launch).
 # Everything it prints also goes to $OUT/gpu-check.log; JSON results land in $OUT.
 #   scripts/gpu-check.sh [stage ...]
@@ -164,20 +164,21 @@ if want mxfp4-gemv; then
       --ab-pairs 0 --prefill 0 --bandwidth-gbs "$bandwidth" --json-out "$OUT/step_bench_gpt_oss_20b_gemv_${arm}_$gemv.json"
   done
 fi
-if want route-tile; then
-  # The tiled router kernel for steps of more than 16 tokens (the default; its logits are bitwise
-  # route_kernel's by construction; SY_ROUTE_TILE=0 keeps route_kernel: that path's harness and
-  # goldens passed on an H100 in session 20, and the ops and golden stages run the default).
-  section "tiled router: prefill A/B"
-  # Prefill with the tile off and on, alternating (Qwen3 48 layers 4k; Qwen3.5 as a serving
-  # prefill step, 8 x 1,024). (Session 22 timed two other tile shapes here: both slower.)
+if want router-ab; then
+  # The router logits on tensor cores (session 23) against the f32 FMA router before it:
+  # ROUTER_OLD names the earlier pack's step_bench carried in gpu-carry (e.g. step_bench_old).
+  # Decode steps (cuda-fused at batch 1, cuda-modular's few-token kernel at 16, its per-group one
+  # at 64) and prefill steps (Qwen3 4k, Qwen3.5 8 x 1,024 and 2 x 1,024), alternating, two rounds.
+  section "router A/B: ${ROUTER_OLD:-step_bench_old} vs step_bench"
   for round in 1 2; do
-    for tile in 0 1; do
-      echo "--- SY_ROUTE_TILE=$tile (round $round)"
-      SY_ROUTE_TILE=$tile "$carry/step_bench" --device cuda --random-weights "$carry/qwen3-30b-a3b/config.json" \
-        --batches "" --prefill 4096 --steps 1 --ab-pairs 0 --matmul-tflops "$tflops" 2>&1 | grep prefill
-      SY_ROUTE_TILE=$tile "$carry/step_bench" --device cuda --random-weights "$carry/qwen3.5-35b-a3b/config.json" \
-        --batches "" --prefill 8192 --prefill-seqs 8 --steps 1 --ab-pairs 0 --matmul-tflops "$tflops" 2>&1 | grep prefill
+    for bin in "${ROUTER_OLD:-step_bench_old}" step_bench; do
+      echo "--- $bin (round $round)"
+      "$carry/$bin" --device cuda --random-weights "$carry/qwen3-30b-a3b/config.json" --batches 1,16,64 --context 1024 \
+        --steps 32 --ab-pairs 0 --prefill 4096 --bandwidth-gbs "$bandwidth" --matmul-tflops "$tflops" 2>&1 | grep -E "decode batch|prefill"
+      "$carry/$bin" --device cuda --random-weights "$carry/qwen3.5-35b-a3b/config.json" --batches "" \
+        --prefill 8192 --prefill-seqs 8 --steps 1 --ab-pairs 0 --matmul-tflops "$tflops" 2>&1 | grep prefill
+      "$carry/$bin" --device cuda --random-weights "$carry/qwen3.5-35b-a3b/config.json" --batches "" \
+        --prefill 2048 --prefill-seqs 2 --steps 1 --ab-pairs 0 --matmul-tflops "$tflops" 2>&1 | grep prefill
     done
   done
 fi

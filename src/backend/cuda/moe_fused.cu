@@ -65,7 +65,7 @@ struct FusedLaunch {
   int32_t* sink = nullptr;          // offset to this layer and chunk, or nullptr
   float* weight_sink = nullptr;     // the gating weights, indexed like sink, or nullptr
   int64_t route_row_stride = 0;     // L * K
-  float* logits = nullptr;          // [T, E] scratch
+  float* logits = nullptr;          // [router groups, T, E] scratch: the logits' group sums
   float* act = nullptr;             // [T * K, I] scratch: silu(gate) * up per (token, k)
   int tile_rows = 0;                // hidden rows each block combines: ceil(H / grid)
   int pass_rows = 0;                // rows per pass so that combo (T*K x pass_rows) fits
@@ -392,10 +392,10 @@ __device__ __forceinline__ DownItem down_item(int it, int pass_begin, int rows_h
 
 // Floor: the chosen experts' weights, distinct(ids) * 3 * I * H * 2 bytes, plus the router
 // E * H * 2 once (Qwen3-30B-A3B, T = 1: 76 MB, ~18 us at 4.3 TB/s on an H200).
-// Phases, two grid barriers: (a) router logits, one warp per (token, expert) over the whole
-// grid; (b) every block selects all T tokens' top-k itself (route_select_warp) and groups the
-// pairs by expert, block 0 writes the sink; (c) gate_up: (slot, row) items split evenly over
-// all warps, silu(gate) * up into act; (d) down: block b owns hidden rows [b * tile, ...), its
+// Phases, two grid barriers: (a) router logits, one warp per (token tile, expert tile, k group)
+// over the whole grid; (b) every block selects all T tokens' top-k itself (route_select_warp) and
+// groups the pairs by expert, block 0 writes the sink; (c) gate_up: (slot, row) items split evenly
+// over all warps, silu(gate) * up into act; (d) down: block b owns hidden rows [b * tile, ...), its
 // warps dot every chosen expert's rows with act into shared memory, then each (token, row)
 // sums its k = 0..K-1 terms in order.
 // NORM_VEC > 0: the one-token kernel with the input norm fused (NormRow<NORM_VEC>); for
@@ -442,12 +442,21 @@ __global__ void __launch_bounds__(kThreads, 2)
     __syncthreads();
     hidden = normed;
   }
-  // (a) Router logits. Warp-major numbering spreads a T = 1 step's E rows over E blocks.
-  for (int q = warp * gridDim.x + blockIdx.x; q < T * E; q += total_warps) {
-    const int t = q / E, e = q - t * E;
-    const float logit = router_logit_warp(hidden + static_cast<int64_t>(t) * H,
-                                          a.router + static_cast<int64_t>(e) * H, H);
-    if (lane == 0) a.logits[q] = logit;
+  // (a) Router logits: a warp per (16-token tile, 8-expert tile, k group) task, its sums into
+  // a.logits [groups, T, E] (moe_route.cuh's sum, summed over the groups when read). Warp-major
+  // numbering spreads a T = 1 step's tasks over the blocks.
+  {
+    const int groups = router_groups(H), e_tiles = (E + 7) / 8, m_tiles = (T + 15) / 16;
+    const int per_m = e_tiles * groups;
+    for (int q = warp * gridDim.x + blockIdx.x; q < m_tiles * per_m; q += total_warps) {
+      const int mt = q / per_m, rest = q - mt * per_m, et = rest / groups,
+                group = rest - et * groups;
+      float acc[4];
+      router_group_tile(hidden + static_cast<int64_t>(mt) * 16 * H, H, T - mt * 16, a.router, H, E,
+                        et * 8, group, acc);
+      router_store_tile(acc, a.logits + static_cast<int64_t>(group) * T * E, E, mt * 16,
+                        T - mt * 16, et * 8, E);
+    }
   }
   stamp(a, 1);
   grid.sync();
@@ -460,7 +469,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   float* const my_scores = scores + warp * E;
   if (T == 1) {
     if (warp == 0) {
-      for (int e = lane; e < E; e += 32) my_scores[e] = a.logits[e];
+      for (int e = lane; e < E; e += 32)
+        my_scores[e] = router_logit_of_groups(a.logits, router_groups(H), 1, E, 0, e);
       __syncwarp();
     }
     const int32_t* forced = a.forced && a.forced[0] ? a.source : nullptr;
@@ -470,7 +480,8 @@ __global__ void __launch_bounds__(kThreads, 2)
     stamp(a, 8);
   } else {
     for (int t = warp; t < T; t += kWarps) {
-      for (int e = lane; e < E; e += 32) my_scores[e] = a.logits[t * E + e];
+      for (int e = lane; e < E; e += 32)
+        my_scores[e] = router_logit_of_groups(a.logits, router_groups(H), T, E, t, e);
       __syncwarp();
       const int32_t* forced =
           a.forced && a.forced[t] ? a.source + static_cast<int64_t>(t) * a.route_row_stride : nullptr;
@@ -723,7 +734,8 @@ class FusedKernel final : public moe::ExpertsKernel {
       blocks_per_sm = std::min(blocks_per_sm, std::atoi(cap));
     grid_ = sm_count * blocks_per_sm;
 
-    if (cudaMalloc(&logits_, sizeof(float) * chunk_tokens_ * experts_) != cudaSuccess ||
+    if (cudaMalloc(&logits_, sizeof(float) * router_groups(static_cast<int>(hidden)) *
+                                 chunk_tokens_ * experts_) != cudaSuccess ||
         cudaMalloc(&act_, sizeof(float) * pair_capacity_ * intermediate_) != cudaSuccess) {
       cudaGetLastError();  // an allocation failure is not sticky: clear it for the next check
       release();
@@ -971,7 +983,7 @@ class FusedKernel final : public moe::ExpertsKernel {
     const char* value = std::getenv("SY_NO_NORM_FUSION");
     return value && value[0] == '1';
   }();
-  float* logits_ = nullptr;  // [chunk_tokens, E]
+  float* logits_ = nullptr;  // [router groups, chunk_tokens, E]
   unsigned long long* stamps_ = nullptr;
   double stamp_median_[kStamps] = {}, stamp_max_[kStamps] = {};
   int stamp_launches_ = 0;

@@ -922,13 +922,15 @@ class ModularKernel final : public moe::ExpertsKernel {
     }
     const bool ok =
         allocate(&ids_, pairs * 4) && allocate(&weights_, pairs * 4) &&
+        allocate(&route_sums_, route_sums_floats(max_tokens, experts, hidden) * 4) &&
         allocate(&x_bf16_, max_tokens * hidden * 2) && allocate(&perm_, padded_rows * 4) &&
         allocate(&tile_expert_, tiles * 4) && allocate(&tile_count_, 4) &&
         allocate(&act_, padded_rows * intermediate * 2) && allocate(&y_, pairs * hidden * 4) &&
         allocate(&act_f32_,
                  std::min<int64_t>(max_tokens, kGemvMaxTokens) * top_k * intermediate * 4) &&
         allocate(&x_split_, std::min<int64_t>(max_tokens, kGemvMaxTokens) * 2 * hidden * 2) &&
-        allocate(&act_split_, std::min<int64_t>(max_tokens, kGemvMaxTokens) * top_k * 2 * intermediate * 2);
+        allocate(&act_split_,
+                 std::min<int64_t>(max_tokens, kGemvMaxTokens) * top_k * 2 * intermediate * 2);
     if (!ok) {
       release();
       return Status::error(
@@ -937,6 +939,7 @@ class ModularKernel final : public moe::ExpertsKernel {
                       max_tokens));
     }
     const int64_t max_k = std::max(hidden, intermediate);
+    prepare_route_kernels();
     allow_shared_memory<SmallTile>(max_k);
     allow_shared_memory<MediumTile>(max_k);
     allow_shared_memory<LargeTile>(max_k);
@@ -974,6 +977,7 @@ class ModularKernel final : public moe::ExpertsKernel {
     route.route_row_stride = layers * top_k_;
     route.ids = ids_;
     route.weights = weights_;
+    route.sums = route_sums_;
     launch_route(route, stream);
 
     const ExpertParams experts = ExpertParams::from(args.experts, w);
@@ -1245,13 +1249,14 @@ class ModularKernel final : public moe::ExpertsKernel {
                       static_cast<size_t>(std::max<int64_t>(bytes, 16))) == cudaSuccess;
   }
   void release() {
-    for (void* p : {static_cast<void*>(ids_), static_cast<void*>(weights_),
-                    static_cast<void*>(x_bf16_), static_cast<void*>(perm_),
-                    static_cast<void*>(tile_expert_), static_cast<void*>(tile_count_),
-                    static_cast<void*>(act_), static_cast<void*>(y_), static_cast<void*>(act_f32_),
-                    static_cast<void*>(x_split_), static_cast<void*>(act_split_)})
+    for (void* p :
+         {static_cast<void*>(ids_), static_cast<void*>(weights_), static_cast<void*>(x_bf16_),
+          static_cast<void*>(perm_), static_cast<void*>(tile_expert_),
+          static_cast<void*>(tile_count_), static_cast<void*>(act_), static_cast<void*>(y_),
+          static_cast<void*>(act_f32_), static_cast<void*>(x_split_),
+          static_cast<void*>(act_split_), static_cast<void*>(route_sums_)})
       if (p) cudaFree(p);
-    x_split_ = nullptr, act_split_ = nullptr;
+    x_split_ = nullptr, act_split_ = nullptr, route_sums_ = nullptr;
     ids_ = nullptr, weights_ = nullptr, x_bf16_ = nullptr, perm_ = nullptr, tile_expert_ = nullptr;
     tile_count_ = nullptr, act_ = nullptr, y_ = nullptr, act_f32_ = nullptr;
   }
@@ -1262,6 +1267,7 @@ class ModularKernel final : public moe::ExpertsKernel {
   // m_tiles_bound * tile M):
   int32_t* ids_ = nullptr;           // [T, K] chosen experts
   float* weights_ = nullptr;         // [T, K] gating weights
+  float* route_sums_ = nullptr;      // the router logits' group sums (route_sums_floats)
   __nv_bfloat16* x_bf16_ = nullptr;  // [T, H] hidden in bf16
   int32_t* perm_ = nullptr;          // [P] pair index by padded row, experts in order, -1 padding
   int32_t* tile_expert_ = nullptr;   // [M tiles] expert of each M tile

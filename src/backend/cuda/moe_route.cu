@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cstdlib>
 
 #include "backend/cuda/moe_route.cuh"
@@ -5,10 +6,6 @@
 namespace sy::backend::cuda {
 namespace {
 
-// One block per token; its warps share the E router rows (router_logits_block). THREADS: 128 for
-// steps with enough tokens to fill the GPU; up to 1024 for a few-token step, where one block's
-// four warps walking E rows one after another were a chain of dependent DRAM latencies (gpt-oss
-// batch-1 decode, ncu: 57 us per layer for 184 KB of router weights).
 // Token t's selection from its logits (shared memory, turned into scores in place), by one whole
 // warp: ids and weights into the step's [T, K] arrays and the sinks.
 __device__ __forceinline__ void select_and_write(const RouteLaunch& a, int64_t t, float* logits,
@@ -26,97 +23,190 @@ __device__ __forceinline__ void select_and_write(const RouteLaunch& a, int64_t t
   }
 }
 
-template <int THREADS>
-__global__ void __launch_bounds__(THREADS) route_kernel(RouteLaunch a) {
-  __shared__ float logits[kMaxRouteExperts];
-  __shared__ int32_t ids[kMaxRouteTopK];
-  __shared__ float weights[kMaxRouteTopK];
-  const int64_t t = blockIdx.x;
-  router_logits_block(a.hidden + t * a.params.hidden, a.router, a.params, logits);
-  __syncthreads();
-  if (threadIdx.x < 32) select_and_write(a, t, logits, ids, weights);
-}
+// The logits of a step (tensor cores; the sum moe_route.cuh defines) into a.sums. A block takes
+// kM tokens x kN experts: 8 warps of WM m16 tiles x 4 n8 tiles; x is staged in shared memory a
+// group at a time (cp.async; rows padded by 16 floats so a quarter-warp's float4 reads fall in
+// distinct banks), the router rows come from L2 a step ahead of their mma. PER_GROUP: a block per
+// group (blockIdx.z), its sums into a.sums[group]; else a block runs every group in turn, two
+// stages, and stores their total (one "group").
+template <int WM, int WARP_ROWS, bool PER_GROUP>
+struct RouteTile {
+  static constexpr int kThreads = 256, kWarps = 8, kWarpCols = kWarps / WARP_ROWS;
+  static constexpr int kM = 16 * WM * WARP_ROWS, kN = 32 * kWarpCols;
+  static constexpr int kRowFloats = kRouterGroup + 16;
+  static constexpr int kStages = PER_GROUP ? 1 : 2;
+  static constexpr size_t kSmemBytes = static_cast<size_t>(kStages) * kM * kRowFloats * 4;
+};
+using SmallRouteTile = RouteTile<1, 1, true>;  // steps of up to 16 tokens: 16 x 256
+using GroupRouteTile =
+    RouteTile<2, 2, true>;  // up to kPerGroupMaxTokens: 64 x 128, a block a group
+using TotalRouteTile = RouteTile<2, 2, false>;  // larger steps: 64 x 128, every group
+constexpr int64_t kPerGroupMaxTokens = 1024;
 
-// Steps of many tokens (prefill): a block per kTileTokens tokens. A warp takes kTileExperts
-// router rows at a time and dots each with every token of the tile, so the router matrix is read
-// once a tile, not once a token (1,024 tokens of Qwen3.5's 256 x 2,048 router were ~1 GB of L2
-// reads a layer), and each x slab loaded serves kTileExperts rows. Every (token, expert) sum is
-// router_logit_warp's (router_dot8 steps in slab order, the same butterfly): the logits, and so
-// the routes, are bitwise those of route_kernel. Then a warp per token selects. (Tried on an H100,
-// 8f3a420, alternating: 8 rows a warp (226 registers, one block an SM) and 16 tokens a tile (120
-// registers): a Qwen3.5 8 x 1,024 prefill 251.1-251.6 and 248.8-249.3 ms against this shape's
-// 248.2-248.4, a Qwen3 4k 161.8-162.7 and 159.7-160.6 against 159.4-159.8 ms.)
-constexpr int kTileTokens = 8;
-constexpr int kTileExperts = 4;
-constexpr int kTileThreads = 256;
-static_assert(kTileThreads / 32 >= kTileTokens, "a warp per token selects");
-
-__global__ void __launch_bounds__(kTileThreads) route_tile_kernel(RouteLaunch a) {
-  __shared__ float logits[kTileTokens][kMaxRouteExperts];
-  __shared__ int32_t ids[kTileTokens][kMaxRouteTopK];
-  __shared__ float weights[kTileTokens][kMaxRouteTopK];
-  const int64_t t0 = static_cast<int64_t>(blockIdx.x) * kTileTokens;
-  const int rows = static_cast<int>(min(static_cast<int64_t>(kTileTokens), a.tokens - t0));
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = kTileThreads / 32;
+template <int WM, int WARP_ROWS, bool PER_GROUP>
+__global__ void __launch_bounds__(256, 2) route_logits_kernel(const RouteLaunch a) {
+  using Cfg = RouteTile<WM, WARP_ROWS, PER_GROUP>;
+  extern __shared__ float4 route_shared[];
+  float* const xs = reinterpret_cast<float*>(route_shared);
   const int H = a.params.hidden, E = a.params.num_experts;
-  const float* x = a.hidden + t0 * H;
-  for (int e0 = warp * kTileExperts; e0 < E; e0 += warps * kTileExperts) {
-    float acc[kTileExperts][kTileTokens];
+  const int64_t t0 = static_cast<int64_t>(blockIdx.y) * Cfg::kM;
+  const int rows = static_cast<int>(min(static_cast<int64_t>(Cfg::kM), a.tokens - t0));
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+  const int m_base = (warp / Cfg::kWarpCols) * WM * 16;
+  const int e_base = static_cast<int>(blockIdx.x) * Cfg::kN + (warp % Cfg::kWarpCols) * 32;
+  const int g_begin = PER_GROUP ? static_cast<int>(blockIdx.z) : 0;
+  const int g_end = PER_GROUP ? g_begin + 1 : router_groups(H);
+  const __nv_bfloat16* w_row[4];
 #pragma unroll
-    for (int j = 0; j < kTileExperts; ++j)
+  for (int nt = 0; nt < 4; ++nt) {
+    const int e = e_base + nt * 8 + g;
+    w_row[nt] = e < E ? a.router + static_cast<int64_t>(e) * H : nullptr;
+  }
+  auto stage = [&](int group, int buffer) {
+    float* const dst = xs + buffer * Cfg::kM * Cfg::kRowFloats;
+    const int k0 = group * kRouterGroup;
+    constexpr int kChunks = kRouterGroup / 4;  // 16-byte chunks a row
+    for (int c = threadIdx.x; c < Cfg::kM * kChunks; c += Cfg::kThreads) {
+      const int r = c / kChunks, col = (c % kChunks) * 4;
+      const bool fill = r < rows && k0 + col < H;
+      cp_async_16(dst + r * Cfg::kRowFloats + col,
+                  fill ? a.hidden + (t0 + r) * H + k0 + col : a.hidden, fill);
+    }
+    cp_async_commit();
+  };
+  auto load_w = [&](uint2(&w)[4], int k) {
 #pragma unroll
-      for (int m = 0; m < kTileTokens; ++m) acc[j][m] = 0.0f;
-    for (int base = lane * 8; base < H; base += 256) {
-      uint4 packed[kTileExperts];
+    for (int nt = 0; nt < 4; ++nt)
+      w[nt] =
+          w_row[nt] && k < H ? *reinterpret_cast<const uint2*>(w_row[nt] + k) : make_uint2(0u, 0u);
+  };
+
+  float total[WM][4][4];
+  if constexpr (!PER_GROUP)
 #pragma unroll
-      for (int j = 0; j < kTileExperts; ++j)
-        packed[j] = e0 + j < E ? *reinterpret_cast<const uint4*>(
-                                     a.router + static_cast<int64_t>(e0 + j) * H + base)
-                               : make_uint4(0, 0, 0, 0);
+    for (int mt = 0; mt < WM; ++mt)
 #pragma unroll
-      for (int m = 0; m < kTileTokens; ++m) {
-        if (m >= rows) break;  // (uniform)
+      for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
-        for (int j = 0; j < kTileExperts; ++j)
-          acc[j][m] = router_dot8(packed[j], x + m * H + base, acc[j][m]);
+        for (int i = 0; i < 4; ++i) total[mt][nt][i] = 0.0f;
+  stage(g_begin, 0);
+  for (int group = g_begin; group < g_end; ++group) {
+    const int buffer = (group - g_begin) % Cfg::kStages;
+    if (!PER_GROUP && group + 1 < g_end) {
+      stage(group + 1, buffer ^ 1);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const float* const tile = xs + buffer * Cfg::kM * Cfg::kRowFloats;
+    const int k_begin = group * kRouterGroup;
+    float acc[WM][4][4];
+#pragma unroll
+    for (int mt = 0; mt < WM; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[mt][nt][i] = 0.0f;
+    uint2 w[4], w_next[4];
+    load_w(w, k_begin + 4 * q);
+#pragma unroll
+    for (int s = 0; s < kRouterGroupSteps; ++s) {
+      if (k_begin + s * 16 >= H) break;  // (uniform) the steps router_group_tile skips
+      if (s + 1 < kRouterGroupSteps) load_w(w_next, k_begin + (s + 1) * 16 + 4 * q);
+#pragma unroll
+      for (int mt = 0; mt < WM; ++mt) {
+        const float* r0 = tile + (m_base + mt * 16 + g) * Cfg::kRowFloats + s * 16 + 4 * q;
+        const RouterTerms terms =
+            router_terms(*reinterpret_cast<const float4*>(r0),
+                         *reinterpret_cast<const float4*>(r0 + 8 * Cfg::kRowFloats));
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt) router_mma_step(acc[mt][nt], terms, w[nt]);
       }
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) w[nt] = w_next[nt];
     }
 #pragma unroll
-    for (int j = 0; j < kTileExperts; ++j)
+    for (int mt = 0; mt < WM; ++mt)
 #pragma unroll
-      for (int m = 0; m < kTileTokens; ++m) {
-        float v = acc[j][m];
-        for (int offset = 16; offset > 0; offset >>= 1)
-          v += __shfl_xor_sync(0xffffffffu, v, offset);
-        if (lane == 0 && m < rows && e0 + j < E) logits[m][e0 + j] = v;
+      for (int nt = 0; nt < 4; ++nt) {
+        if constexpr (PER_GROUP)
+          router_store_tile(acc[mt][nt], a.sums + static_cast<int64_t>(group) * a.tokens * E, E,
+                            static_cast<int>(t0) + m_base + mt * 16, rows - m_base - mt * 16,
+                            e_base + nt * 8, E);
+        else
+#pragma unroll
+          for (int i = 0; i < 4; ++i) total[mt][nt][i] += acc[mt][nt][i];
       }
+    __syncthreads();  // every warp is done with this buffer before it is staged again
   }
-  __syncthreads();
-  if (warp < rows) select_and_write(a, t0 + warp, logits[warp], ids[warp], weights[warp]);
+  if constexpr (!PER_GROUP)
+#pragma unroll
+    for (int mt = 0; mt < WM; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt)
+        router_store_tile(total[mt][nt], a.sums, E, static_cast<int>(t0) + m_base + mt * 16,
+                          rows - m_base - mt * 16, e_base + nt * 8, E);
+}
+
+// A warp per token: its logits from the groups' sums, then the selection.
+constexpr int kSelectWarps = 4;
+__global__ void __launch_bounds__(kSelectWarps * 32)
+    route_select_kernel(const RouteLaunch a, int groups) {
+  __shared__ float logits[kSelectWarps][kMaxRouteExperts];
+  __shared__ int32_t ids[kSelectWarps][kMaxRouteTopK];
+  __shared__ float weights[kSelectWarps][kMaxRouteTopK];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * kSelectWarps + warp;
+  if (t >= a.tokens) return;  // (whole warps)
+  const int E = a.params.num_experts;
+  for (int e = lane; e < E; e += 32)
+    logits[warp][e] = router_logit_of_groups(a.sums, groups, a.tokens, E, t, e);
+  __syncwarp();
+  select_and_write(a, t, logits[warp], ids[warp], weights[warp]);
+}
+
+template <class Cfg, int WM, int WARP_ROWS, bool PER_GROUP>
+void launch_logits(const RouteLaunch& a, cudaStream_t stream) {
+  const int E = a.params.num_experts;
+  const dim3 grid(static_cast<unsigned>((E + Cfg::kN - 1) / Cfg::kN),
+                  static_cast<unsigned>((a.tokens + Cfg::kM - 1) / Cfg::kM),
+                  PER_GROUP ? static_cast<unsigned>(router_groups(a.params.hidden)) : 1u);
+  route_logits_kernel<WM, WARP_ROWS, PER_GROUP>
+      <<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(a);
+  SY_CUDA_LAUNCH_CHECK("route_logits_kernel");
 }
 
 }  // namespace
 
+size_t route_sums_floats(int64_t tokens, int64_t experts, int64_t hidden) {
+  const int64_t groups = router_groups(static_cast<int>(hidden));
+  return static_cast<size_t>(std::max(groups * std::min(tokens, kPerGroupMaxTokens), tokens) *
+                             experts);
+}
+
+void prepare_route_kernels() {
+  SY_CUDA_CHECK(cudaFuncSetAttribute(
+      reinterpret_cast<const void*>(route_logits_kernel<2, 2, false>),
+      cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(TotalRouteTile::kSmemBytes)));
+}
+
 void launch_route(const RouteLaunch& launch, cudaStream_t stream) {
   if (launch.tokens == 0) return;
-  // route_tile_kernel for steps of more than 16 tokens (H100, 2026-12-06: a Qwen3 4k prefill
-  // 180.0 -> 162.5 ms, Qwen3.5 1k 130.4 -> 122.6 ms; BENCHMARKS.md); SY_ROUTE_TILE=0 keeps
-  // route_kernel for them (the same logits bit for bit).
-  static const bool tile = !env_off("SY_ROUTE_TILE");
-  if (tile && launch.tokens > 16) {
-    const unsigned tiles = static_cast<unsigned>((launch.tokens + kTileTokens - 1) / kTileTokens);
-    route_tile_kernel<<<tiles, kTileThreads, 0, stream>>>(launch);
-    SY_CUDA_LAUNCH_CHECK("route_tile_kernel");
-    return;
+  // Few tokens: a block per (256 experts, group); up to kPerGroupMaxTokens: a block per (64
+  // tokens, 128 experts, group); then a block per (64 tokens, 128 experts) over every group.
+  int groups = router_groups(launch.params.hidden);
+  if (launch.tokens <= 16) {
+    launch_logits<SmallRouteTile, 1, 1, true>(launch, stream);
+  } else if (launch.tokens <= kPerGroupMaxTokens) {
+    launch_logits<GroupRouteTile, 2, 2, true>(launch, stream);
+  } else {
+    launch_logits<TotalRouteTile, 2, 2, false>(launch, stream);
+    groups = 1;
   }
-  const unsigned grid = static_cast<unsigned>(launch.tokens);
-  if (launch.tokens <= 16)
-    route_kernel<1024><<<grid, 1024, 0, stream>>>(launch);
-  else if (launch.tokens <= 128)
-    route_kernel<512><<<grid, 512, 0, stream>>>(launch);
-  else
-    route_kernel<128><<<grid, 128, 0, stream>>>(launch);
-  SY_CUDA_LAUNCH_CHECK("route_kernel");
+  const unsigned grid = static_cast<unsigned>((launch.tokens + kSelectWarps - 1) / kSelectWarps);
+  route_select_kernel<<<grid, kSelectWarps * 32, 0, stream>>>(launch, groups);
+  SY_CUDA_LAUNCH_CHECK("route_select_kernel");
 }
 
 }  // namespace sy::backend::cuda

@@ -1,5 +1,5 @@
 // Routing on CUDA, shared by every MoE kernel so that all of them choose bitwise the same experts
-// from the same hidden states: router logits (one warp per expert, a fixed reduction order),
+// from the same hidden states: router logits (tensor cores, one fixed sum: see below),
 // softmax or sigmoid scores, top-k by (score desc, id asc), gating weights as the CPU reference
 // router (moe/router.cpp) computes them, forced ids for replayed rows. NaN scores never select
 // an invalid id. Floor: reading the router matrix (E * H * 2 bytes) once per step.
@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "backend/cuda/cuda_context.h"
+#include "backend/cuda/mma_ptx.cuh"
 #include "moe/experts_kernel.h"
 #include "moe/router_spec.h"
 
@@ -105,50 +106,121 @@ struct RouteParams {
   }
 };
 
-// One lane's step of a router dot product: the 8 weights of `packed` (bf16) times x[0:8], added
-// to acc in element order. Every router logit on CUDA is a sum of these steps in the same order.
-__device__ __forceinline__ float router_dot8(const uint4& packed, const float* __restrict__ x,
-                                             float acc) {
-  const __nv_bfloat162* w2 = reinterpret_cast<const __nv_bfloat162*>(&packed);
-  const float4 x0 = *reinterpret_cast<const float4*>(x);
-  const float4 x1 = *reinterpret_cast<const float4*>(x + 4);
-  float2 a = __bfloat1622float2(w2[0]), b = __bfloat1622float2(w2[1]);
-  float2 c = __bfloat1622float2(w2[2]), d = __bfloat1622float2(w2[3]);
-  acc = fmaf(x0.x, a.x, acc);
-  acc = fmaf(x0.y, a.y, acc);
-  acc = fmaf(x0.z, b.x, acc);
-  acc = fmaf(x0.w, b.y, acc);
-  acc = fmaf(x1.x, c.x, acc);
-  acc = fmaf(x1.y, c.y, acc);
-  acc = fmaf(x1.z, d.x, acc);
-  acc = fmaf(x1.w, d.y, acc);
-  return acc;
+// ---- Router logits ----
+// Every router logit on CUDA is this one sum, whichever kernel computes it, so all of them
+// route bitwise alike. x (f32) is split exactly into three bf16 terms (hi: its top 16 bits; mid:
+// those of x - hi; lo: the rest, at most 8 significant bits; a non-finite x is hi alone), the
+// router row is bf16, so every product is exact. The sum runs on tensor cores (mma.sync m16n8k16,
+// f32 accumulation) over k groups of kRouterGroup elements: a group's 16-wide k steps in order,
+// each step's hi, mid and lo terms in that order, into an accumulator that starts at zero; the
+// logit is then ((0 + group 0) + group 1) + ... in group order (router_logit_of_groups). A group
+// is one accumulator's chain and a row's sum never depends on the other rows or columns of its
+// tile, so a kernel may give each group its own warp (few tokens: many short chains) or run a
+// tile's groups in turn in one warp (prefill): the same bits either way. Within a k step, lane
+// quad q holds elements 4q .. 4q+3 in its mma k slots 2q, 2q+1, 2q+8, 2q+9 (A and B agree on the
+// permutation, so the product is the plain dot): one float4 of x and one 8-byte load of the
+// router row. H is a multiple of 8: a last step of 8 elements has lanes q >= 2 zero.
+// (Before session 23 each logit was a warp's f32 FMA chain: 0.69 ms a layer of a Qwen3.5
+// 8 x 1,024 prefill.)
+constexpr int kRouterGroup = 128;
+constexpr int kRouterGroupSteps = kRouterGroup / 16;
+__host__ __device__ constexpr int router_groups(int hidden) {
+  return (hidden + kRouterGroup - 1) / kRouterGroup;
 }
 
-// One expert's router logit: dot(x[0:hidden], w_row) in f32, computed by one whole warp in a
-// fixed order (lane l sums elements l*8 .. l*8+7 of each 256-wide slab in slab order, then a
-// butterfly over lanes). Every lane returns the same value. hidden must be a multiple of 8.
-__device__ __forceinline__ float router_logit_warp(const float* __restrict__ x,
-                                                   const __nv_bfloat16* __restrict__ w_row, int hidden) {
-  const int lane = threadIdx.x & 31;
-  float acc = 0.0f;
-  // Unrolled so that several slabs' loads are in flight at once; the sum's order is unchanged.
-#pragma unroll 4
-  for (int base = lane * 8; base < hidden; base += 256)
-    acc = router_dot8(*reinterpret_cast<const uint4*>(w_row + base), x + base, acc);
-  for (int offset = 16; offset > 0; offset >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, offset);
-  return acc;
-}
-
-// Fills logits[0:E] (shared memory) for token row x, using every warp of the block.
-__device__ __forceinline__ void router_logits_block(const float* __restrict__ x,
-                                                    const __nv_bfloat16* __restrict__ router,
-                                                    const RouteParams& p, float* logits) {
-  const int warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  for (int e = warp; e < p.num_experts; e += warps) {
-    const float value = router_logit_warp(x, router + static_cast<int64_t>(e) * p.hidden, p.hidden);
-    if ((threadIdx.x & 31) == 0) logits[e] = value;
+// v as hi + mid + lo; the terms' bf16 bits in the low 16 bits of each.
+__device__ __forceinline__ void router_split(float v, uint32_t& hi, uint32_t& mid, uint32_t& lo) {
+  if (!isfinite(v)) {
+    hi = __bfloat16_as_ushort(__float2bfloat16_rn(v));
+    mid = lo = 0;
+    return;
   }
+  const uint32_t bits = __float_as_uint(v);
+  const float r = v - __uint_as_float(bits & 0xffff0000u);  // exact: v's low 16 bits
+  const uint32_t r_bits = __float_as_uint(r);
+  const float r2 = r - __uint_as_float(r_bits & 0xffff0000u);  // exact, fits a bf16
+  hi = bits >> 16;
+  mid = r_bits >> 16;
+  lo = __float_as_uint(r2) >> 16;
+}
+
+// Lane (g = lane / 4, q = lane % 4)'s A operand terms of one 16-wide k step of a 16-row tile:
+// row0/row1 are x[g][k .. k+3] and x[g+8][k .. k+3] at k = step + 4q.
+struct RouterTerms {
+  uint32_t hi[4], mid[4], lo[4];
+};
+__device__ __forceinline__ RouterTerms router_terms(const float4& row0, const float4& row1) {
+  RouterTerms t;
+  const float a[4][2] = {{row0.x, row0.y}, {row1.x, row1.y}, {row0.z, row0.w}, {row1.z, row1.w}};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    uint32_t h0, m0, l0, h1, m1, l1;
+    router_split(a[i][0], h0, m0, l0);
+    router_split(a[i][1], h1, m1, l1);
+    t.hi[i] = h0 | h1 << 16;
+    t.mid[i] = m0 | m1 << 16;
+    t.lo[i] = l0 | l1 << 16;
+  }
+  return t;
+}
+// The step's three mma into a 16 x 8 tile's accumulator; w: the router row e0 + g at k.
+__device__ __forceinline__ void router_mma_step(float (&acc)[4], const RouterTerms& t,
+                                                const uint2& w) {
+  mma_bf16(acc, t.hi, w.x, w.y);
+  mma_bf16(acc, t.mid, w.x, w.y);
+  mma_bf16(acc, t.lo, w.x, w.y);
+}
+
+// One whole warp: group `group`'s sum for the 16 rows x[0 .. rows) (row stride x_stride; rows
+// past `rows` are zero) and the 8 router rows e0 .. e0+7 (rows past E are zero). acc is the
+// lane's m16n8 fragment: rows g and g+8, experts e0 + 2q and e0 + 2q + 1.
+__device__ __forceinline__ void router_group_tile(const float* x, int64_t x_stride, int rows,
+                                                  const __nv_bfloat16* __restrict__ router, int H,
+                                                  int E, int e0, int group, float (&acc)[4]) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+  const float* x0 = g < rows ? x + g * x_stride : nullptr;
+  const float* x1 = g + 8 < rows ? x + (g + 8) * x_stride : nullptr;
+  const __nv_bfloat16* w = e0 + g < E ? router + static_cast<int64_t>(e0 + g) * H : nullptr;
+  for (int i = 0; i < 4; ++i) acc[i] = 0.0f;
+  const int k_begin = group * kRouterGroup;
+  // Loads in batches of four steps ahead of their mma (the chain's order is unchanged).
+  for (int s0 = 0; s0 < kRouterGroupSteps; s0 += 4) {
+    float4 r0[4], r1[4];
+    uint2 wv[4];
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+      const int k = k_begin + (s0 + s) * 16 + 4 * q;
+      const bool in = k < H;
+      r0[s] = x0 && in ? *reinterpret_cast<const float4*>(x0 + k) : make_float4(0.f, 0.f, 0.f, 0.f);
+      r1[s] = x1 && in ? *reinterpret_cast<const float4*>(x1 + k) : make_float4(0.f, 0.f, 0.f, 0.f);
+      wv[s] = w && in ? *reinterpret_cast<const uint2*>(w + k) : make_uint2(0u, 0u);
+    }
+#pragma unroll
+    for (int s = 0; s < 4; ++s)
+      if (k_begin + (s0 + s) * 16 < H) router_mma_step(acc, router_terms(r0[s], r1[s]), wv[s]);
+  }
+}
+
+// Writes the valid entries of a tile's fragment into out[t * row_stride + e] (t from row t0,
+// e from e0).
+__device__ __forceinline__ void router_store_tile(const float (&acc)[4], float* out,
+                                                  int64_t row_stride, int t0, int rows, int e0,
+                                                  int E) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int t = g + (i >= 2 ? 8 : 0), e = e0 + 2 * q + (i & 1);
+    if (t < rows && e < E) out[static_cast<int64_t>(t0 + t) * row_stride + e] = acc[i];
+  }
+}
+
+// A logit from its groups' sums, stored [groups][tokens][E]: ((0 + g0) + g1) + ... (a kernel
+// that summed the groups itself stores that total as its one "group").
+__device__ __forceinline__ float router_logit_of_groups(const float* __restrict__ sums, int groups,
+                                                        int64_t tokens, int E, int64_t t, int e) {
+  float logit = 0.0f;
+  for (int g = 0; g < groups; ++g) logit += sums[(static_cast<int64_t>(g) * tokens + t) * E + e];
+  return logit;
 }
 
 __device__ __forceinline__ float warp_max(float v) {
@@ -273,7 +345,7 @@ __device__ __forceinline__ void route_weights_warp(const float* scores, const Ro
   __syncwarp();
 }
 
-// Run by one whole warp after router_logits_block (and a barrier). logits[] (shared memory) is
+// Run by one whole warp once a token's logits are in shared memory. logits[] is
 // turned into scores in place; ids/weights (K each) are written by lane 0..K-1. `forced` (K ids,
 // or nullptr) replaces the selection; weights are then recomputed from the scores at those ids.
 __device__ __forceinline__ void route_select_warp(float* scores, const RouteParams& p,
@@ -376,9 +448,10 @@ __device__ __forceinline__ void route_select_block(float* scores, const RoutePar
   __syncthreads();
 }
 
-// The router stage as its own kernel (cuda-modular): one block per token. Writes ids/weights
-// [T, K]; with a sink, also ids into sink[t * route_row_stride + k] (the layer's column of
-// the step's [T, L, K] route buffer); a token with forced[t] != 0 uses source's row instead.
+// The router stage as its own kernels (cuda-modular): the logits on tensor cores into `sums`,
+// then a warp per token selects. Writes ids/weights [T, K]; with a sink, also ids into
+// sink[t * route_row_stride + k] (the layer's column of the step's [T, L, K] route buffer); a
+// token with forced[t] != 0 uses source's row instead.
 struct RouteLaunch {
   const float* hidden = nullptr;  // [T, H]
   int64_t tokens = 0;
@@ -391,7 +464,12 @@ struct RouteLaunch {
   int64_t route_row_stride = 0;      // L * K
   int32_t* ids = nullptr;            // [T, K]
   float* weights = nullptr;          // [T, K]
+  float* sums = nullptr;             // scratch: route_sums_floats(T, E, H)
 };
+// The scratch a step of `tokens` needs (its groups' sums, or the totals).
+size_t route_sums_floats(int64_t tokens, int64_t experts, int64_t hidden);
 void launch_route(const RouteLaunch& launch, cudaStream_t stream);
+// Once, before the first launch_route (its large-step kernel's shared memory above 48 KB).
+void prepare_route_kernels();
 
 }  // namespace sy::backend::cuda
