@@ -468,20 +468,18 @@ __global__ void __launch_bounds__(kThreads, 2)
   // the same choice as route_select_warp), so this serial step is short.
   float* const my_scores = scores + warp * E;
   if (T == 1) {
-    if (warp == 0) {
-      for (int e = lane; e < E; e += 32)
-        my_scores[e] = router_logit_of_groups(a.logits, router_groups(H), 1, E, 0, e);
-      __syncwarp();
-    }
+    router_logits_fill(a.logits, router_groups(H), 1, E, 0, scores, threadIdx.x, kThreads);
+    __syncthreads();
     const int32_t* forced = a.forced && a.forced[0] ? a.source : nullptr;
     stamp(a, 7);
-    route_select_block(scores, a.route, forced, cursor, ids, weights,  // cursor: scratch until grouping
+    // (scores + E: warp 1's score row, free when T = 1, holds the selection keys.)
+    route_select_block(scores, scores + E, a.route, forced, cursor, ids,
+                       weights,  // cursor: scratch until grouping
                        [&](int phase) { stamp(a, 9 + phase); });
     stamp(a, 8);
   } else {
     for (int t = warp; t < T; t += kWarps) {
-      for (int e = lane; e < E; e += 32)
-        my_scores[e] = router_logit_of_groups(a.logits, router_groups(H), T, E, t, e);
+      router_logits_fill(a.logits, router_groups(H), T, E, t, my_scores, lane, 32);
       __syncwarp();
       const int32_t* forced =
           a.forced && a.forced[t] ? a.source + static_cast<int64_t>(t) * a.route_row_stride : nullptr;

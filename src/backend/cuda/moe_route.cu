@@ -160,8 +160,7 @@ __global__ void __launch_bounds__(kSelectWarps * 32)
   const int64_t t = static_cast<int64_t>(blockIdx.x) * kSelectWarps + warp;
   if (t >= a.tokens) return;  // (whole warps)
   const int E = a.params.num_experts;
-  for (int e = lane; e < E; e += 32)
-    logits[warp][e] = router_logit_of_groups(a.sums, groups, a.tokens, E, t, e);
+  router_logits_fill(a.sums, groups, a.tokens, E, t, logits[warp], lane, 32);
   __syncwarp();
   select_and_write(a, t, logits[warp], ids[warp], weights[warp]);
 }
