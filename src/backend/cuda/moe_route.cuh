@@ -218,10 +218,11 @@ __device__ __forceinline__ void router_store_tile(const float (&acc)[4], float* 
 // + ... (a kernel that summed the groups itself stores that total as its one "group"), for e =
 // first, first + stride, ... < E. Four experts' eight groups are loaded at once before they are
 // added in order: the sums were just written by other SMs, and a chain of such loads would cost
-// a round trip (~1 us) each.
-__device__ __forceinline__ void router_logits_fill(const float* __restrict__ sums, int groups,
-                                                   int64_t tokens, int E, int64_t t, float* row,
-                                                   int first, int stride) {
+// a round trip (~1 us) each. (Not __restrict__: cuda-fused reads sums other blocks wrote in the
+// same launch, which a non-coherent load could miss.)
+__device__ __forceinline__ void router_logits_fill(const float* sums, int groups, int64_t tokens,
+                                                   int E, int64_t t, float* row, int first,
+                                                   int stride) {
   constexpr int kExperts = 4, kGroups = 8;
   for (int e0 = first; e0 < E; e0 += kExperts * stride) {
     float logit[kExperts];
