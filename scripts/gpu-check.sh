@@ -46,15 +46,14 @@ fi
 if want ops; then
   section "op harness: every CUDA op vs the CPU backend"
   # Code that has never run on a GPU goes in its own run, so a fault there cannot take the
-  # verified cases down with it (NEW_OPS: substrings of case names; empty: one run).
-  # (The MLA, gated attention, DeltaNet, async sampling and odd-width cases all passed on an
-  # H100 on 2026-12-06. Since then the harness reserves the MLA expanded prefill, so every
-  # latent_attention case with 32+ query tokens of a sequence now runs it (in head groups of
-  # 3, 5, 10 and 16), and a 20-head case was added: not yet run on a GPU.)
-  # (shared_expert_down, the fused shared-expert GEMV, and the 1-wide matmul_parts cases: written
-  # 2026-12-06 in session 21, not yet run on a GPU.)
-  new_ops=${NEW_OPS-latent_attention,shared_expert_down,matmul_parts}
-  if [[ -n $new_ops ]]; then
+  # verified cases down with it (NEW_OPS: substrings of case names; empty: one run). OPS_FILTER:
+  # only those cases (a short visit).
+  # (Every case named here before session 23 has passed on an H100: the MLA expanded prefill,
+  # shared_expert_down and the 1-wide matmul_parts cases at c2f818a, 2026-12-06.)
+  new_ops=${NEW_OPS-}
+  if [[ -n ${OPS_FILTER:-} ]]; then
+    run ops timeout "${STAGE_TIMEOUT:-300}" "$carry/cuda_op_harness" --filter "$OPS_FILTER" --json "$OUT/op_harness.json"
+  elif [[ -n $new_ops ]]; then
     run ops timeout "${STAGE_TIMEOUT:-300}" "$carry/cuda_op_harness" --exclude "$new_ops" --json "$OUT/op_harness.json"
     section "op harness: cases of code not yet run on a GPU ($new_ops)"
     run ops-new timeout "${STAGE_TIMEOUT:-300}" "$carry/cuda_op_harness" --filter "$new_ops" --json "$OUT/op_harness_new.json"
@@ -170,7 +169,7 @@ if want router-ab; then
   # Decode steps (cuda-fused at batch 1, cuda-modular's few-token kernel at 16, its per-group one
   # at 64) and prefill steps (Qwen3 4k, Qwen3.5 8 x 1,024 and 2 x 1,024), alternating, two rounds.
   section "router A/B: ${ROUTER_OLD:-step_bench_old} vs step_bench"
-  for round in 1 2; do
+  for round in $(seq 1 "${ROUTER_ROUNDS:-2}"); do
     for bin in "${ROUTER_OLD:-step_bench_old}" step_bench; do
       echo "--- $bin (round $round)"
       "$carry/$bin" --device cuda --random-weights "$carry/qwen3-30b-a3b/config.json" --batches 1,16,64 --context 1024 \
