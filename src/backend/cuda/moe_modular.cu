@@ -978,6 +978,7 @@ class ModularKernel final : public moe::ExpertsKernel {
     route.ids = ids_;
     route.weights = weights_;
     route.sums = route_sums_;
+    route.mma = router_mma_enabled();
     launch_route(route, stream);
 
     const ExpertParams experts = ExpertParams::from(args.experts, w);

@@ -106,10 +106,59 @@ struct RouteParams {
   }
 };
 
-// ---- Router logits ----
-// Every router logit on CUDA is this one sum, whichever kernel computes it, so all of them
-// route bitwise alike. x (f32) is split exactly into three bf16 terms (hi: its top 16 bits; mid:
-// those of x - hi; lo: the rest, at most 8 significant bits; a non-finite x is hi alone), the
+// ---- Router logits, f32 FMA (the default until the tensor-core sum below has run on a GPU) ----
+// One lane's step of a router dot product: the 8 weights of `packed` (bf16) times x[0:8], added
+// to acc in element order. With the FMA router, every router logit on CUDA is a sum of these steps
+// in the same order.
+__device__ __forceinline__ float router_dot8(const uint4& packed, const float* __restrict__ x,
+                                             float acc) {
+  const __nv_bfloat162* w2 = reinterpret_cast<const __nv_bfloat162*>(&packed);
+  const float4 x0 = *reinterpret_cast<const float4*>(x);
+  const float4 x1 = *reinterpret_cast<const float4*>(x + 4);
+  float2 a = __bfloat1622float2(w2[0]), b = __bfloat1622float2(w2[1]);
+  float2 c = __bfloat1622float2(w2[2]), d = __bfloat1622float2(w2[3]);
+  acc = fmaf(x0.x, a.x, acc);
+  acc = fmaf(x0.y, a.y, acc);
+  acc = fmaf(x0.z, b.x, acc);
+  acc = fmaf(x0.w, b.y, acc);
+  acc = fmaf(x1.x, c.x, acc);
+  acc = fmaf(x1.y, c.y, acc);
+  acc = fmaf(x1.z, d.x, acc);
+  acc = fmaf(x1.w, d.y, acc);
+  return acc;
+}
+
+// One expert's router logit: dot(x[0:hidden], w_row) in f32, computed by one whole warp in a
+// fixed order (lane l sums elements l*8 .. l*8+7 of each 256-wide slab in slab order, then a
+// butterfly over lanes). Every lane returns the same value. hidden must be a multiple of 8.
+__device__ __forceinline__ float router_logit_warp(const float* __restrict__ x,
+                                                   const __nv_bfloat16* __restrict__ w_row,
+                                                   int hidden) {
+  const int lane = threadIdx.x & 31;
+  float acc = 0.0f;
+  // Unrolled so that several slabs' loads are in flight at once; the sum's order is unchanged.
+#pragma unroll 4
+  for (int base = lane * 8; base < hidden; base += 256)
+    acc = router_dot8(*reinterpret_cast<const uint4*>(w_row + base), x + base, acc);
+  for (int offset = 16; offset > 0; offset >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, offset);
+  return acc;
+}
+
+// Fills logits[0:E] (shared memory) for token row x, using every warp of the block.
+__device__ __forceinline__ void router_logits_block(const float* __restrict__ x,
+                                                    const __nv_bfloat16* __restrict__ router,
+                                                    const RouteParams& p, float* logits) {
+  const int warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  for (int e = warp; e < p.num_experts; e += warps) {
+    const float value = router_logit_warp(x, router + static_cast<int64_t>(e) * p.hidden, p.hidden);
+    if ((threadIdx.x & 31) == 0) logits[e] = value;
+  }
+}
+
+// ---- Router logits on tensor cores (SY_ROUTER_MMA=1: router_mma_enabled) ----
+// With it, every router logit on CUDA is this one sum, whichever kernel computes it, so all of
+// them route bitwise alike. x (f32) is split exactly into three bf16 terms (hi: its top 16 bits;
+// mid: those of x - hi; lo: the rest, at most 8 significant bits; a non-finite x is hi alone), the
 // router row is bf16, so every product is exact. The sum runs on tensor cores (mma.sync m16n8k16,
 // f32 accumulation) over k groups of kRouterGroup elements: a group's 16-wide k steps in order,
 // each step's hi, mid and lo terms in that order, into an accumulator that starts at zero; the
@@ -120,9 +169,11 @@ struct RouteParams {
 // quad q holds elements 4q .. 4q+3 in its mma k slots 2q, 2q+1, 2q+8, 2q+9 (A and B agree on the
 // permutation, so the product is the plain dot): one float4 of x and one 8-byte load of the
 // router row. H is a multiple of 8: a last step of 8 elements has lanes q >= 2 zero.
-// (Before session 23 each logit was a warp's f32 FMA chain: 0.69 ms a layer of a Qwen3.5
-// 8 x 1,024 prefill.)
+// (The FMA router's logits: 0.69 ms a layer of a Qwen3.5 8 x 1,024 prefill, ~12 TFLOP/s.)
 constexpr int kRouterGroup = 128;
+// Whether this process routes with the tensor-core sum (SY_ROUTER_MMA=1; read once, so every
+// kernel of the process agrees). Off by default until it has run on a GPU (written session 23).
+bool router_mma_enabled();
 constexpr int kRouterGroupSteps = kRouterGroup / 16;
 __host__ __device__ constexpr int router_groups(int hidden) {
   return (hidden + kRouterGroup - 1) / kRouterGroup;
@@ -489,10 +540,11 @@ __device__ __forceinline__ void route_select_block(float* scores, float* keys, c
   __syncthreads();
 }
 
-// The router stage as its own kernels (cuda-modular): the logits on tensor cores into `sums`,
-// then a warp per token selects. Writes ids/weights [T, K]; with a sink, also ids into
-// sink[t * route_row_stride + k] (the layer's column of the step's [T, L, K] route buffer); a
-// token with forced[t] != 0 uses source's row instead.
+// The router stage as its own kernels (cuda-modular). FMA router: one block per token (or
+// route_tile_kernel's 8 a block in larger steps), logits and selection in one kernel. Tensor-core
+// router: the logits into `sums`, then a warp per token selects. Writes ids/weights [T, K]; with a
+// sink, also ids into sink[t * route_row_stride + k] (the layer's column of the step's [T, L, K]
+// route buffer); a token with forced[t] != 0 uses source's row instead.
 struct RouteLaunch {
   const float* hidden = nullptr;  // [T, H]
   int64_t tokens = 0;
@@ -505,7 +557,8 @@ struct RouteLaunch {
   int64_t route_row_stride = 0;      // L * K
   int32_t* ids = nullptr;            // [T, K]
   float* weights = nullptr;          // [T, K]
-  float* sums = nullptr;             // scratch: route_sums_floats(T, E, H)
+  float* sums = nullptr;             // scratch: route_sums_floats(T, E, H) (tensor-core router)
+  bool mma = false;                  // router_mma_enabled()
 };
 // The scratch a step of `tokens` needs (its groups' sums, or the totals).
 size_t route_sums_floats(int64_t tokens, int64_t experts, int64_t hidden);
