@@ -108,10 +108,11 @@ struct RouteTile {
   static constexpr int kStages = PER_GROUP ? 1 : 2;
   static constexpr size_t kSmemBytes = static_cast<size_t>(kStages) * kM * kRowFloats * 4;
 };
-using SmallRouteTile = RouteTile<1, 1, true>;  // steps of up to 16 tokens: 16 x 256
-using GroupRouteTile =
-    RouteTile<2, 2, true>;  // up to kPerGroupMaxTokens: 64 x 128, a block a group
-using TotalRouteTile = RouteTile<2, 2, false>;  // larger steps: 64 x 128, every group
+// Steps of up to 16 tokens: 16 x 256 a block, a block a group; up to kPerGroupMaxTokens: 64 x
+// 128, a block a group; larger steps: 64 x 128, every group.
+using SmallRouteTile = RouteTile<1, 1, true>;
+using GroupRouteTile = RouteTile<2, 2, true>;
+using TotalRouteTile = RouteTile<2, 2, false>;
 constexpr int64_t kPerGroupMaxTokens = 1024;
 
 template <int WM, int WARP_ROWS, bool PER_GROUP>

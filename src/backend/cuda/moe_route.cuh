@@ -1,5 +1,6 @@
 // Routing on CUDA, shared by every MoE kernel so that all of them choose bitwise the same experts
-// from the same hidden states: router logits (tensor cores, one fixed sum: see below),
+// from the same hidden states: router logits (one fixed sum a process: a warp's f32 FMA chain by
+// default, or the tensor-core sum below),
 // softmax or sigmoid scores, top-k by (score desc, id asc), gating weights as the CPU reference
 // router (moe/router.cpp) computes them, forced ids for replayed rows. NaN scores never select
 // an invalid id. Floor: reading the router matrix (E * H * 2 bytes) once per step.
@@ -164,7 +165,9 @@ __device__ __forceinline__ void router_logits_block(const float* __restrict__ x,
 // each step's hi, mid and lo terms in that order, into an accumulator that starts at zero; the
 // logit is then ((0 + group 0) + group 1) + ... in group order (router_logits_fill). A group
 // is one accumulator's chain and a row's sum never depends on the other rows or columns of its
-// tile, so a kernel may give each group its own warp (few tokens: many short chains) or run a
+// tile (an mma computes each output from its own row and column: assumed of the hardware, and
+// checked by the harness, whose fused-vs-modular cases tile the same rows differently), so a
+// kernel may give each group its own warp (few tokens: many short chains) or run a
 // tile's groups in turn in one warp (prefill): the same bits either way. Within a k step, lane
 // quad q holds elements 4q .. 4q+3 in its mma k slots 2q, 2q+1, 2q+8, 2q+9 (A and B agree on the
 // permutation, so the product is the plain dot): one float4 of x and one 8-byte load of the
