@@ -742,7 +742,7 @@ class FusedKernel final : public moe::ExpertsKernel {
       blocks_per_sm = std::min(blocks_per_sm, std::atoi(cap));
     grid_ = sm_count * blocks_per_sm;
 
-    if (cudaMalloc(&logits_, sizeof(float) * router_groups(static_cast<int>(hidden)) *
+    if (cudaMalloc(&logits_, sizeof(float) * (router_mma_enabled() ? router_groups(static_cast<int>(hidden)) : 1) *
                                  chunk_tokens_ * experts_) != cudaSuccess ||
         cudaMalloc(&act_, sizeof(float) * pair_capacity_ * intermediate_) != cudaSuccess) {
       cudaGetLastError();  // an allocation failure is not sticky: clear it for the next check
