@@ -22,6 +22,7 @@ export NCCL_NVLS_ENABLE=0
 # The benches' "commit": the binaries' (the device's copy of .git may be older).
 export SY_BUILD_COMMIT=$(cat "$carry/BUILD_COMMIT" 2>/dev/null)
 failed=()
+golden_filter="*HfGolden*:*LongGolden*:*Restack*:CudaAgreement.*:*Fp8Checkpoint*"  # golden, router-ab
 run() {  # name command...: runs, records failure, never stops the visit
   local name=$1; shift
   "$@"; local rc=$?
@@ -68,7 +69,7 @@ if want golden; then
   # (Empty since 2026-12-06: Qwen3.5, DeepSeek-V3, GLM and FP8 pass on an H100.)
   new_goldens=${NEW_GOLDENS-}
   SY_TEST_DEVICE=cuda run golden timeout "${STAGE_TIMEOUT:-300}" "$carry/test_model" \
-    --gtest_filter="*HfGolden*:*LongGolden*:*Restack*:CudaAgreement.*:*Fp8Checkpoint*${new_goldens:+-$new_goldens}" \
+    --gtest_filter="$golden_filter${new_goldens:+-$new_goldens}" \
     --gtest_brief=1
   if [[ -n $new_goldens ]]; then
     section "goldens of code not yet run on a GPU ($new_goldens)"
@@ -172,7 +173,7 @@ if want router-ab; then
   SY_ROUTER_MMA=1 run router-mma-ops timeout "${STAGE_TIMEOUT:-300}" "$carry/cuda_op_harness" --filter moe,graph \
     --json "$OUT/op_harness_router_mma.json"
   SY_ROUTER_MMA=1 SY_TEST_DEVICE=cuda run router-mma-golden timeout "${STAGE_TIMEOUT:-300}" "$carry/test_model" \
-    --gtest_filter="*HfGolden*:*LongGolden*:*Restack*:CudaAgreement.*:*Fp8Checkpoint*" --gtest_brief=1
+    --gtest_filter="$golden_filter" --gtest_brief=1
   for round in $(seq 1 "${ROUTER_ROUNDS:-2}"); do
     for mma in 0 1; do
       echo "--- SY_ROUTER_MMA=$mma (round $round)"

@@ -1001,21 +1001,15 @@ class ModularKernel final : public moe::ExpertsKernel {
     else if (intermediate_ % 8 != 0)  // (bf16 only: MXFP4 widths are multiples of 32)
       forward_experts_simple(w, experts, pairs, stream);
     else if (pairs <= 24 * experts_)
-      mxfp4 ? forward_experts<SmallTile, true>(w, experts, pairs, stream)
-            : forward_experts<SmallTile, false>(w, experts, pairs, stream);
-    else if (pairs <= 96 * experts_ && mxfp4 && tiles_ == "k64")
-      forward_experts<MediumTile, true>(w, experts, pairs, stream);
-    else if (pairs <= 96 * experts_ && (mxfp4 || tiles_ == "k32"))
-      mxfp4 ? forward_experts<MediumK32Tile, true>(w, experts, pairs, stream)
-            : forward_experts<MediumK32Tile, false>(w, experts, pairs, stream);
+      forward_experts<SmallTile>(mxfp4, w, experts, pairs, stream);
+    else if (pairs <= 96 * experts_ && (tiles_ == "k32" || (mxfp4 && tiles_ != "k64")))
+      forward_experts<MediumK32Tile>(mxfp4, w, experts, pairs, stream);
     else if (pairs <= 96 * experts_)
-      forward_experts<MediumTile, false>(w, experts, pairs, stream);
+      forward_experts<MediumTile>(mxfp4, w, experts, pairs, stream);
     else if (tiles_ == "k32")
-      mxfp4 ? forward_experts<LargeK32Tile, true>(w, experts, pairs, stream)
-            : forward_experts<LargeK32Tile, false>(w, experts, pairs, stream);
+      forward_experts<LargeK32Tile>(mxfp4, w, experts, pairs, stream);
     else
-      mxfp4 ? forward_experts<LargeTile, true>(w, experts, pairs, stream)
-            : forward_experts<LargeTile, false>(w, experts, pairs, stream);
+      forward_experts<LargeTile>(mxfp4, w, experts, pairs, stream);
 
     // Combine.
     const dim3 combine_grid(static_cast<unsigned>(ceil_div(hidden_ / 4, kCombineThreads)),
@@ -1032,6 +1026,12 @@ class ModularKernel final : public moe::ExpertsKernel {
     const char* value = std::getenv("SY_GEMM_TILE");
     return std::string_view(value ? value : "");
   }();
+  template <class Cfg>
+  void forward_experts(bool mxfp4, const moe::MoeLayerWeights& w, const ExpertParams& experts,
+                       int64_t pairs, cudaStream_t stream) {
+    mxfp4 ? forward_experts<Cfg, true>(w, experts, pairs, stream)
+          : forward_experts<Cfg, false>(w, experts, pairs, stream);
+  }
   template <class Cfg, bool kMxfp4>
   void forward_experts(const moe::MoeLayerWeights& w, const ExpertParams& experts, int64_t pairs,
                        cudaStream_t stream) {

@@ -115,6 +115,16 @@ using GroupRouteTile = RouteTile<2, 2, true>;
 using TotalRouteTile = RouteTile<2, 2, false>;
 constexpr int64_t kPerGroupMaxTokens = 1024;
 
+template <int WM>
+__device__ __forceinline__ void zero_tiles(float (&tiles)[WM][4][4]) {
+#pragma unroll
+  for (int mt = 0; mt < WM; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) tiles[mt][nt][i] = 0.0f;
+}
+
 template <int WM, int WARP_ROWS, bool PER_GROUP>
 __global__ void __launch_bounds__(256, 2) route_logits_kernel(const RouteLaunch a) {
   using Cfg = RouteTile<WM, WARP_ROWS, PER_GROUP>;
@@ -154,13 +164,7 @@ __global__ void __launch_bounds__(256, 2) route_logits_kernel(const RouteLaunch 
   };
 
   float total[WM][4][4];
-  if constexpr (!PER_GROUP)
-#pragma unroll
-    for (int mt = 0; mt < WM; ++mt)
-#pragma unroll
-      for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) total[mt][nt][i] = 0.0f;
+  if constexpr (!PER_GROUP) zero_tiles(total);
   stage(g_begin, 0);
   for (int group = g_begin; group < g_end; ++group) {
     const int buffer = (group - g_begin) % Cfg::kStages;
@@ -174,12 +178,7 @@ __global__ void __launch_bounds__(256, 2) route_logits_kernel(const RouteLaunch 
     const float* const tile = xs + buffer * Cfg::kM * Cfg::kRowFloats;
     const int k_begin = group * kRouterGroup;
     float acc[WM][4][4];
-#pragma unroll
-    for (int mt = 0; mt < WM; ++mt)
-#pragma unroll
-      for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) acc[mt][nt][i] = 0.0f;
+    zero_tiles(acc);
     uint2 w[4], w_next[4];
     load_w(w, k_begin + 4 * q);
 #pragma unroll
