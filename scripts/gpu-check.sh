@@ -305,12 +305,15 @@ fi
 if want ab; then
   # Batch-1 decode (48 layers; AB_CONFIG: another config-only model) under each experiment knob
   # of AB_VARIANTS (space-separated VAR=value, "-" for none), the same process order every time:
-  # the knobs' effect in one run.
-  section "batch-1 decode A/B over experiment knobs"
-  for variant in ${AB_VARIANTS:--}; do
-    echo "--- variant: $variant"
-    env ${variant#-} "$carry/step_bench" --device cuda --random-weights "${AB_CONFIG:-$carry/qwen3-30b-a3b/config.json}" \
-      --batches 1 --context 1024 --steps 64 --ab-pairs 0 --prefill 0 --bandwidth-gbs "$bandwidth" 2>&1 | grep "decode batch"
+  # the knobs' effect in one run. AB_ROUNDS rounds (default 1); AB_BATCHES decode batches (default 1).
+  section "decode A/B over experiment knobs"
+  for round in $(seq 1 "${AB_ROUNDS:-1}"); do
+    for variant in ${AB_VARIANTS:--}; do
+      echo "--- variant: $variant (round $round)"
+      env ${variant#-} "$carry/step_bench" --device cuda --random-weights "${AB_CONFIG:-$carry/qwen3-30b-a3b/config.json}" \
+        --batches "${AB_BATCHES:-1}" --context 1024 --steps 64 --ab-pairs 0 --prefill 0 --bandwidth-gbs "$bandwidth" 2>&1 |
+        grep "decode batch" || failed+=("ab $variant")
+    done
   done
 fi
 if want bin-ab; then
