@@ -10,7 +10,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
-#include <initializer_list>
 #include <memory>
 #include <string>
 #include <vector>
@@ -247,12 +246,6 @@ class Backend {
     (void)key;
     body();
   }
-
-  // A hint, not an op: `weights` are read soon after the next op that waits on latency rather
-  // than bytes (a decode step's attention, a fused MoE layer's routing), so a backend may start
-  // moving them into its cache while that op runs. Replaces the previous hint; an empty list
-  // clears it. Results never depend on it.
-  virtual void prefetch(std::initializer_list<const Tensor*> weights) { (void)weights; }
 
   // out[t] = table[ids[t]]; out is f32 [T, hidden].
   virtual void embedding(const Tensor& table, const Tensor& ids, Tensor& out) = 0;

@@ -450,19 +450,6 @@ Status Decoder::forward(const Model& model, const StepInputs& in, StepOutputs& o
       Status status = all_reduce_(partial);
       if (!status && layer_status) layer_status = status.with_context("tensor-parallel all-reduce: ");
     };
-    // Backend::prefetch of the weights `layer` reads first: its attention's input projections.
-    auto prefetch_inputs = [&](int64_t layer) {
-      if (layer >= layers) return backend_.prefetch({});
-      const LayerWeights& next = wt.layers[static_cast<size_t>(layer)];
-      const AttentionSpec& attention = c.layers[static_cast<size_t>(layer)].attention;
-      const AttentionWeights& a = next.attention;
-      if (attention.linear)
-        backend_.prefetch({&next.linear_attention.in_proj_qkv, &next.linear_attention.in_proj_z});
-      else if (attention.latent)
-        backend_.prefetch({a.q_a_proj.data ? &a.q_a_proj : &a.q_proj, &a.kv_a_proj});
-      else
-        backend_.prefetch({&a.q_proj, &a.k_proj, &a.v_proj});
-    };
     const Tensor* pending = nullptr;
     for (int64_t layer = 0; layer < layers; ++layer) {
       const LayerWeights& lw = wt.layers[static_cast<size_t>(layer)];
@@ -566,7 +553,6 @@ Status Decoder::forward(const Model& model, const StepInputs& in, StepOutputs& o
         const Tensor* k_norm = per_head ? &a.k_norm : nullptr;
         batch.sliding_window = attention.sliding_window;
         batch.sinks = attention.sinks ? &a.sinks : nullptr;
-        backend_.prefetch({&a.o_proj});  // read right after the attention op
         if (!backend_.qk_prep_attention(q, k, vv, q_norm, k_norm, c.rms_norm_eps, batch, rope,
                                         k_cache_[layer], v_cache_[layer], scale, attn)) {
           backend_.qk_norm_rope_write_kv(q, k, vv, q_norm, k_norm, c.rms_norm_eps, batch, rope,
@@ -591,7 +577,6 @@ Status Decoder::forward(const Model& model, const StepInputs& in, StepOutputs& o
         backend_.add_rms_norm(x, block_out, lw.post_attention_norm, c.rms_norm_eps, normed);
       }
       pending = nullptr;
-      prefetch_inputs(layer + 1);  // read right after the feed-forward block
       if (lw.is_moe) {
         args.layer = static_cast<int>(layer);
         args.hidden = normed;

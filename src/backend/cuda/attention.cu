@@ -320,7 +320,6 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const __grid_consta
   // the prefill code out of the small decode kernel (its instruction-cache misses cost latency).
   const bool decode = MT == 1 || a.decode;
   attn_stamp(a, 0);
-  if (decode) issue_l2_prefetch(a.p.prefetch, a.p.prefetch_evict_last);  // weights: before the wait
   // Decode: the block's token is blockIdx.x. Its sequence, position and slot are requested here,
   // together, so that the block-table lookup below waits for one round trip, not a chain of them.
   int own_seq = 0, own_pos = 0;

@@ -76,9 +76,6 @@ struct AttentionParams {
   // Host-side facts about the step: 1 = every sequence has one query token (decode kernel).
   int64_t max_query_len = 1;
   int64_t max_context_len = 0;  // prefill kernel only (decode must not depend on it)
-  // Weights the decode kernel asks L2 for before it starts (Backend::prefetch), evict-last or not.
-  L2Prefetch prefetch;
-  bool prefetch_evict_last = false;
 };
 
 // Scratch the decode kernel needs for up to `max_decode_tokens` tokens (reserved once), and its

@@ -50,7 +50,6 @@ class CudaBackend final : public Backend {
     SY_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
     context_.sm_count = prop.multiProcessorCount;
     context_.shared_memory_per_block_optin = prop.sharedMemPerBlockOptin;
-    if (const char* mode = std::getenv("SY_PREFETCH")) context_.prefetch_mode = std::atoi(mode);
     device_name_ = prop.name;
   }
 
@@ -532,11 +531,8 @@ class CudaBackend final : public Backend {
     return p;
   }
   AttentionParams attention_params(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
-                                   const AttentionBatch& batch, float scale, Tensor& out,
-                                   const L2Prefetch& prefetch = {}) const {
+                                   const AttentionBatch& batch, float scale, Tensor& out) const {
     AttentionParams p;
-    p.prefetch = prefetch;
-    p.prefetch_evict_last = (context_.prefetch_mode & 4) != 0;
     p.q = q.ptr<float>();
     p.k_cache = k_cache.ptr<__nv_bfloat16>();
     p.v_cache = v_cache.ptr<__nv_bfloat16>();
@@ -704,23 +700,11 @@ class CudaBackend final : public Backend {
       p.conv_out = conv_scratch_;  // (else: recurrent)
     launch_gated_delta_net(p, context_.stream);
   }
-  void prefetch(std::initializer_list<const Tensor*> weights) override {
-    L2Prefetch& hint = context_.prefetch;
-    hint = L2Prefetch{};
-    if (!(context_.prefetch_mode & 1)) return;
-    for (const Tensor* w : weights) {
-      const uint64_t bytes = w && w->data ? w->nbytes() & ~uint64_t{15} : 0;
-      if (bytes == 0 || !aligned16(w->data) || hint.count == L2Prefetch::kMax) continue;
-      hint.ptr[hint.count] = w->data;
-      hint.bytes[hint.count++] = bytes;
-    }
-  }
   void attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttentionBatch& batch,
                  float scale, Tensor& out) override {
     if (skip_attention_) return;
-    launch_attention(
-        attention_params(q, k_cache, v_cache, batch, scale, out, context_.take_prefetch()),
-        attention_scratch_, attention_arrivals_, context_.stream);
+    launch_attention(attention_params(q, k_cache, v_cache, batch, scale, out), attention_scratch_,
+                     attention_arrivals_, context_.stream);
   }
   bool qk_prep_attention(Tensor& q, Tensor& k, const Tensor& v, const Tensor* q_norm, const Tensor* k_norm, float eps,
                          const AttentionBatch& batch, const RopeSpec& rope, Tensor& k_cache, Tensor& v_cache,
@@ -731,10 +715,9 @@ class CudaBackend final : public Backend {
     // SY_NO_PREP_FUSION=1 (experiments) and batch invariance: the two-kernel path.
     if (no_prep_fusion_ || invariant_) return false;
     if (skip_attention_) return true;
-    return launch_prep_attention(
-        prep_params(q, k, v, q_norm, k_norm, eps, batch, rope, k_cache, v_cache),
-        attention_params(q, k_cache, v_cache, batch, scale, out, context_.take_prefetch()),
-        attention_scratch_, attention_arrivals_, context_.stream);
+    return launch_prep_attention(prep_params(q, k, v, q_norm, k_norm, eps, batch, rope, k_cache, v_cache),
+                                 attention_params(q, k_cache, v_cache, batch, scale, out), attention_scratch_,
+                                 attention_arrivals_, context_.stream);
   }
   void gather_rows(const Tensor& x, const Tensor& rows, Tensor& out) override {
     launch_gather_rows(x.ptr<float>(), rows.ptr<int32_t>(), rows.numel(), x.numel() / x.dim(0), out.ptr<float>(),

@@ -15,16 +15,6 @@
 
 namespace sy::backend::cuda {
 
-// Weights the next latency-bound kernel asks L2 for while it waits (Backend::prefetch): a batch-1
-// decode step's attention and routing leave the memory bus idle for microseconds, and the bytes
-// read right after them (o_proj, the next layer's input projections) are known in advance.
-struct L2Prefetch {
-  static constexpr int kMax = 4;
-  const void* ptr[kMax] = {};
-  uint64_t bytes[kMax] = {};  // multiples of 16, ptr 16-byte aligned
-  int count = 0;
-};
-
 struct CudaContext {
   int device = 0;
   cudaStream_t stream = nullptr;
@@ -34,18 +24,6 @@ struct CudaContext {
   size_t cublas_workspace_bytes = 0;
   int sm_count = 0;
   size_t shared_memory_per_block_optin = 0;
-  // SY_PREFETCH (experiments, bits): 1 = the decoder's hints go to the attention decode kernel and
-  // cuda-fused; 2 = cuda-fused asks L2 for its down rows before its second barrier; 4 = those
-  // requests with an evict-last policy.
-  int prefetch_mode = 0;
-  L2Prefetch prefetch;  // the pending hint (bit 1), taken by the kernel that issues it
-
-  // The pending hint, cleared: for the launch about to run.
-  L2Prefetch take_prefetch() {
-    L2Prefetch taken = prefetch;
-    prefetch = L2Prefetch{};
-    return taken;
-  }
 };
 
 [[noreturn]] inline void cuda_fail(const char* what, const char* error, const char* file, int line) {
@@ -112,44 +90,6 @@ __device__ __forceinline__ void overlap_prologue() {
   asm volatile("griddepcontrol.wait;" ::: "memory");
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
-}
-
-// Asks L2 for `bytes` at `p` (16-byte aligned, a multiple of 16) without waiting: the TMA
-// unit's bulk prefetch. Weights only (nothing a running kernel writes). sm_90; a no-op before.
-__device__ __forceinline__ void l2_prefetch_bulk(const void* p, uint64_t bytes, bool evict_last) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  uint64_t policy = 0;
-  if (evict_last)
-    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
-  const char* at = static_cast<const char*>(p);
-  for (uint64_t done = 0; done < bytes;) {
-    const uint32_t n = static_cast<uint32_t>(bytes - done < (1u << 20) ? bytes - done : (1u << 20));
-    if (evict_last)
-      asm volatile("cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;" ::"l"(at + done),
-                   "r"(n), "l"(policy)
-                   : "memory");
-    else
-      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(at + done), "r"(n)
-                   : "memory");
-    done += n;
-  }
-#endif
-}
-
-// This block's share of every region of `hint`: the regions split evenly over the grid, one
-// request per region from threads 0..count-1.
-__device__ __forceinline__ void issue_l2_prefetch(const L2Prefetch& hint, bool evict_last) {
-  if (static_cast<int>(threadIdx.x) >= hint.count) return;
-  const uint64_t blocks = static_cast<uint64_t>(gridDim.x) * gridDim.y * gridDim.z;
-  const uint64_t block =
-      blockIdx.x + static_cast<uint64_t>(gridDim.x) *
-                       (blockIdx.y + static_cast<uint64_t>(gridDim.y) * blockIdx.z);
-  const uint64_t bytes = hint.bytes[threadIdx.x];
-  const uint64_t share = ((bytes + blocks - 1) / blocks + 15) & ~uint64_t{15};
-  const uint64_t begin = block * share;
-  if (begin >= bytes) return;
-  l2_prefetch_bulk(static_cast<const char*>(hint.ptr[threadIdx.x]) + begin,
-                   min(share, bytes - begin), evict_last);
 }
 
 template <typename... Params, typename... Args>

@@ -82,12 +82,6 @@ struct FusedLaunch {
   float eps = 0.0f;
   unsigned long long* stamps = nullptr;  // SY_FUSED_STAMPS=1: [grid, kStamps] %globaltimer per phase
   bool general_grouping = false;  // SY_FUSED_GENERAL_GROUPING=1 (experiments): no few-pairs path
-  // SY_PREFETCH (CudaContext::prefetch_mode): the decoder's hint, asked of L2 at the start (the
-  // next layer's input projections, read after this kernel); the block's down rows asked of L2
-  // before barrier 2; either with an evict-last policy.
-  L2Prefetch prefetch;
-  bool prefetch_down = false;
-  bool prefetch_evict_last = false;
 };
 constexpr int kStamps = 11;
 
@@ -438,7 +432,6 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int total_warps = static_cast<int>(gridDim.x) * kWarps;
 
   stamp(a, 0);
-  issue_l2_prefetch(a.prefetch, a.prefetch_evict_last);
   // The input row: every block normalises residual + deltas itself (no launch, no barrier).
   const float* hidden = a.hidden;
   if constexpr (NORM_VEC > 0) {
@@ -554,19 +547,6 @@ __global__ void __launch_bounds__(kThreads, 2)
             a.act[static_cast<int64_t>(pair) * I + r] = a.experts.activate(e, r, I, v[0], v[1]);
           });
     }
-    }
-  }
-  if constexpr (!MXFP4) {
-    // The down rows this block reads after the barrier (its tiles, every chosen expert): asked of
-    // L2 now, while slower blocks finish gate_up.
-    if (a.prefetch_down && static_cast<int>(threadIdx.x) < slots) {
-      const int64_t e = slot_expert[threadIdx.x];
-      for (int tile = static_cast<int>(blockIdx.x) * a.tile_rows; tile < H;
-           tile += static_cast<int>(gridDim.x) * a.tile_rows)
-        l2_prefetch_bulk(
-            a.down + (e * H + tile) * I,
-            static_cast<uint64_t>(min(H, tile + a.tile_rows) - tile) * I * sizeof(__nv_bfloat16),
-            a.prefetch_evict_last);
     }
   }
   stamp(a, 4);
@@ -814,9 +794,6 @@ class FusedKernel final : public moe::ExpertsKernel {
     launch.combo_floats = combo_floats_;
     launch.stamps = stamps_;
     launch.general_grouping = general_grouping_;
-    launch.prefetch = context_.take_prefetch();
-    launch.prefetch_down = (context_.prefetch_mode & 2) != 0;
-    launch.prefetch_evict_last = (context_.prefetch_mode & 4) != 0;
     const moe::MoeInputNorm& norm = args.input_norm;
     const int vec = norm.residual ? norm_vec_ : 0;
     if (norm.residual) {
@@ -851,7 +828,6 @@ class FusedKernel final : public moe::ExpertsKernel {
                                                 vec ? norm_shared_bytes_ : shared_bytes_, context_.stream));
       SY_CUDA_LAUNCH_CHECK("fused_moe_kernel");
       if (count == 1) collect_stamps();  // the batch-1 decode launches only
-      launch.prefetch = L2Prefetch{};    // the hint is for the first chunk's launch
     }
     return Status::ok();
   }
