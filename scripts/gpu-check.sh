@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU machine's whole visit, run as it is from the repo root there, after scripts/gpu-pack.sh
 # here (carry gpu-carry/). Stages (default: all but profile): ceilings ops golden engine bench8
-# bench48 crossover serve-e2e serve-invariant (--batch-invariant tests and bench) soak (CUDA soak, SOAK_SECONDS) serve; chat-goldens (transformers' template renders); stamps (cuda-fused phase timer, STAMP_VARIANTS); ab (knob A/B, AB_VARIANTS); bin-ab (two builds' binaries alternating, BIN_AB); router-ab (the tensor-core router, SY_ROUTER_MMA=1: harness, goldens, A/B); gemm-tile (grouped GEMM tile experiments); delta-chunked (the chunked DeltaNet kernel: harness, Qwen3.5 A/B); family-goldens (GOLDEN_FAMILIES; then the golden tests on them); bf16-sensitivity (transformers bf16 vs float64 per golden model); routes-ab (routes on/off over HTTP on CUDA); bench-gptoss (gpt-oss-20b shapes, MXFP4 experts); bench-new (Moonlight-16B-A3B, Qwen3.5-35B-A3B and Mixtral-8x7B 16-layer shapes: MLA, DeltaNet; BENCH_NEW_MODELS); serve-new (their and gpt-oss-20b's throughput profiles, SERVE_MODELS); mxfp4-gemv (the MXFP4 few-token paths: harness, gpt-oss goldens, decode A/B); routes-cost (capture on/off in process on CUDA); long-goldens (tools/gpu/long_goldens.py, then LongGolden on them; long_goldens.tgz); moe-stalls (ncu stall reasons of cuda-fused); attn-detail (ncu full + SASS stalls of decode attention); kernel-detail (the same for DETAIL_KERNELS in a gpt-oss batch-1 decode); profile (ncu per-kernel times of one decode and one prefill step;
+# bench48 crossover serve-e2e serve-invariant (--batch-invariant tests and bench) soak (CUDA soak, SOAK_SECONDS) serve; chat-goldens (transformers' template renders); stamps (cuda-fused phase timer, STAMP_VARIANTS); ab (knob A/B, AB_VARIANTS); bin-ab (two builds' binaries alternating, BIN_AB); gemm-tile (grouped GEMM tile experiments); delta-chunked (the chunked DeltaNet kernel: harness, Qwen3.5 A/B); family-goldens (GOLDEN_FAMILIES; then the golden tests on them); bf16-sensitivity (transformers bf16 vs float64 per golden model); routes-ab (routes on/off over HTTP on CUDA); bench-gptoss (gpt-oss-20b shapes, MXFP4 experts); bench-new (Moonlight-16B-A3B, Qwen3.5-35B-A3B and Mixtral-8x7B 16-layer shapes: MLA, DeltaNet; BENCH_NEW_MODELS); serve-new (their and gpt-oss-20b's throughput profiles, SERVE_MODELS); mxfp4-gemv (the MXFP4 few-token paths: harness, gpt-oss goldens, decode A/B); routes-cost (capture on/off in process on CUDA); long-goldens (tools/gpu/long_goldens.py, then LongGolden on them; long_goldens.tgz); moe-stalls (ncu stall reasons of cuda-fused); attn-detail (ncu full + SASS stalls of decode attention); kernel-detail (the same for DETAIL_KERNELS in a gpt-oss batch-1 decode); profile (ncu per-kernel times of one decode and one prefill step;
 # PROFILE_STEPS=decode for one), moe-detail (ncu's full sections on one cuda-fused launch).
 # Everything it prints also goes to $OUT/gpu-check.log; JSON results land in $OUT.
 #   scripts/gpu-check.sh [stage ...]
@@ -22,7 +22,7 @@ export NCCL_NVLS_ENABLE=0
 # The benches' "commit": the binaries' (the device's copy of .git may be older).
 export SY_BUILD_COMMIT=$(cat "$carry/BUILD_COMMIT" 2>/dev/null)
 failed=()
-golden_filter="*HfGolden*:*LongGolden*:*Restack*:CudaAgreement.*:*Fp8Checkpoint*"  # golden, router-ab
+golden_filter="*HfGolden*:*LongGolden*:*Restack*:CudaAgreement.*:*Fp8Checkpoint*"
 run() {  # name command...: runs, records failure, never stops the visit
   local name=$1; shift
   "$@"; local rc=$?
@@ -162,28 +162,6 @@ if want mxfp4-gemv; then
     SY_MXFP4_GEMV=$gemv run "mxfp4-bench-$gemv" timeout "${STAGE_TIMEOUT:-300}" "$carry/step_bench" \
       --device cuda --random-weights "$carry/gpt-oss-20b/config.json" --batches 1,8 --context 1024 --steps 32 \
       --ab-pairs 0 --prefill 0 --bandwidth-gbs "$bandwidth" --json-out "$OUT/step_bench_gpt_oss_20b_gemv_${arm}_$gemv.json"
-  done
-fi
-if want router-ab; then
-  # The tensor-core router (SY_ROUTER_MMA=1, written in session 23, off by default until it runs):
-  # the harness's MoE and graph cases and the goldens with it, then the FMA router against it.
-  # Decode steps (cuda-fused at batch 1, cuda-modular's few-token kernel at 16, its per-group one at
-  # 64) and prefill steps (Qwen3 4k, Qwen3.5 8 x 1,024 and 2 x 1,024), alternating, ROUTER_ROUNDS.
-  section "tensor-core router: harness and goldens with SY_ROUTER_MMA=1, then A/B"
-  SY_ROUTER_MMA=1 run router-mma-ops timeout "${STAGE_TIMEOUT:-300}" "$carry/cuda_op_harness" --filter moe,graph \
-    --json "$OUT/op_harness_router_mma.json"
-  SY_ROUTER_MMA=1 SY_TEST_DEVICE=cuda run router-mma-golden timeout "${STAGE_TIMEOUT:-300}" "$carry/test_model" \
-    --gtest_filter="$golden_filter" --gtest_brief=1
-  for round in $(seq 1 "${ROUTER_ROUNDS:-2}"); do
-    for mma in 0 1; do
-      echo "--- SY_ROUTER_MMA=$mma (round $round)"
-      SY_ROUTER_MMA=$mma "$carry/step_bench" --device cuda --random-weights "$carry/qwen3-30b-a3b/config.json" --batches 1,16,64 \
-        --context 1024 --steps 32 --ab-pairs 0 --prefill 4096 --bandwidth-gbs "$bandwidth" --matmul-tflops "$tflops" 2>&1 | grep -E "decode batch|prefill"
-      SY_ROUTER_MMA=$mma "$carry/step_bench" --device cuda --random-weights "$carry/qwen3.5-35b-a3b/config.json" --batches "" \
-        --prefill 8192 --prefill-seqs 8 --steps 1 --ab-pairs 0 --matmul-tflops "$tflops" 2>&1 | grep prefill
-      SY_ROUTER_MMA=$mma "$carry/step_bench" --device cuda --random-weights "$carry/qwen3.5-35b-a3b/config.json" --batches "" \
-        --prefill 2048 --prefill-seqs 2 --steps 1 --ab-pairs 0 --matmul-tflops "$tflops" 2>&1 | grep prefill
-    done
   done
 fi
 if want gemm-tile; then

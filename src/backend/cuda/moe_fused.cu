@@ -65,8 +65,7 @@ struct FusedLaunch {
   int32_t* sink = nullptr;          // offset to this layer and chunk, or nullptr
   float* weight_sink = nullptr;     // the gating weights, indexed like sink, or nullptr
   int64_t route_row_stride = 0;     // L * K
-  float* logits = nullptr;  // [router groups, T, E] scratch: the logits' group sums (FMA: 1 group)
-  bool mma_router = false;  // router_mma_enabled()
+  float* logits = nullptr;          // [router groups, T, E] scratch: the logits' group sums
   float* act = nullptr;             // [T * K, I] scratch: silu(gate) * up per (token, k)
   int tile_rows = 0;                // hidden rows each block combines: ceil(H / grid)
   int pass_rows = 0;                // rows per pass so that combo (T*K x pass_rows) fits
@@ -443,19 +442,10 @@ __global__ void __launch_bounds__(kThreads, 2)
     __syncthreads();
     hidden = normed;
   }
-  // (a) Router logits. FMA router: a warp per (token, expert), warp-major so that a T = 1
-  // step's E rows spread over E blocks; its logits are one "group". Tensor-core router
-  // (a.mma_router): a warp per (16-token tile, 8-expert tile, k group) task, its sums into
-  // a.logits [groups, T, E] (moe_route.cuh's sum), summed over the groups when read.
-  const int logit_groups = a.mma_router ? router_groups(H) : 1;
-  if (!a.mma_router) {
-    for (int q = warp * gridDim.x + blockIdx.x; q < T * E; q += total_warps) {
-      const int t = q / E, e = q - t * E;
-      const float logit = router_logit_warp(hidden + static_cast<int64_t>(t) * H,
-                                            a.router + static_cast<int64_t>(e) * H, H);
-      if (lane == 0) a.logits[q] = logit;
-    }
-  } else {
+  // (a) Router logits (moe_route.cuh's sum): a warp per (16-token tile, 8-expert tile, k group)
+  // task, its sums into a.logits [groups, T, E], summed over the groups when read.
+  const int logit_groups = router_groups(H);
+  {
     const int groups = logit_groups, e_tiles = (E + 7) / 8, m_tiles = (T + 15) / 16;
     const int per_m = e_tiles * groups;
     for (int q = warp * gridDim.x + blockIdx.x; q < m_tiles * per_m; q += total_warps) {
@@ -742,7 +732,7 @@ class FusedKernel final : public moe::ExpertsKernel {
       blocks_per_sm = std::min(blocks_per_sm, std::atoi(cap));
     grid_ = sm_count * blocks_per_sm;
 
-    if (cudaMalloc(&logits_, sizeof(float) * (router_mma_enabled() ? router_groups(static_cast<int>(hidden)) : 1) *
+    if (cudaMalloc(&logits_, sizeof(float) * router_groups(static_cast<int>(hidden)) *
                                  chunk_tokens_ * experts_) != cudaSuccess ||
         cudaMalloc(&act_, sizeof(float) * pair_capacity_ * intermediate_) != cudaSuccess) {
       cudaGetLastError();  // an allocation failure is not sticky: clear it for the next check
@@ -787,7 +777,6 @@ class FusedKernel final : public moe::ExpertsKernel {
     launch.intermediate = static_cast<int>(intermediate_);
     launch.route_row_stride = row_stride;
     launch.logits = logits_;
-    launch.mma_router = router_mma_enabled();
     launch.act = act_;
     launch.tile_rows = static_cast<int>((hidden_ + grid_ - 1) / grid_);
     launch.pair_capacity = pair_capacity_;

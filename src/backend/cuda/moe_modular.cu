@@ -922,7 +922,7 @@ class ModularKernel final : public moe::ExpertsKernel {
     }
     const bool ok =
         allocate(&ids_, pairs * 4) && allocate(&weights_, pairs * 4) &&
-        allocate(&route_sums_, router_mma_enabled() ? route_sums_floats(max_tokens, experts, hidden) * 4 : 0) &&
+        allocate(&route_sums_, route_sums_floats(max_tokens, experts, hidden) * 4) &&
         allocate(&x_bf16_, max_tokens * hidden * 2) && allocate(&perm_, padded_rows * 4) &&
         allocate(&tile_expert_, tiles * 4) && allocate(&tile_count_, 4) &&
         allocate(&act_, padded_rows * intermediate * 2) && allocate(&y_, pairs * hidden * 4) &&
@@ -978,7 +978,6 @@ class ModularKernel final : public moe::ExpertsKernel {
     route.ids = ids_;
     route.weights = weights_;
     route.sums = route_sums_;
-    route.mma = router_mma_enabled();
     launch_route(route, stream);
 
     const ExpertParams experts = ExpertParams::from(args.experts, w);

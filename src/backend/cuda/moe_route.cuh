@@ -1,7 +1,6 @@
 // Routing on CUDA, shared by every MoE kernel so that all of them choose bitwise the same experts
-// from the same hidden states: router logits (one fixed sum a process: a warp's f32 FMA chain by
-// default, or the tensor-core sum below),
-// softmax or sigmoid scores, top-k by (score desc, id asc), gating weights as the CPU reference
+// from the same hidden states: router logits (one fixed sum on tensor cores, below), softmax or
+// sigmoid scores, top-k by (score desc, id asc), gating weights as the CPU reference
 // router (moe/router.cpp) computes them, forced ids for replayed rows. NaN scores never select
 // an invalid id. Floor: reading the router matrix (E * H * 2 bytes) once per step.
 #pragma once
@@ -107,58 +106,9 @@ struct RouteParams {
   }
 };
 
-// ---- Router logits, f32 FMA (the default until the tensor-core sum below has run on a GPU) ----
-// One lane's step of a router dot product: the 8 weights of `packed` (bf16) times x[0:8], added
-// to acc in element order. With the FMA router, every router logit on CUDA is a sum of these steps
-// in the same order.
-__device__ __forceinline__ float router_dot8(const uint4& packed, const float* __restrict__ x,
-                                             float acc) {
-  const __nv_bfloat162* w2 = reinterpret_cast<const __nv_bfloat162*>(&packed);
-  const float4 x0 = *reinterpret_cast<const float4*>(x);
-  const float4 x1 = *reinterpret_cast<const float4*>(x + 4);
-  float2 a = __bfloat1622float2(w2[0]), b = __bfloat1622float2(w2[1]);
-  float2 c = __bfloat1622float2(w2[2]), d = __bfloat1622float2(w2[3]);
-  acc = fmaf(x0.x, a.x, acc);
-  acc = fmaf(x0.y, a.y, acc);
-  acc = fmaf(x0.z, b.x, acc);
-  acc = fmaf(x0.w, b.y, acc);
-  acc = fmaf(x1.x, c.x, acc);
-  acc = fmaf(x1.y, c.y, acc);
-  acc = fmaf(x1.z, d.x, acc);
-  acc = fmaf(x1.w, d.y, acc);
-  return acc;
-}
-
-// One expert's router logit: dot(x[0:hidden], w_row) in f32, computed by one whole warp in a
-// fixed order (lane l sums elements l*8 .. l*8+7 of each 256-wide slab in slab order, then a
-// butterfly over lanes). Every lane returns the same value. hidden must be a multiple of 8.
-__device__ __forceinline__ float router_logit_warp(const float* __restrict__ x,
-                                                   const __nv_bfloat16* __restrict__ w_row,
-                                                   int hidden) {
-  const int lane = threadIdx.x & 31;
-  float acc = 0.0f;
-  // Unrolled so that several slabs' loads are in flight at once; the sum's order is unchanged.
-#pragma unroll 4
-  for (int base = lane * 8; base < hidden; base += 256)
-    acc = router_dot8(*reinterpret_cast<const uint4*>(w_row + base), x + base, acc);
-  for (int offset = 16; offset > 0; offset >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, offset);
-  return acc;
-}
-
-// Fills logits[0:E] (shared memory) for token row x, using every warp of the block.
-__device__ __forceinline__ void router_logits_block(const float* __restrict__ x,
-                                                    const __nv_bfloat16* __restrict__ router,
-                                                    const RouteParams& p, float* logits) {
-  const int warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  for (int e = warp; e < p.num_experts; e += warps) {
-    const float value = router_logit_warp(x, router + static_cast<int64_t>(e) * p.hidden, p.hidden);
-    if ((threadIdx.x & 31) == 0) logits[e] = value;
-  }
-}
-
-// ---- Router logits on tensor cores (SY_ROUTER_MMA=1: router_mma_enabled) ----
-// With it, every router logit on CUDA is this one sum, whichever kernel computes it, so all of
-// them route bitwise alike. x (f32) is split exactly into three bf16 terms (hi: its top 16 bits;
+// ---- Router logits on tensor cores ----
+// Every router logit on CUDA is this one sum, whichever kernel computes it, so all of them route
+// bitwise alike. x (f32) is split exactly into three bf16 terms (hi: its top 16 bits;
 // mid: those of x - hi; lo: the rest, at most 8 significant bits; a non-finite x is hi alone), the
 // router row is bf16, so every product is exact. The sum runs on tensor cores (mma.sync m16n8k16,
 // f32 accumulation) over k groups of kRouterGroup elements: a group's 16-wide k steps in order,
@@ -172,11 +122,10 @@ __device__ __forceinline__ void router_logits_block(const float* __restrict__ x,
 // quad q holds elements 4q .. 4q+3 in its mma k slots 2q, 2q+1, 2q+8, 2q+9 (A and B agree on the
 // permutation, so the product is the plain dot): one float4 of x and one 8-byte load of the
 // router row. H is a multiple of 8: a last step of 8 elements has lanes q >= 2 zero.
-// (The FMA router's logits: 0.69 ms a layer of a Qwen3.5 8 x 1,024 prefill, ~12 TFLOP/s.)
+// (It replaced a warp's f32 FMA chain per logit, session 24, H200: a Qwen3 batch-64 decode step
+// 22.86 -> 20.75 ms, a Qwen3.5 8 x 1,024 prefill 219.5 -> 198.9 ms, batch 1 3.81 -> 3.88 ms;
+// BENCHMARKS.md.)
 constexpr int kRouterGroup = 128;
-// Whether this process routes with the tensor-core sum (SY_ROUTER_MMA=1; read once, so every
-// kernel of the process agrees). Off by default until it has run on a GPU (written session 23).
-bool router_mma_enabled();
 constexpr int kRouterGroupSteps = kRouterGroup / 16;
 __host__ __device__ constexpr int router_groups(int hidden) {
   return (hidden + kRouterGroup - 1) / kRouterGroup;
@@ -237,21 +186,27 @@ __device__ __forceinline__ void router_group_tile(const float* x, int64_t x_stri
   const __nv_bfloat16* w = e0 + g < E ? router + static_cast<int64_t>(e0 + g) * H : nullptr;
   for (int i = 0; i < 4; ++i) acc[i] = 0.0f;
   const int k_begin = group * kRouterGroup;
-  // Loads in batches of four steps ahead of their mma (the chain's order is unchanged).
+  // The group's router loads all at once (one round trip), x in batches of four steps ahead of
+  // their mma (the chain's order is unchanged).
+  uint2 wv[kRouterGroupSteps];
+#pragma unroll
+  for (int s = 0; s < kRouterGroupSteps; ++s) {
+    const int k = k_begin + s * 16 + 4 * q;
+    wv[s] = w && k < H ? *reinterpret_cast<const uint2*>(w + k) : make_uint2(0u, 0u);
+  }
+#pragma unroll
   for (int s0 = 0; s0 < kRouterGroupSteps; s0 += 4) {
     float4 r0[4], r1[4];
-    uint2 wv[4];
 #pragma unroll
     for (int s = 0; s < 4; ++s) {
       const int k = k_begin + (s0 + s) * 16 + 4 * q;
       const bool in = k < H;
       r0[s] = x0 && in ? *reinterpret_cast<const float4*>(x0 + k) : make_float4(0.f, 0.f, 0.f, 0.f);
       r1[s] = x1 && in ? *reinterpret_cast<const float4*>(x1 + k) : make_float4(0.f, 0.f, 0.f, 0.f);
-      wv[s] = w && in ? *reinterpret_cast<const uint2*>(w + k) : make_uint2(0u, 0u);
     }
 #pragma unroll
     for (int s = 0; s < 4; ++s)
-      if (k_begin + (s0 + s) * 16 < H) router_mma_step(acc, router_terms(r0[s], r1[s]), wv[s]);
+      if (k_begin + (s0 + s) * 16 < H) router_mma_step(acc, router_terms(r0[s], r1[s]), wv[s0 + s]);
   }
 }
 
@@ -270,14 +225,14 @@ __device__ __forceinline__ void router_store_tile(const float (&acc)[4], float* 
 
 // Token t's logits from its groups' sums, stored [groups][tokens][E]: row[e] = ((0 + g0) + g1)
 // + ... (a kernel that summed the groups itself stores that total as its one "group"), for e =
-// first, first + stride, ... < E. Four experts' eight groups are loaded at once before they are
-// added in order: the sums were just written by other SMs, and a chain of such loads would cost
-// a round trip (~1 us) each. (Not __restrict__: cuda-fused reads sums other blocks wrote in the
-// same launch, which a non-coherent load could miss.)
+// first, first + stride, ... < E. Four experts' sixteen groups (H = 2,048's all) are loaded at
+// once before they are added in order: the sums were just written by other SMs, and a chain of
+// such loads would cost a round trip (~1 us) each. (Not __restrict__: cuda-fused reads sums other
+// blocks wrote in the same launch, which a non-coherent load could miss.)
 __device__ __forceinline__ void router_logits_fill(const float* sums, int groups, int64_t tokens,
                                                    int E, int64_t t, float* row, int first,
                                                    int stride) {
-  constexpr int kExperts = 4, kGroups = 8;
+  constexpr int kExperts = 4, kGroups = 16;
   for (int e0 = first; e0 < E; e0 += kExperts * stride) {
     float logit[kExperts];
 #pragma unroll
@@ -543,9 +498,8 @@ __device__ __forceinline__ void route_select_block(float* scores, float* keys, c
   __syncthreads();
 }
 
-// The router stage as its own kernels (cuda-modular). FMA router: one block per token (or
-// route_tile_kernel's 8 a block in larger steps), logits and selection in one kernel. Tensor-core
-// router: the logits into `sums`, then a warp per token selects. Writes ids/weights [T, K]; with a
+// The router stage as its own kernels (cuda-modular): the logits into `sums`, then a warp per
+// token selects. Writes ids/weights [T, K]; with a
 // sink, also ids into sink[t * route_row_stride + k] (the layer's column of the step's [T, L, K]
 // route buffer); a token with forced[t] != 0 uses source's row instead.
 struct RouteLaunch {
@@ -560,8 +514,7 @@ struct RouteLaunch {
   int64_t route_row_stride = 0;      // L * K
   int32_t* ids = nullptr;            // [T, K]
   float* weights = nullptr;          // [T, K]
-  float* sums = nullptr;             // scratch: route_sums_floats(T, E, H) (tensor-core router)
-  bool mma = false;                  // router_mma_enabled()
+  float* sums = nullptr;             // scratch: route_sums_floats(T, E, H)
 };
 // The scratch a step of `tokens` needs (its groups' sums, or the totals).
 size_t route_sums_floats(int64_t tokens, int64_t experts, int64_t hidden);
