@@ -251,14 +251,26 @@ __device__ __forceinline__ float normaliser(const AttentionParams& p, int head, 
 // The merge of a decode token's split partials, run by the last split block of each (token, kv
 // head) to finish (so no second launch): a warp per (token, head) row. Lanes take the splits for
 // the max and the sum (warp reductions), each split's weight goes to shared memory, then the
-// partials are summed with four loads in flight per lane. The partials come from other blocks:
-// loads bypass L1 (__ldcg). Floor: (head_dim + 2) * 4 bytes read per written split.
+// partials are summed in split order. The lane's first head_dim slice of the first kEarlySplits
+// partials is requested together with the (max, sum) pairs (one L2 round trip, not two: the
+// merge is a chain of them). The partials come from other blocks: loads bypass L1 (__ldcg).
+// Floor: (head_dim + 2) * 4 bytes read per written split.
+// (EARLY: the decode-only kernel; the prefill one's registers are already at their limit.)
+constexpr int kEarlySplits = 16;
+template <bool EARLY>
 __device__ void combine_split_row(const KernelArgs& a, int64_t pair, int written, float* weight,
                                   bool first_row) {
   const AttentionParams& p = a.p;
   const int lane = threadIdx.x & 31, head_dim = p.head_dim;
   const float2* ml = a.partial_ml + pair * a.splits;
   const float* partial = a.partial_o + pair * a.splits * head_dim;
+  constexpr int kEarly = EARLY ? kEarlySplits : 1;
+  float4 early[kEarly];
+#pragma unroll
+  for (int s = 0; s < kEarly; ++s)
+    early[s] = EARLY && s < written && lane * 4 < head_dim
+                   ? __ldcg(reinterpret_cast<const float4*>(partial + s * head_dim + lane * 4))
+                   : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   // One read of the (max, sum) pairs, kept in registers (up to kMaxSplits / 32 per lane).
   constexpr int kPerLane = kMaxSplits / 32;
   float2 m[kPerLane];
@@ -290,8 +302,20 @@ __device__ void combine_split_row(const KernelArgs& a, int64_t pair, int written
   // predicated batches of 16 (+1.4%): the merge waits on L2 round trips, not on its code size.
   for (int d = lane * 4; d < head_dim; d += 128) {
     float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    int s = 0;
+    if (EARLY && d == lane * 4) {  // the early slice: the same sum in the same order
+#pragma unroll
+      for (; s < kEarly; ++s) {
+        if (s >= written) break;
+        const float w = weight[s] * inv;
+        o.x += early[s].x * w;
+        o.y += early[s].y * w;
+        o.z += early[s].z * w;
+        o.w += early[s].w * w;
+      }
+    }
 #pragma unroll 16
-    for (int s = 0; s < written; ++s) {
+    for (; s < written; ++s) {
       const float w = weight[s] * inv;
       const float4 part = __ldcg(reinterpret_cast<const float4*>(partial + s * head_dim + d));
       o.x += part.x * w;
@@ -760,8 +784,8 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const __grid_consta
     __threadfence();
     attn_stamp(a, 8);
     for (int r = warp; r < rows; r += kWarps)
-      combine_split_row(a, static_cast<int64_t>(s_token[r]) * p.heads + s_head[r], written, s_split_weight[warp],
-                        r == warp);
+      combine_split_row<MT == 1>(a, static_cast<int64_t>(s_token[r]) * p.heads + s_head[r], written,
+                                 s_split_weight[warp], r == warp);
     __syncthreads();
     attn_stamp(a, 11);
   }
