@@ -77,6 +77,7 @@ struct KernelArgs {
   float2* partial_ml = nullptr;  // [tokens * heads * splits] (max in log2 units, sum)
   float* partial_o = nullptr;    // [tokens * heads * splits, head_dim], unnormalised
   int* arrivals = nullptr;       // [tokens * kv_heads * row_chunks] splits done; the last resets it
+  bool early_merge = true;  // SY_ATTN_EARLY_MERGE=0 (A/B): the merge's two round trips as before
   // Decode with the q/k prep fused (prep.q set): q rows are normed and rotated from the raw
   // projection as they are loaded, and the split holding a token's own key computes that K/V
   // row itself (into the cache and its tile). p.q is then unused.
@@ -265,10 +266,11 @@ __device__ void combine_split_row(const KernelArgs& a, int64_t pair, int written
   const float2* ml = a.partial_ml + pair * a.splits;
   const float* partial = a.partial_o + pair * a.splits * head_dim;
   constexpr int kEarly = EARLY ? kEarlySplits : 1;
+  const bool use_early = EARLY && a.early_merge;
   float4 early[kEarly];
 #pragma unroll
   for (int s = 0; s < kEarly; ++s)
-    early[s] = EARLY && s < written && lane * 4 < head_dim
+    early[s] = use_early && s < written && lane * 4 < head_dim
                    ? __ldcg(reinterpret_cast<const float4*>(partial + s * head_dim + lane * 4))
                    : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   // One read of the (max, sum) pairs, kept in registers (up to kMaxSplits / 32 per lane).
@@ -303,7 +305,7 @@ __device__ void combine_split_row(const KernelArgs& a, int64_t pair, int written
   for (int d = lane * 4; d < head_dim; d += 128) {
     float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     int s = 0;
-    if (EARLY && d == lane * 4) {  // the early slice: the same sum in the same order
+    if (use_early && d == lane * 4) {  // the early slice: the same sum in the same order
 #pragma unroll
       for (; s < kEarly; ++s) {
         if (s >= written) break;
@@ -1140,6 +1142,8 @@ bool launch_attention_impl(const AttentionParams& params, const QkvPrepParams* p
     const size_t ml_bytes = (static_cast<size_t>(parts) * sizeof(float2) + 255) / 256 * 256;
     args.partial_o = reinterpret_cast<float*>(static_cast<char*>(scratch) + ml_bytes);
     args.arrivals = arrivals;
+    static const bool early_merge = !env_off("SY_ATTN_EARLY_MERGE");
+    args.early_merge = early_merge;
   }
   const dim3 grid(static_cast<unsigned>(tokens),
                   static_cast<unsigned>(params.kv_heads * args.row_chunks),
