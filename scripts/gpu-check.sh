@@ -33,7 +33,7 @@ for packed in "$carry"/*.xz "$carry"/*/*.xz; do
   [[ -e $packed && $packed != *.tar.xz ]] && xz -d -f "$packed"
 done  # gpu-pack.sh compresses them
 section "machine"
-nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem,driver_version --format=csv
+nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem,clocks.max.sm,clocks.max.mem,power.limit,driver_version --format=csv
 echo "binaries built from commit $(cat "$carry/BUILD_COMMIT" 2>/dev/null || echo unknown)"
 ldd "$carry/switchyard" | grep -E "not found" && failed+=("libraries")
 
@@ -96,9 +96,15 @@ if want bench8; then
 fi
 if want bench48; then
   section "step bench: Qwen3-30B-A3B full (48 layers)"
+  # The SM and memory clocks sampled every 100 ms while it runs (an H200 that ran the same code
+  # 13% slower than another suggested a lower SM clock: this records it).
+  nvidia-smi --query-gpu=clocks.sm,clocks.mem,power.draw --format=csv,noheader,nounits -lms 100 > "$OUT/clocks_bench48.csv" 2>/dev/null &
+  sampler=$!
   run bench48 timeout 400 "$carry/step_bench" --device cuda --random-weights "$carry/qwen3-30b-a3b/config.json" \
     --batches 1,64 --context 1024 --steps 32 --prefill 8192 --bandwidth-gbs "$bandwidth" \
     --matmul-tflops "$tflops" --json-out "$OUT/step_bench_48l.json"
+  kill "$sampler" 2>/dev/null
+  sort -t, -k1 -n "$OUT/clocks_bench48.csv" | awk -F, '$1 > 1000 {sm[n++] = $1} END {if (n) printf "SM clock while busy (>1 GHz samples): min %d, median %d, max %d MHz over %d samples\n", sm[0], sm[int(n/2)], sm[n-1], n}'
 fi
 if want routes-cost; then
   # Capture on/off inside the engine on CUDA, no HTTP (bench/routes_cost_bench, ABBA legs, a fresh
