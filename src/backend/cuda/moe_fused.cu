@@ -445,18 +445,15 @@ __global__ void __launch_bounds__(kThreads, 2)
   // (a) Router logits (moe_route.cuh's sum): a warp per (16-token tile, 8-expert tile, k group)
   // task, its sums into a.logits [groups, T, E], summed over the groups when read.
   const int logit_groups = router_groups(H);
-  {
-    const int groups = logit_groups, e_tiles = (E + 7) / 8, m_tiles = (T + 15) / 16;
-    const int per_m = e_tiles * groups;
-    for (int q = warp * gridDim.x + blockIdx.x; q < m_tiles * per_m; q += total_warps) {
-      const int mt = q / per_m, rest = q - mt * per_m, et = rest / groups,
-                group = rest - et * groups;
-      float acc[4];
-      router_group_tile(hidden + static_cast<int64_t>(mt) * 16 * H, H, T - mt * 16, a.router, H, E,
-                        et * 8, group, acc);
-      router_store_tile(acc, a.logits + static_cast<int64_t>(group) * T * E, E, mt * 16,
-                        T - mt * 16, et * 8, E);
-    }
+  const int per_m = (E + 7) / 8 * logit_groups, m_tiles = (T + 15) / 16;
+  for (int q = warp * gridDim.x + blockIdx.x; q < m_tiles * per_m; q += total_warps) {
+    const int mt = q / per_m, rest = q - mt * per_m, et = rest / logit_groups,
+              group = rest - et * logit_groups;
+    float acc[4];
+    router_group_tile(hidden + static_cast<int64_t>(mt) * 16 * H, H, T - mt * 16, a.router, H, E,
+                      et * 8, group, acc);
+    router_store_tile(acc, a.logits + static_cast<int64_t>(group) * T * E, E, mt * 16, T - mt * 16,
+                      et * 8, E);
   }
   stamp(a, 1);
   grid.sync();

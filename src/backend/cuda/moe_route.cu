@@ -30,6 +30,8 @@ __device__ __forceinline__ void select_and_write(const RouteLaunch& a, int64_t t
 // stages, and stores their total (one "group").
 template <int WM, int WARP_ROWS, bool PER_GROUP>
 struct RouteTile {
+  static constexpr int kWM = WM;
+  static constexpr bool kPerGroup = PER_GROUP;
   static constexpr int kThreads = 256, kWarps = 8, kWarpCols = kWarps / WARP_ROWS;
   static constexpr int kM = 16 * WM * WARP_ROWS, kN = 32 * kWarpCols;
   static constexpr int kRowFloats = kRouterGroup + 16;
@@ -53,9 +55,10 @@ __device__ __forceinline__ void zero_tiles(float (&tiles)[WM][4][4]) {
       for (int i = 0; i < 4; ++i) tiles[mt][nt][i] = 0.0f;
 }
 
-template <int WM, int WARP_ROWS, bool PER_GROUP>
+template <class Cfg>
 __global__ void __launch_bounds__(256, 2) route_logits_kernel(const RouteLaunch a) {
-  using Cfg = RouteTile<WM, WARP_ROWS, PER_GROUP>;
+  constexpr int WM = Cfg::kWM;
+  constexpr bool PER_GROUP = Cfg::kPerGroup;
   extern __shared__ float4 route_shared[];
   float* const xs = reinterpret_cast<float*>(route_shared);
   const int H = a.params.hidden, E = a.params.num_experts;
@@ -164,14 +167,13 @@ __global__ void __launch_bounds__(kSelectWarps * 32)
   select_and_write(a, t, logits[warp], ids[warp], weights[warp]);
 }
 
-template <class Cfg, int WM, int WARP_ROWS, bool PER_GROUP>
+template <class Cfg>
 void launch_logits(const RouteLaunch& a, cudaStream_t stream) {
   const int E = a.params.num_experts;
   const dim3 grid(static_cast<unsigned>((E + Cfg::kN - 1) / Cfg::kN),
                   static_cast<unsigned>((a.tokens + Cfg::kM - 1) / Cfg::kM),
-                  PER_GROUP ? static_cast<unsigned>(router_groups(a.params.hidden)) : 1u);
-  route_logits_kernel<WM, WARP_ROWS, PER_GROUP>
-      <<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(a);
+                  Cfg::kPerGroup ? static_cast<unsigned>(router_groups(a.params.hidden)) : 1u);
+  route_logits_kernel<Cfg><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(a);
   SY_CUDA_LAUNCH_CHECK("route_logits_kernel");
 }
 
@@ -185,7 +187,7 @@ size_t route_sums_floats(int64_t tokens, int64_t experts, int64_t hidden) {
 
 void prepare_route_kernels() {
   SY_CUDA_CHECK(cudaFuncSetAttribute(
-      reinterpret_cast<const void*>(route_logits_kernel<2, 2, false>),
+      reinterpret_cast<const void*>(route_logits_kernel<TotalRouteTile>),
       cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(TotalRouteTile::kSmemBytes)));
 }
 
@@ -195,11 +197,11 @@ void launch_route(const RouteLaunch& launch, cudaStream_t stream) {
   // tokens, 128 experts, group); then a block per (64 tokens, 128 experts) over every group.
   int groups = router_groups(launch.params.hidden);
   if (launch.tokens <= 16) {
-    launch_logits<SmallRouteTile, 1, 1, true>(launch, stream);
+    launch_logits<SmallRouteTile>(launch, stream);
   } else if (launch.tokens <= kPerGroupMaxTokens) {
-    launch_logits<GroupRouteTile, 2, 2, true>(launch, stream);
+    launch_logits<GroupRouteTile>(launch, stream);
   } else {
-    launch_logits<TotalRouteTile, 2, 2, false>(launch, stream);
+    launch_logits<TotalRouteTile>(launch, stream);
     groups = 1;
   }
   const unsigned grid = static_cast<unsigned>((launch.tokens + kSelectWarps - 1) / kSelectWarps);
