@@ -155,7 +155,8 @@ if want mxfp4-gemv; then
   # cases and its input-norm variants run) and the gpt-oss goldens on each GEMV, then gpt-oss-20b
   # decode on each path.
   section "MXFP4 few-token paths: op harness, gpt-oss goldens, decode A/B"
-  for gemv in stream warp; do  # (auto = warp at 1 token, stream at 2..8)
+  # MXFP4_GEMVS: the GEMVs checked (reg: the register-direct tensor-core GEMV, an experiment).
+  for gemv in ${MXFP4_GEMVS:-stream warp}; do  # (auto = warp at 1 token, stream at 2..8)
     # (cuda-fused's MXFP4 cases do not depend on the GEMV: once is enough)
     SY_MXFP4_GEMV=$gemv SY_FUSED_MXFP4=$([[ $gemv == stream ]] && echo 1 || echo 0) run "mxfp4-ops-$gemv" timeout "${STAGE_TIMEOUT:-300}" "$carry/cuda_op_harness" \
       --filter MXFP4 --json "$OUT/op_harness_mxfp4_$gemv.json"

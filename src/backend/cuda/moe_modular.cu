@@ -763,6 +763,132 @@ __global__ void __launch_bounds__(kStreamThreads)
   }
 }
 
+// ---- Few-token MXFP4 experts on tensor cores, loads straight to registers (SY_MXFP4_GEMV=reg) ----
+//
+// The streamed kernel's products without its shared-memory ring (whose size capped it at ~9 warps
+// an SM). Each warp owns 16 weight rows of one pair's expert, as there; lane (g, q) loads the whole
+// 16-byte MXFP4 block 4s + q of its rows g and g + 8 (row_of) for steps s = 0, 1, ..., kRegDepth
+// steps ahead in registers, so one warp load reads 64 contiguous bytes of each of 16 rows. One
+// step's 8 mma (k 16 each: lane q's values 4t..4t+3 of its block in its k slots 2q, 2q+1, 2q+8,
+// 2q+9) mix four lanes' different blocks, so B keeps them apart: column 2q holds x's hi of lane
+// q's block in lane q's k slots, column 2q + 1 its lo, every other entry zero. Then C[row][2q] +
+// C[row][2q + 1] is block 4s + q of that row dotted with x: exactly what lane (g, q) holds in c0 +
+// c1 (row g) and c2 + c3 (row g + 8), scaled by the block's 2^(s - 127) (it loaded those scales)
+// and added to its row sums in block order. The four lanes' sums (blocks = q mod 4) are added at
+// the end. x (hi, lo) comes from shared memory; the 8 lanes with nonzero B read it.
+constexpr int kRegWarps = 4;
+constexpr int kRegThreads = kRegWarps * 32;
+constexpr int kRegDepth = 4;  // steps (two 16-byte blocks a lane) in flight
+
+constexpr int64_t reg_gemv_smem(int64_t k) { return (2 * k + 32) * 2; }
+
+// grid (ceil(rows / (16 * kRegWarps)), pairs), kRegThreads threads, reg_gemv_smem(k) bytes; the
+// streamed kernel's arguments and results (x_split in; gate_up out_split, down out).
+template <bool kGateUp>
+__global__ void __launch_bounds__(kRegThreads, 4) mxfp4_reg_gemv_kernel(const __grid_constant__ Mxfp4Gemv g) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int pair = blockIdx.y;
+  const int k = g.k, kb = k / 32;
+  const int rows = kGateUp ? 2 * g.n : g.n;
+  const int row0 = (static_cast<int>(blockIdx.x) * kRegWarps + warp) * 16;
+  const int32_t e = g.ids[pair];
+  float* out = g.out + static_cast<int64_t>(pair) * g.n;
+  __nv_bfloat16* out_split = g.out_split + static_cast<int64_t>(pair) * 2 * g.n;
+  const int out0 = kGateUp ? row0 / 2 : row0;
+  const int outs = kGateUp ? 8 : 16;
+  if (static_cast<uint32_t>(e) >= static_cast<uint32_t>(g.experts)) {  // whole block: one pair
+    if (lane < outs && out0 + lane < g.n) {
+      if (kGateUp) out_split[out0 + lane] = out_split[g.n + out0 + lane] = __float2bfloat16_rn(0.0f);
+      else out[out0 + lane] = 0.0f;
+    }
+    return;
+  }
+  __nv_bfloat16* x_hi = reinterpret_cast<__nv_bfloat16*>(smem);
+  __nv_bfloat16* x_lo = x_hi + k + 32;  // (as the streamed kernel: hi and lo in other banks)
+  const __nv_bfloat16* xs = g.x_split + static_cast<int64_t>(kGateUp ? pair / g.top_k : pair) * 2 * k;
+  for (int c = threadIdx.x; c < k / 4; c += kRegThreads) {
+    const int half = c >= k / 8, at = (c - half * (k / 8)) * 8;
+    *reinterpret_cast<uint4*>((half ? x_lo : x_hi) + at) = *reinterpret_cast<const uint4*>(xs + half * k + at);
+  }
+  __syncthreads();
+  if (row0 >= rows) return;  // rows is a multiple of 16: a live warp's 16 rows all exist
+
+  const int q = lane & 3, gr = lane >> 2;
+  auto row_of = [&](int r) { return kGateUp ? row0 + 2 * (r & 7) + (r >> 3) : row0 + r; };
+  const int64_t expert_row = static_cast<int64_t>(e) * rows;
+  const uint8_t* blocks_lo = g.blocks + (expert_row + row_of(gr)) * (k / 2);
+  const uint8_t* blocks_hi = g.blocks + (expert_row + row_of(gr + 8)) * (k / 2);
+  const uint8_t* scales_lo = g.scales + (expert_row + row_of(gr)) * kb;
+  const uint8_t* scales_hi = g.scales + (expert_row + row_of(gr + 8)) * kb;
+  // B: lanes (2q, q) and (2q + 1, q) carry x's hi and lo of lane q's block; the rest zeros.
+  const bool b_lane = (gr >> 1) == q;
+  const __nv_bfloat16* x_b = (gr & 1) ? x_lo : x_hi;
+  const int steps = (kb + 3) / 4;
+
+  uint4 w_lo[kRegDepth], w_hi[kRegDepth];
+  uint32_t s_lo[kRegDepth], s_hi[kRegDepth];
+  auto load = [&](int slot, int step) {
+    const int block = 4 * step + q;
+    const bool ok = block < kb;  // (false for every step past the last)
+    w_lo[slot] = ok ? __ldg(reinterpret_cast<const uint4*>(blocks_lo + block * 16)) : make_uint4(0, 0, 0, 0);
+    w_hi[slot] = ok ? __ldg(reinterpret_cast<const uint4*>(blocks_hi + block * 16)) : make_uint4(0, 0, 0, 0);
+    s_lo[slot] = ok ? __ldg(scales_lo + block) : 127u;
+    s_hi[slot] = ok ? __ldg(scales_hi + block) : 127u;
+  };
+#pragma unroll
+  for (int slot = 0; slot < kRegDepth; ++slot) load(slot, slot);
+
+  float acc_lo = 0.0f, acc_hi = 0.0f;  // rows gr and gr + 8, blocks = q mod 4
+  for (int s0 = 0; s0 < steps; s0 += kRegDepth) {
+#pragma unroll
+    for (int slot = 0; slot < kRegDepth; ++slot) {
+      const int step = s0 + slot;
+      if (step >= steps) break;
+      const uint4 lo = w_lo[slot], hi = w_hi[slot];
+      const uint32_t scale_lo = s_lo[slot], scale_hi = s_hi[slot];
+      load(slot, step + kRegDepth);
+      const int block = 4 * step + q;
+      uint4 xb[4] = {};
+      if (b_lane && block < kb) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) xb[i] = *reinterpret_cast<const uint4*>(x_b + block * 32 + 8 * i);
+      }
+      const uint32_t* xw = reinterpret_cast<const uint32_t*>(xb);  // word i: x values 2i, 2i + 1
+      const uint32_t lo_words[4] = {lo.x, lo.y, lo.z, lo.w}, hi_words[4] = {hi.x, hi.y, hi.z, hi.w};
+      float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+      for (int word = 0; word < 4; ++word) {  // values 8 word .. 8 word + 7: mma steps 2 word, 2 word + 1
+        const uint4 a_lo = mxfp4_unscaled_bf16x8(lo_words[word]);
+        const uint4 a_hi = mxfp4_unscaled_bf16x8(hi_words[word]);
+        const uint32_t a0[4] = {a_lo.x, a_hi.x, a_lo.y, a_hi.y}, a1[4] = {a_lo.z, a_hi.z, a_lo.w, a_hi.w};
+        const uint32_t b0[2] = {xw[4 * word], xw[4 * word + 1]}, b1[2] = {xw[4 * word + 2], xw[4 * word + 3]};
+        mma_bf16(d, a0, b0);
+        mma_bf16(d, a1, b1);
+      }
+      acc_lo += (d[0] + d[1]) * e8m0_scale(static_cast<uint8_t>(scale_lo));
+      acc_hi += (d[2] + d[3]) * e8m0_scale(static_cast<uint8_t>(scale_hi));
+    }
+  }
+  acc_lo += __shfl_xor_sync(0xffffffffu, acc_lo, 1);
+  acc_hi += __shfl_xor_sync(0xffffffffu, acc_hi, 1);
+  acc_lo += __shfl_xor_sync(0xffffffffu, acc_lo, 2);
+  acc_hi += __shfl_xor_sync(0xffffffffu, acc_hi, 2);
+  if (q != 0) return;
+  if (kGateUp) {
+    const int col = out0 + gr;
+    if (col < g.n) {
+      const float a = g.params.activate(e, col, g.n, acc_lo, acc_hi);
+      const __nv_bfloat16 hi = __float2bfloat16_rn(a);
+      out_split[col] = hi;
+      out_split[g.n + col] = __float2bfloat16_rn(a - __bfloat162float(hi));
+    }
+  } else {
+    if (out0 + gr < g.n) out[out0 + gr] = acc_lo + g.params.down_bias_of(e, out0 + gr, g.n);
+    if (out0 + gr + 8 < g.n) out[out0 + gr + 8] = acc_hi + g.params.down_bias_of(e, out0 + gr + 8, g.n);
+  }
+}
+
 // ---- Combine ----
 
 constexpr int kCombineThreads = 128;
@@ -1132,14 +1258,21 @@ class ModularKernel final : public moe::ExpertsKernel {
     // The streamed tensor-core kernel needs its k in shared memory, 16-byte aligned rows and
     // scales, and row counts (2I, H) that are multiples of 16 (I is a multiple of 32 already).
     const int64_t tokens = pairs / top_k_;
+    const bool reg_path = mxfp4_gemv_ == Mxfp4Path::kReg;
     const bool stream_path =
-        mxfp4_gemv_ == Mxfp4Path::kStream || (mxfp4_gemv_ == Mxfp4Path::kAuto && tokens > 1);
+        reg_path || mxfp4_gemv_ == Mxfp4Path::kStream || (mxfp4_gemv_ == Mxfp4Path::kAuto && tokens > 1);
     if (stream_path && std::max(hidden_, intermediate_) <= kStreamMaxK && hidden_ % 16 == 0 &&
         aligned16(w.gate_up.data) && aligned16(w.down.data) && aligned16(w.gate_up_scales.data) &&
         aligned16(w.down_scales.data)) {
-      auto launch = [&](auto kernel, int64_t rows) {
+      auto launch = [&](auto stream_kernel, auto reg_kernel, int64_t rows) {
+        if (reg_path) {
+          const dim3 grid(static_cast<unsigned>(ceil_div(rows, 16 * kRegWarps)), static_cast<unsigned>(pairs));
+          reg_kernel<<<grid, kRegThreads, static_cast<size_t>(reg_gemv_smem(g.k)), stream>>>(g);
+          SY_CUDA_LAUNCH_CHECK("mxfp4_reg_gemv_kernel");
+          return;
+        }
         const dim3 grid(static_cast<unsigned>(ceil_div(rows, 16 * kStreamWarps)), static_cast<unsigned>(pairs));
-        kernel<<<grid, kStreamThreads, static_cast<size_t>(stream_gemv_smem(g.k)), stream>>>(g);
+        stream_kernel<<<grid, kStreamThreads, static_cast<size_t>(stream_gemv_smem(g.k)), stream>>>(g);
         SY_CUDA_LAUNCH_CHECK("mxfp4_stream_gemv_kernel");
       };
       split_bf16_kernel<<<static_cast<unsigned>(ceil_div(tokens * hidden_ / 4, 256)), 256, 0, stream>>>(
@@ -1148,11 +1281,11 @@ class ModularKernel final : public moe::ExpertsKernel {
       bind(w.gate_up, w.gate_up_scales, hidden_, intermediate_);
       g.x_split = x_split_;
       g.out_split = act_split_;
-      launch(mxfp4_stream_gemv_kernel<true>, 2 * intermediate_);
+      launch(mxfp4_stream_gemv_kernel<true>, mxfp4_reg_gemv_kernel<true>, 2 * intermediate_);
       bind(w.down, w.down_scales, intermediate_, hidden_);
       g.x_split = act_split_;
       g.out = y_;
-      launch(mxfp4_stream_gemv_kernel<false>, hidden_);
+      launch(mxfp4_stream_gemv_kernel<false>, mxfp4_reg_gemv_kernel<false>, hidden_);
       return;
     }
     auto launch = [&](auto kernel, int outputs_per_warp, const float* x, float* out) {
@@ -1284,13 +1417,15 @@ class ModularKernel final : public moe::ExpertsKernel {
   // between). SY_MXFP4_GEMV=stream or =warp: always that one; SY_MXFP4_GEMV=0: the grouped GEMM.
   // The warp GEMV also runs where the streamed one cannot (k > kStreamMaxK, unaligned rows or
   // scales).
-  enum class Mxfp4Path { kOff, kAuto, kWarp, kStream };
+  // SY_MXFP4_GEMV=reg: the register-direct tensor-core GEMV (experiment, not yet measured).
+  enum class Mxfp4Path { kOff, kAuto, kWarp, kStream, kReg };
   const Mxfp4Path mxfp4_gemv_ = [] {
     const char* v = std::getenv("SY_MXFP4_GEMV");
     const std::string_view value = v ? v : "";
     return value == "0"        ? Mxfp4Path::kOff
            : value == "warp"   ? Mxfp4Path::kWarp
            : value == "stream" ? Mxfp4Path::kStream
+           : value == "reg"    ? Mxfp4Path::kReg
                                : Mxfp4Path::kAuto;
   }();
 };
