@@ -840,13 +840,29 @@ __global__ void __launch_bounds__(kRegThreads, 4) mxfp4_reg_gemv_kernel(const __
   for (int slot = 0; slot < kRegDepth; ++slot) load(slot, slot);
 
   float acc_lo = 0.0f, acc_hi = 0.0f;  // rows gr and gr + 8, blocks = q mod 4
+  // Each slot is decoded before its refill is issued, so the refill lands in the registers just
+  // freed (issued first, it needed a second set and a move at the loop's end that waited for the
+  // load: ncu, H100, 2026-12-07). Steps past the last (at most kRegDepth - 1) load nothing and add
+  // 0.
   for (int s0 = 0; s0 < steps; s0 += kRegDepth) {
 #pragma unroll
     for (int slot = 0; slot < kRegDepth; ++slot) {
       const int step = s0 + slot;
-      if (step >= steps) break;
-      const uint4 lo = w_lo[slot], hi = w_hi[slot];
-      const uint32_t scale_lo = s_lo[slot], scale_hi = s_hi[slot];
+      uint32_t a[4][2][4];  // word, mma step, A registers
+      const uint32_t lo_words[4] = {w_lo[slot].x, w_lo[slot].y, w_lo[slot].z, w_lo[slot].w},
+                     hi_words[4] = {w_hi[slot].x, w_hi[slot].y, w_hi[slot].z, w_hi[slot].w};
+#pragma unroll
+      for (int word = 0; word < 4;
+           ++word) {  // values 8 word .. 8 word + 7: mma steps 2 word, 2 word + 1
+        const uint4 a_lo = mxfp4_unscaled_bf16x8(lo_words[word]);
+        const uint4 a_hi = mxfp4_unscaled_bf16x8(hi_words[word]);
+        a[word][0][0] = a_lo.x, a[word][0][1] = a_hi.x, a[word][0][2] = a_lo.y,
+        a[word][0][3] = a_hi.y;
+        a[word][1][0] = a_lo.z, a[word][1][1] = a_hi.z, a[word][1][2] = a_lo.w,
+        a[word][1][3] = a_hi.w;
+      }
+      const float scale_lo = e8m0_scale(static_cast<uint8_t>(s_lo[slot]));
+      const float scale_hi = e8m0_scale(static_cast<uint8_t>(s_hi[slot]));
       load(slot, step + kRegDepth);
       const int block = 4 * step + q;
       uint4 xb[4] = {};
@@ -855,19 +871,15 @@ __global__ void __launch_bounds__(kRegThreads, 4) mxfp4_reg_gemv_kernel(const __
         for (int i = 0; i < 4; ++i) xb[i] = *reinterpret_cast<const uint4*>(x_b + block * 32 + 8 * i);
       }
       const uint32_t* xw = reinterpret_cast<const uint32_t*>(xb);  // word i: x values 2i, 2i + 1
-      const uint32_t lo_words[4] = {lo.x, lo.y, lo.z, lo.w}, hi_words[4] = {hi.x, hi.y, hi.z, hi.w};
       float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-      for (int word = 0; word < 4; ++word) {  // values 8 word .. 8 word + 7: mma steps 2 word, 2 word + 1
-        const uint4 a_lo = mxfp4_unscaled_bf16x8(lo_words[word]);
-        const uint4 a_hi = mxfp4_unscaled_bf16x8(hi_words[word]);
-        const uint32_t a0[4] = {a_lo.x, a_hi.x, a_lo.y, a_hi.y}, a1[4] = {a_lo.z, a_hi.z, a_lo.w, a_hi.w};
+      for (int word = 0; word < 4; ++word) {
         const uint32_t b0[2] = {xw[4 * word], xw[4 * word + 1]}, b1[2] = {xw[4 * word + 2], xw[4 * word + 3]};
-        mma_bf16(d, a0, b0);
-        mma_bf16(d, a1, b1);
+        mma_bf16(d, a[word][0], b0);
+        mma_bf16(d, a[word][1], b1);
       }
-      acc_lo += (d[0] + d[1]) * e8m0_scale(static_cast<uint8_t>(scale_lo));
-      acc_hi += (d[2] + d[3]) * e8m0_scale(static_cast<uint8_t>(scale_hi));
+      acc_lo += (d[0] + d[1]) * scale_lo;
+      acc_hi += (d[2] + d[3]) * scale_hi;
     }
   }
   acc_lo += __shfl_xor_sync(0xffffffffu, acc_lo, 1);
