@@ -234,19 +234,31 @@ __device__ __forceinline__ void ring_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kRingStages - 1) : "memory");
 }
 
-// Items [begin, end) of (slot j, row r); H <= kGateUpSlabs * 256 (one round per item).
+// Items [begin, end) of (slot j, row r); H <= kGateUpSlabs * 256 (one round per item). The
+// (slot, row) of the item being issued and of the one being finished advance as cursors (no
+// division in the loop; stage and ring indices are ints): ncu (H100, 2026-12-07) put this loop at
+// ~600 instructions a stage with three 64-bit divisions, and its warps' largest stall at
+// instruction fetch.
+struct ItemCursor {
+  int j, r;
+  __device__ void next(int I) {
+    if (++r == I) r = 0, ++j;
+  }
+};
 __device__ void gate_up_ring(const __nv_bfloat16* gate_up, const float* hidden, float* act, int64_t begin,
                              int64_t end, int I, int H, const int32_t* slot_expert, const int32_t* slot_begin,
                              const int32_t* sorted, uint4* ring, const ExpertParams& experts) {
   const int lane = threadIdx.x & 31;
-  const int64_t stages = 2 * (end - begin);
-  auto issue = [&](int64_t q) {
-    if (q < stages) {
-      const int64_t item = begin + q / 2;
-      const int half = static_cast<int>(q & 1);
-      const int j = static_cast<int>(item / I), r = static_cast<int>(item - static_cast<int64_t>(j) * I);
-      const __nv_bfloat16* gate = gate_up + (static_cast<int64_t>(slot_expert[j]) * 2 * I + r) * H;
-      uint4* stage = ring + (q % kRingStages) * kRingStageChunks;
+  if (begin >= end) return;
+  const int stages = static_cast<int>(2 * (end - begin));
+  const int j0 = static_cast<int>(begin / I);
+  ItemCursor issued{j0, static_cast<int>(begin - static_cast<int64_t>(j0) * I)}, done = issued;
+  int issue_stage = 0, issue_slot = 0;  // the next stage to issue and its ring slot
+  auto issue = [&]() {
+    if (issue_stage < stages) {
+      const int half = issue_stage & 1;
+      const __nv_bfloat16* gate = gate_up + (static_cast<int64_t>(slot_expert[issued.j]) * 2 * I + issued.r) * H;
+      uint4* stage = ring + issue_slot * kRingStageChunks;
 #pragma unroll
       for (int row = 0; row < 2; ++row)
 #pragma unroll
@@ -255,16 +267,20 @@ __device__ void gate_up_ring(const __nv_bfloat16* gate_up, const float* hidden, 
           const __nv_bfloat16* src = gate + (row ? static_cast<int64_t>(I) * H : 0);
           ring_copy_16(stage + (row * kRingSlabs + s) * 32 + lane, col < H ? src + col : src, col < H);
         }
+      if (half == 1) issued.next(I);
     }
     ring_commit();  // possibly empty: one group per stage keeps the wait count fixed
+    ++issue_stage;
+    issue_slot = issue_slot == kRingStages - 1 ? 0 : issue_slot + 1;
   };
 #pragma unroll
-  for (int q = 0; q < kRingStages; ++q) issue(q);
+  for (int q = 0; q < kRingStages; ++q) issue();
   float acc_gate = 0.0f, acc_up = 0.0f;
-  for (int64_t q = 0; q < stages; ++q) {
+  int slot = 0;  // stage q's ring slot (q mod kRingStages)
+  for (int q = 0; q < stages; ++q) {
     ring_wait();  // stage q's chunks of this lane have landed
-    const int half = static_cast<int>(q & 1);
-    const uint4* stage = ring + (q % kRingStages) * kRingStageChunks;
+    const int half = q & 1;
+    const uint4* stage = ring + slot * kRingStageChunks;
 #pragma unroll
     for (int s = 0; s < kRingSlabs; ++s) {
       const int col = (half * kRingSlabs + s) * 256 + lane * 8;
@@ -275,16 +291,17 @@ __device__ void gate_up_ring(const __nv_bfloat16* gate_up, const float* hidden, 
         acc_up = dot8(stage[(kRingSlabs + s) * 32 + lane], x0, x1, acc_up);
       }
     }
-    issue(q + kRingStages);  // into the stage just used: this lane's own chunks only
+    issue();  // into the stage just used (issue_slot == slot here): this lane's own chunks only
+    slot = slot == kRingStages - 1 ? 0 : slot + 1;
     if (half == 1) {
       const float g = warp_sum(acc_gate), u = warp_sum(acc_up);
       acc_gate = acc_up = 0.0f;
       if (lane == 0) {
-        const int64_t item = begin + q / 2;
-        const int j = static_cast<int>(item / I), r = static_cast<int>(item - static_cast<int64_t>(j) * I);
-        const float value = experts.activate(slot_expert[j], r, I, g, u);
-        for (int p = slot_begin[j]; p < slot_begin[j + 1]; ++p) act[static_cast<int64_t>(sorted[p]) * I + r] = value;
+        const float value = experts.activate(slot_expert[done.j], done.r, I, g, u);
+        for (int p = slot_begin[done.j]; p < slot_begin[done.j + 1]; ++p)
+          act[static_cast<int64_t>(sorted[p]) * I + done.r] = value;
       }
+      done.next(I);
     }
   }
 }
