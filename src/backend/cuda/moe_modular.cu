@@ -828,13 +828,14 @@ __global__ void __launch_bounds__(kRegThreads, 4) mxfp4_reg_gemv_kernel(const __
 
   uint4 w_lo[kRegDepth], w_hi[kRegDepth];
   uint32_t s_lo[kRegDepth], s_hi[kRegDepth];
+  // Unconditional loads (a block past the last reads the last block again; its B is zero and
+  // e2m1 values are finite, so it adds 0): no predicated loads into zeroed registers.
   auto load = [&](int slot, int step) {
-    const int block = 4 * step + q;
-    const bool ok = block < kb;  // (false for every step past the last)
-    w_lo[slot] = ok ? __ldg(reinterpret_cast<const uint4*>(blocks_lo + block * 16)) : make_uint4(0, 0, 0, 0);
-    w_hi[slot] = ok ? __ldg(reinterpret_cast<const uint4*>(blocks_hi + block * 16)) : make_uint4(0, 0, 0, 0);
-    s_lo[slot] = ok ? __ldg(scales_lo + block) : 127u;
-    s_hi[slot] = ok ? __ldg(scales_hi + block) : 127u;
+    const int block = min(4 * step + q, kb - 1);
+    w_lo[slot] = __ldg(reinterpret_cast<const uint4*>(blocks_lo + block * 16));
+    w_hi[slot] = __ldg(reinterpret_cast<const uint4*>(blocks_hi + block * 16));
+    s_lo[slot] = __ldg(scales_lo + block);
+    s_hi[slot] = __ldg(scales_hi + block);
   };
 #pragma unroll
   for (int slot = 0; slot < kRegDepth; ++slot) load(slot, slot);
