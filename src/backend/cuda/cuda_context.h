@@ -84,7 +84,9 @@ namespace sy::backend::cuda {
 // launch. Before it a kernel may read only what no kernel of the running chain writes (weights,
 // the step's uploaded inputs, KV rows of earlier steps) and must write nothing global: that is
 // how a GEMV's weight loads or attention's KV loads overlap the previous kernel's tail. Only
-// the previous kernel can still be running then (it has passed its own wait).
+// the previous kernel can still be running then (it has passed its own wait, or, launched plain,
+// it has finished), so what a kernel two or more back wrote may be read too (the MXFP4 down
+// GEMV's expert ids, written by the router before gate_up).
 __device__ __forceinline__ void overlap_prologue() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");

@@ -577,15 +577,25 @@ struct Mxfp4Gemv {
 // no weights and writes zeros.
 template <bool kGateUp>
 __global__ void __launch_bounds__(kGemvThreads) mxfp4_gemv_kernel(const __grid_constant__ Mxfp4Gemv g) {
+  // Launched overlapped (launch_overlapped). gate_up's ids come from the kernel just before it (the
+  // router), so it waits first. down's come from the router two kernels back, complete once this
+  // kernel may start (gate_up has passed its own wait): down requests its expert rows first and
+  // waits (for gate_up's activations) only before reading x, so their DRAM latency overlaps
+  // gate_up's tail.
+  if (kGateUp) overlap_prologue();
   constexpr int kOutputs = kGateUp ? 2 : 4;
   const int pair = blockIdx.y;
   const int first = (static_cast<int>(blockIdx.x) * kGemvWarps + (threadIdx.x >> 5)) * kOutputs;
-  if (first >= g.n) return;
+  if (first >= g.n) {
+    if (!kGateUp) overlap_prologue();
+    return;
+  }
   const int outputs = min(kOutputs, g.n - first);
   const int32_t e = g.ids[pair];
   float* out = g.out + static_cast<int64_t>(pair) * g.n;
   const bool lead = (threadIdx.x & 31) == 0;
   if (static_cast<uint32_t>(e) >= static_cast<uint32_t>(g.experts)) {
+    if (!kGateUp) overlap_prologue();
     if (lead)
       for (int j = 0; j < outputs; ++j) out[first + j] = 0.0f;
     return;
@@ -595,7 +605,9 @@ __global__ void __launch_bounds__(kGemvThreads) mxfp4_gemv_kernel(const __grid_c
   const int64_t x_row = kGateUp ? pair / g.top_k : pair;
   float acc[4];
   mxfp4_rows_dot<4>(g.blocks + first_row * (g.k / 2), g.scales + first_row * (g.k / 32),
-                    kGateUp ? 2 * outputs : outputs, g.k, g.x + x_row * g.k, acc);
+                    kGateUp ? 2 * outputs : outputs, g.k, g.x + x_row * g.k, acc, [] {
+                      if (!kGateUp) overlap_prologue();
+                    });
   if (lead)
     for (int j = 0; j < outputs; ++j)
       out[first + j] = kGateUp ? g.params.activate(e, first + j, g.n, acc[2 * j], acc[2 * j + 1])
@@ -1306,7 +1318,7 @@ class ModularKernel final : public moe::ExpertsKernel {
       g.out = out;
       const dim3 grid(static_cast<unsigned>(ceil_div(g.n, outputs_per_warp * kGemvWarps)),
                       static_cast<unsigned>(pairs));
-      kernel<<<grid, kGemvThreads, 0, stream>>>(g);
+      launch_overlapped(kernel, grid, dim3(kGemvThreads), 0, stream, g);
       SY_CUDA_LAUNCH_CHECK("mxfp4_gemv_kernel");
     };
     bind(w.gate_up, w.gate_up_scales, hidden_, intermediate_);

@@ -99,12 +99,17 @@ __device__ __forceinline__ float e8m0_scale(uint8_t s) {
 
 // ROWS weight rows starting at `rows` (row stride k/2 bytes; rows past `valid` not read) dotted
 // with x[0:k]; lane sums, reduced over the warp (every lane returns the totals). CHUNKS: 16-byte
-// chunks per lane per row loaded before use (CHUNKS * ROWS * 4 registers).
-template <int ROWS, int CHUNKS = kMxfp4DotChunks>
+// chunks per lane per row loaded before use (CHUNKS * ROWS * 4 registers). `loaded()` runs once,
+// after the first round's weight and scale loads are issued and before x is read (a programmatic
+// launch's wait goes there: the weights' DRAM latency then overlaps the previous kernel's tail).
+struct NothingToWait {
+  __device__ void operator()() const {}
+};
+template <int ROWS, int CHUNKS = kMxfp4DotChunks, typename Loaded = NothingToWait>
 __device__ __forceinline__ void mxfp4_rows_dot(const uint8_t* __restrict__ rows,
                                                const uint8_t* __restrict__ row_scales, int valid,
                                                int k, const float* __restrict__ x,
-                                               float (&acc)[ROWS]) {
+                                               float (&acc)[ROWS], Loaded loaded = {}) {
   const int lane = threadIdx.x & 31;
   const int chunks = k / 32;
 #pragma unroll
@@ -124,6 +129,7 @@ __device__ __forceinline__ void mxfp4_rows_dot(const uint8_t* __restrict__ rows,
         sc[c][r] = ok ? row_scales[static_cast<int64_t>(r) * chunks + chunk] : uint8_t{127};
       }
     }
+    if (base == 0) loaded();
 #pragma unroll
     for (int c = 0; c < CHUNKS; ++c) {
       const int chunk = base + c * 32 + lane;
