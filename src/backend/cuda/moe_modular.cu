@@ -229,6 +229,7 @@ __global__ void to_bf16_kernel(const float* __restrict__ x, int64_t chunks,
 // lo = x - hi rounded. H % 8 == 0.
 __global__ void split_bf16_kernel(const float* __restrict__ x, int64_t tokens, int hidden,
                                   __nv_bfloat16* __restrict__ out) {
+  overlap_prologue();  // (launched overlapped: x is the previous kernel's output)
   const int64_t chunks = tokens * hidden / 4;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < chunks;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -809,33 +810,28 @@ __global__ void __launch_bounds__(kRegThreads, 4) mxfp4_reg_gemv_kernel(const __
   __nv_bfloat16* out_split = g.out_split + static_cast<int64_t>(pair) * 2 * g.n;
   const int out0 = kGateUp ? row0 / 2 : row0;
   const int outs = kGateUp ? 8 : 16;
+  // Launched overlapped: the ids come from the router two kernels back (split_bf16_kernel runs
+  // between), complete once this kernel may start, so the first kRegDepth steps of weights are
+  // requested before the wait; x (written by the kernel just before) only after it. (In the PTX
+  // they are; ptxas 13 schedules the wait, ACQBULK, above them, tools/sass.sh shows, so for now
+  // only the launch itself overlaps.)
   if (static_cast<uint32_t>(e) >= static_cast<uint32_t>(g.experts)) {  // whole block: one pair
+    overlap_prologue();
     if (lane < outs && out0 + lane < g.n) {
       if (kGateUp) out_split[out0 + lane] = out_split[g.n + out0 + lane] = __float2bfloat16_rn(0.0f);
       else out[out0 + lane] = 0.0f;
     }
     return;
   }
-  __nv_bfloat16* x_hi = reinterpret_cast<__nv_bfloat16*>(smem);
-  __nv_bfloat16* x_lo = x_hi + k + 32;  // (as the streamed kernel: hi and lo in other banks)
-  const __nv_bfloat16* xs = g.x_split + static_cast<int64_t>(kGateUp ? pair / g.top_k : pair) * 2 * k;
-  for (int c = threadIdx.x; c < k / 4; c += kRegThreads) {
-    const int half = c >= k / 8, at = (c - half * (k / 8)) * 8;
-    *reinterpret_cast<uint4*>((half ? x_lo : x_hi) + at) = *reinterpret_cast<const uint4*>(xs + half * k + at);
-  }
-  __syncthreads();
-  if (row0 >= rows) return;  // rows is a multiple of 16: a live warp's 16 rows all exist
-
+  const bool live = row0 < rows;  // rows is a multiple of 16: a live warp's 16 rows all exist
   const int q = lane & 3, gr = lane >> 2;
   auto row_of = [&](int r) { return kGateUp ? row0 + 2 * (r & 7) + (r >> 3) : row0 + r; };
   const int64_t expert_row = static_cast<int64_t>(e) * rows;
-  const uint8_t* blocks_lo = g.blocks + (expert_row + row_of(gr)) * (k / 2);
-  const uint8_t* blocks_hi = g.blocks + (expert_row + row_of(gr + 8)) * (k / 2);
-  const uint8_t* scales_lo = g.scales + (expert_row + row_of(gr)) * kb;
-  const uint8_t* scales_hi = g.scales + (expert_row + row_of(gr + 8)) * kb;
-  // B: lanes (2q, q) and (2q + 1, q) carry x's hi and lo of lane q's block; the rest zeros.
-  const bool b_lane = (gr >> 1) == q;
-  const __nv_bfloat16* x_b = (gr & 1) ? x_lo : x_hi;
+  const int row_lo = live ? row_of(gr) : 0, row_hi = live ? row_of(gr + 8) : 0;
+  const uint8_t* blocks_lo = g.blocks + (expert_row + row_lo) * (k / 2);
+  const uint8_t* blocks_hi = g.blocks + (expert_row + row_hi) * (k / 2);
+  const uint8_t* scales_lo = g.scales + (expert_row + row_lo) * kb;
+  const uint8_t* scales_hi = g.scales + (expert_row + row_hi) * kb;
   const int steps = (kb + 3) / 4;
 
   uint4 w_lo[kRegDepth], w_hi[kRegDepth];
@@ -850,7 +846,23 @@ __global__ void __launch_bounds__(kRegThreads, 4) mxfp4_reg_gemv_kernel(const __
     s_hi[slot] = __ldg(scales_hi + block);
   };
 #pragma unroll
-  for (int slot = 0; slot < kRegDepth; ++slot) load(slot, slot);
+  for (int slot = 0; slot < kRegDepth; ++slot) load(slot, slot);  // (a dead warp: expert row 0)
+  overlap_prologue();
+
+  __nv_bfloat16* x_hi = reinterpret_cast<__nv_bfloat16*>(smem);
+  __nv_bfloat16* x_lo = x_hi + k + 32;  // (as the streamed kernel: hi and lo in other banks)
+  const __nv_bfloat16* xs =
+      g.x_split + static_cast<int64_t>(kGateUp ? pair / g.top_k : pair) * 2 * k;
+  for (int c = threadIdx.x; c < k / 4; c += kRegThreads) {
+    const int half = c >= k / 8, at = (c - half * (k / 8)) * 8;
+    *reinterpret_cast<uint4*>((half ? x_lo : x_hi) + at) =
+        *reinterpret_cast<const uint4*>(xs + half * k + at);
+  }
+  __syncthreads();
+  if (!live) return;
+  // B: lanes (2q, q) and (2q + 1, q) carry x's hi and lo of lane q's block; the rest zeros.
+  const bool b_lane = (gr >> 1) == q;
+  const __nv_bfloat16* x_b = (gr & 1) ? x_lo : x_hi;
 
   float acc_lo = 0.0f, acc_hi = 0.0f;  // rows gr and gr + 8, blocks = q mod 4
   // Each slot is decoded before its refill is issued, so the refill lands in the registers just
@@ -1292,7 +1304,8 @@ class ModularKernel final : public moe::ExpertsKernel {
       auto launch = [&](auto stream_kernel, auto reg_kernel, int64_t rows) {
         if (reg_path) {
           const dim3 grid(static_cast<unsigned>(ceil_div(rows, 16 * kRegWarps)), static_cast<unsigned>(pairs));
-          reg_kernel<<<grid, kRegThreads, static_cast<size_t>(reg_gemv_smem(g.k)), stream>>>(g);
+          launch_overlapped(reg_kernel, grid, dim3(kRegThreads),
+                            static_cast<size_t>(reg_gemv_smem(g.k)), stream, g);
           SY_CUDA_LAUNCH_CHECK("mxfp4_reg_gemv_kernel");
           return;
         }
@@ -1300,8 +1313,9 @@ class ModularKernel final : public moe::ExpertsKernel {
         stream_kernel<<<grid, kStreamThreads, static_cast<size_t>(stream_gemv_smem(g.k)), stream>>>(g);
         SY_CUDA_LAUNCH_CHECK("mxfp4_stream_gemv_kernel");
       };
-      split_bf16_kernel<<<static_cast<unsigned>(ceil_div(tokens * hidden_ / 4, 256)), 256, 0, stream>>>(
-          hidden, tokens, static_cast<int>(hidden_), x_split_);
+      launch_overlapped(split_bf16_kernel,
+                        dim3(static_cast<unsigned>(ceil_div(tokens * hidden_ / 4, 256))), dim3(256),
+                        0, stream, hidden, tokens, static_cast<int>(hidden_), x_split_);
       SY_CUDA_LAUNCH_CHECK("split_bf16_kernel");
       bind(w.gate_up, w.gate_up_scales, hidden_, intermediate_);
       g.x_split = x_split_;
