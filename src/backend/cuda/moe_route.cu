@@ -57,6 +57,7 @@ __device__ __forceinline__ void zero_tiles(float (&tiles)[WM][4][4]) {
 
 template <class Cfg>
 __global__ void __launch_bounds__(256, 2) route_logits_kernel(const RouteLaunch a) {
+  overlap_prologue();  // (launched overlapped: hidden is the previous kernel's output)
   constexpr int WM = Cfg::kWM;
   constexpr bool PER_GROUP = Cfg::kPerGroup;
   extern __shared__ float4 route_shared[];
@@ -155,6 +156,7 @@ __global__ void __launch_bounds__(256, 2) route_logits_kernel(const RouteLaunch 
 constexpr int kSelectWarps = 4;
 __global__ void __launch_bounds__(kSelectWarps * 32)
     route_select_kernel(const RouteLaunch a, int groups) {
+  overlap_prologue();  // (launched overlapped: the sums are route_logits_kernel's output)
   __shared__ float logits[kSelectWarps][kMaxRouteExperts];
   __shared__ int32_t ids[kSelectWarps][kMaxRouteTopK];
   __shared__ float weights[kSelectWarps][kMaxRouteTopK];
@@ -173,7 +175,7 @@ void launch_logits(const RouteLaunch& a, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>((E + Cfg::kN - 1) / Cfg::kN),
                   static_cast<unsigned>((a.tokens + Cfg::kM - 1) / Cfg::kM),
                   Cfg::kPerGroup ? static_cast<unsigned>(router_groups(a.params.hidden)) : 1u);
-  route_logits_kernel<Cfg><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(a);
+  launch_overlapped(route_logits_kernel<Cfg>, grid, dim3(Cfg::kThreads), Cfg::kSmemBytes, stream, a);
   SY_CUDA_LAUNCH_CHECK("route_logits_kernel");
 }
 
@@ -205,7 +207,7 @@ void launch_route(const RouteLaunch& launch, cudaStream_t stream) {
     groups = 1;
   }
   const unsigned grid = static_cast<unsigned>((launch.tokens + kSelectWarps - 1) / kSelectWarps);
-  route_select_kernel<<<grid, kSelectWarps * 32, 0, stream>>>(launch, groups);
+  launch_overlapped(route_select_kernel, dim3(grid), dim3(kSelectWarps * 32), 0, stream, launch, groups);
   SY_CUDA_LAUNCH_CHECK("route_select_kernel");
 }
 
