@@ -59,6 +59,7 @@ __global__ void __launch_bounds__(256) rms_norm_vec_kernel(float* x, const float
 }
 
 __global__ void add_kernel(float* x, const float* y, int64_t count) {
+  overlap_prologue();  // (launched overlapped)
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
     x[i] += y[i];
@@ -402,7 +403,8 @@ void launch_rms_norm(float* x, const float* residual, const float* weight, int64
 
 void launch_add(float* x, const float* y, int64_t count, cudaStream_t stream) {
   if (count == 0) return;
-  add_kernel<<<grid_stride_blocks(count), kThreads, 0, stream>>>(x, y, count);
+  launch_overlapped(add_kernel, dim3(grid_stride_blocks(count)), dim3(kThreads), 0, stream, x, y,
+                    count);
   SY_CUDA_LAUNCH_CHECK("add");
 }
 

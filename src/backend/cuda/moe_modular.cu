@@ -935,6 +935,7 @@ constexpr int kCombineThreads = 128;
 __global__ void __launch_bounds__(kCombineThreads)
     combine_kernel(const float* __restrict__ y, const float* __restrict__ weights, int top_k,
                    int hidden, float* __restrict__ out) {
+  overlap_prologue();  // (launched overlapped)
   const int64_t t = blockIdx.y;
   const int h = (blockIdx.x * kCombineThreads + threadIdx.x) * 4;
   if (h >= hidden) return;
@@ -1176,8 +1177,9 @@ class ModularKernel final : public moe::ExpertsKernel {
     // Combine.
     const dim3 combine_grid(static_cast<unsigned>(ceil_div(hidden_ / 4, kCombineThreads)),
                             static_cast<unsigned>(tokens));
-    combine_kernel<<<combine_grid, kCombineThreads, 0, stream>>>(
-        y_, weights_, static_cast<int>(top_k_), static_cast<int>(hidden_), args.out.ptr<float>());
+    launch_overlapped(combine_kernel, combine_grid, dim3(kCombineThreads), 0, stream,
+                      static_cast<const float*>(y_), static_cast<const float*>(weights_),
+                      static_cast<int>(top_k_), static_cast<int>(hidden_), args.out.ptr<float>());
     SY_CUDA_LAUNCH_CHECK("combine_kernel");
     return Status::ok();
   }
