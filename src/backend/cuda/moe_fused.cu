@@ -407,6 +407,79 @@ __device__ __forceinline__ DownItem down_item(int it, int pass_begin, int rows_h
   return item;
 }
 
+// The down items of one pass that this warp owns (it = warp, warp + kWarps, ...) through the same
+// per-warp ring as gate_up_ring: a stage is half an item (two of its kDownRows rows, up to
+// kRingSlabs slabs of 256 columns each: I <= kRingSlabs * 256), so a warp's next item is in
+// flight while it computes the current one, instead of one register round per item that waits
+// a whole DRAM latency (the down phase's largest stall, ncu, H100, 2026-12-07). Each row dots
+// its slabs in column order with every pair of its slot, as warp_rows_dot<kDownRows, S, 1> does:
+// the same bits.
+__device__ void down_ring(const __nv_bfloat16* down, const float* act, int I, int H, int pass,
+                          int rows_here, int slots, const int32_t* slot_expert,
+                          const int32_t* slot_begin, const int32_t* sorted, float* combo,
+                          uint4* ring, const ExpertParams& experts, int warp) {
+  const int lane = threadIdx.x & 31;
+  const int items = slots * ((rows_here + kDownRows - 1) / kDownRows);
+  const int mine = warp < items ? (items - warp + kWarps - 1) / kWarps : 0;
+  const int stages = 2 * mine;
+  int issue_stage = 0, issue_slot = 0;
+  auto issue = [&]() {
+    if (issue_stage < stages) {
+      const DownItem d = down_item(warp + (issue_stage >> 1) * kWarps, pass, rows_here);
+      const __nv_bfloat16* rows = down + (static_cast<int64_t>(slot_expert[d.slot]) * H + d.h) * I;
+      uint4* stage = ring + issue_slot * kRingStageChunks;
+#pragma unroll
+      for (int row = 0; row < 2; ++row) {
+        const int r = 2 * (issue_stage & 1) + row;
+#pragma unroll
+        for (int s = 0; s < kRingSlabs; ++s) {
+          const int col = s * 256 + lane * 8;
+          const bool fill = r < d.rows && col < I;
+          ring_copy_16(stage + (row * kRingSlabs + s) * 32 + lane,
+                       fill ? rows + static_cast<int64_t>(r) * I + col : down, fill);
+        }
+      }
+    }
+    ring_commit();  // possibly empty: one group per stage keeps the wait count fixed
+    ++issue_stage;
+    issue_slot = issue_slot == kRingStages - 1 ? 0 : issue_slot + 1;
+  };
+#pragma unroll
+  for (int q = 0; q < kRingStages; ++q) issue();
+  int slot = 0;
+  for (int q = 0; q < stages; ++q) {
+    ring_wait();
+    const DownItem d = down_item(warp + (q >> 1) * kWarps, pass, rows_here);
+    const int64_t e = slot_expert[d.slot];
+    const uint4* stage = ring + slot * kRingStageChunks;
+    for (int p = slot_begin[d.slot]; p < slot_begin[d.slot + 1]; ++p) {
+      const int pair = sorted[p];
+      const float* x = act + static_cast<int64_t>(pair) * I;
+      float acc[2] = {0.0f, 0.0f};
+#pragma unroll
+      for (int s = 0; s < kRingSlabs; ++s) {
+        const int col = s * 256 + lane * 8;
+        if (col < I) {
+          const float4 x0 = *reinterpret_cast<const float4*>(x + col);
+          const float4 x1 = *reinterpret_cast<const float4*>(x + col + 4);
+#pragma unroll
+          for (int row = 0; row < 2; ++row)
+            acc[row] = dot8(stage[(row * kRingSlabs + s) * 32 + lane], x0, x1, acc[row]);
+        }
+      }
+#pragma unroll
+      for (int row = 0; row < 2; ++row) {
+        const int r = 2 * (q & 1) + row;
+        const float v = warp_sum(acc[row]);
+        if (lane == 0 && r < d.rows)
+          combo[pair * rows_here + (d.h - pass) + r] = v + experts.down_bias_of(e, d.h + r, H);
+      }
+    }
+    issue();  // into the stage just used: this lane's own chunks only (it read no others)
+    slot = slot == kRingStages - 1 ? 0 : slot + 1;
+  }
+}
+
 // Floor: the chosen experts' weights, distinct(ids) * 3 * I * H * 2 bytes, plus the router
 // E * H * 2 once (Qwen3-30B-A3B, T = 1: 76 MB, ~18 us at 4.3 TB/s on an H200).
 // Phases, two grid barriers: (a) router logits, one warp per (token tile, expert tile, k group)
@@ -564,7 +637,17 @@ __global__ void __launch_bounds__(kThreads, 2)
     for (int pass = tile; pass < tile_end; pass += a.pass_rows) {
       const int rows_here = min(a.pass_rows, tile_end - pass);
       const int down_items = slots * ((rows_here + kDownRows - 1) / kDownRows);
-      for (int it = warp; it < down_items; it += kWarps) {
+      bool ringed = false;  // the one-token bf16 kernel's down through the ring
+      if constexpr (!MXFP4 && ring_words(NORM_VEC) > 0) {
+        if (I <= kRingSlabs * 256) {
+          down_ring(
+              a.down, a.act, I, H, pass, rows_here, slots, slot_expert, slot_begin, sorted, combo,
+              reinterpret_cast<uint4*>(words + layout.ring) + warp * kRingStages * kRingStageChunks,
+              a.experts, warp);
+          ringed = true;
+        }
+      }
+      for (int it = ringed ? down_items : warp; it < down_items; it += kWarps) {
         const DownItem d = down_item(it, pass, rows_here);
         const int first = slot_begin[d.slot];
         const int row_in_pass = d.h - pass, rows = d.rows;
