@@ -651,6 +651,28 @@ constexpr int64_t stream_gemv_smem(int64_t k) {
   return kStreamWarps * (kStreamStages * kStreamStageBytes + 16 * (k / 32)) + (2 * k + 32) * 2;
 }
 
+// The tensor-core GEMVs' results of mma rows gr and gr + 8 (sums acc_lo, acc_hi), from the lane
+// holding them: gate_up's activation of output out0 + gr as hi and lo bf16 into out_split, down's
+// two outputs with their bias into out.
+template <bool kGateUp>
+__device__ __forceinline__ void store_mma_gemv_rows(const Mxfp4Gemv& g, int32_t e, int out0, int gr,
+                                                    float acc_lo, float acc_hi, float* out,
+                                                    __nv_bfloat16* out_split) {
+  if (kGateUp) {
+    const int col = out0 + gr;
+    if (col < g.n) {
+      const float a = g.params.activate(e, col, g.n, acc_lo, acc_hi);
+      const __nv_bfloat16 hi = __float2bfloat16_rn(a);
+      out_split[col] = hi;
+      out_split[g.n + col] = __float2bfloat16_rn(a - __bfloat162float(hi));
+    }
+  } else {
+    if (out0 + gr < g.n) out[out0 + gr] = acc_lo + g.params.down_bias_of(e, out0 + gr, g.n);
+    if (out0 + gr + 8 < g.n)
+      out[out0 + gr + 8] = acc_hi + g.params.down_bias_of(e, out0 + gr + 8, g.n);
+  }
+}
+
 // grid (ceil(rows / (16 * kStreamWarps)), pairs), kStreamThreads threads, stream_gemv_smem(k)
 // bytes: rows = 2n (gate_up) or n (down) of pair blockIdx.y's expert. Reads x_split (hi, lo);
 // gate_up writes the activations to out_split (hi, lo), down writes y (out) as
@@ -762,18 +784,7 @@ __global__ void __launch_bounds__(kStreamThreads)
   }
   cp_async_wait<0>();
   if (q != 0) return;  // lanes q = 0 hold columns 0 and 1 of rows gr, gr + 8
-  if (kGateUp) {
-    const int col = out0 + gr;
-    if (col < g.n) {
-      const float a = g.params.activate(e, col, g.n, acc_lo, acc_hi);
-      const __nv_bfloat16 hi = __float2bfloat16_rn(a);
-      out_split[col] = hi;
-      out_split[g.n + col] = __float2bfloat16_rn(a - __bfloat162float(hi));
-    }
-  } else {
-    if (out0 + gr < g.n) out[out0 + gr] = acc_lo + g.params.down_bias_of(e, out0 + gr, g.n);
-    if (out0 + gr + 8 < g.n) out[out0 + gr + 8] = acc_hi + g.params.down_bias_of(e, out0 + gr + 8, g.n);
-  }
+  store_mma_gemv_rows<kGateUp>(g, e, out0, gr, acc_lo, acc_hi, out, out_split);
 }
 
 // ---- Few-token MXFP4 experts on tensor cores, loads straight to registers (SY_MXFP4_GEMV=reg) ----
@@ -912,18 +923,7 @@ __global__ void __launch_bounds__(kRegThreads, 4) mxfp4_reg_gemv_kernel(const __
   acc_lo += __shfl_xor_sync(0xffffffffu, acc_lo, 2);
   acc_hi += __shfl_xor_sync(0xffffffffu, acc_hi, 2);
   if (q != 0) return;
-  if (kGateUp) {
-    const int col = out0 + gr;
-    if (col < g.n) {
-      const float a = g.params.activate(e, col, g.n, acc_lo, acc_hi);
-      const __nv_bfloat16 hi = __float2bfloat16_rn(a);
-      out_split[col] = hi;
-      out_split[g.n + col] = __float2bfloat16_rn(a - __bfloat162float(hi));
-    }
-  } else {
-    if (out0 + gr < g.n) out[out0 + gr] = acc_lo + g.params.down_bias_of(e, out0 + gr, g.n);
-    if (out0 + gr + 8 < g.n) out[out0 + gr + 8] = acc_hi + g.params.down_bias_of(e, out0 + gr + 8, g.n);
-  }
+  store_mma_gemv_rows<kGateUp>(g, e, out0, gr, acc_lo, acc_hi, out, out_split);
 }
 
 // ---- Combine ----
