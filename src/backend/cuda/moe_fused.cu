@@ -521,6 +521,9 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int total_warps = static_cast<int>(gridDim.x) * kWarps;
 
   stamp(a, 0);
+  // The next layer's q/k/v GEMV (launched overlapped) may take an SM as soon as a block of this
+  // kernel exits and request its weights there; it waits for this whole kernel before reading x.
+  allow_dependents();
   // The input row: every block normalises residual + deltas itself (no launch, no barrier).
   const float* hidden = a.hidden;
   if constexpr (NORM_VEC > 0) {
