@@ -94,16 +94,6 @@ __device__ __forceinline__ void overlap_prologue() {
 #endif
 }
 
-// For a kernel launched the ordinary way (the cooperative MoE kernel): lets the next kernel, if
-// launched overlapped, become resident as this one's blocks exit, so its pre-wait loads overlap
-// this kernel's tail. Everything before this kernel has finished (it was launched in stream
-// order), so the contract above holds for the next kernel.
-__device__ __forceinline__ void allow_dependents() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-
 template <typename... Params, typename... Args>
 void launch_overlapped(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream,
                        Args&&... args) {

@@ -520,10 +520,12 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int I = a.intermediate, T = kOneToken ? 1 : a.tokens, pairs = T * K;
   const int total_warps = static_cast<int>(gridDim.x) * kWarps;
 
+  // The wait (a no-op unless SY_FUSED_PDL=1 launched this kernel overlapped), then the trigger:
+  // the next layer's q/k/v GEMV (launched overlapped) may take an SM as soon as a block of this
+  // kernel leaves it and request its weights there; it waits for this whole kernel before it
+  // reads x.
+  overlap_prologue();
   stamp(a, 0);
-  // The next layer's q/k/v GEMV (launched overlapped) may take an SM as soon as a block of this
-  // kernel exits and request its weights there; it waits for this whole kernel before reading x.
-  allow_dependents();
   // The input row: every block normalises residual + deltas itself (no launch, no barrier).
   const float* hidden = a.hidden;
   if constexpr (NORM_VEC > 0) {
@@ -912,9 +914,28 @@ class FusedKernel final : public moe::ExpertsKernel {
       launch.pass_rows = std::max(
           1, std::min(launch.tile_rows, launch.combo_floats / (count * static_cast<int>(top_k_))));
       void* kernel_args[] = {&launch};
-      SY_CUDA_CHECK(cudaLaunchCooperativeKernel(kernel_for(vec, mxfp4), dim3(static_cast<unsigned>(grid_)),
-                                                dim3(kThreads), kernel_args,
-                                                vec ? norm_shared_bytes_ : shared_bytes_, context_.stream));
+      const size_t shared = vec ? norm_shared_bytes_ : shared_bytes_;
+      if (overlapped_launch_) {
+        // SY_FUSED_PDL=1 (experiment): cooperative and overlapped, so the blocks become resident
+        // as the previous kernel (o_proj's GEMV) drains; they wait for it at their start.
+        cudaLaunchConfig_t config{};
+        config.gridDim = dim3(static_cast<unsigned>(grid_));
+        config.blockDim = dim3(kThreads);
+        config.dynamicSmemBytes = shared;
+        config.stream = context_.stream;
+        cudaLaunchAttribute attributes[2];
+        attributes[0].id = cudaLaunchAttributeCooperative;
+        attributes[0].val.cooperative = 1;
+        attributes[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attributes[1].val.programmaticStreamSerializationAllowed = 1;
+        config.attrs = attributes;
+        config.numAttrs = 2;
+        SY_CUDA_CHECK(cudaLaunchKernelExC(&config, kernel_for(vec, mxfp4), kernel_args));
+      } else {
+        SY_CUDA_CHECK(
+            cudaLaunchCooperativeKernel(kernel_for(vec, mxfp4), dim3(static_cast<unsigned>(grid_)),
+                                        dim3(kThreads), kernel_args, shared, context_.stream));
+      }
       SY_CUDA_LAUNCH_CHECK("fused_moe_kernel");
       if (count == 1) collect_stamps();  // the batch-1 decode launches only
     }
@@ -1068,6 +1089,11 @@ class FusedKernel final : public moe::ExpertsKernel {
   int one_combo_floats_ = 0;  // the one-token kernel's combine buffer
   const bool general_grouping_ = [] {
     const char* value = std::getenv("SY_FUSED_GENERAL_GROUPING");
+    return value && value[0] == '1';
+  }();
+  // SY_FUSED_PDL=1 (experiment, not yet run): the cooperative launch also programmatic.
+  const bool overlapped_launch_ = [] {
+    const char* value = std::getenv("SY_FUSED_PDL");
     return value && value[0] == '1';
   }();
   // SY_FUSED_MXFP4=1: MXFP4 experts read packed (fused_moe_kernel<*, true>), opt-in until a GPU
