@@ -4,7 +4,9 @@ branch, with its instruction count and a histogram of the opcodes that matter fo
 loop (loads, stores, mma, FMA, moves, integer divisions' telltale I2F.U32.RP).
 
   tools/sass.sh src/backend/cuda/moe_fused.cu > /tmp/f.sass
-  tools/sass_loops.py /tmp/f.sass fused_moe_kernelILi2ELb0
+  tools/sass_loops.py /tmp/f.sass fused_moe_kernelILi2ELb0 [--all]
+
+Innermost loops only (those containing no other loop) unless --all.
 """
 import re
 import sys
@@ -26,8 +28,11 @@ def kernel_lines(path, name):
 
 
 def main():
-    if len(sys.argv) != 3:
+    args = [a for a in sys.argv[1:] if a != "--all"]
+    show_all = len(args) != len(sys.argv) - 1
+    if len(args) != 2:
         sys.exit(__doc__)
+    sys.argv[1:3] = args
     lines = kernel_lines(sys.argv[1], sys.argv[2])
     if not lines:
         sys.exit(f"no kernel section matching {sys.argv[2]!r} in {sys.argv[1]}")
@@ -44,19 +49,23 @@ def main():
         if m:
             items.append((int(m.group(1), 16), m.group(2), text))
     print(f"{sys.argv[2]}: {len(items)} instructions")
+    loops = []  # (start, end, label)
     for i, (_, op, text) in enumerate(items):
         m = branch.search(text)
-        if not m or m.group(1) not in label_at or label_at[m.group(1)] > i:
+        if m and m.group(1) in label_at and label_at[m.group(1)] <= i:
+            loops.append((label_at[m.group(1)], i, m.group(1)))
+    for start, end, name in loops:
+        inner = any(s >= start and e <= end and (s, e) != (start, end) for s, e, _ in loops)
+        if inner and not show_all:
             continue
-        start = label_at[m.group(1)]
-        body = items[start:i + 1]
+        body = items[start:end + 1]
         ops = Counter()
         for _, o, _ in body:
             for w in WATCH:
                 if o == w or o.startswith(w + "."):
                     ops[w] += 1
         summary = " ".join(f"{w}:{ops[w]}" for w in WATCH if ops[w])
-        print(f"  loop {m.group(1)} at 0x{body[0][0]:x}..0x{body[-1][0]:x}: {len(body)} instructions; {summary}")
+        print(f"  loop {name} at 0x{body[0][0]:x}..0x{body[-1][0]:x}: {len(body)} instructions; {summary}")
 
 
 if __name__ == "__main__":
