@@ -4,9 +4,6 @@
 
 #include "backend/random_fill.h"
 
-#include <cstdlib>
-#include <string_view>
-
 namespace sy::backend::cuda {
 namespace {
 
@@ -255,9 +252,7 @@ __global__ void __launch_bounds__(256) gemv_kernel(const float* __restrict__ x, 
 // gemv_kernel<1> on rms_norm(x + delta) * norm_weight (one row, the batch-1 decode), the norm
 // computed by every block into shared memory (NormRow: bitwise the unfused norm) while its
 // first round of weights is in flight; x is not written. Dynamic shared memory: in floats.
-// kRows output rows a warp (8 * kRows a block), each row's slabs summed in column order whatever
-// kRows (2: half the unroll a row, so the same registers; Qwen3's q/k/v in one wave of blocks).
-template <int VEC, int kRows = 1>
+template <int VEC>
 __global__ void __launch_bounds__(256)
     norm_gemv_kernel(const float* __restrict__ x, const float* __restrict__ delta,
                      const float* __restrict__ norm_weight, float eps, int64_t in,
@@ -268,47 +263,31 @@ __global__ void __launch_bounds__(256)
   int part = 0;
   while (part + 1 < parts.count && static_cast<int>(blockIdx.x) >= parts.block_begin[part + 1]) ++part;
   const int64_t out_features = parts.features[part];
-  const int64_t o0 =
-      ((static_cast<int64_t>(blockIdx.x) - parts.block_begin[part]) * 8 + (threadIdx.x >> 5)) *
-      kRows;
+  const int64_t o =
+      (static_cast<int64_t>(blockIdx.x) - parts.block_begin[part]) * 8 + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
-  const bool active = o0 < out_features;  // every warp joins the norm's block reduction
-  constexpr int kUnroll = 8 / kRows;
-  const __nv_bfloat16* rows[kRows];
-  uint4 packed[kRows][kUnroll];
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-    rows[r] = parts.w[part] + (o0 + r < out_features ? o0 + r : 0) * in;
-    load_slabs(packed[r], rows[r], lane * 8, in, o0 + r < out_features);
-  }
+  const bool active = o < out_features;  // every warp joins the norm's block reduction
+  const __nv_bfloat16* row = parts.w[part] + (active ? o : 0) * in;
+  constexpr int kUnroll = 8;
+  uint4 packed[kUnroll];
   const int64_t chunks = in / 4;
   NormRow<VEC> n;
+  load_slabs(packed, row, lane * 8, in, active);
   n.load_weight(norm_weight, chunks);
   overlap_prologue();
   n.load_row(x, delta, nullptr, chunks);
   n.store_normed(s_normed, chunks, n.scale(in, eps, partial));
   __syncthreads();
   if (!active) return;
-  float acc[kRows][1] = {};
+  float acc[1] = {0.0f};
   for (int64_t base = lane * 8; base < in; base += kUnroll * 256) {
-    if (base != lane * 8) {
+    if (base != lane * 8) load_slabs(packed, row, base, in);
 #pragma unroll
-      for (int r = 0; r < kRows; ++r)
-        load_slabs(packed[r], rows[r], base, in, o0 + r < out_features);
-    }
-#pragma unroll
-    for (int r = 0; r < kRows; ++r)
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u)
-        if (base + u * 256 < in) gemv_slab<1>(s_normed, in, base + u * 256, packed[r][u], acc[r]);
+    for (int u = 0; u < kUnroll; ++u)
+      if (base + u * 256 < in) gemv_slab<1>(s_normed, in, base + u * 256, packed[u], acc);
   }
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-    const int64_t o = o0 + r;
-    const float v = warp_total(acc[r][0]);
-    if (lane == 0 && o < out_features)
-      parts.out[part][o] = parts.bias[part] ? v + parts.bias[part][o] : v;
-  }
+  const float v = warp_total(acc[0]);
+  if (lane == 0) parts.out[part][o] = parts.bias[part] ? v + parts.bias[part][o] : v;
 }
 
 // launch_shared_down_gemv: gemv_kernel<ROWS> on silu(gate) * up computed as it loads (as
@@ -468,7 +447,7 @@ void launch_f32_to_bf16(const float* src, int64_t count, __nv_bfloat16* dst, cud
 
 namespace {
 // The parts' rows back to back, 8 per block; returns the block count.
-int gemv_table(const GemvPart* parts, int count, GemvParts& table, int rows_per_block = 8) {
+int gemv_table(const GemvPart* parts, int count, GemvParts& table) {
   if (count > kGemvMaxParts) cuda_fail("launch_gemv_parts", "more than kGemvMaxParts parts", __FILE__, __LINE__);
   table = GemvParts{};
   table.count = count;
@@ -479,7 +458,7 @@ int gemv_table(const GemvPart* parts, int count, GemvParts& table, int rows_per_
     table.bias[p] = parts[p].bias;
     table.features[p] = parts[p].out_features;
     table.block_begin[p] = blocks;
-    blocks += static_cast<int>((parts[p].out_features + rows_per_block - 1) / rows_per_block);
+    blocks += static_cast<int>((parts[p].out_features + 7) / 8);
   }
   table.block_begin[count] = blocks;
   return blocks;
@@ -494,33 +473,24 @@ void launch_norm_gemv_parts(const float* x, const float* delta, const float* nor
                             const GemvPart* parts, int count, cudaStream_t stream) {
   if (!norm_gemv_supported(in)) cuda_fail("launch_norm_gemv_parts", "unsupported width", __FILE__, __LINE__);
   if (count == 0) return;
-  // SY_NORM_GEMV_ROWS=2: two output rows a warp (experiment, 2026-12-07; not yet measured).
-  static const int rows_per_warp = [] {
-    const char* v = std::getenv("SY_NORM_GEMV_ROWS");
-    return v && std::string_view(v) == "2" ? 2 : 1;
-  }();
   GemvParts table;
-  const int blocks = gemv_table(parts, count, table, 8 * rows_per_warp);
+  const int blocks = gemv_table(parts, count, table);
   if (blocks == 0) return;
   const dim3 grid(static_cast<unsigned>(blocks)), block(256);
   const size_t shared = static_cast<size_t>(in) * sizeof(float);
   // The same VEC as launch_rms_norm picks for this width: the same reduction, bitwise.
-  auto launch = [&](auto kernel1, auto kernel2) {
-    if (rows_per_warp == 2)
-      launch_overlapped(kernel2, grid, block, shared, stream, x, delta, norm_weight, eps, in,
-                        table);
-    else
-      launch_overlapped(kernel1, grid, block, shared, stream, x, delta, norm_weight, eps, in,
-                        table);
-  };
   if (in <= 1024)
-    launch(norm_gemv_kernel<1>, norm_gemv_kernel<1, 2>);
+    launch_overlapped(norm_gemv_kernel<1>, grid, block, shared, stream, x, delta, norm_weight, eps,
+                      in, table);
   else if (in <= 2048)
-    launch(norm_gemv_kernel<2>, norm_gemv_kernel<2, 2>);
+    launch_overlapped(norm_gemv_kernel<2>, grid, block, shared, stream, x, delta, norm_weight, eps,
+                      in, table);
   else if (in <= 4096)
-    launch(norm_gemv_kernel<4>, norm_gemv_kernel<4, 2>);
+    launch_overlapped(norm_gemv_kernel<4>, grid, block, shared, stream, x, delta, norm_weight, eps,
+                      in, table);
   else
-    launch(norm_gemv_kernel<8>, norm_gemv_kernel<8, 2>);
+    launch_overlapped(norm_gemv_kernel<8>, grid, block, shared, stream, x, delta, norm_weight, eps,
+                      in, table);
   SY_CUDA_LAUNCH_CHECK("norm_gemv");
 }
 

@@ -233,6 +233,9 @@ __device__ __forceinline__ void ring_commit() { asm volatile("cp.async.commit_gr
 __device__ __forceinline__ void ring_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kRingStages - 1) : "memory");
 }
+__device__ __forceinline__ int next_ring_slot(int slot) {
+  return slot == kRingStages - 1 ? 0 : slot + 1;
+}
 
 // Items [begin, end) of (slot j, row r); H <= kGateUpSlabs * 256 (one round per item). The
 // (slot, row) of the item being issued and of the one being finished advance as cursors (no
@@ -253,12 +256,12 @@ __device__ void gate_up_ring(const __nv_bfloat16* gate_up, const float* hidden, 
   const int stages = static_cast<int>(2 * (end - begin));
   const int j0 = static_cast<int>(begin / I);
   ItemCursor issued{j0, static_cast<int>(begin - static_cast<int64_t>(j0) * I)}, done = issued;
-  int issue_stage = 0, issue_slot = 0;  // the next stage to issue and its ring slot
-  auto issue = [&]() {
+  int issue_stage = 0;          // the next stage to issue
+  auto issue = [&](int slot) {  // into ring slot `slot`
     if (issue_stage < stages) {
       const int half = issue_stage & 1;
       const __nv_bfloat16* gate = gate_up + (static_cast<int64_t>(slot_expert[issued.j]) * 2 * I + issued.r) * H;
-      uint4* stage = ring + issue_slot * kRingStageChunks;
+      uint4* stage = ring + slot * kRingStageChunks;
 #pragma unroll
       for (int row = 0; row < 2; ++row)
 #pragma unroll
@@ -271,10 +274,9 @@ __device__ void gate_up_ring(const __nv_bfloat16* gate_up, const float* hidden, 
     }
     ring_commit();  // possibly empty: one group per stage keeps the wait count fixed
     ++issue_stage;
-    issue_slot = issue_slot == kRingStages - 1 ? 0 : issue_slot + 1;
   };
 #pragma unroll
-  for (int q = 0; q < kRingStages; ++q) issue();
+  for (int q = 0; q < kRingStages; ++q) issue(q);
   float acc_gate = 0.0f, acc_up = 0.0f;
   int slot = 0;  // stage q's ring slot (q mod kRingStages)
   for (int q = 0; q < stages; ++q) {
@@ -291,8 +293,8 @@ __device__ void gate_up_ring(const __nv_bfloat16* gate_up, const float* hidden, 
         acc_up = dot8(stage[(kRingSlabs + s) * 32 + lane], x0, x1, acc_up);
       }
     }
-    issue();  // into the stage just used (issue_slot == slot here): this lane's own chunks only
-    slot = slot == kRingStages - 1 ? 0 : slot + 1;
+    issue(slot);  // stage q + kRingStages into the slot just used: this lane's own chunks only
+    slot = next_ring_slot(slot);
     if (half == 1) {
       const float g = warp_sum(acc_gate), u = warp_sum(acc_up);
       acc_gate = acc_up = 0.0f;
@@ -422,12 +424,12 @@ __device__ void down_ring(const __nv_bfloat16* down, const float* act, int I, in
   const int items = slots * ((rows_here + kDownRows - 1) / kDownRows);
   const int mine = warp < items ? (items - warp + kWarps - 1) / kWarps : 0;
   const int stages = 2 * mine;
-  int issue_stage = 0, issue_slot = 0;
-  auto issue = [&]() {
+  int issue_stage = 0;          // the next stage to issue
+  auto issue = [&](int slot) {  // into ring slot `slot`
     if (issue_stage < stages) {
       const DownItem d = down_item(warp + (issue_stage >> 1) * kWarps, pass, rows_here);
       const __nv_bfloat16* rows = down + (static_cast<int64_t>(slot_expert[d.slot]) * H + d.h) * I;
-      uint4* stage = ring + issue_slot * kRingStageChunks;
+      uint4* stage = ring + slot * kRingStageChunks;
 #pragma unroll
       for (int row = 0; row < 2; ++row) {
         const int r = 2 * (issue_stage & 1) + row;
@@ -442,11 +444,10 @@ __device__ void down_ring(const __nv_bfloat16* down, const float* act, int I, in
     }
     ring_commit();  // possibly empty: one group per stage keeps the wait count fixed
     ++issue_stage;
-    issue_slot = issue_slot == kRingStages - 1 ? 0 : issue_slot + 1;
   };
 #pragma unroll
-  for (int q = 0; q < kRingStages; ++q) issue();
-  int slot = 0;
+  for (int q = 0; q < kRingStages; ++q) issue(q);
+  int slot = 0;  // stage q's ring slot
   for (int q = 0; q < stages; ++q) {
     ring_wait();
     const DownItem d = down_item(warp + (q >> 1) * kWarps, pass, rows_here);
@@ -475,8 +476,8 @@ __device__ void down_ring(const __nv_bfloat16* down, const float* act, int I, in
           combo[pair * rows_here + (d.h - pass) + r] = v + experts.down_bias_of(e, d.h + r, H);
       }
     }
-    issue();  // into the stage just used: this lane's own chunks only (it read no others)
-    slot = slot == kRingStages - 1 ? 0 : slot + 1;
+    issue(slot);  // into the slot just used: this lane's own chunks only (it read no others)
+    slot = next_ring_slot(slot);
   }
 }
 
@@ -652,33 +653,39 @@ __global__ void __launch_bounds__(kThreads, 2)
           ringed = true;
         }
       }
-      for (int it = ringed ? down_items : warp; it < down_items; it += kWarps) {
-        const DownItem d = down_item(it, pass, rows_here);
-        const int first = slot_begin[d.slot];
-        const int row_in_pass = d.h - pass, rows = d.rows;
-        const int64_t e = slot_expert[d.slot];
-        if constexpr (MXFP4) {
-          const int64_t row = e * H + d.h;
-          for (int q = first; q < slot_begin[d.slot + 1]; ++q) {
-            const int pair = sorted[q];
-            float v[kDownRows];
-            mxfp4_rows_dot<kDownRows, 2>(a.down_blocks + row * (I / 2), a.down_scales + row * (I / 32), rows, I,
-                                      a.act + static_cast<int64_t>(pair) * I, v);
-            if (lane == 0)
+      if (!ringed) {
+        for (int it = warp; it < down_items; it += kWarps) {
+          const DownItem d = down_item(it, pass, rows_here);
+          const int first = slot_begin[d.slot];
+          const int row_in_pass = d.h - pass, rows = d.rows;
+          const int64_t e = slot_expert[d.slot];
+          if constexpr (MXFP4) {
+            const int64_t row = e * H + d.h;
+            for (int q = first; q < slot_begin[d.slot + 1]; ++q) {
+              const int pair = sorted[q];
+              float v[kDownRows];
+              mxfp4_rows_dot<kDownRows, 2>(a.down_blocks + row * (I / 2),
+                                           a.down_scales + row * (I / 32), rows, I,
+                                           a.act + static_cast<int64_t>(pair) * I, v);
+              if (lane == 0)
 #pragma unroll
-              for (int r = 0; r < kDownRows; ++r)
-                if (r < rows) combo[pair * rows_here + row_in_pass + r] = v[r] + a.experts.down_bias_of(e, d.h + r, H);
+                for (int r = 0; r < kDownRows; ++r)
+                  if (r < rows)
+                    combo[pair * rows_here + row_in_pass + r] =
+                        v[r] + a.experts.down_bias_of(e, d.h + r, H);
+            }
+            continue;
           }
-          continue;
-        }
-        warp_rows_dot<kDownRows, kDownSlabs, kOneToken ? 1 : kDownPairs>(
-            a.down + (e * H + d.h) * I, I, rows, I, a.act,
-            I, 1, sorted + first, slot_begin[d.slot + 1] - first,
-            [&](int pair, const float(&v)[kDownRows]) {
+          warp_rows_dot<kDownRows, kDownSlabs, kOneToken ? 1 : kDownPairs>(
+              a.down + (e * H + d.h) * I, I, rows, I, a.act, I, 1, sorted + first,
+              slot_begin[d.slot + 1] - first, [&](int pair, const float(&v)[kDownRows]) {
 #pragma unroll
-              for (int r = 0; r < kDownRows; ++r)
-                if (r < rows) combo[pair * rows_here + row_in_pass + r] = v[r] + a.experts.down_bias_of(e, d.h + r, H);
-            });
+                for (int r = 0; r < kDownRows; ++r)
+                  if (r < rows)
+                    combo[pair * rows_here + row_in_pass + r] =
+                        v[r] + a.experts.down_bias_of(e, d.h + r, H);
+              });
+        }
       }
       __syncthreads();
       for (int i = threadIdx.x; i < T * rows_here; i += kThreads) {
