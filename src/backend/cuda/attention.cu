@@ -77,8 +77,8 @@ struct KernelArgs {
   float2* partial_ml = nullptr;  // [tokens * heads * splits] (max in log2 units, sum)
   float* partial_o = nullptr;    // [tokens * heads * splits, head_dim], unnormalised
   int* arrivals = nullptr;       // [tokens * kv_heads * row_chunks] splits done; the last resets it
-  bool early_merge = true;  // SY_ATTN_EARLY_MERGE=0 (A/B): the merge reads the partials from L2 (16
-                            // in flight), unstaged
+  bool staged_merge = true;      // SY_ATTN_EARLY_MERGE=0 (A/B): the merge reads the partials from
+                                 // L2 (16 in flight), unstaged
   // Decode with the q/k prep fused (prep.q set): q rows are normed and rotated from the raw
   // projection as they are loaded, and the split holding a token's own key computes that K/V
   // row itself (into the cache and its tile). p.q is then unused.
@@ -250,6 +250,14 @@ __device__ __forceinline__ float normaliser(const AttentionParams& p, int head, 
 
 // Floor (decode): K/V bytes of the contexts / bandwidth. Floor (prefill): 4 * rows * context *
 // head_dim FLOPs on tensor cores (about half of it masked away by causality).
+// o += part * w, component by component (the merge's one step).
+__device__ __forceinline__ void add_weighted(float4& o, const float4& part, float w) {
+  o.x += part.x * w;
+  o.y += part.y * w;
+  o.z += part.z * w;
+  o.w += part.w * w;
+}
+
 // The merge of a decode token's split partials, run by the last split block of each (token, kv
 // head) to finish (so no second launch): a warp per (token, head) row. Lanes take the splits for
 // the max and the sum (warp reductions), each split's weight goes to shared memory, then the
@@ -269,7 +277,7 @@ __device__ void combine_split_row(const KernelArgs& a, int64_t pair, int written
   const int lane = threadIdx.x & 31, head_dim = p.head_dim;
   const float2* ml = a.partial_ml + pair * a.splits;
   const float* partial = a.partial_o + pair * a.splits * head_dim;
-  const bool staged = STAGED && a.early_merge;
+  const bool staged = STAGED && a.staged_merge;
   // Stage the partials of splits [begin, min(begin + stage_splits, written)): this lane's chunks.
   auto stage_from = [&](int begin) {
     const int end = min(written, begin + stage_splits);
@@ -318,12 +326,7 @@ __device__ void combine_split_row(const KernelArgs& a, int64_t pair, int written
         const int d = lane * 4 + 128 * j;
         if (d >= head_dim) continue;
         for (int s = begin; s < end; ++s) {
-          const float w = weight[s] * inv;
-          const float4 part = stage[((s - begin) * head_dim + d) / 4];
-          o[j].x += part.x * w;
-          o[j].y += part.y * w;
-          o[j].z += part.z * w;
-          o[j].w += part.w * w;
+          add_weighted(o[j], stage[((s - begin) * head_dim + d) / 4], weight[s] * inv);
         }
       }
     }
@@ -338,12 +341,8 @@ __device__ void combine_split_row(const KernelArgs& a, int64_t pair, int written
       float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll 16
       for (int s = 0; s < written; ++s) {
-        const float w = weight[s] * inv;
-        const float4 part = __ldcg(reinterpret_cast<const float4*>(partial + s * head_dim + d));
-        o.x += part.x * w;
-        o.y += part.y * w;
-        o.z += part.z * w;
-        o.w += part.w * w;
+        add_weighted(o, __ldcg(reinterpret_cast<const float4*>(partial + s * head_dim + d)),
+                     weight[s] * inv);
       }
       *reinterpret_cast<float4*>(p.out + pair * head_dim + d) = o;
     }
@@ -1167,8 +1166,8 @@ bool launch_attention_impl(const AttentionParams& params, const QkvPrepParams* p
     const size_t ml_bytes = (static_cast<size_t>(parts) * sizeof(float2) + 255) / 256 * 256;
     args.partial_o = reinterpret_cast<float*>(static_cast<char*>(scratch) + ml_bytes);
     args.arrivals = arrivals;
-    static const bool early_merge = !env_off("SY_ATTN_EARLY_MERGE");
-    args.early_merge = early_merge;
+    static const bool staged_merge = !env_off("SY_ATTN_EARLY_MERGE");
+    args.staged_merge = staged_merge;
   }
   const dim3 grid(static_cast<unsigned>(tokens),
                   static_cast<unsigned>(params.kv_heads * args.row_chunks),

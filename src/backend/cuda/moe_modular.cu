@@ -1458,7 +1458,8 @@ class ModularKernel final : public moe::ExpertsKernel {
   // between). SY_MXFP4_GEMV=stream or =warp: always that one; SY_MXFP4_GEMV=0: the grouped GEMM.
   // The warp GEMV also runs where the streamed one cannot (k > kStreamMaxK, unaligned rows or
   // scales).
-  // SY_MXFP4_GEMV=reg: the register-direct tensor-core GEMV (experiment, not yet measured).
+  // SY_MXFP4_GEMV=reg: the register-direct tensor-core GEMV (experiment: exact, no faster than the
+  // warp GEMV at batch 1 on an H100, 2026-12-07; docs/cuda.md says why and what to try).
   enum class Mxfp4Path { kOff, kAuto, kWarp, kStream, kReg };
   const Mxfp4Path mxfp4_gemv_ = [] {
     const char* v = std::getenv("SY_MXFP4_GEMV");
