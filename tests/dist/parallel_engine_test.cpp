@@ -53,24 +53,8 @@ std::vector<engine::GenerationRequest> requests(uint64_t seed, int64_t vocab) {
 
 std::vector<Outcome> run_all(engine::Engine& e,
                              const std::vector<engine::GenerationRequest>& reqs) {
-  std::vector<std::future<Outcome>> pending;
-  for (const auto& r : reqs) {
-    auto promise = std::make_shared<std::promise<Outcome>>();
-    auto outcome = std::make_shared<Outcome>();
-    pending.push_back(promise->get_future());
-    auto id = e.submit(r, [promise, outcome](const engine::Event& event) {
-      outcome->tokens.insert(outcome->tokens.end(), event.new_token_ids.begin(),
-                             event.new_token_ids.end());
-      if (event.finished) {
-        outcome->final_event = event;
-        promise->set_value(*outcome);
-      }
-      return engine::Continuation::kContinue;
-    });
-    EXPECT_TRUE(id.is_ok()) << id.message();
-  }
   std::vector<Outcome> done;
-  for (auto& f : pending) done.push_back(f.get());
+  for (auto& f : start_together(e, reqs)) done.push_back(f.get());
   return done;
 }
 

@@ -199,8 +199,7 @@ TEST(EngineFaults, AWeightUpdateDrainsPreemptedSequences) {
   config.kv_cache_tokens = 16 * 12;
   config.max_num_batched_tokens = 32;
   Runner runner(config);
-  std::vector<std::future<Outcome>> pending;
-  for (const auto& request : requests) pending.push_back(runner.start(request));
+  std::vector<std::future<Outcome>> pending = runner.start_together(requests);
   // Update once the cache is contended and sequences have been preempted.
   for (int i = 0; i < 2000 && runner.engine->metrics().preemptions_total < 2; ++i)
     std::this_thread::sleep_for(1ms);

@@ -32,6 +32,53 @@ inline bool on_cuda() {
 }
 
 // Submits and waits; returns tokens and the final event.
+// Submits one request whose events are collected into an Outcome. `hold`, when valid, is waited
+// on at the request's first event: events are delivered on the engine thread, so the engine plans
+// no further step until `hold` is ready.
+inline std::future<Outcome> submit_collecting(engine::Engine& engine,
+                                              engine::GenerationRequest request,
+                                              std::shared_future<void> hold = {}) {
+  auto promise = std::make_shared<std::promise<Outcome>>();
+  auto outcome = std::make_shared<Outcome>();
+  auto first = std::make_shared<bool>(true);
+  auto id = engine.submit(
+      std::move(request), [promise, outcome, first, hold](const engine::Event& event) {
+        if (*first) {
+          *first = false;
+          if (hold.valid()) hold.wait();
+          outcome->cached_prompt_tokens = event.cached_prompt_tokens;
+        }
+        outcome->tokens.insert(outcome->tokens.end(), event.new_token_ids.begin(),
+                               event.new_token_ids.end());
+        outcome->prompt_logprobs.insert(outcome->prompt_logprobs.end(),
+                                        event.prompt_logprobs.begin(), event.prompt_logprobs.end());
+        if (event.finished) {
+          outcome->final_event = event;
+          outcome->finished_at = std::chrono::steady_clock::now();
+          promise->set_value(*outcome);
+        }
+        return engine::Continuation::kContinue;
+      });
+  EXPECT_TRUE(id.is_ok()) << id.message();
+  return promise->get_future();
+}
+
+// Submits every request so that all of them are waiting together, however slowly this thread
+// submits: the first request's first event holds the engine until the last one is in. Tests that
+// need a crowded cache (preemption) use this; submitting one by one let a loaded CI machine finish
+// the first requests before the last arrived, and the cache meant to be too small never was.
+inline std::vector<std::future<Outcome>> start_together(
+    engine::Engine& engine, const std::vector<engine::GenerationRequest>& requests) {
+  std::promise<void> all_in;
+  std::shared_future<void> hold = all_in.get_future().share();
+  std::vector<std::future<Outcome>> pending;
+  for (size_t i = 0; i < requests.size(); ++i)
+    pending.push_back(
+        submit_collecting(engine, requests[i], i == 0 ? hold : std::shared_future<void>{}));
+  all_in.set_value();
+  return pending;
+}
+
 struct Runner {
   std::unique_ptr<engine::Engine> engine;
 
@@ -46,24 +93,11 @@ struct Runner {
   }
 
   std::future<Outcome> start(engine::GenerationRequest request) {
-    auto promise = std::make_shared<std::promise<Outcome>>();
-    auto outcome = std::make_shared<Outcome>();
-    auto id = engine->submit(std::move(request), [promise, outcome](const engine::Event& event) {
-      if (outcome->cached_prompt_tokens < 0)
-        outcome->cached_prompt_tokens = event.cached_prompt_tokens;
-      outcome->tokens.insert(outcome->tokens.end(), event.new_token_ids.begin(),
-                             event.new_token_ids.end());
-      outcome->prompt_logprobs.insert(outcome->prompt_logprobs.end(), event.prompt_logprobs.begin(),
-                                      event.prompt_logprobs.end());
-      if (event.finished) {
-        outcome->final_event = event;
-        outcome->finished_at = std::chrono::steady_clock::now();
-        promise->set_value(*outcome);
-      }
-      return engine::Continuation::kContinue;
-    });
-    EXPECT_TRUE(id.is_ok()) << id.message();
-    return promise->get_future();
+    return submit_collecting(*engine, std::move(request));
+  }
+  std::vector<std::future<Outcome>> start_together(
+      const std::vector<engine::GenerationRequest>& requests) {
+    return ::sy::start_together(*engine, requests);
   }
   Outcome run(engine::GenerationRequest request) { return start(std::move(request)).get(); }
 };

@@ -55,8 +55,7 @@ TEST(Engine, RoutesUnderConcurrencyChunkingPrefixHitsAndPreemptionEqualRoutesAlo
   config.kv_cache_tokens = 16 * 12;
   config.block_size_tokens = 16;
   Runner runner(config);
-  std::vector<std::future<Outcome>> pending;
-  for (const auto& request : requests) pending.push_back(runner.start(request));
+  std::vector<std::future<Outcome>> pending = runner.start_together(requests);
   for (size_t i = 0; i < requests.size(); ++i) expect_same(alone[i], pending[i].get(), "request " + std::to_string(i));
   // Repeat after they finished: full prefix-cache hits, routes restored from the blocks.
   const engine::EngineMetrics before = runner.engine->metrics();
@@ -110,8 +109,7 @@ TEST(Engine, PromptLogprobsOncePerPositionUnderChunkingAndPreemption) {
   config.kv_cache_tokens = 16 * 12;
   config.block_size_tokens = 16;
   Runner runner(config);
-  std::vector<std::future<Outcome>> pending;
-  for (const auto& request : requests) pending.push_back(runner.start(request));
+  std::vector<std::future<Outcome>> pending = runner.start_together(requests);
   for (size_t i = 0; i < requests.size(); ++i) {
     const Outcome together = pending[i].get();
     const std::string what = "request " + std::to_string(i);

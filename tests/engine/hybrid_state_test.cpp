@@ -90,8 +90,7 @@ TEST_F(HybridEngine, ChunkedPrefillConcurrencyAndPreemptionGiveTheTokensAndRoute
   small.kv_cache_tokens = 16 * 8;
   small.block_size_tokens = 16;
   Runner runner(small);
-  std::vector<std::future<Outcome>> pending;
-  for (const auto& request : list) pending.push_back(runner.start(request));
+  std::vector<std::future<Outcome>> pending = runner.start_together(list);
   for (size_t i = 0; i < list.size(); ++i)
     expect_same(alone[i], pending[i].get(), "together, request " + std::to_string(i));
   EXPECT_GT(runner.engine->metrics().preemptions_total, 0) << "the cache was meant to be too small";
@@ -271,8 +270,7 @@ TEST_F(HybridEngine, HitsSnapshotsAndPreemptionTogetherGiveTheColdOutcomes) {
   const std::vector<Outcome> cold = cold_outcomes(small, list);
   Runner runner(small);
   expect_same(cold[0], runner.run(list[0]), "first alone");
-  std::vector<std::future<Outcome>> pending;
-  for (const auto& request : list) pending.push_back(runner.start(request));
+  std::vector<std::future<Outcome>> pending = runner.start_together(list);
   for (size_t i = 0; i < list.size(); ++i)
     expect_same(cold[i], pending[i].get(), "together, request " + std::to_string(i));
   const engine::EngineMetrics metrics = runner.engine->metrics();
