@@ -49,7 +49,7 @@ for target in "${targets[@]}"; do
   work=$(mktemp -d)
   [[ -d $corpus ]] && cp -r "$corpus/." "$work/"
   echo "fuzzing $target for ${fuzz_seconds}s"
-  if ! "./build-fuzz/fuzz/$target" -max_total_time="$fuzz_seconds" -rss_limit_mb=4096 "$work" \
+  if ! UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 "./build-fuzz/fuzz/$target" -max_total_time="$fuzz_seconds" -rss_limit_mb=4096 "$work" \
       > "build-fuzz/$target.log" 2>&1; then
     echo "FUZZ FAILURE: $target"; tail -40 "build-fuzz/$target.log"; fuzz_failed=1
   else

@@ -21,6 +21,14 @@ Result<int64_t> get_int(const json& config, std::initializer_list<const char*> k
     if (it == config.end() || it->is_null()) continue;
     if (!it->is_number_integer() && !it->is_number_unsigned())
       return Status::errorf("config.json: field '{}' must be an integer, got {}", key, it->dump());
+    // Every count and size of a config fits 31 bits, so that products of two or three of them
+    // (head count x head size, a state's elements) cannot overflow before the checks that
+    // compare them with the tensors.
+    if (it->is_number_unsigned()
+            ? it->get<uint64_t>() > uint64_t{kMaxConfigInt}
+            : it->get<int64_t>() > kMaxConfigInt || it->get<int64_t>() < -kMaxConfigInt)
+      return Status::errorf("config.json: field '{}' is out of range ({}; at most {})", key,
+                            it->dump(), kMaxConfigInt);
     return it->get<int64_t>();
   }
   if (required) return Status::errorf("config.json: missing required field '{}'", *keys.begin());
@@ -189,15 +197,28 @@ Status parse_shared_fields(const json& config, ModelConfig& c) {
       c.torch_dtype = it->get<std::string>();
       break;
     }
+  // Token ids: integers in [0, 2^31) (a vocabulary's range is checked where the tokenizer is).
+  auto token_id = [](const char* key, const json& id) -> Result<int32_t> {
+    if (id.is_number_unsigned() ? id.get<uint64_t>() > uint64_t{kMaxConfigInt}
+                                : id.get<int64_t>() < 0 || id.get<int64_t>() > kMaxConfigInt)
+      return Status::errorf("config.json: {} {} is not a token id", key, id.dump());
+    return static_cast<int32_t>(id.get<int64_t>());
+  };
   if (auto it = config.find("eos_token_id"); it != config.end()) {
-    if (it->is_number_integer())
-      c.eos_token_ids.push_back(it->get<int32_t>());
-    else if (it->is_array())
-      for (const auto& id : *it)
-        if (id.is_number_integer()) c.eos_token_ids.push_back(id.get<int32_t>());
+    if (it->is_number_integer()) {
+      SY_ASSIGN(int32_t id, token_id("eos_token_id", *it));
+      c.eos_token_ids.push_back(id);
+    } else if (it->is_array()) {
+      for (const auto& entry : *it)
+        if (entry.is_number_integer()) {
+          SY_ASSIGN(int32_t id, token_id("eos_token_id", entry));
+          c.eos_token_ids.push_back(id);
+        }
+    }
   }
-  if (auto it = config.find("bos_token_id"); it != config.end() && it->is_number_integer())
-    c.bos_token_id = it->get<int32_t>();
+  if (auto it = config.find("bos_token_id"); it != config.end() && it->is_number_integer()) {
+    SY_ASSIGN(c.bos_token_id, token_id("bos_token_id", *it));
+  }
   return Status::ok();
 }
 

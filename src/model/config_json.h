@@ -11,7 +11,11 @@
 
 namespace sy::model::config_json {
 
-// An integer field that may be spelled several ways; the first present wins.
+// The largest magnitude an integer field may have (get_int refuses more).
+inline constexpr int64_t kMaxConfigInt = (int64_t{1} << 31) - 1;
+
+// An integer field that may be spelled several ways; the first present wins. At most
+// kMaxConfigInt in magnitude.
 Result<int64_t> get_int(const nlohmann::json& config, std::initializer_list<const char*> keys,
                         bool required, int64_t fallback = 0);
 Result<double> get_number(const nlohmann::json& config, const char* key, double fallback);

@@ -57,7 +57,9 @@ Status parse_fp8_block_quantization(const nlohmann::json& json, ModelConfig& c) 
   auto block = q->find("weight_block_size");
   if (block == q->end() || !block->is_array() || block->size() != 2 ||
       !(*block)[0].is_number_integer() || !(*block)[1].is_number_integer() ||
-      (*block)[0].get<int64_t>() <= 0 || (*block)[1].get<int64_t>() <= 0)
+      (*block)[0].get<int64_t>() <= 0 || (*block)[1].get<int64_t>() <= 0 ||
+      (*block)[0].get<int64_t>() > config_json::kMaxConfigInt ||
+      (*block)[1].get<int64_t>() > config_json::kMaxConfigInt)
     return Status::errorf(
         "config.json: quantization_config.weight_block_size must be two positive integers "
         "([128, 128] in published checkpoints), got {}",

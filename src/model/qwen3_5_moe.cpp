@@ -62,8 +62,10 @@ Status parse_qwen3_5_moe(const nlohmann::json& json, ModelConfig& c) {
   if (auto it = json.find("rope_parameters"); it != json.end() && it->is_object()) {
     SY_ASSIGN(partial, get_number(*it, "partial_rotary_factor", partial));
   }
-  const int64_t rotary_dim = static_cast<int64_t>(static_cast<double>(c.head_dim) * partial);
-  if (!(partial > 0.0 && partial <= 1.0) || rotary_dim < 2 || rotary_dim % 2)
+  const int64_t rotary_dim = partial > 0.0 && partial <= 1.0
+                                 ? static_cast<int64_t>(static_cast<double>(c.head_dim) * partial)
+                                 : 0;
+  if (rotary_dim < 2 || rotary_dim % 2)
     return Status::errorf(
         "config.json: partial_rotary_factor {} gives {} rotated dims of head_dim {}; need an even "
         "number >= 2",

@@ -48,6 +48,36 @@ ModelConfig parsed(const json& config) {
   return c.is_ok() ? *c : ModelConfig{};
 }
 
+// Sizes past 31 bits, a token id past int32 and a rotary factor far out of range are refused by
+// name before any product of them is formed (the model fuzz target found each overflowing).
+TEST(Architectures, OutOfRangeNumbersAreRefusedByName) {
+  const std::pair<const char*, json> cases[] = {
+      {"num_attention_heads", json(int64_t{1} << 62)},
+      {"hidden_size", json(uint64_t{1} << 63)},
+      {"num_attention_heads", json(-(int64_t{1} << 40))},
+      {"eos_token_id", json(int64_t{1} << 40)},
+      {"bos_token_id", json(-1)},
+  };
+  for (const auto& [field, value] : cases) {
+    json config = tiny("qwen3_moe");
+    config[field] = value;
+    auto refused = parse_model_config(config);
+    ASSERT_FALSE(refused.is_ok()) << field << " = " << value.dump();
+    EXPECT_NE(refused.message().find(field), std::string::npos) << refused.message();
+  }
+  json eos_list = tiny("qwen3_moe");
+  eos_list["eos_token_id"] = json::array({1, uint64_t{1} << 40});
+  EXPECT_FALSE(parse_model_config(eos_list).is_ok());
+  json qwen35 = tiny("qwen3_5_moe");
+  json& body = qwen35.contains("text_config") ? qwen35["text_config"] : qwen35;
+  body["rope_parameters"]["partial_rotary_factor"] = 1e20;
+  auto refused = parse_model_config(qwen35);
+  ASSERT_FALSE(refused.is_ok());
+  EXPECT_NE(refused.message().find("partial_rotary_factor"), std::string::npos)
+      << refused.message();
+  EXPECT_TRUE(parse_model_config(tiny("qwen3_moe")).is_ok());
+}
+
 TEST(Architectures, UnknownModelTypeListsEverySupportedOne) {
   auto c =
       parse_model_config(json{{"model_type", "llama"}, {"architectures", {"LlamaForCausalLM"}}});
