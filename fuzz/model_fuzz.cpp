@@ -8,10 +8,8 @@
 // cpu-fused instead of cpu-modular) and what the rest is (bit 4):
 //   0  config.json's bytes. The seeds in fuzz/corpus/model are each family's own tiny config.json
 //      behind its byte, so mutations start from configs that load.
-//   1  edits of the family's own config.json, 3 bytes each: which field (every leaf and object of
-//      the JSON, in document order), what to put there and a value byte (small, negative, huge,
-//      fractional, near the true value, null, a string, an array, or the field deleted). Byte
-//      mutations of JSON text mostly break its syntax; edits reach the checks behind the parser.
+//   1  edits of the family's own config.json (fuzz/json_edits.h): byte mutations of JSON text
+//      mostly break its syntax; edits reach the checks behind the parser.
 #include <unistd.h>
 
 #include <array>
@@ -25,6 +23,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "json_edits.h"
 #include "model/decoder.h"
 #include "model/model.h"
 #include "model/presets.h"
@@ -42,7 +41,7 @@ constexpr std::array<const char*, 8> kFamilies = {"qwen3_moe", "mixtral",    "ol
 struct Fixture {
   fs::path root;
   std::array<nlohmann::json, kFamilies.size()> configs;                            // as written
-  std::array<std::vector<nlohmann::json::json_pointer>, kFamilies.size()> fields;  // every path
+  std::array<std::vector<nlohmann::json::json_pointer>, kFamilies.size()> fields;  // every node
   std::unique_ptr<backend::Backend> backend;
   moe::ExpertsKernelRegistry registry;
   ~Fixture() {
@@ -53,74 +52,19 @@ struct Fixture {
 
 Fixture* fixture = nullptr;
 
-void list_fields(const nlohmann::json& j, const nlohmann::json::json_pointer& at,
-                 std::vector<nlohmann::json::json_pointer>& out) {
-  if (!at.empty()) out.push_back(at);
-  if (j.is_object())
-    for (auto it = j.begin(); it != j.end(); ++it) list_fields(it.value(), at / it.key(), out);
-  else if (j.is_array())
-    for (size_t i = 0; i < j.size(); ++i) list_fields(j[i], at / i, out);
-}
-
-// The family's config with `edits` (3 bytes each) applied.
-nlohmann::json edited(size_t family, const uint8_t* edits, size_t size) {
-  nlohmann::json config = fixture->configs[family];
-  const auto& fields = fixture->fields[family];
-  for (size_t i = 0; i + 3 <= size; i += 3) {
-    const auto& at = fields[edits[i] % fields.size()];
-    const uint8_t b = edits[i + 2];
-    if (!config.contains(at)) continue;  // under a field an earlier edit replaced
-    nlohmann::json& field = config[at];
-    switch (edits[i + 1] % 12) {
-      case 0:
-        field = b;
-        break;
-      case 1:
-        field = -static_cast<int64_t>(b) - 1;
-        break;
-      case 2:
-        field = static_cast<int64_t>(b) * 1000003;
-        break;
-      case 3:
-        field = (int64_t{1} << 62) + b;
-        break;
-      case 4:
-        field = b / 7.0;
-        break;
-      case 5:  // near the true value: 0..4 times it, then -1, 0 or +1
-        if (int64_t v = 0;
-            field.is_number_integer() && !__builtin_mul_overflow(field.get<int64_t>(), b % 5, &v))
-          field = v + (b % 3) - 1;
-        else if (field.is_number())
-          field = field.get<double>() * (b % 5) + (b % 3) - 1;
-        break;
-      case 6:
-        field = nullptr;
-        break;
-      case 7:
-        field = std::string(b % 4, 'x');
-        break;
-      case 8:
-        field = nlohmann::json::array({b});
-        break;
-      case 9:
-        field = b % 2 == 1;
-        break;
-      case 10:
-        field = nlohmann::json::object();
-        break;
-      case 11:
-        if (nlohmann::json& parent = config[at.parent_pointer()]; parent.is_object())
-          parent.erase(at.back());
-        break;
-    }
-  }
-  return config;
-}
-
 [[noreturn]] void fail(const std::string& what) {
   std::fprintf(stderr, "model_fuzz set-up: %s\n", what.c_str());
   std::abort();
+}
+
+// The family's config with `edits` applied (fuzz/json_edits.h).
+nlohmann::json edited(size_t family, const uint8_t* edits, size_t size) {
+  static const std::vector<std::string> words = {
+      "yarn",   "default", "linear",         "sigmoid",           "softmax",          "noaux_tc",
+      "mxfp4",  "fp8",     "full_attention", "sliding_attention", "linear_attention", "bfloat16",
+      "float32"};
+  return fuzz::apply_json_edits(fixture->configs[family], fixture->fields[family], words, edits,
+                                size);
 }
 
 // One step of `tokens` tokens of one sequence starting at `start` (KV slots = positions).
@@ -163,7 +107,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
         model::write_random_checkpoint(*config, nlohmann::json::object(), dir.string(), 1, false);
     if (!written.is_ok()) fail(written.message());
     fixture->configs[f] = nlohmann::json::parse(std::ifstream(dir / "config.json"));
-    list_fields(fixture->configs[f], nlohmann::json::json_pointer(), fixture->fields[f]);
+    fixture->fields[f] = fuzz::json_nodes(fixture->configs[f]);
   }
   fixture->backend = backend::make_cpu_backend({1});
   fixture->backend->register_kernels(fixture->registry);

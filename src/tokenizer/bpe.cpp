@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 #include <queue>
 
+#include "tokenizer/json_fields.h"
 #include "tokenizer/utf8.h"
 
 namespace sy::tokenizer {
@@ -21,19 +22,16 @@ Result<std::shared_ptr<Bpe>> Bpe::from_json(const nlohmann::json& model) {
   if (!optional_string("end_of_word_suffix").empty()) {
     return Status::error(ErrorCode::kUnsupported, "unsupported BPE feature: end_of_word_suffix");
   }
-  bpe->ignore_merges_ = model.value("ignore_merges", false);
-  bpe->byte_fallback_ = model.value("byte_fallback", false);
-  bpe->fuse_unk_ = model.value("fuse_unk", false);
+  SY_ASSIGN(bpe->ignore_merges_, optional_bool(model, "ignore_merges", false, "model"));
+  SY_ASSIGN(bpe->byte_fallback_, optional_bool(model, "byte_fallback", false, "model"));
+  SY_ASSIGN(bpe->fuse_unk_, optional_bool(model, "fuse_unk", false, "model"));
 
   if (!model.contains("vocab") || !model["vocab"].is_object()) {
     return Status::error("BPE model needs an object \"vocab\"");
   }
   int64_t max_id = -1;
   for (const auto& [token, id_json] : model["vocab"].items()) {
-    if (!id_json.is_number_integer() || id_json.get<int64_t>() < 0 || id_json.get<int64_t>() > INT32_MAX) {
-      return Status::errorf("vocab entry {:?} must map to an id in [0, 2^31)", token);
-    }
-    const auto id = id_json.get<int32_t>();
+    SY_ASSIGN(const int32_t id, token_id(id_json, fmt::format("vocab entry {:?}", token)));
     bpe->vocab_[token] = id;
     max_id = std::max<int64_t>(max_id, id);
   }

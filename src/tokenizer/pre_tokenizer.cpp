@@ -1,4 +1,5 @@
 #include "tokenizer/pre_tokenizer.h"
+#include "tokenizer/json_fields.h"
 
 #include <algorithm>
 #include <nlohmann/json.hpp>
@@ -48,8 +49,9 @@ Status PreTokenizer::add_steps(const nlohmann::json& config, std::vector<Step>& 
   Step step;
   if (type == "ByteLevel") {
     step.byte_level = true;
-    step.add_prefix_space = config.value("add_prefix_space", true);
-    step.use_regex = config.value("use_regex", true);
+    SY_ASSIGN(step.add_prefix_space,
+              optional_bool(config, "add_prefix_space", true, "pre_tokenizer ByteLevel"));
+    SY_ASSIGN(step.use_regex, optional_bool(config, "use_regex", true, "pre_tokenizer ByteLevel"));
   } else if (type == "Split") {
     const auto& pattern = config.value("pattern", nlohmann::json());
     if (pattern.is_object() && pattern.contains("Regex") && pattern["Regex"].is_string()) {
@@ -60,7 +62,8 @@ Status PreTokenizer::add_steps(const nlohmann::json& config, std::vector<Step>& 
     } else {
       return Status::error("pre_tokenizer Split needs \"pattern\": {\"Regex\": ...} or {\"String\": ...}");
     }
-    const std::string behavior = config.value("behavior", std::string());
+    SY_ASSIGN(const std::string behavior,
+              optional_string(config, "behavior", "pre_tokenizer Split"));
     if (behavior == "Removed") step.behavior = Behavior::kRemoved;
     else if (behavior == "Isolated") step.behavior = Behavior::kIsolated;
     else if (behavior == "MergedWithPrevious") step.behavior = Behavior::kMergedWithPrevious;
@@ -70,7 +73,7 @@ Status PreTokenizer::add_steps(const nlohmann::json& config, std::vector<Step>& 
       return Status::errorf("pre_tokenizer Split behavior {:?} is not one of Removed, Isolated, "
                             "MergedWithPrevious, MergedWithNext, Contiguous", behavior);
     }
-    step.invert = config.value("invert", false);
+    SY_ASSIGN(step.invert, optional_bool(config, "invert", false, "pre_tokenizer Split"));
   } else {
     return Status::error(ErrorCode::kUnsupported,
                          fmt::format("unsupported pre_tokenizer type {:?} (supported: Split, ByteLevel, Sequence)",

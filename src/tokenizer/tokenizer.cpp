@@ -8,6 +8,7 @@
 
 #include "tokenizer/added_vocabulary.h"
 #include "tokenizer/bpe.h"
+#include "tokenizer/json_fields.h"
 #include "tokenizer/normalizer.h"
 #include "tokenizer/pre_tokenizer.h"
 #include "tokenizer/utf8.h"
@@ -79,20 +80,28 @@ Status add_post_processor(const json& config, std::vector<int32_t>& prefix, std:
     if (!single.is_array()) return Status::error("TemplateProcessing needs an array \"single\"");
     int sequences = 0;
     for (const auto& item : single) {
+      if (!item.is_object())
+        return Status::error("TemplateProcessing items must be Sequence or SpecialToken");
       if (item.contains("Sequence")) {
-        if (item["Sequence"].value("id", std::string()) != "A") {
+        if (!item["Sequence"].is_object() || item["Sequence"].value("id", json()) != "A") {
           return Status::error("TemplateProcessing \"single\" may only hold sequence A");
         }
         ++sequences;
       } else if (item.contains("SpecialToken")) {
-        const std::string name = item["SpecialToken"].value("id", std::string());
-        if (!special_tokens.contains(name) || !special_tokens[name].contains("ids") ||
+        if (!item["SpecialToken"].is_object())
+          return Status::error(
+              "TemplateProcessing SpecialToken must be an object with a string \"id\"");
+        SY_ASSIGN(const std::string name,
+                  optional_string(item["SpecialToken"], "id", "TemplateProcessing SpecialToken"));
+        if (!special_tokens.is_object() || !special_tokens.contains(name) ||
+            !special_tokens[name].is_object() || !special_tokens[name].contains("ids") ||
             !special_tokens[name]["ids"].is_array()) {
           return Status::errorf("TemplateProcessing special token {:?} is not in \"special_tokens\"", name);
         }
         for (const auto& id : special_tokens[name]["ids"]) {
-          if (!id.is_number_integer()) return Status::errorf("TemplateProcessing {:?} ids must be integers", name);
-          (sequences == 0 ? before : after).push_back(id.get<int32_t>());
+          SY_ASSIGN(const int32_t token,
+                    token_id(id, fmt::format("TemplateProcessing {:?} id", name)));
+          (sequences == 0 ? before : after).push_back(token);
         }
       } else {
         return Status::error("TemplateProcessing items must be Sequence or SpecialToken");
@@ -102,10 +111,10 @@ Status add_post_processor(const json& config, std::vector<int32_t>& prefix, std:
   } else if (type == "BertProcessing" || type == "RobertaProcessing") {
     for (const char* key : {"cls", "sep"}) {
       const auto& pair = config.value(key, json());
-      if (!pair.is_array() || pair.size() != 2 || !pair[1].is_number_integer()) {
+      if (!pair.is_array() || pair.size() != 2)
         return Status::errorf("{} needs \"{}\": [token, id]", type, key);
-      }
-      (std::string(key) == "cls" ? before : after).push_back(pair[1].get<int32_t>());
+      SY_ASSIGN(const int32_t token, token_id(pair[1], fmt::format("{} {}", type, key)));
+      (std::string(key) == "cls" ? before : after).push_back(token);
     }
   } else {
     return unsupported(fmt::format("post_processor type {:?} (supported: ByteLevel, TemplateProcessing, "
@@ -125,14 +134,14 @@ Status read_added_tokens(const json& config, std::vector<AddedToken>& added) {
       return Status::error("each added token needs an integer \"id\" and a string \"content\"");
     }
     AddedToken token;
-    token.id = entry["id"].get<int32_t>();
-    if (token.id < 0) return Status::errorf("added token {:?} has a negative id", entry["content"].get<std::string>());
+    const std::string where = fmt::format("added token {:?}", entry["content"].get<std::string>());
+    SY_ASSIGN(token.id, token_id(entry["id"], where + " id"));
     token.content = entry["content"];
-    token.single_word = entry.value("single_word", false);
-    token.lstrip = entry.value("lstrip", false);
-    token.rstrip = entry.value("rstrip", false);
-    token.normalized = entry.value("normalized", true);
-    token.special = entry.value("special", false);
+    SY_ASSIGN(token.single_word, optional_bool(entry, "single_word", false, where));
+    SY_ASSIGN(token.lstrip, optional_bool(entry, "lstrip", false, where));
+    SY_ASSIGN(token.rstrip, optional_bool(entry, "rstrip", false, where));
+    SY_ASSIGN(token.normalized, optional_bool(entry, "normalized", true, where));
+    SY_ASSIGN(token.special, optional_bool(entry, "special", false, where));
     if (utf8::first_invalid(token.content) != std::string_view::npos) {
       return Status::errorf("added token {} is not valid UTF-8", token.id);
     }
@@ -156,96 +165,115 @@ Result<Tokenizer> Tokenizer::load(const std::string& model_dir) {
 }
 
 Result<Tokenizer> Tokenizer::from_json(std::string_view tokenizer_json, std::string_view tokenizer_config_json) {
-  SY_ASSIGN(const json root, parse_json(tokenizer_json, "tokenizer.json"));
-  auto impl = std::make_shared<Impl>();
-  if (!tokenizer_config_json.empty()) {
-    SY_ASSIGN(impl->config, parse_json(tokenizer_config_json, "tokenizer_config.json"));
-  }
-  for (const char* key : {"truncation", "padding"}) {
-    if (root.contains(key) && !root[key].is_null()) return unsupported(fmt::format("tokenizer.json {:?} setting", key));
-  }
+  // Every field is type-checked where it is read; a check missed there is still an error naming
+  // the file, not a crash (nlohmann throws on a field of the wrong type).
+  auto build = [&]() -> Result<Tokenizer> {
+    SY_ASSIGN(const json root, parse_json(tokenizer_json, "tokenizer.json"));
+    auto impl = std::make_shared<Impl>();
+    if (!tokenizer_config_json.empty()) {
+      SY_ASSIGN(impl->config, parse_json(tokenizer_config_json, "tokenizer_config.json"));
+    }
+    for (const char* key : {"truncation", "padding"}) {
+      if (root.contains(key) && !root[key].is_null())
+        return unsupported(fmt::format("tokenizer.json {:?} setting", key));
+    }
 
-  const auto& model = root.value("model", json());
-  if (!model.is_object()) return Status::error("tokenizer.json needs an object \"model\"");
-  const std::string model_type = model.value("type", std::string(model.contains("merges") ? "BPE" : ""));
-  if (model_type != "BPE") return unsupported(fmt::format("model type {:?} (supported: BPE)", model_type));
-  SY_ASSIGN(impl->model, Bpe::from_json(model));
-  SY_ASSIGN(impl->normalizer, Normalizer::from_json(root.value("normalizer", json())));
-  SY_ASSIGN(impl->pre_tokenizer, PreTokenizer::from_json(root.value("pre_tokenizer", json())));
-  SY_TRY(add_post_processor(root.value("post_processor", json()), impl->prefix_ids, impl->suffix_ids));
+    const auto& model = root.value("model", json());
+    if (!model.is_object()) return Status::error("tokenizer.json needs an object \"model\"");
+    SY_ASSIGN(std::string model_type, optional_string(model, "type", "model"));
+    if (model_type.empty() && model.contains("merges")) model_type = "BPE";
+    if (model_type != "BPE")
+      return unsupported(fmt::format("model type {:?} (supported: BPE)", model_type));
+    SY_ASSIGN(impl->model, Bpe::from_json(model));
+    SY_ASSIGN(impl->normalizer, Normalizer::from_json(root.value("normalizer", json())));
+    SY_ASSIGN(impl->pre_tokenizer, PreTokenizer::from_json(root.value("pre_tokenizer", json())));
+    SY_TRY(add_post_processor(root.value("post_processor", json()), impl->prefix_ids,
+                              impl->suffix_ids));
 
-  const auto& decoder = root.value("decoder", json());
-  if (decoder.is_object() && decoder.value("type", std::string()) == "ByteLevel") {
-    impl->byte_level_decoder = true;
-  } else if (!decoder.is_null()) {
-    return unsupported(fmt::format("decoder {:?} (supported: ByteLevel, none)",
-                                   decoder.is_object() ? decoder.value("type", std::string("?")) : decoder.dump()));
-  }
+    const auto& decoder = root.value("decoder", json());
+    if (decoder.is_object() && decoder.value("type", json()) == "ByteLevel") {
+      impl->byte_level_decoder = true;
+    } else if (!decoder.is_null()) {
+      return unsupported(fmt::format("decoder {:?} (supported: ByteLevel, none)",
+                                     !decoder.is_object() ? decoder.dump()
+                                     : decoder.value("type", json()).is_string()
+                                         ? decoder["type"].get<std::string>()
+                                         : std::string("?")));
+    }
 
-  SY_TRY(read_added_tokens(root.value("added_tokens", json()), impl->added));
-  int64_t max_id = impl->model->max_id();
-  for (size_t i = 0; i < impl->added.size(); ++i) {
-    const AddedToken& token = impl->added[i];
-    impl->added_spelling.push_back(token.normalized ? impl->normalizer.normalize(token.content) : token.content);
-    impl->added_by_id[token.id] = i;
-    impl->added_by_content[token.content] = token.id;
-    max_id = std::max<int64_t>(max_id, token.id);
-  }
-  impl->vocab_size = max_id + 1;
-  // HF matches special tokens first, then the others; the first of equal patterns wins.
-  std::vector<std::string> raw_patterns, normalized_patterns;
-  std::vector<const AddedToken*> raw_tokens, normalized_tokens;
-  for (const bool special_pass : {true, false}) {
-    for (const AddedToken& token : impl->added) {
-      if (token.special != special_pass) continue;
-      if (token.normalized) {
-        normalized_patterns.push_back(impl->normalizer.normalize(token.content));
-        normalized_tokens.push_back(&token);
-      } else {
-        raw_patterns.push_back(token.content);
-        raw_tokens.push_back(&token);
+    SY_TRY(read_added_tokens(root.value("added_tokens", json()), impl->added));
+    int64_t max_id = impl->model->max_id();
+    for (size_t i = 0; i < impl->added.size(); ++i) {
+      const AddedToken& token = impl->added[i];
+      impl->added_spelling.push_back(token.normalized ? impl->normalizer.normalize(token.content)
+                                                      : token.content);
+      impl->added_by_id[token.id] = i;
+      impl->added_by_content[token.content] = token.id;
+      max_id = std::max<int64_t>(max_id, token.id);
+    }
+    impl->vocab_size = max_id + 1;
+    // HF matches special tokens first, then the others; the first of equal patterns wins.
+    std::vector<std::string> raw_patterns, normalized_patterns;
+    std::vector<const AddedToken*> raw_tokens, normalized_tokens;
+    for (const bool special_pass : {true, false}) {
+      for (const AddedToken& token : impl->added) {
+        if (token.special != special_pass) continue;
+        if (token.normalized) {
+          normalized_patterns.push_back(impl->normalizer.normalize(token.content));
+          normalized_tokens.push_back(&token);
+        } else {
+          raw_patterns.push_back(token.content);
+          raw_tokens.push_back(&token);
+        }
       }
     }
-  }
-  impl->raw_matcher.build(raw_patterns, raw_tokens);
-  impl->normalized_matcher.build(normalized_patterns, normalized_tokens);
+    impl->raw_matcher.build(raw_patterns, raw_tokens);
+    impl->normalized_matcher.build(normalized_patterns, normalized_tokens);
 
-  // Per id: the bytes it decodes to (ByteLevel maps each character back to its byte unless the
-  // token holds a character outside the map, then the token's own UTF-8 is used) and speciality.
-  std::unordered_map<char32_t, uint8_t> byte_of_char;
-  const auto& chars = byte_level_chars();
-  for (int b = 0; b < 256; ++b) {
-    size_t pos = 0;
-    byte_of_char[utf8::next(chars[b], pos)] = static_cast<uint8_t>(b);
-  }
-  std::unordered_set<std::string_view> special_contents;
-  for (const AddedToken& token : impl->added) {
-    if (token.special) special_contents.insert(token.content);
-  }
-  impl->token_bytes.resize(static_cast<size_t>(impl->vocab_size));
-  impl->special.resize(static_cast<size_t>(impl->vocab_size));
-  for (int32_t id = 0; id < impl->vocab_size; ++id) {
-    const std::string* token = impl->token_for_id(id);
-    if (!token) continue;
-    impl->special[id] = special_contents.count(*token) ? 1 : 0;
-    if (!impl->byte_level_decoder) {
-      impl->token_bytes[id] = *token;
-      continue;
+    // Per id: the bytes it decodes to (ByteLevel maps each character back to its byte unless the
+    // token holds a character outside the map, then the token's own UTF-8 is used) and speciality.
+    std::unordered_map<char32_t, uint8_t> byte_of_char;
+    const auto& chars = byte_level_chars();
+    for (int b = 0; b < 256; ++b) {
+      size_t pos = 0;
+      byte_of_char[utf8::next(chars[b], pos)] = static_cast<uint8_t>(b);
     }
-    std::string bytes;
-    size_t pos = 0;
-    bool all_mapped = true;
-    while (pos < token->size() && all_mapped) {
-      const auto it = byte_of_char.find(utf8::next(*token, pos));
-      if (it == byte_of_char.end()) all_mapped = false;
-      else bytes.push_back(static_cast<char>(it->second));
+    std::unordered_set<std::string_view> special_contents;
+    for (const AddedToken& token : impl->added) {
+      if (token.special) special_contents.insert(token.content);
     }
-    impl->token_bytes[id] = all_mapped ? std::move(bytes) : *token;
-  }
+    impl->token_bytes.resize(static_cast<size_t>(impl->vocab_size));
+    impl->special.resize(static_cast<size_t>(impl->vocab_size));
+    for (int32_t id = 0; id < impl->vocab_size; ++id) {
+      const std::string* token = impl->token_for_id(id);
+      if (!token) continue;
+      impl->special[id] = special_contents.count(*token) ? 1 : 0;
+      if (!impl->byte_level_decoder) {
+        impl->token_bytes[id] = *token;
+        continue;
+      }
+      std::string bytes;
+      size_t pos = 0;
+      bool all_mapped = true;
+      while (pos < token->size() && all_mapped) {
+        const auto it = byte_of_char.find(utf8::next(*token, pos));
+        if (it == byte_of_char.end())
+          all_mapped = false;
+        else
+          bytes.push_back(static_cast<char>(it->second));
+      }
+      impl->token_bytes[id] = all_mapped ? std::move(bytes) : *token;
+    }
 
-  Tokenizer tokenizer;
-  tokenizer.impl_ = std::move(impl);
-  return tokenizer;
+    Tokenizer tokenizer;
+    tokenizer.impl_ = std::move(impl);
+    return tokenizer;
+  };
+  try {
+    return build();
+  } catch (const json::exception& e) {
+    return Status::errorf("tokenizer.json: a field has the wrong type ({})", e.what());
+  }
 }
 
 const std::string* Tokenizer::Impl::token_for_id(int32_t id) const {

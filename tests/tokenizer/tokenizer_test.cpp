@@ -68,6 +68,40 @@ TEST(TokenizerLoad, MalformedFilesAreErrorsNotCrashes) {
   EXPECT_NE(missing.message().find("/nonexistent/model/tokenizer.json"), std::string::npos) << missing.message();
 }
 
+// Fields of the wrong type and ids past the supported range are errors naming the field (the
+// tokenizer-file fuzz target found the first one throwing through from_json).
+TEST(TokenizerLoad, WrongTypesAndHugeIdsNameTheField) {
+  json added_huge = json::parse(tiny_tokenizer())["added_tokens"];
+  added_huge[0]["id"] = int64_t{1} << 40;
+  json added_flag = json::parse(tiny_tokenizer())["added_tokens"];
+  added_flag[0]["special"] = "yes";
+  const std::pair<json, std::string> cases[] = {
+      {{{"model", {{"ignore_merges", 1}}}}, "model.ignore_merges"},
+      {{{"model", {{"type", 7}}}}, "model.type"},
+      {{{"model", {{"vocab", {{"a", int64_t{1} << 31}}}}}}, "vocab entry \"a\""},
+      {{{"model", {{"vocab", {{"a", 4194304}}}}}},
+       "vocab entry \"a\""},  // 2^22: tables would be huge
+      {{{"pre_tokenizer", {{"type", "ByteLevel"}, {"use_regex", "true"}}}}, "use_regex"},
+      {{{"pre_tokenizer", {{"type", "Split"}, {"pattern", {{"String", "-"}}}, {"behavior", 3}}}},
+       "behavior"},
+      {{{"added_tokens", added_huge}}, "<eos>"},
+      {{{"added_tokens", added_flag}}, "special"},
+      {{{"post_processor", {{"type", "TemplateProcessing"}, {"single", json::array({1})}}}},
+       "TemplateProcessing"},
+      {{{"post_processor",
+         {{"type", "TemplateProcessing"},
+          {"single",
+           json::array({{{"SpecialToken", {{"id", "<s>"}}}}, {{"Sequence", {{"id", "A"}}}}})},
+          {"special_tokens", {{"<s>", {{"ids", json::array({-1})}}}}}}}},
+       "\"<s>\" id"},
+  };
+  for (const auto& [patch, field] : cases) {
+    const auto result = Tokenizer::from_json(tiny_tokenizer(patch));
+    ASSERT_FALSE(result) << patch.dump();
+    EXPECT_NE(result.message().find(field), std::string::npos) << result.message();
+  }
+}
+
 TEST(Tokenizer, BothMergeEncodingsGiveTheSameIds) {
   const auto legacy = Tokenizer::from_json(tiny_tokenizer());
   const auto pairs = Tokenizer::from_json(
