@@ -10,14 +10,22 @@
 //      behind its byte, so mutations start from configs that load.
 //   1  edits of the family's own config.json (fuzz/json_edits.h): byte mutations of JSON text
 //      mostly break its syntax; edits reach the checks behind the parser.
+// Bit 5: the config is the family's own and the edits apply to model.safetensors' header instead
+// (a tensor's dtype, shape, name, or the tensor gone); the file is rebuilt around the edited
+// header with consistent offsets, each tensor's old bytes cut or zero-padded to its new size, so
+// that what is tested is the loader's checks of dtypes and shapes against the config, not the
+// container's (safetensors_fuzz has those).
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <vector>
@@ -42,6 +50,11 @@ struct Fixture {
   fs::path root;
   std::array<nlohmann::json, kFamilies.size()> configs;                            // as written
   std::array<std::vector<nlohmann::json::json_pointer>, kFamilies.size()> fields;  // every node
+  std::array<std::string, kFamilies.size()> config_text;  // config.json as written
+  std::array<nlohmann::json, kFamilies.size()> header;    // model.safetensors' header
+  std::array<std::vector<nlohmann::json::json_pointer>, kFamilies.size()> header_nodes;
+  std::array<std::string, kFamilies.size()> tensors_file;  // model.safetensors as written
+  std::array<bool, kFamilies.size()> tensors_edited{};     // the file on disk is an edited one
   std::unique_ptr<backend::Backend> backend;
   moe::ExpertsKernelRegistry registry;
   ~Fixture() {
@@ -65,6 +78,67 @@ nlohmann::json edited(size_t family, const uint8_t* edits, size_t size) {
       "float32"};
   return fuzz::apply_json_edits(fixture->configs[family], fixture->fields[family], words, edits,
                                 size);
+}
+
+std::string read_all(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail("cannot read " + path.string());
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+int64_t dtype_bytes(const std::string& dtype) {
+  if (dtype == "F64" || dtype == "I64" || dtype == "U64") return 8;
+  if (dtype == "F32" || dtype == "I32" || dtype == "U32") return 4;
+  if (dtype == "BF16" || dtype == "F16" || dtype == "I16" || dtype == "U16") return 2;
+  if (dtype == "U8" || dtype == "I8" || dtype == "BOOL" || dtype == "F8_E4M3" || dtype == "F8_E5M2")
+    return 1;
+  return 0;
+}
+
+// model.safetensors around `header` (edited): every well-formed entry gets fresh offsets and its
+// old bytes (by its old name) cut or zero-padded; false if the file would pass 64 MiB.
+bool rebuild_tensors(size_t family, nlohmann::json header, std::string& file) {
+  const std::string& old = fixture->tensors_file[family];
+  uint64_t old_header = 0;
+  std::memcpy(&old_header, old.data(), 8);
+  const std::string_view old_data = std::string_view(old).substr(8 + old_header);
+  const nlohmann::json& old_entries = fixture->header[family];
+  std::string data;
+  for (auto it = header.begin(); it != header.end(); ++it) {
+    nlohmann::json& entry = it.value();
+    if (it.key() == "__metadata__" || !entry.is_object() || !entry.contains("dtype") ||
+        !entry["dtype"].is_string() || !entry.contains("shape") || !entry["shape"].is_array())
+      continue;  // left as the edit made it: the container's parser refuses it
+    int64_t bytes = dtype_bytes(entry["dtype"].get<std::string>());
+    bool ok = bytes > 0;
+    for (const auto& dim : entry["shape"])
+      ok = ok && dim.is_number_unsigned() && dim.get<uint64_t>() <= (uint64_t{1} << 26) &&
+           !__builtin_mul_overflow(bytes, dim.get<int64_t>(), &bytes);
+    if (!ok) continue;
+    if (data.size() + static_cast<uint64_t>(bytes) > (uint64_t{64} << 20)) return false;
+    const size_t begin = data.size();
+    data.resize(begin + static_cast<size_t>(bytes));
+    // The tensor's old bytes, if one of its name had offsets there.
+    if (auto was = old_entries.find(it.key());
+        was != old_entries.end() && was->contains("data_offsets")) {
+      const uint64_t from = (*was)["data_offsets"][0], to = (*was)["data_offsets"][1];
+      std::memcpy(data.data() + begin, old_data.data() + from,
+                  std::min<uint64_t>(to - from, bytes));
+    }
+    entry["data_offsets"] = {begin, data.size()};
+  }
+  std::string text = header.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  text.resize((text.size() + 7) / 8 * 8, ' ');
+  const uint64_t length = text.size();
+  file.assign(reinterpret_cast<const char*>(&length), 8);
+  file += text;
+  file += data;
+  return true;
+}
+
+void write_file(const fs::path& path, std::string_view bytes) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc)
+      .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
 }
 
 // One step of `tokens` tokens of one sequence starting at `start` (KV slots = positions).
@@ -102,12 +176,22 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
     const char* family = kFamilies[f];
     auto config = model::preset_config(family, "tiny", 0);
     if (!config.is_ok()) fail(config.message());
+    // A small vocabulary keeps the checkpoint near a megabyte, cheap to rewrite per input.
+    (config->contains("text_config") ? (*config)["text_config"] : *config)["vocab_size"] = 300;
     const fs::path dir = fixture->root / family;
     Status written =
         model::write_random_checkpoint(*config, nlohmann::json::object(), dir.string(), 1, false);
     if (!written.is_ok()) fail(written.message());
-    fixture->configs[f] = nlohmann::json::parse(std::ifstream(dir / "config.json"));
+    fixture->config_text[f] = read_all(dir / "config.json");
+    fixture->configs[f] = nlohmann::json::parse(fixture->config_text[f]);
     fixture->fields[f] = fuzz::json_nodes(fixture->configs[f]);
+    if (!fs::exists(dir / "model.safetensors"))
+      fail(std::string(family) + ": not one model.safetensors");
+    fixture->tensors_file[f] = read_all(dir / "model.safetensors");
+    uint64_t length = 0;
+    std::memcpy(&length, fixture->tensors_file[f].data(), 8);
+    fixture->header[f] = nlohmann::json::parse(fixture->tensors_file[f].substr(8, length));
+    fixture->header_nodes[f] = fuzz::json_nodes(fixture->header[f]);
   }
   fixture->backend = backend::make_cpu_backend({1});
   fixture->backend->register_kernels(fixture->registry);
@@ -123,15 +207,34 @@ static void trace(const char* family, const char* kernel, const std::string& out
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
-  const char* family = kFamilies[data[0] & 7];
+  const size_t f = data[0] & 7;
+  const char* family = kFamilies[f];
   const fs::path dir = fixture->root / family;
   const char* kernel_name = data[0] & 8 ? "cpu-fused" : "cpu-modular";
-  {
-    std::ofstream out(dir / "config.json", std::ios::binary | std::ios::trunc);
+  if (data[0] & 32) {
+    static const std::vector<std::string> words = {
+        "BF16",          "F16", "F32",  "U8",  "I8",
+        "F8_E4M3",       "I32", "BOOL", "F64", "model.layers.0.mlp.gate.weight",
+        "lm_head.weight"};
+    std::string file;
+    if (!rebuild_tensors(f,
+                         fuzz::apply_json_edits(fixture->header[f], fixture->header_nodes[f], words,
+                                                data + 1, size - 1),
+                         file))
+      return 0;
+    write_file(dir / "model.safetensors", file);
+    fixture->tensors_edited[f] = true;
+    write_file(dir / "config.json", fixture->config_text[f]);
+  } else {
+    if (fixture->tensors_edited[f]) {
+      write_file(dir / "model.safetensors", fixture->tensors_file[f]);
+      fixture->tensors_edited[f] = false;
+    }
     if (data[0] & 16)
-      out << edited(data[0] & 7, data + 1, size - 1).dump();
+      write_file(dir / "config.json", edited(f, data + 1, size - 1).dump());
     else
-      out.write(reinterpret_cast<const char*>(data + 1), static_cast<std::streamsize>(size - 1));
+      write_file(dir / "config.json",
+                 std::string_view(reinterpret_cast<const char*>(data + 1), size - 1));
   }
 
   auto loaded = model::Model::load(dir.string(), *fixture->backend);
