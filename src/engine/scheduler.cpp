@@ -68,6 +68,7 @@ std::vector<ScheduledChunk> Scheduler::schedule(bool admission_paused,
       break;
     }
     take(seq, count);
+    count_prefix_hit(seq);
     seq.started = true;
     if (config_.state_slots) {  // running_ < max_num_seqs: a slot is free
       seq.state_slot = free_state_slots_.back();
@@ -333,8 +334,12 @@ void Scheduler::lookup_prefix(Sequence& seq) {
   seq.cached_generations.clear();
   for (int32_t block : seq.cached_blocks) seq.cached_generations.push_back(kv_.generation(block));
   seq.num_computed = hits * bs;
-  // Only the first lookup counts: later ones (after a preemption, or a failed admission) may hit
-  // blocks this request computed itself.
+}
+
+// The prefix-cache figures of a sequence, counted once, at its first admission (as vLLM counts
+// num_cached_tokens): a lookup whose admission then failed for want of blocks is not what served
+// the request, and later admissions (after a preemption) may hit blocks it computed itself.
+void Scheduler::count_prefix_hit(Sequence& seq) {
   if (seq.prefix_counted) return;
   seq.prefix_counted = true;
   seq.cached_prompt_tokens = std::min(seq.num_computed, seq.prompt_len);

@@ -105,6 +105,7 @@ class Scheduler {
   bool reserve(Sequence& seq, int64_t end);
   void free_blocks(Sequence& seq);
   void lookup_prefix(Sequence& seq);
+  void count_prefix_hit(Sequence& seq);
   // Linear-attention models: the position after the prompt's last full block that leaves a
   // token to compute (where its state is snapshotted; 0: none, or no snapshots).
   int64_t snapshot_boundary(const Sequence& seq) const;

@@ -141,6 +141,23 @@ TEST(Scheduler, PrefixHitsSkipCachedBlocksAndCountOnce) {
   EXPECT_EQ(describe(h.step()), "3:16+16");
 }
 
+// A waiting sequence's prefix hit is counted when it is admitted, not at a lookup whose admission
+// failed: 2 first looks up before 1's blocks are cached (no hit) and does not fit, then is
+// admitted with 1's two full blocks as its hit (vLLM counts num_cached_tokens so too).
+TEST(Scheduler, APrefixHitCountsAtAdmissionNotAtAFailedLookup) {
+  Harness h(4, 256);
+  h.scheduler.add(fake_sequence(1, 47));
+  h.scheduler.add(fake_sequence(2, 50));  // the same first 47 tokens: 4 blocks, 2 of them 1's
+  EXPECT_EQ(describe(h.step()), "1:0+47") << "2 needs 4 blocks, 1 free";
+  EXPECT_EQ(describe(h.step()), "1:47+1") << "2 would hit 2 blocks but needs 2 more, 1 free";
+  h.scheduler.remove(RequestId{1});  // its full blocks stay cached
+  EXPECT_EQ(describe(h.step()), "2:32+18");
+  auto second = h.scheduler.remove(RequestId{2});
+  EXPECT_EQ(second->cached_prompt_tokens, 32);
+  EXPECT_EQ(h.scheduler.stats().prefix_cache_hits_tokens, 32);
+  EXPECT_EQ(h.scheduler.stats().prefix_cache_queries_tokens, 47 + 50);
+}
+
 // Two sequences with the same first two blocks, admitted together (no hit: nothing is cached
 // yet): the second's duplicates are not registered, but its third block continues the chain of
 // the first's cached copies, so a later prompt equal to the second's hits all three blocks.
