@@ -1,0 +1,194 @@
+// A randomised soak of the engine's scheduling on the CPU (batch-invariant there): for each
+// family whose attention or state the KV cache handles differently (Qwen3's GQA, gpt-oss'
+// sliding window and sinks, DeepSeek's latent cache, Qwen3.5's DeltaNet state), one engine of a
+// random shape (block size, step budget, sequences per step, prefix caching, a KV cache a few
+// blocks above the largest request) runs requests that share random prefixes, all submitted
+// together; some are stopped from their callback, one is cancelled. Every request that runs to
+// its length has the tokens and routes it has alone; a stopped one has a prefix of them and
+// routes for every position it saw; afterwards no block is held. A fresh seed every run
+// (SY_TEST_SEED reruns one). SY_SOAK_STATS=1 prints each run's preemptions and prefix-hit tokens:
+// over 50 runs each family had preemptions in ~60% and prefix hits in ~40% of them (2026-12-07).
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "../test_seed.h"
+#include "engine_harness.h"
+#include "model/presets.h"
+
+namespace sy {
+namespace {
+
+namespace fs = std::filesystem;
+
+class EngineSoak : public ::testing::TestWithParam<const char*> {
+ protected:
+  static void SetUpTestSuite() {
+    root_ =
+        new fs::path(fs::temp_directory_path() / ("sy_engine_soak_" + std::to_string(::getpid())));
+    for (const char* family : {"gpt_oss", "deepseek_v3", "qwen3_5_moe"}) {
+      auto config = model::preset_config(family, "tiny", 0);
+      ASSERT_TRUE(config.is_ok()) << config.message();
+      // Prompts draw ids below 501; a small vocabulary keeps the checkpoints small.
+      (config->contains("text_config") ? (*config)["text_config"] : *config)["vocab_size"] = 512;
+      ASSERT_TRUE(model::write_random_checkpoint(*config, nlohmann::json::object(),
+                                                 (*root_ / family).string(), 11, false)
+                      .is_ok());
+    }
+  }
+  static void TearDownTestSuite() {
+    fs::remove_all(*root_);
+    delete root_;
+  }
+  static std::string model_dir(const std::string& family) {
+    return family == "qwen3_moe" ? kModel : (*root_ / family).string();
+  }
+  static fs::path* root_;
+};
+fs::path* EngineSoak::root_ = nullptr;
+
+TEST_P(EngineSoak, EveryRequestHasItsTokensAndRoutesAlone) {
+  if (on_cuda())
+    GTEST_SKIP() << "compares steps of every shape bit for bit: the CPU's batch invariance";
+  const std::string family = GetParam();
+  const uint64_t seed = test::test_seed();
+  SY_SEED_TRACE(seed);
+  std::mt19937_64 rng(seed);
+  auto pick = [&](std::initializer_list<int> options) {
+    return *(options.begin() + std::uniform_int_distribution<size_t>(0, options.size() - 1)(rng));
+  };
+  auto between = [&](int low, int high) {
+    return std::uniform_int_distribution<int>(low, high)(rng);
+  };
+
+  // Requests: three shared prefixes, each request one of them (or none) plus its own tokens.
+  std::vector<std::vector<int32_t>> prefixes;
+  for (int i = 0; i < 3; ++i) prefixes.push_back(random_prompt(rng, between(6, 40)));
+  std::vector<engine::GenerationRequest> requests;
+  int64_t longest = 0;
+  for (int i = 0; i < 10; ++i) {
+    std::vector<int32_t> prompt;
+    if (int p = between(0, 3); p < 3) prompt = prefixes[static_cast<size_t>(p)];
+    const std::vector<int32_t> own = random_prompt(rng, between(1, 20));
+    prompt.insert(prompt.end(), own.begin(), own.end());
+    requests.push_back(greedy(std::move(prompt), between(1, 10)));
+    longest = std::max<int64_t>(longest, static_cast<int64_t>(requests.back().prompt_ids.size()) +
+                                             requests.back().sampling.max_tokens);
+  }
+
+  std::vector<Outcome> alone;
+  {
+    engine::EngineConfig config = capture_config();
+    config.model_dir = model_dir(family);
+    config.enable_prefix_caching = false;
+    config.kv_cache_tokens = 1024;
+    Runner runner(config);
+    for (const auto& request : requests) alone.push_back(runner.run(request));
+  }
+
+  engine::EngineConfig config = capture_config();
+  config.model_dir = model_dir(family);
+  config.block_size_tokens = pick({8, 16});
+  config.max_num_batched_tokens = pick({5, 16, 37, 64});
+  config.max_num_seqs = pick({2, 3, 16});
+  config.enable_prefix_caching = pick({0, 1}) == 1;
+  const int64_t blocks =
+      (longest + config.block_size_tokens - 1) / config.block_size_tokens + between(0, 4);
+  config.kv_cache_tokens = blocks * config.block_size_tokens;
+  SCOPED_TRACE(fmt::format("block {} budget {} seqs {} prefix cache {} cache blocks {}",
+                           config.block_size_tokens, config.max_num_batched_tokens,
+                           config.max_num_seqs, config.enable_prefix_caching, blocks));
+  Runner runner(config);
+
+  // Requests 1 and 4 stop from their callback at their second event; request 7 is cancelled.
+  std::promise<void> all_in;
+  std::shared_future<void> hold = all_in.get_future().share();
+  std::vector<std::future<Outcome>> pending(requests.size());
+  std::optional<engine::RequestId> cancelled;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    if (i == 1 || i == 4) {
+      auto promise = std::make_shared<std::promise<Outcome>>();
+      auto outcome = std::make_shared<Outcome>();
+      auto events = std::make_shared<int>(0);
+      pending[i] = promise->get_future();
+      auto id = runner.engine->submit(
+          requests[i], [promise, outcome, events](const engine::Event& event) {
+            outcome->tokens.insert(outcome->tokens.end(), event.new_token_ids.begin(),
+                                   event.new_token_ids.end());
+            if (event.finished) {
+              outcome->final_event = event;
+              promise->set_value(*outcome);
+              return engine::Continuation::kContinue;
+            }
+            return ++*events == 2 ? engine::Continuation::kStop : engine::Continuation::kContinue;
+          });
+      ASSERT_TRUE(id.is_ok()) << id.message();
+    } else if (i == 7) {
+      auto id = runner.engine->submit(
+          requests[i], [](const engine::Event&) { return engine::Continuation::kContinue; });
+      ASSERT_TRUE(id.is_ok()) << id.message();
+      cancelled = *id;
+    } else {
+      pending[i] = submit_collecting(*runner.engine, requests[i],
+                                     i == 0 ? hold : std::shared_future<void>{});
+    }
+  }
+  runner.engine->cancel(*cancelled);
+  all_in.set_value();
+
+  for (size_t i = 0; i < requests.size(); ++i) {
+    if (i == 7) continue;
+    const std::string what = "request " + std::to_string(i);
+    const Outcome together = pending[i].get();
+    const auto& final_event = together.final_event;
+    ASSERT_TRUE(final_event.routes) << what << ": " << final_event.error.message();
+    if (i == 1 || i == 4) {
+      // Stopped at its second event (or finished first): a prefix of its tokens alone, and a
+      // route row for every position before its last token.
+      ASSERT_LE(together.tokens.size(), alone[i].tokens.size()) << what;
+      EXPECT_TRUE(
+          std::equal(together.tokens.begin(), together.tokens.end(), alone[i].tokens.begin()))
+          << what;
+      const int64_t rows =
+          static_cast<int64_t>(requests[i].prompt_ids.size() + together.tokens.size()) - 1;
+      ASSERT_EQ(final_event.routes->rows, rows) << what;
+      const size_t width = alone[i].final_event.routes->ids.size() /
+                           static_cast<size_t>(alone[i].final_event.routes->rows);
+      EXPECT_TRUE(std::equal(final_event.routes->ids.begin(), final_event.routes->ids.end(),
+                             alone[i].final_event.routes->ids.begin()))
+          << what;
+      EXPECT_EQ(final_event.routes->ids.size(), static_cast<size_t>(rows) * width) << what;
+    } else {
+      EXPECT_EQ(final_event.finish_reason, engine::FinishReason::kLength)
+          << what << ": " << final_event.error.message();
+      expect_same(alone[i], together, what);
+    }
+  }
+  // Metrics are published after the step that delivered the last event; the cancelled request
+  // is removed at a step boundary: let both settle.
+  engine::EngineMetrics after = runner.engine->metrics();
+  for (int i = 0; i < 400 && after.kv_blocks_used != 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    after = runner.engine->metrics();
+  }
+  EXPECT_EQ(after.kv_blocks_used, 0) << "finished, stopped and cancelled requests hold no blocks";
+  if (std::getenv("SY_SOAK_STATS"))
+    std::fprintf(stderr, "soak %s: preemptions %lld prefix-hit tokens %lld\n", family.c_str(),
+                 static_cast<long long>(after.preemptions_total),
+                 static_cast<long long>(after.prefix_cache_hits_tokens));
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, EngineSoak,
+                         ::testing::Values("qwen3_moe", "gpt_oss", "deepseek_v3", "qwen3_5_moe"),
+                         [](const auto& info) { return std::string(info.param); });
+
+}  // namespace
+}  // namespace sy
