@@ -4,7 +4,8 @@
 // random shape (block size, step budget, sequences per step, prefix caching, a KV cache a few
 // blocks above the largest request) runs requests that share random prefixes, all submitted
 // together; some are stopped from their callback, one is cancelled. Every request that runs to
-// its length has the tokens and routes it has alone; a stopped one has a prefix of them and
+// its length has the tokens and routes it has alone (one of them replaying another's logged
+// routes, which gives that one's tokens); a stopped one has a prefix of them and
 // routes for every position it saw; afterwards no block is held. A fresh seed every run
 // (SY_TEST_SEED reruns one). SY_SOAK_STATS=1 prints each run's preemptions and prefix-hit tokens:
 // over 50 runs each family had preemptions in ~60% and prefix hits in ~40% of them (2026-12-07).
@@ -92,6 +93,16 @@ TEST_P(EngineSoak, EveryRequestHasItsTokensAndRoutesAlone) {
     config.kv_cache_tokens = 1024;
     Runner runner(config);
     for (const auto& request : requests) alone.push_back(runner.run(request));
+    // Request 10 replays request 0's logged routes over its prompt (what an RL trainer's replay
+    // does): alone it gives request 0's tokens and routes.
+    engine::GenerationRequest replay = requests[0];
+    moe::RouteArray routes = *alone[0].final_event.routes;
+    routes.rows = static_cast<int64_t>(replay.prompt_ids.size());
+    routes.ids.resize(static_cast<size_t>(routes.rows * routes.layers * routes.top_k));
+    replay.replay = routes;
+    requests.push_back(replay);
+    alone.push_back(runner.run(replay));
+    expect_same(alone[0], alone[10], "request 0 replayed alone");
   }
 
   engine::EngineConfig config = capture_config();
