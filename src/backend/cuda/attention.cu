@@ -807,6 +807,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const __grid_consta
     attn_stamp(a, 8);
     // The staged merge's per-warp shared memory: the K/V tiles' space (free now) split four ways.
     constexpr size_t kStageBytes = (L::kSmemBytes - L::kQBytes) / kWarps / 16 * 16;
+    static_assert(kStageBytes >= size_t{DPAD} * 4, "the staged merge needs room for a split a warp");
     float4* stage = reinterpret_cast<float4*>(smem + L::kQBytes + warp * kStageBytes);
     const int stage_splits = static_cast<int>(kStageBytes / (static_cast<size_t>(p.head_dim) * 4));
     for (int r = warp; r < rows; r += kWarps)
