@@ -21,6 +21,7 @@
 
 #include "../tests/server/fake_engine.h"
 #include "../tests/server/http_client.h"
+#include "http_checks.h"
 #include "server/server.h"
 #include "util/base64.h"
 
@@ -101,46 +102,6 @@ std::string request_from(const uint8_t* data, size_t size) {
   }
 }
 
-// Every response in `raw` (keep-alive may pipeline several) is HTTP/1.1; an error with a JSON
-// body has OpenAI's shape: {"error": {"message": non-empty string, "type", "param", "code"}}.
-// A response cut short (a half-closed connection cancels its request) is not checked further.
-void check_responses(const std::string& raw) {
-  size_t at = 0;
-  while (at < raw.size()) {
-    if (raw.compare(at, 9, "HTTP/1.1 ") != 0 || raw.size() < at + 12) {
-      std::fprintf(stderr, "not an HTTP/1.1 response at byte %zu\n", at);
-      std::abort();
-    }
-    const int status = std::atoi(raw.substr(at + 9, 3).c_str());
-    const size_t head_end = raw.find("\r\n\r\n", at);
-    if (head_end == std::string::npos) return;
-    if (status >= 100 && status < 200) {  // interim (100 Continue)
-      at = head_end + 4;
-      continue;
-    }
-    std::string head = raw.substr(at, head_end - at);
-    for (char& c : head) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    const size_t length_at = head.find("\r\ncontent-length:");
-    if (length_at == std::string::npos) return;  // chunked (a stream): its events are not checked
-    const size_t length = std::strtoul(head.c_str() + length_at + 17, nullptr, 10);
-    if (head_end + 4 + length > raw.size()) return;
-    const std::string body = raw.substr(head_end + 4, length);
-    if (status >= 400 && head.find("\r\ncontent-type: application/json") != std::string::npos) {
-      const nlohmann::json error = nlohmann::json::parse(body, nullptr, false);
-      const bool shaped = error.is_object() && error.contains("error") &&
-                          error["error"].is_object() && error["error"].contains("message") &&
-                          error["error"]["message"].is_string() &&
-                          !error["error"]["message"].get<std::string>().empty() &&
-                          error["error"].contains("type") && error["error"].contains("code");
-      if (!shaped) {
-        std::fprintf(stderr, "error %d without an OpenAI-shaped body: %s\n", status, body.c_str());
-        std::abort();
-      }
-    }
-    at = head_end + 4 + length;
-  }
-}
-
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -154,7 +115,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size > 0 && data[0] % 4 == 0) ::shutdown(fd, SHUT_WR);
   const std::string reply = sy::testing::read_all(fd);
   ::close(fd);
-  check_responses(reply);
+  sy::fuzz::check_responses(reply);
   // The server keeps serving.
   if (sy::testing::http_call(h.port, "GET", "/health").status != 200) {
     std::fprintf(stderr, "/health failed after the input\n");
