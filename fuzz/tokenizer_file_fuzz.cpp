@@ -16,6 +16,7 @@
 
 #include "json_edits.h"
 #include "tokenizer/tokenizer.h"
+#include "tokenizer_checks.h"
 
 namespace {
 
@@ -122,16 +123,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const sy::tokenizer::Tokenizer& tok = *loaded;
   for (const char* sample : kTexts) {
     for (bool special : {false, true}) {
-      const std::vector<int32_t> ids = tok.encode(sample, special);
-      for (const int32_t id : ids)
-        if (id < 0 || id >= tok.vocab_size()) std::abort();
-      const std::string decoded = tok.decode(ids);
-      sy::tokenizer::StreamDecoder stream(tok);
-      std::string streamed;
-      for (const int32_t id : ids) streamed += stream.push(id);
-      streamed += stream.flush();
-      if (streamed != decoded) std::abort();
-      (void)tok.decode(ids, /*skip_special_tokens=*/true);
+      sy::fuzz::check_encoding(tok, sample, special);
     }
     (void)tok.normalize(sample);
   }
