@@ -3,7 +3,8 @@
 // sliding window and sinks, DeepSeek's latent cache, Qwen3.5's DeltaNet state), one engine of a
 // random shape (block size, step budget, sequences per step, prefix caching, a KV cache a few
 // blocks above the largest request) runs requests that share random prefixes, all submitted
-// together; some are stopped from their callback, one is cancelled. Every request that runs to
+// together; two stream their routes piece by piece, two are stopped from their callback, one is
+// cancelled. Every request that runs to
 // its length has the tokens and routes it has alone (one of them replaying another's logged
 // routes, which gives that one's tokens); a stopped one has a prefix of them and
 // routes for every position it saw; afterwards no block is held. A fresh seed every run
@@ -142,6 +143,35 @@ TEST_P(EngineSoak, EveryRequestHasItsTokensAndRoutesAlone) {
             return ++*events == 2 ? engine::Continuation::kStop : engine::Continuation::kContinue;
           });
       ASSERT_TRUE(id.is_ok()) << id.message();
+    } else if (i == 2 || i == 5) {
+      // Routes streamed with every event (Event::new_routes): the pieces, in order, with no gap
+      // and no repeat (a preemption's recompute must not stream its rows again), are the log.
+      engine::GenerationRequest streamed = requests[i];
+      streamed.stream_routes = true;
+      auto promise = std::make_shared<std::promise<Outcome>>();
+      auto outcome = std::make_shared<Outcome>();
+      auto log = std::make_shared<moe::RouteArray>();
+      pending[i] = promise->get_future();
+      auto id =
+          runner.engine->submit(streamed, [promise, outcome, log](const engine::Event& event) {
+            outcome->tokens.insert(outcome->tokens.end(), event.new_token_ids.begin(),
+                                   event.new_token_ids.end());
+            if (event.new_routes) {
+              const moe::RouteArray& piece = *event.new_routes;
+              if (piece.first_row != log->rows) log->first_row = -1;  // out of order: fails below
+              log->layers = piece.layers;
+              log->top_k = piece.top_k;
+              log->ids.insert(log->ids.end(), piece.ids.begin(), piece.ids.end());
+              log->rows += piece.rows;
+            }
+            if (event.finished) {
+              outcome->final_event = event;
+              outcome->final_event.routes = log;
+              promise->set_value(*outcome);
+            }
+            return engine::Continuation::kContinue;
+          });
+      ASSERT_TRUE(id.is_ok()) << id.message();
     } else if (i == 7) {
       auto id = runner.engine->submit(
           requests[i], [](const engine::Event&) { return engine::Continuation::kContinue; });
@@ -178,6 +208,7 @@ TEST_P(EngineSoak, EveryRequestHasItsTokensAndRoutesAlone) {
           << what;
       EXPECT_EQ(final_event.routes->ids.size(), static_cast<size_t>(rows) * width) << what;
     } else {
+      EXPECT_EQ(final_event.routes->first_row, 0) << what << ": streamed route pieces out of order";
       EXPECT_EQ(final_event.finish_reason, engine::FinishReason::kLength)
           << what << ": " << final_event.error.message();
       expect_same(alone[i], together, what);
