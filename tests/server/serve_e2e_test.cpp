@@ -475,12 +475,17 @@ TEST_F(ServeE2E, WeightUpdateChangesOutputsAndFlushesCachedRoutes) {
 }
 
 // A KV cache so small that requests must be preempted: results still equal those computed alone.
+// A long request runs first (the server's running gauge says so) and the six others arrive while
+// it grows: the cache cannot hold it beside them whatever the client threads' timing (six threads
+// alone might not overlap on a loaded machine, as one engine test's requests once did not).
 TEST_F(ServeE2E, PreemptionKeepsRoutesExact) {
   std::vector<std::vector<int>> prompts;
+  std::vector<int> lengths;
   std::vector<Outcome> alone;
-  for (int i = 0; i < 6; ++i) {
+  for (int i = 0; i < 7; ++i) {
     prompts.push_back(token_prompt(40, 20 + i));
-    alone.push_back(outcome_of(complete(greedy_request(prompts.back(), 24))));
+    lengths.push_back(i == 0 ? 100 : 24);  // the first: 140 tokens, 9 of the 10 blocks
+    alone.push_back(outcome_of(complete(greedy_request(prompts.back(), lengths.back()))));
   }
   ServeProcess small;
   std::string error =
@@ -488,19 +493,26 @@ TEST_F(ServeE2E, PreemptionKeepsRoutesExact) {
                    "--enable-return-routed-experts", "--return-routed-experts-default",
                    "--kv-cache-tokens", "160", "--max-num-batched-tokens", "64"});
   ASSERT_TRUE(error.empty()) << error;
-  std::vector<Outcome> squeezed(6);
+  std::vector<Outcome> squeezed(7);
+  auto run = [&](int i) {
+    squeezed[i] = outcome_of(
+        post_json(small.port(), "/v1/completions", greedy_request(prompts[i], lengths[i])).json());
+  };
   std::vector<std::thread> clients;
-  for (int i = 0; i < 6; ++i) {
-    clients.emplace_back([&, i] {
-      squeezed[i] = outcome_of(
-          post_json(small.port(), "/v1/completions", greedy_request(prompts[i], 24)).json());
-    });
+  clients.emplace_back(run, 0);
+  bool running = false;
+  for (int i = 0; i < 2000 && !running; ++i) {
+    running = metric_value(http_call(small.port(), "GET", "/metrics").body,
+                           "vllm:num_requests_running") >= 1;
+    if (!running) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
+  ASSERT_TRUE(running) << "the long request never showed as running";
+  for (int i = 1; i < 7; ++i) clients.emplace_back(run, i);
   for (auto& c : clients) c.join();
   double preemptions =
       metric_value(http_call(small.port(), "GET", "/metrics").body, "vllm:num_preemptions_total");
   EXPECT_GT(preemptions, 0) << "the test must actually preempt";
-  for (int i = 0; i < 6; ++i) {
+  for (int i = 0; i < 7; ++i) {
     EXPECT_EQ(squeezed[i].tokens, alone[i].tokens) << "request " << i;
     EXPECT_TRUE(squeezed[i].routes == alone[i].routes) << "request " << i;
   }
