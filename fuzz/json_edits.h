@@ -3,7 +3,8 @@
 // edits of a known-good document instead. Each edit is 4 bytes: which node (two bytes, an index
 // into every node of the document in document order), what to put there and a value byte (small,
 // negative, huge, fractional, near the old value, null, a string from the target's dictionary, an
-// array, an object, or the node deleted).
+// array, an object, the old string cut or doubled, or the node deleted: a key from its object, an
+// array's last element from its array).
 #pragma once
 
 #include <cstddef>
