@@ -87,6 +87,12 @@ if want engine; then
   # flags, device memory on CUDA, on the host; it now checks the bound replay source instead.)
   SY_TEST_DEVICE=cuda run engine-hybrid-failed-step timeout "${STAGE_TIMEOUT:-300}" "$carry/test_engine" \
     --gtest_filter='HybridEngine.AFailedStep*'
+  # The scheduling soak (random engine shapes, preemption, prefix hits, replay, streamed routes,
+  # stops, a cancel) per family with --batch-invariant; a family that mode refuses is skipped with
+  # the reason (first written 2026-12-07, not yet run on a GPU).
+  section "engine soak on CUDA (--batch-invariant)"
+  SY_TEST_DEVICE=cuda run engine-soak timeout "${STAGE_TIMEOUT:-300}" "$carry/test_engine" \
+    --gtest_filter='Families/EngineSoak*' --gtest_repeat=3
 fi
 if want bench8; then
   section "step bench: Qwen3-30B-A3B 8-layer cut"
