@@ -27,6 +27,7 @@
 #include <fstream>
 #include <iterator>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,7 @@
 #include "model/model.h"
 #include "model/presets.h"
 #include "moe/experts_kernel.h"
+#include "tensor/dtype.h"
 
 namespace {
 
@@ -86,15 +88,6 @@ std::string read_all(const fs::path& path) {
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
-int64_t dtype_bytes(const std::string& dtype) {
-  if (dtype == "F64" || dtype == "I64" || dtype == "U64") return 8;
-  if (dtype == "F32" || dtype == "I32" || dtype == "U32") return 4;
-  if (dtype == "BF16" || dtype == "F16" || dtype == "I16" || dtype == "U16") return 2;
-  if (dtype == "U8" || dtype == "I8" || dtype == "BOOL" || dtype == "F8_E4M3" || dtype == "F8_E5M2")
-    return 1;
-  return 0;
-}
-
 // model.safetensors around `header` (edited): every well-formed entry gets fresh offsets and its
 // old bytes (by its old name) cut or zero-padded; false if the file would pass 64 MiB.
 bool rebuild_tensors(size_t family, nlohmann::json header, std::string& file) {
@@ -109,8 +102,9 @@ bool rebuild_tensors(size_t family, nlohmann::json header, std::string& file) {
     if (it.key() == "__metadata__" || !entry.is_object() || !entry.contains("dtype") ||
         !entry["dtype"].is_string() || !entry.contains("shape") || !entry["shape"].is_array())
       continue;  // left as the edit made it: the container's parser refuses it
-    int64_t bytes = dtype_bytes(entry["dtype"].get<std::string>());
-    bool ok = bytes > 0;
+    const std::optional<DType> dtype = dtype_from_name(entry["dtype"].get<std::string>());
+    int64_t bytes = dtype ? static_cast<int64_t>(dtype_size(*dtype)) : 0;
+    bool ok = bytes > 0;  // (sub-byte types left to the container's checks)
     for (const auto& dim : entry["shape"])
       ok = ok && dim.is_number_unsigned() && dim.get<uint64_t>() <= (uint64_t{1} << 26) &&
            !__builtin_mul_overflow(bytes, dim.get<int64_t>(), &bytes);
