@@ -31,7 +31,6 @@ inline bool on_cuda() {
   return device && std::string(device) == "cuda";
 }
 
-// Submits and waits; returns tokens and the final event.
 // Submits one request whose events are collected into an Outcome. `hold`, when valid, is waited
 // on at the request's first event: events are delivered on the engine thread, so the engine plans
 // no further step until `hold` is ready.
@@ -79,6 +78,7 @@ inline std::vector<std::future<Outcome>> start_together(
   return pending;
 }
 
+// An engine of the test model (or config.model_dir) on the test device; run() submits and waits.
 struct Runner {
   std::unique_ptr<engine::Engine> engine;
 

@@ -1,16 +1,15 @@
 // A randomised soak of the engine's scheduling on the CPU (batch-invariant there): for each
-// family whose attention or state the KV cache handles differently (Qwen3's GQA, gpt-oss'
-// sliding window and sinks, DeepSeek's latent cache, Qwen3.5's DeltaNet state), one engine of a
-// random shape (block size, step budget, sequences per step, prefix caching, a KV cache a few
-// blocks above the largest request) runs requests that share random prefixes, all submitted
-// together; two stream their routes piece by piece, two are stopped from their callback, one is
-// cancelled. Every request that runs to
-// its length has the tokens and routes it has alone (one of them replaying another's logged
-// routes, which gives that one's tokens); a stopped one has a prefix of them and
-// routes for every position it saw; afterwards no block is held. A fresh seed every run
-// (SY_TEST_SEED reruns one). SY_TEST_DEVICE=cuda runs it on the GPU with --batch-invariant.
-// SY_SOAK_STATS=1 prints each run's preemptions and prefix-hit tokens: over 50 runs each family had
-// preemptions in ~60% and prefix hits in ~40% of them (2026-12-07).
+// family whose attention or state the KV cache handles differently (Qwen3's GQA, gpt-oss' sliding
+// window and sinks, DeepSeek's latent cache, Qwen3.5's DeltaNet state), one engine of a random
+// shape (block size, step budget, sequences per step, prefix caching, a KV cache a few blocks
+// above the largest request) runs requests that share random prefixes, all submitted together;
+// one replays another's logged routes, two stream their routes piece by piece, two are stopped
+// from their callback, one is cancelled. Every request that runs to its length has the tokens and
+// routes it has alone (the replay: those of the request it replays); a stopped one has a prefix
+// of them and routes for every position it saw; afterwards no block is held. A fresh seed every
+// run (SY_TEST_SEED reruns one). SY_TEST_DEVICE=cuda runs it on the GPU with --batch-invariant.
+// SY_SOAK_STATS=1 prints each run's preemptions and prefix-hit tokens: over 50 runs each family
+// had preemptions in ~60% and prefix hits in ~40% of them (2026-12-07).
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -226,12 +225,13 @@ TEST_P(EngineSoak, EveryRequestHasItsTokensAndRoutesAlone) {
       const int64_t rows =
           static_cast<int64_t>(requests[i].prompt_ids.size() + together.tokens.size()) - 1;
       ASSERT_EQ(final_event.routes->rows, rows) << what;
-      const size_t width = alone[i].final_event.routes->ids.size() /
-                           static_cast<size_t>(alone[i].final_event.routes->rows);
-      EXPECT_TRUE(std::equal(final_event.routes->ids.begin(), final_event.routes->ids.end(),
-                             alone[i].final_event.routes->ids.begin()))
+      const moe::RouteArray& full = *alone[i].final_event.routes;
+      ASSERT_EQ(final_event.routes->ids.size(),
+                static_cast<size_t>(rows * full.layers * full.top_k))
           << what;
-      EXPECT_EQ(final_event.routes->ids.size(), static_cast<size_t>(rows) * width) << what;
+      EXPECT_TRUE(std::equal(final_event.routes->ids.begin(), final_event.routes->ids.end(),
+                             full.ids.begin()))
+          << what;
     } else {
       EXPECT_EQ(final_event.routes->first_row, 0) << what << ": streamed route pieces out of order";
       EXPECT_EQ(final_event.finish_reason, engine::FinishReason::kLength)
