@@ -1,14 +1,39 @@
-// What the HTTP fuzz targets check of a server's replies.
+// What the HTTP fuzz targets send (a POST with a JSON body) and check of a server's replies.
 #pragma once
 
+#include <algorithm>
 #include <cctype>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <string_view>
 
 #include <nlohmann/json.hpp>
 
 namespace sy::fuzz {
+
+// A POST of `body` to `path` that closes the connection after the reply; chunked
+// (Transfer-Encoding) when asked, chunk sizes drawn from chunk_seed.
+inline std::string with_body(std::string_view path, const std::string& body, bool chunked,
+                             uint8_t chunk_seed) {
+  std::string request =
+      "POST " + std::string(path) +
+      " HTTP/1.1\r\nHost: fuzz\r\nConnection: close\r\nContent-Type: application/json\r\n";
+  if (!chunked)
+    return request + "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+  request += "Transfer-Encoding: chunked\r\n\r\n";
+  size_t at = 0, size = 1 + chunk_seed % 17;
+  while (at < body.size()) {
+    const size_t n = std::min(size, body.size() - at);
+    char head[32];
+    std::snprintf(head, sizeof head, "%zx\r\n", n);
+    request += head + body.substr(at, n) + "\r\n";
+    at += n;
+    size = 1 + (size * 7 + chunk_seed) % 29;
+  }
+  return request + "0\r\n\r\n";
+}
 
 // Every response in `raw` (keep-alive may pipeline several) is HTTP/1.1; an error with a JSON
 // body has OpenAI's shape: {"error": {"message": non-empty string, "type", "param", "code"}}.

@@ -59,26 +59,6 @@ constexpr std::string_view kPaths[] = {"/v1/completions", "/v1/chat/completions"
                                        "/tokenize",       "/detokenize",          "/abort_request",
                                        "/v1/models",      "/flush_cache"};
 
-std::string with_body(std::string_view path, const std::string& body, bool chunked,
-                      uint8_t chunk_seed) {
-  std::string request =
-      "POST " + std::string(path) +
-      " HTTP/1.1\r\nHost: fuzz\r\nConnection: close\r\nContent-Type: application/json\r\n";
-  if (!chunked)
-    return request + "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
-  request += "Transfer-Encoding: chunked\r\n\r\n";
-  size_t at = 0, size = 1 + chunk_seed % 17;
-  while (at < body.size()) {
-    const size_t n = std::min(size, body.size() - at);
-    char head[32];
-    std::snprintf(head, sizeof head, "%zx\r\n", n);
-    request += head + body.substr(at, n) + "\r\n";
-    at += n;
-    size = 1 + (size * 7 + chunk_seed) % 29;
-  }
-  return request + "0\r\n\r\n";
-}
-
 std::string request_from(const uint8_t* data, size_t size) {
   if (size == 0) return "";
   const uint8_t mode = data[0] % 4;
@@ -89,15 +69,15 @@ std::string request_from(const uint8_t* data, size_t size) {
     case 0:
       return std::string(reinterpret_cast<const char*>(data) + 1, size - 1);
     case 1:
-      return with_body(kPaths[selector % std::size(kPaths)], rest, false, 0);
+      return sy::fuzz::with_body(kPaths[selector % std::size(kPaths)], rest, false, 0);
     case 2:
-      return with_body(kPaths[selector % std::size(kPaths)], rest, true, selector);
+      return sy::fuzz::with_body(kPaths[selector % std::size(kPaths)], rest, true, selector);
     default: {
       const std::string body =
           "{\"prompt\":[1,2,3,4,5,6],\"max_tokens\":2,\"return_routed_experts\":true,"
           "\"routed_experts_replay\":\"" +
           sy::base64_encode(rest) + "\"}";
-      return with_body("/v1/completions", body, (selector & 1) != 0, selector);
+      return sy::fuzz::with_body("/v1/completions", body, (selector & 1) != 0, selector);
     }
   }
 }

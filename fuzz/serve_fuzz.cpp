@@ -14,7 +14,6 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <array>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -144,11 +143,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string body =
       sy::fuzz::apply_json_edits(base.doc, base.nodes, words, data + 1, size - 1)
           .dump(-1, ' ', false, json::error_handler_t::replace);
-  const std::string request =
-      std::string("POST ") + base.path +
-      " HTTP/1.1\r\nHost: fuzz\r\nConnection: close\r\nContent-Type: application/json\r\n"
-      "Content-Length: " +
-      std::to_string(body.size()) + "\r\n\r\n" + body;
+  const std::string request = sy::fuzz::with_body(base.path, body, false, 0);
   const int fd = sy::testing::connect_to(h.port, 30);
   if (fd < 0) std::abort();
   sy::testing::send_all(fd, request);
