@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU machine's whole visit, run as it is from the repo root there, after scripts/gpu-pack.sh
 # here (carry gpu-carry/). Stages (default: all but profile): ceilings ops golden engine bench8
-# bench48 crossover serve-e2e serve-invariant (--batch-invariant tests and bench) soak (CUDA soak, SOAK_SECONDS) serve; chat-goldens (transformers' template renders); stamps (cuda-fused phase timer, STAMP_VARIANTS); ab (knob A/B, AB_VARIANTS); bin-ab (two builds' binaries alternating, BIN_AB); gemm-tile (grouped GEMM tile experiments); delta-chunked (the chunked DeltaNet kernel: harness, Qwen3.5 A/B); family-goldens (GOLDEN_FAMILIES; then the golden tests on them); bf16-sensitivity (transformers bf16 vs float64 per golden model); routes-ab (routes on/off over HTTP on CUDA); bench-gptoss (gpt-oss-20b shapes, MXFP4 experts); bench-new (Moonlight-16B-A3B, Qwen3.5-35B-A3B and Mixtral-8x7B 16-layer shapes: MLA, DeltaNet; BENCH_NEW_MODELS); serve-new (their and gpt-oss-20b's throughput profiles, SERVE_MODELS); mxfp4-gemv (the MXFP4 few-token paths: harness, gpt-oss goldens, decode A/B); routes-cost (capture on/off in process on CUDA); long-goldens (tools/gpu/long_goldens.py, then LongGolden on them; long_goldens.tgz); moe-stalls (ncu stall reasons of cuda-fused); attn-detail (ncu full + SASS stalls of decode attention); kernel-detail (the same for DETAIL_KERNELS in a gpt-oss batch-1 decode); profile (ncu per-kernel times of one decode and one prefill step;
+# bench48 crossover serve-e2e serve-invariant (--batch-invariant tests and bench) soak (CUDA soak, SOAK_SECONDS) serve; chat-goldens (transformers' template renders); stamps (cuda-fused phase timer, STAMP_VARIANTS); ab (knob A/B, AB_VARIANTS); bin-ab (two builds' binaries alternating, BIN_AB); gemm-tile (grouped GEMM tile experiments); wgmma (the grouped GEMM's large steps on wgmma: harness, prefill A/B); delta-chunked (the chunked DeltaNet kernel: harness, Qwen3.5 A/B); family-goldens (GOLDEN_FAMILIES; then the golden tests on them); bf16-sensitivity (transformers bf16 vs float64 per golden model); routes-ab (routes on/off over HTTP on CUDA); bench-gptoss (gpt-oss-20b shapes, MXFP4 experts); bench-new (Moonlight-16B-A3B, Qwen3.5-35B-A3B and Mixtral-8x7B 16-layer shapes: MLA, DeltaNet; BENCH_NEW_MODELS); serve-new (their and gpt-oss-20b's throughput profiles, SERVE_MODELS); mxfp4-gemv (the MXFP4 few-token paths: harness, gpt-oss goldens, decode A/B); routes-cost (capture on/off in process on CUDA); long-goldens (tools/gpu/long_goldens.py, then LongGolden on them; long_goldens.tgz); moe-stalls (ncu stall reasons of cuda-fused); attn-detail (ncu full + SASS stalls of decode attention); kernel-detail (the same for DETAIL_KERNELS in a gpt-oss batch-1 decode); profile (ncu per-kernel times of one decode and one prefill step;
 # PROFILE_STEPS=decode for one), moe-detail (ncu's full sections on one cuda-fused launch).
 # Everything it prints also goes to $OUT/gpu-check.log; JSON results land in $OUT.
 #   scripts/gpu-check.sh [stage ...]
@@ -202,6 +202,24 @@ if want gemm-tile; then
   tile_ab qwen3.5-35b-a3b 2048 2 SY_GEMM_TILE= SY_GEMM_TILE=k32
   tile_ab gpt-oss-20b 512 1 SY_GEMM_TILE= SY_GEMM_TILE=k64
   tile_ab gpt-oss-20b 4096 1 SY_GEMM_TILE= SY_GEMM_TILE=k32
+fi
+if want wgmma; then
+  # The grouped GEMM's large bf16 steps on wgmma (SY_GEMM_WGMMA=1, grouped_gemm_wgmma_kernel, not
+  # yet run): the harness's cuda-modular cases with it, then prefill steps alternating with the
+  # default mma.sync kernel, two rounds.
+  section "grouped GEMM on wgmma (SY_GEMM_WGMMA=1): harness, prefill A/B"
+  SY_GEMM_WGMMA=1 run wgmma-ops timeout "${STAGE_TIMEOUT:-300}" "$carry/cuda_op_harness" --filter moe.cuda-modular \
+    --json "$OUT/op_harness_wgmma.json"
+  for round in 1 2; do
+    for variant in SY_GEMM_WGMMA=0 SY_GEMM_WGMMA=1; do
+      for shape in "qwen3-30b-a3b 8192 1" "qwen3.5-35b-a3b 8192 8"; do
+        read -r model prefill seqs <<< "$shape"
+        echo "--- $model, $prefill tokens over $seqs, $variant (round $round)"
+        env $variant "$carry/step_bench" --device cuda --random-weights "$carry/$model/config.json" --batches "" \
+          --prefill "$prefill" --prefill-seqs "$seqs" --steps 1 --ab-pairs 0 --matmul-tflops "$tflops" 2>&1 | grep -E "prefill|rror"
+      done
+    done
+  done
 fi
 if want delta-chunked; then
   # The chunked DeltaNet kernel (SY_DELTA_CHUNKED=1: steps with 32+ tokens of a sequence, heads of

@@ -558,6 +558,9 @@ void run_moe_ops(Harness& h) {
               {{328, 200, 64, 6}, SpecKind::kQwen, {17, 64, 100}},
               // (600 tokens: 1,800 pairs, over 96 a expert: the large tile of bf16 experts.)
               {{200, 72, 12, 3}, SpecKind::kQwen, {1, 2, 7, 33, 300, 600}},
+              // The large tile at widths of whole k tiles and several M tiles an expert (4,000
+              // pairs over 32 experts; SY_GEMM_WGMMA=1 puts it on the wgmma kernel).
+              {{1024, 384, 32, 4}, SpecKind::kQwen, {1000}},
               {{200, 72, 12, 3}, SpecKind::kMixtral, {2, 33, 300}},
               {{200, 72, 12, 3}, SpecKind::kSigmoid, {2, 33, 300}},
               {{200, 72, 12, 3}, SpecKind::kPlainSoftmax, {7, 64}},

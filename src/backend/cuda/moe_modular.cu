@@ -15,8 +15,9 @@
 #include <string_view>
 
 #include "backend/cuda/moe_kernels.h"
-#include "backend/cuda/mxfp4.cuh"
 #include "backend/cuda/moe_route.cuh"
+#include "backend/cuda/mxfp4.cuh"
+#include "backend/cuda/wgmma_ptx.cuh"
 
 namespace sy::backend::cuda {
 namespace {
@@ -496,6 +497,144 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
       }
     }
   }
+}
+
+// ---- Large steps on Hopper: the grouped GEMM on wgmma (SY_GEMM_WGMMA=1, experiment) ----
+//
+// The same work as grouped_gemm_kernel<LargeTile, *, false> (bf16 weights; a 128-row M tile of
+// one expert's pairs, 128 B rows: gate_up's 64 gate and 64 up rows of the same output columns,
+// or down's 128 hidden rows) with the products on warpgroup MMA: two warpgroups, each 64 of the
+// tile's rows against all 128 B rows, m64n128k16 from shared memory. Tiles of k 64 in the
+// 128-byte swizzle (wgmma_ptx.cuh), copied with cp.async by every thread in kWgStages stages; the
+// wgmma batch of a k tile completes before the barrier that frees its stage. The sum over k runs
+// in the same tile order; whether wgmma's k16 step rounds like mma.sync's is what the op harness
+// and the bitwise comparison against the default kernel tell (not yet run).
+constexpr int kWgM = 128, kWgN = 128, kWgK = 64, kWgStages = 3, kWgThreads = 256;
+constexpr size_t kWgTileBytes = static_cast<size_t>(kWgM) * kWgK * 2;  // A or B, one stage
+// Shared memory: 1024 bytes of slack to align the stages to a swizzle atom, the stages, the
+// tile's row -> pair table.
+constexpr size_t kWgSmemBytes = 1024 + kWgStages * 2 * kWgTileBytes + kWgM * 4;
+static_assert(kWgM == LargeTile::kM, "the wgmma GEMM walks LargeTile's M tiles (align_kernel)");
+
+template <bool kGateUp>
+__global__ void __launch_bounds__(kWgThreads, 1) grouped_gemm_wgmma_kernel(GroupedGemm g) {
+#if SY_HAS_WGMMA
+  const int m_tile = blockIdx.y;
+  if (m_tile >= *g.tile_count) return;
+  const int expert = g.tile_expert[m_tile];
+  const int64_t row_base = static_cast<int64_t>(m_tile) * kWgM;
+
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const uint32_t raw_address = smem_address(smem_raw);
+  const uint32_t stages_address = (raw_address + 1023u) & ~1023u;
+  int32_t* row_pair = reinterpret_cast<int32_t*>(smem_raw + 1024 + kWgStages * 2 * kWgTileBytes);
+  auto a_stage = [&](int s) {
+    return stages_address + static_cast<uint32_t>(s * 2 * kWgTileBytes);
+  };
+  auto b_stage = [&](int s) { return a_stage(s) + static_cast<uint32_t>(kWgTileBytes); };
+
+  const int tid = threadIdx.x;
+  for (int r = tid; r < kWgM; r += kWgThreads) row_pair[r] = g.perm[row_base + r];
+  __syncthreads();
+
+  // Thread tid copies chunk tid % 8 of rows tid / 8 + 32 i (i < 4) of A and of B every stage.
+  constexpr int kChunksPerRow = kWgK / 8, kRowsPerPass = kWgThreads / kChunksPerRow;
+  constexpr int kLoads = kWgM / kRowsPerPass;
+  static_assert(kWgM == kWgN && kWgM % kRowsPerPass == 0, "the same rows of A and B per thread");
+  const int chunk = tid % kChunksPerRow, row0 = tid / kChunksPerRow;
+  const int n_per_cta = kGateUp ? kWgN / 2 : kWgN;
+  const int n0 = blockIdx.x * n_per_cta;
+  const __nv_bfloat16* a_src[kLoads];  // nullptr: padding row, zero-filled
+  const __nv_bfloat16* b_src[kLoads];  // nullptr: past n_dim, zero-filled
+#pragma unroll
+  for (int i = 0; i < kLoads; ++i) {
+    const int r = row0 + i * kRowsPerPass;
+    const int32_t pair = row_pair[r];
+    const int64_t src_row = kGateUp ? pair / g.top_k : row_base + r;
+    a_src[i] = pair >= 0 ? g.a + src_row * g.k_dim : nullptr;
+    const int n = n0 + r % n_per_cta;
+    const int64_t w_row =
+        kGateUp ? static_cast<int64_t>(expert) * 2 * g.n_dim + (r >= n_per_cta ? g.n_dim : 0) + n
+                : static_cast<int64_t>(expert) * g.n_dim + n;
+    b_src[i] = n < g.n_dim ? g.w + w_row * g.k_dim : nullptr;
+  }
+  auto load_stage = [&](int s, int k0) {
+    const int k = k0 + chunk * 8;
+    const bool k_ok = k < g.k_dim;  // k_dim % 8 == 0: a chunk is all in or all out
+#pragma unroll
+    for (int i = 0; i < kLoads; ++i) {
+      const uint32_t at = wgmma::swizzled_chunk(row0 + i * kRowsPerPass, chunk);
+      const bool a_ok = k_ok && a_src[i], b_ok = k_ok && b_src[i];
+      cp_async_16(a_stage(s) + at, a_ok ? a_src[i] + k : g.a, a_ok);
+      cp_async_16(b_stage(s) + at, b_ok ? b_src[i] + k : g.w, b_ok);
+    }
+  };
+
+  const int warp = tid >> 5, lane = tid & 31;
+  const int group = warp / 4;  // warpgroup: tile rows [64 group, 64 group + 64)
+  float acc[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
+
+  const int k_tiles = (g.k_dim + kWgK - 1) / kWgK;
+#pragma unroll
+  for (int s = 0; s < kWgStages - 1; ++s) {
+    if (s < k_tiles) load_stage(s, s * kWgK);
+    cp_async_commit();
+  }
+  for (int kt = 0; kt < k_tiles; ++kt) {
+    cp_async_wait<kWgStages - 2>();  // tile kt has landed (this thread's copies)
+    wgmma::fence_proxy_async();      // ... and is visible to the async proxy
+    __syncthreads();                 // ... everyone's; stage (kt - 1)'s wgmma batch completed
+    const int next = kt + kWgStages - 1;
+    if (next < k_tiles) load_stage(next % kWgStages, next * kWgK);
+    cp_async_commit();
+
+    const int s = kt % kWgStages;
+    const uint32_t a_rows = a_stage(s) + static_cast<uint32_t>(group * 64 * kWgK * 2);
+    wgmma::fence();
+#pragma unroll
+    for (int kk = 0; kk < kWgK; kk += 16)
+      wgmma::mma_m64n128k16(acc, wgmma::tile_descriptor(a_rows, kk),
+                            wgmma::tile_descriptor(b_stage(s), kk));
+    wgmma::commit_group();
+    wgmma::wait_group<0>();
+  }
+
+  // Epilogue: acc[4j + c] is tile row 64 group + 16 (warp % 4) + lane / 4 + 8 (c / 2), B row
+  // 8j + 2 (lane % 4) + c % 2 (gate_up: j < 8 gate, j >= 8 the up rows of the same columns).
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int r = group * 64 + (warp % 4) * 16 + (lane >> 2) + half * 8;
+    const int32_t pair = row_pair[r];
+    if (pair < 0) continue;  // padding row
+    if constexpr (kGateUp) {
+      __nv_bfloat16* out_row = g.act + (row_base + r) * g.n_dim;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int col = n0 + j * 8 + (lane & 3) * 2;
+        if (col >= g.n_dim) continue;
+        const float h0 = g.experts.activate(expert, col, g.n_dim, acc[4 * j + 2 * half],
+                                            acc[4 * (j + 8) + 2 * half]);
+        const float h1 = g.experts.activate(expert, col + 1, g.n_dim, acc[4 * j + 2 * half + 1],
+                                            acc[4 * (j + 8) + 2 * half + 1]);
+        *reinterpret_cast<__nv_bfloat162*>(out_row + col) = __floats2bfloat162_rn(h0, h1);
+      }
+    } else {
+      float* out_row = g.y + static_cast<int64_t>(pair) * g.n_dim;
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        const int col = n0 + j * 8 + (lane & 3) * 2;
+        if (col >= g.n_dim) continue;
+        *reinterpret_cast<float2*>(out_row + col) = make_float2(
+            acc[4 * j + 2 * half] + g.experts.down_bias_of(expert, col, g.n_dim),
+            acc[4 * j + 2 * half + 1] + g.experts.down_bias_of(expert, col + 1, g.n_dim));
+      }
+    }
+  }
+#else
+  __trap();  // launched only on sm_90 (CudaModular::wgmma_)
+#endif
 }
 
 // ---- Expert widths that are not a multiple of 8 (tiny test models only) ----
@@ -1109,6 +1248,16 @@ class ModularKernel final : public moe::ExpertsKernel {
     allow_shared_memory<LargeTile>(max_k);
     allow_shared_memory<MediumK32Tile>(max_k);
     allow_shared_memory<LargeK32Tile>(max_k);
+    int major = 0;
+    wgmma_ = env_flag("SY_GEMM_WGMMA") &&
+             cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, context_.device) ==
+                 cudaSuccess &&
+             major == 9;
+    if (wgmma_)
+      for (const void* kernel : {reinterpret_cast<const void*>(grouped_gemm_wgmma_kernel<true>),
+                                 reinterpret_cast<const void*>(grouped_gemm_wgmma_kernel<false>)})
+        SY_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           static_cast<int>(kWgSmemBytes)));
     const int64_t stream_k = std::min<int64_t>(max_k, kStreamMaxK);
     allow_stream_shared_memory(stream_k);
     return Status::ok();
@@ -1171,6 +1320,8 @@ class ModularKernel final : public moe::ExpertsKernel {
       forward_experts<MediumTile>(mxfp4, w, experts, pairs, stream);
     else if (tiles_ == "k32")
       forward_experts<LargeK32Tile>(mxfp4, w, experts, pairs, stream);
+    else if (wgmma_ && !mxfp4)
+      forward_experts<LargeTile, false, true>(w, experts, pairs, stream);
     else
       forward_experts<LargeTile>(mxfp4, w, experts, pairs, stream);
 
@@ -1196,9 +1347,14 @@ class ModularKernel final : public moe::ExpertsKernel {
     mxfp4 ? forward_experts<Cfg, true>(w, experts, pairs, stream)
           : forward_experts<Cfg, false>(w, experts, pairs, stream);
   }
-  template <class Cfg, bool kMxfp4>
+  // SY_GEMM_WGMMA=1 (experiment, not yet run): large bf16 steps on grouped_gemm_wgmma_kernel, on
+  // a Hopper GPU (compute capability 9.x) only; set by reserve().
+  bool wgmma_ = false;
+  // kWgmma: grouped_gemm_wgmma_kernel (bf16 weights, Cfg = LargeTile for the alignment).
+  template <class Cfg, bool kMxfp4, bool kWgmma = false>
   void forward_experts(const moe::MoeLayerWeights& w, const ExpertParams& experts, int64_t pairs,
                        cudaStream_t stream) {
+    static_assert(!kWgmma || (!kMxfp4 && Cfg::kM == kWgM), "wgmma: bf16, LargeTile's M tiles");
     align_kernel<<<static_cast<unsigned>(experts_), kAlignThreads, 0, stream>>>(
         ids_, static_cast<int>(pairs), static_cast<int>(experts_), Cfg::kM, perm_, tile_expert_,
         tile_count_);
@@ -1222,10 +1378,16 @@ class ModularKernel final : public moe::ExpertsKernel {
     gemm.k_dim = static_cast<int>(hidden_);
     gemm.n_dim = static_cast<int>(intermediate_);
     gemm.act = act_;
-    const dim3 gate_up_grid(static_cast<unsigned>(ceil_div(intermediate_, Cfg::kN / 2)), m_tiles);
-    grouped_gemm_kernel<Cfg, true, kMxfp4>
-        <<<gate_up_grid, Cfg::kThreads, SmemPlan<Cfg, kMxfp4>::bytes(hidden_), stream>>>(gemm);
-    SY_CUDA_LAUNCH_CHECK("grouped_gemm_kernel<gate_up>");
+    if constexpr (kWgmma) {
+      const dim3 grid(static_cast<unsigned>(ceil_div(intermediate_, kWgN / 2)), m_tiles);
+      grouped_gemm_wgmma_kernel<true><<<grid, kWgThreads, kWgSmemBytes, stream>>>(gemm);
+      SY_CUDA_LAUNCH_CHECK("grouped_gemm_wgmma_kernel<gate_up>");
+    } else {
+      const dim3 grid(static_cast<unsigned>(ceil_div(intermediate_, Cfg::kN / 2)), m_tiles);
+      grouped_gemm_kernel<Cfg, true, kMxfp4>
+          <<<grid, Cfg::kThreads, SmemPlan<Cfg, kMxfp4>::bytes(hidden_), stream>>>(gemm);
+      SY_CUDA_LAUNCH_CHECK("grouped_gemm_kernel<gate_up>");
+    }
 
     gemm.a = act_;
     if constexpr (kMxfp4) {
@@ -1238,10 +1400,16 @@ class ModularKernel final : public moe::ExpertsKernel {
     gemm.n_dim = static_cast<int>(hidden_);
     gemm.act = nullptr;
     gemm.y = y_;
-    const dim3 down_grid(static_cast<unsigned>(ceil_div(hidden_, Cfg::kN)), m_tiles);
-    grouped_gemm_kernel<Cfg, false, kMxfp4>
-        <<<down_grid, Cfg::kThreads, SmemPlan<Cfg, kMxfp4>::bytes(intermediate_), stream>>>(gemm);
-    SY_CUDA_LAUNCH_CHECK("grouped_gemm_kernel<down>");
+    if constexpr (kWgmma) {
+      const dim3 grid(static_cast<unsigned>(ceil_div(hidden_, kWgN)), m_tiles);
+      grouped_gemm_wgmma_kernel<false><<<grid, kWgThreads, kWgSmemBytes, stream>>>(gemm);
+      SY_CUDA_LAUNCH_CHECK("grouped_gemm_wgmma_kernel<down>");
+    } else {
+      const dim3 grid(static_cast<unsigned>(ceil_div(hidden_, Cfg::kN)), m_tiles);
+      grouped_gemm_kernel<Cfg, false, kMxfp4>
+          <<<grid, Cfg::kThreads, SmemPlan<Cfg, kMxfp4>::bytes(intermediate_), stream>>>(gemm);
+      SY_CUDA_LAUNCH_CHECK("grouped_gemm_kernel<down>");
+    }
   }
 
   // Expert widths the grouped GEMM does not tile (simple_gate_up_kernel / simple_down_kernel).
