@@ -204,15 +204,15 @@ if want gemm-tile; then
   tile_ab gpt-oss-20b 4096 1 SY_GEMM_TILE= SY_GEMM_TILE=k32
 fi
 if want wgmma; then
-  # The grouped GEMM's large bf16 steps on wgmma (SY_GEMM_WGMMA=1, grouped_gemm_wgmma_kernel, not
-  # yet run): the harness's cuda-modular cases with it, then prefill steps alternating with the
+  # The grouped GEMM's large steps on wgmma (SY_GEMM_WGMMA=1, grouped_gemm_wgmma_kernel, bf16 and
+  # MXFP4 experts, not yet run): the harness's cuda-modular cases with it, then prefill steps alternating with the
   # default mma.sync kernel, two rounds.
   section "grouped GEMM on wgmma (SY_GEMM_WGMMA=1): harness, prefill A/B"
   SY_GEMM_WGMMA=1 run wgmma-ops timeout "${STAGE_TIMEOUT:-300}" "$carry/cuda_op_harness" --filter moe.cuda-modular \
     --json "$OUT/op_harness_wgmma.json"
   for round in 1 2; do
     for variant in SY_GEMM_WGMMA=0 SY_GEMM_WGMMA=1; do
-      for shape in "qwen3-30b-a3b 8192 1" "qwen3.5-35b-a3b 8192 8"; do
+      for shape in "qwen3-30b-a3b 8192 1" "qwen3.5-35b-a3b 8192 8" "gpt-oss-20b 4096 1"; do
         read -r model prefill seqs <<< "$shape"
         echo "--- $model, $prefill tokens over $seqs, $variant (round $round)"
         env $variant "$carry/step_bench" --device cuda --random-weights "$carry/$model/config.json" --batches "" \

@@ -561,6 +561,8 @@ void run_moe_ops(Harness& h) {
               // The large tile at widths of whole k tiles and several M tiles an expert (4,000
               // pairs over 32 experts; SY_GEMM_WGMMA=1 puts it on the wgmma kernel).
               {{1024, 384, 32, 4}, SpecKind::kQwen, {1000}},
+              // The same for MXFP4 experts (3,200 pairs over 16 experts; k 640 and 320).
+              {{640, 320, 16, 4}, SpecKind::kGptOss, {800}, true},
               {{200, 72, 12, 3}, SpecKind::kMixtral, {2, 33, 300}},
               {{200, 72, 12, 3}, SpecKind::kSigmoid, {2, 33, 300}},
               {{200, 72, 12, 3}, SpecKind::kPlainSoftmax, {7, 64}},

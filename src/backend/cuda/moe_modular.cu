@@ -501,111 +501,46 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
 
 // ---- Large steps on Hopper: the grouped GEMM on wgmma (SY_GEMM_WGMMA=1, experiment) ----
 //
-// The same work as grouped_gemm_kernel<LargeTile, *, false> (bf16 weights; a 128-row M tile of
-// one expert's pairs, 128 B rows: gate_up's 64 gate and 64 up rows of the same output columns,
-// or down's 128 hidden rows) with the products on warpgroup MMA: two warpgroups, each 64 of the
-// tile's rows against all 128 B rows, m64n128k16 from shared memory. Tiles of k 64 in the
-// 128-byte swizzle (wgmma_ptx.cuh), copied with cp.async by every thread in kWgStages stages; the
-// wgmma batch of a k tile completes before the barrier that frees its stage. The sum over k runs
-// in the same tile order; whether wgmma's k16 step rounds like mma.sync's is what the op harness
-// and the bitwise comparison against the default kernel tell (not yet run).
+// The work of grouped_gemm_kernel<LargeTile, *, *> (a 128-row M tile of one expert's pairs, 128
+// B rows: gate_up's 64 gate and 64 up rows of the same output columns, or down's 128 hidden rows)
+// with the products on warpgroup MMA: two warpgroups, each 64 of the tile's rows against all 128
+// B rows, m64n128k16 from shared memory. Tiles of k 64 in the 128-byte swizzle (wgmma_ptx.cuh),
+// copied with cp.async by every thread in kWgStages stages. The sum over k runs in the same tile
+// order; whether wgmma's k16 step rounds like mma.sync's is what the op harness and an A/B of
+// routes tell (not yet run).
 constexpr int kWgM = 128, kWgN = 128, kWgK = 64, kWgStages = 3, kWgThreads = 256;
-constexpr size_t kWgTileBytes = static_cast<size_t>(kWgM) * kWgK * 2;  // A or B, one stage
-// Shared memory: 1024 bytes of slack to align the stages to a swizzle atom, the stages, the
-// tile's row -> pair table.
-constexpr size_t kWgSmemBytes = 1024 + kWgStages * 2 * kWgTileBytes + kWgM * 4;
+constexpr size_t kWgTileBytes = static_cast<size_t>(kWgM) * kWgK * 2;    // A or B, bf16, one stage
+constexpr size_t kWgPackedBytes = static_cast<size_t>(kWgN) * kWgK / 2;  // B, MXFP4, one stage
 static_assert(kWgM == LargeTile::kM, "the wgmma GEMM walks LargeTile's M tiles (align_kernel)");
+static_assert(kWgM == kWgN, "a thread copies the same rows of A and B");
 
+// Shared memory, in bytes from a 1024-byte boundary (the first 1024 bytes of the allocation are
+// slack for that alignment): the A stages; bf16 B: its stages, MXFP4 B: two decoded bf16 tiles,
+// then the packed stages; the tile's row -> pair table; MXFP4: every e8m0 scale of the block's B
+// rows (k_dim / 32 a row).
+template <bool kMxfp4>
+struct WgPlan {
+  static constexpr size_t kA = kWgStages * kWgTileBytes;
+  static constexpr size_t kB = (kMxfp4 ? 2 : kWgStages) * kWgTileBytes;
+  static constexpr size_t kPacked = kMxfp4 ? kWgStages * kWgPackedBytes : 0;
+  static constexpr size_t kRowPairAt = kA + kB + kPacked;
+  static constexpr size_t kScalesAt = kRowPairAt + kWgM * 4;
+  static constexpr size_t bytes(int64_t k_dim) {
+    return 1024 + kScalesAt + (kMxfp4 ? kWgN * static_cast<size_t>(k_dim / 32) : 0);
+  }
+};
+
+// The tile's outputs from the accumulators: acc[4j + c] is tile row 64 group + 16 (warp % 4) +
+// lane / 4 + 8 (c / 2), B row 8j + 2 (lane % 4) + c % 2 (gate_up: j < 8 gate, j >= 8 the up rows
+// of the same columns). The grouped GEMM's epilogue (activation and biases).
 template <bool kGateUp>
-__global__ void __launch_bounds__(kWgThreads, 1) grouped_gemm_wgmma_kernel(GroupedGemm g) {
-#if SY_HAS_WGMMA
-  const int m_tile = blockIdx.y;
-  if (m_tile >= *g.tile_count) return;
-  const int expert = g.tile_expert[m_tile];
-  const int64_t row_base = static_cast<int64_t>(m_tile) * kWgM;
-
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  const uint32_t raw_address = smem_address(smem_raw);
-  const uint32_t stages_address = (raw_address + 1023u) & ~1023u;
-  int32_t* row_pair = reinterpret_cast<int32_t*>(smem_raw + 1024 + kWgStages * 2 * kWgTileBytes);
-  auto a_stage = [&](int s) {
-    return stages_address + static_cast<uint32_t>(s * 2 * kWgTileBytes);
-  };
-  auto b_stage = [&](int s) { return a_stage(s) + static_cast<uint32_t>(kWgTileBytes); };
-
-  const int tid = threadIdx.x;
-  for (int r = tid; r < kWgM; r += kWgThreads) row_pair[r] = g.perm[row_base + r];
-  __syncthreads();
-
-  // Thread tid copies chunk tid % 8 of rows tid / 8 + 32 i (i < 4) of A and of B every stage.
-  constexpr int kChunksPerRow = kWgK / 8, kRowsPerPass = kWgThreads / kChunksPerRow;
-  constexpr int kLoads = kWgM / kRowsPerPass;
-  static_assert(kWgM == kWgN && kWgM % kRowsPerPass == 0, "the same rows of A and B per thread");
-  const int chunk = tid % kChunksPerRow, row0 = tid / kChunksPerRow;
-  const int n_per_cta = kGateUp ? kWgN / 2 : kWgN;
-  const int n0 = blockIdx.x * n_per_cta;
-  const __nv_bfloat16* a_src[kLoads];  // nullptr: padding row, zero-filled
-  const __nv_bfloat16* b_src[kLoads];  // nullptr: past n_dim, zero-filled
-#pragma unroll
-  for (int i = 0; i < kLoads; ++i) {
-    const int r = row0 + i * kRowsPerPass;
-    const int32_t pair = row_pair[r];
-    const int64_t src_row = kGateUp ? pair / g.top_k : row_base + r;
-    a_src[i] = pair >= 0 ? g.a + src_row * g.k_dim : nullptr;
-    const int n = n0 + r % n_per_cta;
-    const int64_t w_row =
-        kGateUp ? static_cast<int64_t>(expert) * 2 * g.n_dim + (r >= n_per_cta ? g.n_dim : 0) + n
-                : static_cast<int64_t>(expert) * g.n_dim + n;
-    b_src[i] = n < g.n_dim ? g.w + w_row * g.k_dim : nullptr;
-  }
-  auto load_stage = [&](int s, int k0) {
-    const int k = k0 + chunk * 8;
-    const bool k_ok = k < g.k_dim;  // k_dim % 8 == 0: a chunk is all in or all out
-#pragma unroll
-    for (int i = 0; i < kLoads; ++i) {
-      const uint32_t at = wgmma::swizzled_chunk(row0 + i * kRowsPerPass, chunk);
-      const bool a_ok = k_ok && a_src[i], b_ok = k_ok && b_src[i];
-      cp_async_16(a_stage(s) + at, a_ok ? a_src[i] + k : g.a, a_ok);
-      cp_async_16(b_stage(s) + at, b_ok ? b_src[i] + k : g.w, b_ok);
-    }
-  };
-
-  const int warp = tid >> 5, lane = tid & 31;
-  const int group = warp / 4;  // warpgroup: tile rows [64 group, 64 group + 64)
-  float acc[64];
-#pragma unroll
-  for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
-
-  const int k_tiles = (g.k_dim + kWgK - 1) / kWgK;
-#pragma unroll
-  for (int s = 0; s < kWgStages - 1; ++s) {
-    if (s < k_tiles) load_stage(s, s * kWgK);
-    cp_async_commit();
-  }
-  for (int kt = 0; kt < k_tiles; ++kt) {
-    cp_async_wait<kWgStages - 2>();  // tile kt has landed (this thread's copies)
-    wgmma::fence_proxy_async();      // ... and is visible to the async proxy
-    __syncthreads();                 // ... everyone's; stage (kt - 1)'s wgmma batch completed
-    const int next = kt + kWgStages - 1;
-    if (next < k_tiles) load_stage(next % kWgStages, next * kWgK);
-    cp_async_commit();
-
-    const int s = kt % kWgStages;
-    const uint32_t a_rows = a_stage(s) + static_cast<uint32_t>(group * 64 * kWgK * 2);
-    wgmma::fence();
-#pragma unroll
-    for (int kk = 0; kk < kWgK; kk += 16)
-      wgmma::mma_m64n128k16(acc, wgmma::tile_descriptor(a_rows, kk),
-                            wgmma::tile_descriptor(b_stage(s), kk));
-    wgmma::commit_group();
-    wgmma::wait_group<0>();
-  }
-
-  // Epilogue: acc[4j + c] is tile row 64 group + 16 (warp % 4) + lane / 4 + 8 (c / 2), B row
-  // 8j + 2 (lane % 4) + c % 2 (gate_up: j < 8 gate, j >= 8 the up rows of the same columns).
+__device__ __forceinline__ void wgmma_epilogue(const GroupedGemm& g, const float (&acc)[64],
+                                               const int32_t* row_pair, int expert,
+                                               int64_t row_base, int n0) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    const int r = group * 64 + (warp % 4) * 16 + (lane >> 2) + half * 8;
+    const int r = (warp / 4) * 64 + (warp % 4) * 16 + (lane >> 2) + half * 8;
     const int32_t pair = row_pair[r];
     if (pair < 0) continue;  // padding row
     if constexpr (kGateUp) {
@@ -632,8 +567,162 @@ __global__ void __launch_bounds__(kWgThreads, 1) grouped_gemm_wgmma_kernel(Group
       }
     }
   }
+}
+
+// bf16 weights: B's tiles are cp.async'd like A's; the wgmma batch of tile kt completes before
+// the barrier that frees its stage. MXFP4 weights: B's packed tiles are cp.async'd (one 16-byte
+// chunk, 32 values of one row, a thread) and each thread decodes its own chunk (no barrier
+// between landing and decoding) into one of two bf16 tiles: tile kt + 1 is decoded while the
+// wgmma batch of tile kt runs. Decoding as grouped_gemm_kernel's (mxfp4_to_bf16x8 per 8 values
+// with the block's scale), so the products are of the same bf16 values.
+template <bool kGateUp, bool kMxfp4>
+__global__ void __launch_bounds__(kWgThreads, 1) grouped_gemm_wgmma_kernel(GroupedGemm g) {
+#if SY_HAS_WGMMA
+  const int m_tile = blockIdx.y;
+  if (m_tile >= *g.tile_count) return;
+  const int expert = g.tile_expert[m_tile];
+  const int64_t row_base = static_cast<int64_t>(m_tile) * kWgM;
+
+  using Plan = WgPlan<kMxfp4>;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const uint32_t raw_address = smem_address(smem_raw);
+  const uint32_t base = (raw_address + 1023u) & ~1023u;  // swizzle atoms start on 1024 bytes
+  unsigned char* base_ptr = smem_raw + (base - raw_address);
+  int32_t* row_pair = reinterpret_cast<int32_t*>(base_ptr + Plan::kRowPairAt);
+  uint8_t* scale_smem = base_ptr + Plan::kScalesAt;
+  auto a_stage = [&](int s) { return base + static_cast<uint32_t>(s * kWgTileBytes); };
+  auto b_tile = [&](int s) { return base + static_cast<uint32_t>(Plan::kA + s * kWgTileBytes); };
+  auto packed_stage = [&](int s) {
+    return base_ptr + Plan::kA + Plan::kB + static_cast<size_t>(s) * kWgPackedBytes;
+  };
+
+  const int tid = threadIdx.x;
+  for (int r = tid; r < kWgM; r += kWgThreads) row_pair[r] = g.perm[row_base + r];
+  __syncthreads();
+
+  // Thread tid copies bf16 chunk tid % 8 of rows tid / 8 + 32 i (i < 4) of A (and of bf16 B)
+  // every stage; MXFP4 B: packed chunk tid % 2 of row tid / 2.
+  constexpr int kChunksPerRow = kWgK / 8, kRowsPerPass = kWgThreads / kChunksPerRow;
+  constexpr int kLoads = kWgM / kRowsPerPass;
+  const int chunk = tid % kChunksPerRow, row0 = tid / kChunksPerRow;
+  const int n_per_cta = kGateUp ? kWgN / 2 : kWgN;
+  const int n0 = blockIdx.x * n_per_cta;
+  // The weight row behind B row j (gate_up: [0, 64) gate, [64, 128) up rows of the same output
+  // columns; MXFP4's gate_up rows interleave gate 2n and up 2n + 1), -1 past n_dim.
+  auto weight_row = [&](int j) -> int64_t {
+    const int n = n0 + j % n_per_cta;
+    if (n >= g.n_dim) return -1;
+    if constexpr (kGateUp && kMxfp4)
+      return static_cast<int64_t>(expert) * 2 * g.n_dim + 2 * n + (j >= n_per_cta ? 1 : 0);
+    else if constexpr (kGateUp)
+      return static_cast<int64_t>(expert) * 2 * g.n_dim + (j >= n_per_cta ? g.n_dim : 0) + n;
+    else
+      return static_cast<int64_t>(expert) * g.n_dim + n;
+  };
+  const __nv_bfloat16* a_src[kLoads];  // nullptr: padding row, zero-filled
+  const __nv_bfloat16* b_src[kLoads];  // bf16 B; nullptr: past n_dim, zero-filled
+#pragma unroll
+  for (int i = 0; i < kLoads; ++i) {
+    const int r = row0 + i * kRowsPerPass;
+    const int32_t pair = row_pair[r];
+    const int64_t src_row = kGateUp ? pair / g.top_k : row_base + r;
+    a_src[i] = pair >= 0 ? g.a + src_row * g.k_dim : nullptr;
+    const int64_t w_row = kMxfp4 ? -1 : weight_row(r);
+    b_src[i] = w_row >= 0 ? g.w + w_row * g.k_dim : nullptr;
+  }
+  const int p_row = tid / 2, p_half = tid % 2;  // MXFP4: this thread's packed chunk
+  const int64_t p_weight_row = kMxfp4 ? weight_row(p_row) : -1;
+  const uint8_t* p_src =
+      p_weight_row >= 0 ? g.w_blocks + p_weight_row * (g.k_dim / 2) + p_half * 16 : nullptr;
+
+  auto load_stage = [&](int s, int k0) {
+    const int k = k0 + chunk * 8;
+    const bool k_ok = k < g.k_dim;  // k_dim % 8 == 0: a chunk is all in or all out
+#pragma unroll
+    for (int i = 0; i < kLoads; ++i) {
+      const uint32_t at = wgmma::swizzled_chunk(row0 + i * kRowsPerPass, chunk);
+      const bool a_ok = k_ok && a_src[i];
+      cp_async_16(a_stage(s) + at, a_ok ? a_src[i] + k : g.a, a_ok);
+      if constexpr (!kMxfp4) {
+        const bool b_ok = k_ok && b_src[i];
+        cp_async_16(b_tile(s) + at, b_ok ? b_src[i] + k : g.w, b_ok);
+      }
+    }
+    if constexpr (kMxfp4) {  // k_dim % 32 == 0: a 32-value chunk is all in or all out
+      const bool ok = p_src && k0 + p_half * 32 < g.k_dim;
+      cp_async_16(smem_address(packed_stage(s) + tid * 16), ok ? p_src + k0 / 2 : g.w_blocks, ok);
+    }
+  };
+  // MXFP4: this thread's packed chunk of tile kt (stage s) as bf16 into decoded tile `to`: its
+  // row's bf16 chunks 4 p_half .. 4 p_half + 3.
+  auto decode_own = [&](int s, int kt, int to) {
+    const uint4 packed = *reinterpret_cast<const uint4*>(packed_stage(s) + tid * 16);
+    const int scales_per_row = g.k_dim / 32;
+    const int block = kt * (kWgK / 32) + p_half;
+    const uint8_t scale =
+        block < scales_per_row ? scale_smem[p_row * scales_per_row + block] : uint8_t{127};
+    unsigned char* tile = base_ptr + Plan::kA + static_cast<size_t>(to) * kWgTileBytes;
+    const uint32_t words[4] = {packed.x, packed.y, packed.z, packed.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      *reinterpret_cast<uint4*>(tile + wgmma::swizzled_chunk(p_row, p_half * 4 + i)) =
+          mxfp4_to_bf16x8(words[i], scale);
+  };
+
+  const int group = (tid >> 5) / 4;  // warpgroup: tile rows [64 group, 64 group + 64)
+  float acc[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
+
+  const int k_tiles = (g.k_dim + kWgK - 1) / kWgK;
+#pragma unroll
+  for (int s = 0; s < kWgStages - 1; ++s) {
+    if (s < k_tiles) load_stage(s, s * kWgK);
+    cp_async_commit();
+  }
+  if constexpr (kMxfp4) {  // every scale of the block's rows, then tile 0 decoded
+    const int scales_per_row = g.k_dim / 32;
+    for (int idx = tid; idx < kWgN * scales_per_row; idx += kWgThreads) {
+      const int j = idx / scales_per_row;
+      const int64_t w_row = weight_row(j);
+      scale_smem[idx] = w_row >= 0 ? g.w_scales[w_row * scales_per_row + (idx - j * scales_per_row)]
+                                   : uint8_t{127};
+    }
+    __syncthreads();
+    cp_async_wait<kWgStages - 2>();  // tile 0 (this thread's chunk)
+    decode_own(0, 0, 0);
+  }
+  for (int kt = 0; kt < k_tiles; ++kt) {
+    cp_async_wait<kWgStages - 2>();  // tile kt has landed (this thread's copies)
+    wgmma::fence_proxy_async();      // ... visible to the async proxy (and decoded tile kt)
+    __syncthreads();                 // ... everyone's; tile kt - 1's wgmma batch completed
+    const int next = kt + kWgStages - 1;
+    if (next < k_tiles) load_stage(next % kWgStages, next * kWgK);
+    cp_async_commit();
+
+    const int s = kt % kWgStages;
+    const uint32_t a_rows = a_stage(s) + static_cast<uint32_t>(group * 64 * kWgK * 2);
+    const uint32_t b_rows = kMxfp4 ? b_tile(kt % 2) : b_tile(s);
+    wgmma::fence();
+#pragma unroll
+    for (int kk = 0; kk < kWgK; kk += 16)
+      wgmma::mma_m64n128k16(acc, wgmma::tile_descriptor(a_rows, kk),
+                            wgmma::tile_descriptor(b_rows, kk));
+    wgmma::commit_group();
+    if constexpr (kMxfp4) {
+      // Tile kt + 1 into the other decoded tile (tile kt - 1's, whose batch completed before the
+      // barrier) while this batch runs. Committed groups now reach tile kt + kWgStages - 1, so
+      // kWgStages - 2 pending leaves tile kt + 1 landed.
+      if (kt + 1 < k_tiles) {
+        cp_async_wait<kWgStages - 2>();
+        decode_own((kt + 1) % kWgStages, kt + 1, (kt + 1) % 2);
+      }
+    }
+    wgmma::wait_group<0>();
+  }
+  wgmma_epilogue<kGateUp>(g, acc, row_pair, expert, row_base, n0);
 #else
-  __trap();  // launched only on sm_90 (CudaModular::wgmma_)
+  __trap();  // launched only on sm_90 (ModularKernel::wgmma_)
 #endif
 }
 
@@ -1253,11 +1342,18 @@ class ModularKernel final : public moe::ExpertsKernel {
              cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, context_.device) ==
                  cudaSuccess &&
              major == 9;
-    if (wgmma_)
-      for (const void* kernel : {reinterpret_cast<const void*>(grouped_gemm_wgmma_kernel<true>),
-                                 reinterpret_cast<const void*>(grouped_gemm_wgmma_kernel<false>)})
+    if (wgmma_) {
+      for (const void* kernel :
+           {reinterpret_cast<const void*>(grouped_gemm_wgmma_kernel<true, false>),
+            reinterpret_cast<const void*>(grouped_gemm_wgmma_kernel<false, false>)})
         SY_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(kWgSmemBytes)));
+                                           static_cast<int>(WgPlan<false>::bytes(max_k))));
+      for (const void* kernel :
+           {reinterpret_cast<const void*>(grouped_gemm_wgmma_kernel<true, true>),
+            reinterpret_cast<const void*>(grouped_gemm_wgmma_kernel<false, true>)})
+        SY_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           static_cast<int>(WgPlan<true>::bytes(max_k))));
+    }
     const int64_t stream_k = std::min<int64_t>(max_k, kStreamMaxK);
     allow_stream_shared_memory(stream_k);
     return Status::ok();
@@ -1320,7 +1416,9 @@ class ModularKernel final : public moe::ExpertsKernel {
       forward_experts<MediumTile>(mxfp4, w, experts, pairs, stream);
     else if (tiles_ == "k32")
       forward_experts<LargeK32Tile>(mxfp4, w, experts, pairs, stream);
-    else if (wgmma_ && !mxfp4)
+    else if (wgmma_ && mxfp4)
+      forward_experts<LargeTile, true, true>(w, experts, pairs, stream);
+    else if (wgmma_)
       forward_experts<LargeTile, false, true>(w, experts, pairs, stream);
     else
       forward_experts<LargeTile>(mxfp4, w, experts, pairs, stream);
@@ -1347,14 +1445,14 @@ class ModularKernel final : public moe::ExpertsKernel {
     mxfp4 ? forward_experts<Cfg, true>(w, experts, pairs, stream)
           : forward_experts<Cfg, false>(w, experts, pairs, stream);
   }
-  // SY_GEMM_WGMMA=1 (experiment, not yet run): large bf16 steps on grouped_gemm_wgmma_kernel, on
+  // SY_GEMM_WGMMA=1 (experiment, not yet run): large steps on grouped_gemm_wgmma_kernel, on
   // a Hopper GPU (compute capability 9.x) only; set by reserve().
   bool wgmma_ = false;
-  // kWgmma: grouped_gemm_wgmma_kernel (bf16 weights, Cfg = LargeTile for the alignment).
+  // kWgmma: grouped_gemm_wgmma_kernel (Cfg = LargeTile for the alignment).
   template <class Cfg, bool kMxfp4, bool kWgmma = false>
   void forward_experts(const moe::MoeLayerWeights& w, const ExpertParams& experts, int64_t pairs,
                        cudaStream_t stream) {
-    static_assert(!kWgmma || (!kMxfp4 && Cfg::kM == kWgM), "wgmma: bf16, LargeTile's M tiles");
+    static_assert(!kWgmma || Cfg::kM == kWgM, "wgmma: LargeTile's M tiles");
     align_kernel<<<static_cast<unsigned>(experts_), kAlignThreads, 0, stream>>>(
         ids_, static_cast<int>(pairs), static_cast<int>(experts_), Cfg::kM, perm_, tile_expert_,
         tile_count_);
@@ -1380,7 +1478,8 @@ class ModularKernel final : public moe::ExpertsKernel {
     gemm.act = act_;
     if constexpr (kWgmma) {
       const dim3 grid(static_cast<unsigned>(ceil_div(intermediate_, kWgN / 2)), m_tiles);
-      grouped_gemm_wgmma_kernel<true><<<grid, kWgThreads, kWgSmemBytes, stream>>>(gemm);
+      grouped_gemm_wgmma_kernel<true, kMxfp4>
+          <<<grid, kWgThreads, WgPlan<kMxfp4>::bytes(hidden_), stream>>>(gemm);
       SY_CUDA_LAUNCH_CHECK("grouped_gemm_wgmma_kernel<gate_up>");
     } else {
       const dim3 grid(static_cast<unsigned>(ceil_div(intermediate_, Cfg::kN / 2)), m_tiles);
@@ -1402,7 +1501,8 @@ class ModularKernel final : public moe::ExpertsKernel {
     gemm.y = y_;
     if constexpr (kWgmma) {
       const dim3 grid(static_cast<unsigned>(ceil_div(hidden_, kWgN)), m_tiles);
-      grouped_gemm_wgmma_kernel<false><<<grid, kWgThreads, kWgSmemBytes, stream>>>(gemm);
+      grouped_gemm_wgmma_kernel<false, kMxfp4>
+          <<<grid, kWgThreads, WgPlan<kMxfp4>::bytes(intermediate_), stream>>>(gemm);
       SY_CUDA_LAUNCH_CHECK("grouped_gemm_wgmma_kernel<down>");
     } else {
       const dim3 grid(static_cast<unsigned>(ceil_div(hidden_, Cfg::kN)), m_tiles);
