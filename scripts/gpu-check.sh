@@ -215,7 +215,7 @@ if want wgmma; then
       for shape in "qwen3-30b-a3b 8192 1" "qwen3.5-35b-a3b 8192 8" "gpt-oss-20b 4096 1"; do
         read -r model prefill seqs <<< "$shape"
         echo "--- $model, $prefill tokens over $seqs, $variant (round $round)"
-        env $variant "$carry/step_bench" --device cuda --random-weights "$carry/$model/config.json" --batches "" \
+        env $variant timeout 90 "$carry/step_bench" --device cuda --random-weights "$carry/$model/config.json" --batches "" \
           --prefill "$prefill" --prefill-seqs "$seqs" --steps 1 --ab-pairs 0 --matmul-tflops "$tflops" 2>&1 | grep -E "prefill|rror"
       done
     done
