@@ -464,6 +464,34 @@ void device_case(Harness& h, Case& c, const Group& g, Weights& w, StepData& d, m
     if (!plain.status) c.fail("without capture: " + plain.status.message());
     else c.check("out (capture off)", compare(plain.out, d.capture_out, s.hidden, &rows), kMoeTol);
   }
+  if (!replay && !modular && kernel.batch_invariant() && d.tokens >= 256) {
+    // A row's result does not depend on the rest of the step (what batch_invariant() promises):
+    // the first 40 tokens as a step of their own (a smaller grouped GEMM tile) give the same
+    // bits, routes and outputs, as in this step.
+    constexpr int64_t kHead = 40;
+    StepData head;
+    head.tokens = kHead;
+    head.x.assign(d.x.begin(), d.x.begin() + kHead * s.hidden);
+    Run alone = forward(h.device, buffers, kernel, w.dev, spec, head, true, false);
+    if (!alone.status) {
+      c.fail("the first 40 tokens alone: " + alone.status.message());
+    } else {
+      const size_t values = static_cast<size_t>(kHead * s.hidden);
+      int64_t differ = 0;
+      double worst = 0;
+      for (size_t i = 0; i < values; ++i)
+        if (std::memcmp(&alone.out[i], &run.out[i], 4) != 0) {
+          ++differ;
+          worst = std::max(worst, std::abs(static_cast<double>(alone.out[i]) - run.out[i]));
+        }
+      const bool same_routes = std::equal(alone.sink.begin(), alone.sink.end(), run.sink.begin());
+      c.expect(
+          differ == 0 && same_routes,
+          fmt::format("batch invariance: the first {} tokens alone differ from the same tokens in "
+                      "the {}-token step: {} of {} outputs (worst {:.2e}), routes {}",
+                      kHead, d.tokens, differ, values, worst, same_routes ? "equal" : "differ"));
+    }
+  }
   if (modular && modular != &kernel) {
     // Both device kernels route with the same device functions: bitwise the same routes.
     Run other = forward(h.device, buffers, *modular, w.dev, spec, d, true, replay);
