@@ -210,7 +210,7 @@ if want wgmma; then
   section "grouped GEMM on wgmma (SY_GEMM_WGMMA=1): harness, prefill A/B"
   SY_GEMM_WGMMA=1 run wgmma-ops timeout "${STAGE_TIMEOUT:-300}" "$carry/cuda_op_harness" --filter moe.cuda-modular \
     --json "$OUT/op_harness_wgmma.json"
-  for round in 1 2; do
+  for round in $(seq 1 "${WGMMA_ROUNDS:-2}"); do
     for variant in SY_GEMM_WGMMA=0 SY_GEMM_WGMMA=1; do
       for shape in "qwen3-30b-a3b 8192 1" "qwen3.5-35b-a3b 8192 8" "gpt-oss-20b 4096 1"; do
         read -r model prefill seqs <<< "$shape"
