@@ -464,10 +464,11 @@ void device_case(Harness& h, Case& c, const Group& g, Weights& w, StepData& d, m
     if (!plain.status) c.fail("without capture: " + plain.status.message());
     else c.check("out (capture off)", compare(plain.out, d.capture_out, s.hidden, &rows), kMoeTol);
   }
-  if (!replay && !modular && kernel.batch_invariant() && d.tokens >= 256) {
+  if (!replay && !modular && d.tokens >= 256) {
     // A row's result does not depend on the rest of the step (what batch_invariant() promises):
     // the first 40 tokens as a step of their own (a smaller grouped GEMM tile) give the same
-    // bits, routes and outputs, as in this step.
+    // bits, routes and outputs, as in this step. A kernel that does not promise it (cuda-modular
+    // with SY_GEMM_WGMMA=1) gets the comparison as information.
     constexpr int64_t kHead = 40;
     StepData head;
     head.tokens = kHead;
@@ -485,11 +486,14 @@ void device_case(Harness& h, Case& c, const Group& g, Weights& w, StepData& d, m
           worst = std::max(worst, std::abs(static_cast<double>(alone.out[i]) - run.out[i]));
         }
       const bool same_routes = std::equal(alone.sink.begin(), alone.sink.end(), run.sink.begin());
-      c.expect(
-          differ == 0 && same_routes,
-          fmt::format("batch invariance: the first {} tokens alone differ from the same tokens in "
-                      "the {}-token step: {} of {} outputs (worst {:.2e}), routes {}",
-                      kHead, d.tokens, differ, values, worst, same_routes ? "equal" : "differ"));
+      const std::string what = fmt::format(
+          "batch invariance: the first {} tokens alone against the same tokens in the "
+          "{}-token step: {} of {} outputs differ (worst {:.2e}), routes {}",
+          kHead, d.tokens, differ, values, worst, same_routes ? "equal" : "differ");
+      if (kernel.batch_invariant())
+        c.expect(differ == 0 && same_routes, what);
+      else
+        c.info(what + " (not promised)");
     }
   }
   if (modular && modular != &kernel) {
