@@ -205,8 +205,8 @@ if want gemm-tile; then
 fi
 if want wgmma; then
   # The grouped GEMM's large steps on wgmma (SY_GEMM_WGMMA=1, grouped_gemm_wgmma_kernel, bf16 and
-  # MXFP4 experts, not yet run): the harness's cuda-modular cases with it, then prefill steps alternating with the
-  # default mma.sync kernel, two rounds.
+  # MXFP4 experts, not yet run): the harness's cuda-modular cases with it, then prefill steps
+  # alternating with the default mma.sync kernel, WGMMA_ROUNDS rounds (default 2).
   section "grouped GEMM on wgmma (SY_GEMM_WGMMA=1): harness, prefill A/B"
   SY_GEMM_WGMMA=1 run wgmma-ops timeout "${STAGE_TIMEOUT:-300}" "$carry/cuda_op_harness" --filter moe.cuda-modular \
     --json "$OUT/op_harness_wgmma.json"

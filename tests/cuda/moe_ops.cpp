@@ -475,7 +475,7 @@ void device_case(Harness& h, Case& c, const Group& g, Weights& w, StepData& d, m
     head.x.assign(d.x.begin(), d.x.begin() + kHead * s.hidden);
     Run alone = forward(h.device, buffers, kernel, w.dev, spec, head, true, false);
     if (!alone.status) {
-      c.fail("the first 40 tokens alone: " + alone.status.message());
+      c.fail(fmt::format("the first {} tokens alone: {}", kHead, alone.status.message()));
     } else {
       const size_t values = static_cast<size_t>(kHead * s.hidden);
       int64_t differ = 0;

@@ -269,6 +269,53 @@ struct GroupedGemm {
   ExpertParams experts;                  // activation and biases
 };
 
+// The expert weight row behind a CTA's B row j, -1 past n_dim. The CTA covers output columns
+// [n0, n0 + n_per_cta); gate_up's B rows [0, n_per_cta) are gate rows and [n_per_cta, 2
+// n_per_cta) the up rows of the same columns (MXFP4: gpt-oss's interleaved gate 2n, up 2n + 1).
+template <bool kGateUp, bool kMxfp4>
+__device__ __forceinline__ int64_t expert_weight_row(const GroupedGemm& g, int expert, int n0,
+                                                     int n_per_cta, int j) {
+  const int n = n0 + j % n_per_cta;
+  if (n >= g.n_dim) return -1;
+  if constexpr (kGateUp && kMxfp4)
+    return static_cast<int64_t>(expert) * 2 * g.n_dim + 2 * n + (j >= n_per_cta ? 1 : 0);
+  else if constexpr (kGateUp)
+    return static_cast<int64_t>(expert) * 2 * g.n_dim + (j >= n_per_cta ? g.n_dim : 0) + n;
+  else
+    return static_cast<int64_t>(expert) * g.n_dim + n;
+}
+
+// MXFP4: every e8m0 scale of a CTA's `rows` B rows (k_dim / 32 a row) into shared memory, 127
+// (a scale of 1) for rows past n_dim.
+template <bool kGateUp, int kThreads>
+__device__ __forceinline__ void load_block_scales(const GroupedGemm& g, int expert, int n0,
+                                                  int n_per_cta, int rows, uint8_t* scale_smem) {
+  const int scales_per_row = g.k_dim / 32;
+  for (int idx = threadIdx.x; idx < rows * scales_per_row; idx += kThreads) {
+    const int j = idx / scales_per_row;
+    const int64_t w_row = expert_weight_row<kGateUp, true>(g, expert, n0, n_per_cta, j);
+    scale_smem[idx] =
+        w_row >= 0 ? g.w_scales[w_row * scales_per_row + (idx - j * scales_per_row)] : uint8_t{127};
+  }
+}
+
+// The grouped GEMM's epilogue for one tile row's output columns col, col + 1 (n_dim % 8 == 0: both
+// in or both out). gate_up: the activation of the gate and up sums into the row's act (bf16);
+// down: the sums plus the down bias into the pair's row of y (f32).
+__device__ __forceinline__ void store_gate_up_pair(const GroupedGemm& g, int expert,
+                                                   __nv_bfloat16* act_row, int col, float g0,
+                                                   float g1, float u0, float u1) {
+  const float h0 = g.experts.activate(expert, col, g.n_dim, g0, u0),
+              h1 = g.experts.activate(expert, col + 1, g.n_dim, g1, u1);
+  *reinterpret_cast<__nv_bfloat162*>(act_row + col) = __floats2bfloat162_rn(h0, h1);
+}
+__device__ __forceinline__ void store_down_pair(const GroupedGemm& g, int expert, float* y_row,
+                                                int col, float y0, float y1) {
+  *reinterpret_cast<float2*>(y_row + col) =
+      make_float2(y0 + g.experts.down_bias_of(expert, col, g.n_dim),
+                  y1 + g.experts.down_bias_of(expert, col + 1, g.n_dim));
+}
+
 // grid (N tiles, M-tile bound). One (expert, M tile, N tile) per CTA; cp.async multi-stage
 // pipeline over k; ldmatrix + mma.sync m16n8k16. Floor, gate_up: max(touched experts x 2*I*H*2
 // bytes, 2*T*K*2I*H FLOPs); down: max(touched experts x H*I*2 bytes, 2*T*K*H*I FLOPs).
@@ -310,17 +357,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   }
   const int n_per_cta = kGateUp ? Cfg::kN / 2 : Cfg::kN;
   const int n0 = blockIdx.x * n_per_cta;
-  // The weight row behind shared B row j (gate_up: rows [0, kN/2) gate, [kN/2, kN) up of the
-  // same output columns), -1 past n_dim.
-  auto weight_row = [&](int j) -> int64_t {
-    const int n = n0 + j % n_per_cta;
-    if (n >= g.n_dim) return -1;
-    if constexpr (kGateUp && kMxfp4)  // gpt-oss's interleaved rows: gate 2n, up 2n + 1
-      return static_cast<int64_t>(expert) * 2 * g.n_dim + 2 * n + (j >= n_per_cta ? 1 : 0);
-    else if constexpr (kGateUp)
-      return static_cast<int64_t>(expert) * 2 * g.n_dim + (j >= n_per_cta ? g.n_dim : 0) + n;
-    else
-      return static_cast<int64_t>(expert) * g.n_dim + n;
+  auto weight_row = [&](int j) {
+    return expert_weight_row<kGateUp, kMxfp4>(g, expert, n0, n_per_cta, j);
   };
   const __nv_bfloat16* b_src[Cfg::kBChunks];  // bf16 weights; nullptr: past n_dim, zero-filled
 #pragma unroll
@@ -417,15 +455,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     if (s < k_tiles) load_stage(s, s * Cfg::kK);
     cp_async_commit();  // always commit: the group count stays uniform
   }
-  if constexpr (kMxfp4) {  // every scale of the block's rows, while the first stages load
-    const int scales_per_row = g.k_dim / 32;
-    for (int idx = tid; idx < Cfg::kN * scales_per_row; idx += Cfg::kThreads) {
-      const int j = idx / scales_per_row;
-      const int64_t w_row = weight_row(j);
-      scale_smem[idx] = w_row >= 0 ? g.w_scales[w_row * scales_per_row + (idx - j * scales_per_row)]
-                                   : uint8_t{127};
-    }
-  }
+  if constexpr (kMxfp4)  // every scale of the block's rows, while the first stages load
+    load_block_scales<kGateUp, Cfg::kThreads>(g, expert, n0, n_per_cta, Cfg::kN, scale_smem);
   for (int kt = 0; kt < k_tiles; ++kt) {
     cp_async_wait<Cfg::kStages - 2>();  // tile kt has landed (this thread's copies)
     __syncthreads();                    // ... everyone's; and stage (kt - 1) is free again
@@ -477,12 +508,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
         for (int j = 0; j < kHalfFrags; ++j) {
           const int col = n0 + warp_n * kHalfFrags * 8 + j * 8 + (lane & 3) * 2;
           if (col >= g.n_dim) continue;
-          const float g0 = acc[mf][j][half * 2], g1 = acc[mf][j][half * 2 + 1];
-          const float u0 = acc[mf][j + kHalfFrags][half * 2],
-                      u1 = acc[mf][j + kHalfFrags][half * 2 + 1];
-          const float h0 = g.experts.activate(expert, col, g.n_dim, g0, u0),
-                      h1 = g.experts.activate(expert, col + 1, g.n_dim, g1, u1);
-          *reinterpret_cast<__nv_bfloat162*>(out_row + col) = __floats2bfloat162_rn(h0, h1);
+          store_gate_up_pair(g, expert, out_row, col, acc[mf][j][half * 2],
+                             acc[mf][j][half * 2 + 1], acc[mf][j + kHalfFrags][half * 2],
+                             acc[mf][j + kHalfFrags][half * 2 + 1]);
         }
       } else {
         float* out_row = g.y + static_cast<int64_t>(pair) * g.n_dim;
@@ -490,9 +518,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
         for (int j = 0; j < Cfg::kFragsN; ++j) {
           const int col = n0 + warp_n * Cfg::kWarpN + j * 8 + (lane & 3) * 2;
           if (col >= g.n_dim) continue;
-          *reinterpret_cast<float2*>(out_row + col) =
-              make_float2(acc[mf][j][half * 2] + g.experts.down_bias_of(expert, col, g.n_dim),
-                          acc[mf][j][half * 2 + 1] + g.experts.down_bias_of(expert, col + 1, g.n_dim));
+          store_down_pair(g, expert, out_row, col, acc[mf][j][half * 2], acc[mf][j][half * 2 + 1]);
         }
       }
     }
@@ -549,11 +575,9 @@ __device__ __forceinline__ void wgmma_epilogue(const GroupedGemm& g, const float
       for (int j = 0; j < 8; ++j) {
         const int col = n0 + j * 8 + (lane & 3) * 2;
         if (col >= g.n_dim) continue;
-        const float h0 = g.experts.activate(expert, col, g.n_dim, acc[4 * j + 2 * half],
-                                            acc[4 * (j + 8) + 2 * half]);
-        const float h1 = g.experts.activate(expert, col + 1, g.n_dim, acc[4 * j + 2 * half + 1],
-                                            acc[4 * (j + 8) + 2 * half + 1]);
-        *reinterpret_cast<__nv_bfloat162*>(out_row + col) = __floats2bfloat162_rn(h0, h1);
+        store_gate_up_pair(g, expert, out_row, col, acc[4 * j + 2 * half],
+                           acc[4 * j + 2 * half + 1], acc[4 * (j + 8) + 2 * half],
+                           acc[4 * (j + 8) + 2 * half + 1]);
       }
     } else {
       float* out_row = g.y + static_cast<int64_t>(pair) * g.n_dim;
@@ -561,9 +585,7 @@ __device__ __forceinline__ void wgmma_epilogue(const GroupedGemm& g, const float
       for (int j = 0; j < 16; ++j) {
         const int col = n0 + j * 8 + (lane & 3) * 2;
         if (col >= g.n_dim) continue;
-        *reinterpret_cast<float2*>(out_row + col) = make_float2(
-            acc[4 * j + 2 * half] + g.experts.down_bias_of(expert, col, g.n_dim),
-            acc[4 * j + 2 * half + 1] + g.experts.down_bias_of(expert, col + 1, g.n_dim));
+        store_down_pair(g, expert, out_row, col, acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1]);
       }
     }
   }
@@ -607,17 +629,8 @@ __global__ void __launch_bounds__(kWgThreads, 1) grouped_gemm_wgmma_kernel(Group
   const int chunk = tid % kChunksPerRow, row0 = tid / kChunksPerRow;
   const int n_per_cta = kGateUp ? kWgN / 2 : kWgN;
   const int n0 = blockIdx.x * n_per_cta;
-  // The weight row behind B row j (gate_up: [0, 64) gate, [64, 128) up rows of the same output
-  // columns; MXFP4's gate_up rows interleave gate 2n and up 2n + 1), -1 past n_dim.
-  auto weight_row = [&](int j) -> int64_t {
-    const int n = n0 + j % n_per_cta;
-    if (n >= g.n_dim) return -1;
-    if constexpr (kGateUp && kMxfp4)
-      return static_cast<int64_t>(expert) * 2 * g.n_dim + 2 * n + (j >= n_per_cta ? 1 : 0);
-    else if constexpr (kGateUp)
-      return static_cast<int64_t>(expert) * 2 * g.n_dim + (j >= n_per_cta ? g.n_dim : 0) + n;
-    else
-      return static_cast<int64_t>(expert) * g.n_dim + n;
+  auto weight_row = [&](int j) {
+    return expert_weight_row<kGateUp, kMxfp4>(g, expert, n0, n_per_cta, j);
   };
   const __nv_bfloat16* a_src[kLoads];  // nullptr: padding row, zero-filled
   const __nv_bfloat16* b_src[kLoads];  // bf16 B; nullptr: past n_dim, zero-filled
@@ -681,13 +694,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) grouped_gemm_wgmma_kernel(Group
     cp_async_commit();
   }
   if constexpr (kMxfp4) {  // every scale of the block's rows, then tile 0 decoded
-    const int scales_per_row = g.k_dim / 32;
-    for (int idx = tid; idx < kWgN * scales_per_row; idx += kWgThreads) {
-      const int j = idx / scales_per_row;
-      const int64_t w_row = weight_row(j);
-      scale_smem[idx] = w_row >= 0 ? g.w_scales[w_row * scales_per_row + (idx - j * scales_per_row)]
-                                   : uint8_t{127};
-    }
+    load_block_scales<kGateUp, kWgThreads>(g, expert, n0, n_per_cta, kWgN, scale_smem);
     __syncthreads();
     cp_async_wait<kWgStages - 2>();  // tile 0 (this thread's chunk)
     decode_own(0, 0, 0);
