@@ -204,12 +204,13 @@ if want gemm-tile; then
   tile_ab gpt-oss-20b 4096 1 SY_GEMM_TILE= SY_GEMM_TILE=k32
 fi
 if want wgmma; then
-  # The grouped GEMM's large steps on wgmma (SY_GEMM_WGMMA=1, grouped_gemm_wgmma_kernel, bf16 and
-  # MXFP4 experts, not yet run): the harness's cuda-modular cases with it, then prefill steps
-  # alternating with the default mma.sync kernel, WGMMA_ROUNDS rounds (default 2).
-  section "grouped GEMM on wgmma (SY_GEMM_WGMMA=1): harness, prefill A/B"
-  SY_GEMM_WGMMA=1 run wgmma-ops timeout "${STAGE_TIMEOUT:-300}" "$carry/cuda_op_harness" --filter moe.cuda-modular \
-    --json "$OUT/op_harness_wgmma.json"
+  # The grouped GEMM's large steps: wgmma (grouped_gemm_wgmma_kernel, the default on Hopper since
+  # 2026-12-07) against the mma.sync LargeTile (SY_GEMM_WGMMA=0): the harness's cuda-modular
+  # cases on the old path (the ops stage runs the default), then prefill steps alternating,
+  # WGMMA_ROUNDS rounds (default 2).
+  section "grouped GEMM: wgmma (default) against mma.sync (SY_GEMM_WGMMA=0): harness, prefill A/B"
+  SY_GEMM_WGMMA=0 run wgmma-ops timeout "${STAGE_TIMEOUT:-300}" "$carry/cuda_op_harness" --filter moe.cuda-modular \
+    --json "$OUT/op_harness_mma_sync.json"
   for round in $(seq 1 "${WGMMA_ROUNDS:-2}"); do
     for variant in SY_GEMM_WGMMA=0 SY_GEMM_WGMMA=1; do
       for shape in "qwen3-30b-a3b 8192 1" "qwen3.5-35b-a3b 8192 8" "gpt-oss-20b 4096 1"; do

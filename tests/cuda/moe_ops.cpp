@@ -467,8 +467,8 @@ void device_case(Harness& h, Case& c, const Group& g, Weights& w, StepData& d, m
   if (!replay && !modular && d.tokens >= 256) {
     // A row's result does not depend on the rest of the step (what batch_invariant() promises):
     // the first 40 tokens as a step of their own (a smaller grouped GEMM tile) give the same
-    // bits, routes and outputs, as in this step. A kernel that does not promise it (cuda-modular
-    // with SY_GEMM_WGMMA=1) gets the comparison as information.
+    // bits, routes and outputs, as in this step (on Hopper: the small mma.sync tile against the
+    // wgmma kernel's). A kernel that does not promise it gets the comparison as information.
     constexpr int64_t kHead = 40;
     StepData head;
     head.tokens = kHead;
@@ -591,7 +591,7 @@ void run_moe_ops(Harness& h) {
               // (600 tokens: 1,800 pairs, over 96 a expert: the large tile of bf16 experts.)
               {{200, 72, 12, 3}, SpecKind::kQwen, {1, 2, 7, 33, 300, 600}},
               // The large tile at widths of whole k tiles and several M tiles an expert (4,000
-              // pairs over 32 experts; SY_GEMM_WGMMA=1 puts it on the wgmma kernel).
+              // pairs over 32 experts; on Hopper the wgmma kernel).
               {{1024, 384, 32, 4}, SpecKind::kQwen, {1000}},
               // The same for MXFP4 experts (3,200 pairs over 16 experts; k 640 and 320).
               {{640, 320, 16, 4}, SpecKind::kGptOss, {800}, true},

@@ -24,9 +24,6 @@ struct CudaContext {
   size_t cublas_workspace_bytes = 0;
   int sm_count = 0;
   size_t shared_memory_per_block_optin = 0;
-  // --batch-invariant (BackendOptions::batch_invariant): kernels keep to paths whose rows do not
-  // depend on the step's size (cuda-modular leaves SY_GEMM_WGMMA's kernel out).
-  bool batch_invariant = false;
 };
 
 [[noreturn]] inline void cuda_fail(const char* what, const char* error, const char* file, int line) {

@@ -525,15 +525,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
   }
 }
 
-// ---- Large steps on Hopper: the grouped GEMM on wgmma (SY_GEMM_WGMMA=1, experiment) ----
+// ---- Large steps on Hopper: the grouped GEMM on wgmma (default on sm_90; SY_GEMM_WGMMA=0: off)
+// ----
 //
 // The work of grouped_gemm_kernel<LargeTile, *, *> (a 128-row M tile of one expert's pairs, 128
 // B rows: gate_up's 64 gate and 64 up rows of the same output columns, or down's 128 hidden rows)
 // with the products on warpgroup MMA: two warpgroups, each 64 of the tile's rows against all 128
 // B rows, m64n128k16 from shared memory. Tiles of k 64 in the 128-byte swizzle (wgmma_ptx.cuh),
 // copied with cp.async by every thread in kWgStages stages. The sum over k runs in the same tile
-// order; whether wgmma's k16 step rounds like mma.sync's is what the op harness and an A/B of
-// routes tell (not yet run).
+// order, and wgmma's k16 step rounds as mma.sync's does: the op harness's invariance check (a
+// 40-token step on the small mma.sync tile against the same rows in a wgmma step) found every
+// output bit equal in all four wgmma cases (H100, 2026-12-07), and enforces it from then on.
 constexpr int kWgM = 128, kWgN = 128, kWgK = 64, kWgStages = 3, kWgThreads = 256;
 constexpr size_t kWgTileBytes = static_cast<size_t>(kWgM) * kWgK * 2;    // A or B, bf16, one stage
 constexpr size_t kWgPackedBytes = static_cast<size_t>(kWgN) * kWgK / 2;  // B, MXFP4, one stage
@@ -1283,9 +1285,9 @@ class ModularKernel final : public moe::ExpertsKernel {
     return Status::ok();
   }
   bool replays_routes() const override { return true; }
-  // Every tile sums a row's k in the same order; the wgmma kernel is not yet shown to round as
-  // mma.sync does (and is left out under --batch-invariant).
-  bool batch_invariant() const override { return !wgmma_; }
+  // Every tile, the wgmma one included, sums a row's k in the same order with the same rounding
+  // (the op harness checks it on every 256+ token step).
+  bool batch_invariant() const override { return true; }
 
   Status reserve(int64_t max_tokens, const moe::RouterSpec& spec, int64_t hidden,
                  int64_t intermediate) override {
@@ -1348,7 +1350,7 @@ class ModularKernel final : public moe::ExpertsKernel {
     allow_shared_memory<MediumK32Tile>(max_k);
     allow_shared_memory<LargeK32Tile>(max_k);
     int major = 0;
-    wgmma_ = env_flag("SY_GEMM_WGMMA") && !context_.batch_invariant &&
+    wgmma_ = !env_off("SY_GEMM_WGMMA") &&
              cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, context_.device) ==
                  cudaSuccess &&
              major == 9;
@@ -1455,9 +1457,8 @@ class ModularKernel final : public moe::ExpertsKernel {
     mxfp4 ? forward_experts<Cfg, true>(w, experts, pairs, stream)
           : forward_experts<Cfg, false>(w, experts, pairs, stream);
   }
-  // SY_GEMM_WGMMA=1 (experiment, not yet run): large steps on grouped_gemm_wgmma_kernel, on
-  // a Hopper GPU (compute capability 9.x), outside --batch-invariant (until wgmma is shown to
-  // round as mma.sync does: the op harness's invariance check); set by reserve().
+  // Large steps on grouped_gemm_wgmma_kernel on a Hopper GPU (compute capability 9.x) unless
+  // SY_GEMM_WGMMA=0 (the mma.sync LargeTile, for A/Bs); set by reserve().
   bool wgmma_ = false;
   // kWgmma: grouped_gemm_wgmma_kernel (Cfg = LargeTile for the alignment).
   template <class Cfg, bool kMxfp4, bool kWgmma = false>
