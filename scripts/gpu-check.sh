@@ -334,6 +334,7 @@ if want bin-ab; then
   for round in 1 2; do
     for bin in ${BIN_AB:-}; do
       echo "--- $bin (round $round)"
+      chmod +x "$carry/$bin"  # (an .xz made with xz -c > file unpacks without the x bit)
       "$carry/$bin" --device cuda --random-weights "${BIN_AB_CONFIG:-$carry/qwen3-30b-a3b/config.json}" \
         ${BIN_AB_ARGS:---batches 1 --context 1024 --steps 32 --ab-pairs 0 --prefill 0} --bandwidth-gbs "$bandwidth" \
         --matmul-tflops "$tflops" 2>&1 | grep -E "decode batch|prefill"

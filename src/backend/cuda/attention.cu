@@ -77,8 +77,7 @@ struct KernelArgs {
   float2* partial_ml = nullptr;  // [tokens * heads * splits] (max in log2 units, sum)
   float* partial_o = nullptr;    // [tokens * heads * splits, head_dim], unnormalised
   int* arrivals = nullptr;       // [tokens * kv_heads * row_chunks] splits done; the last resets it
-  bool staged_merge = true;      // SY_ATTN_EARLY_MERGE=0 (A/B): the merge reads the partials from
-                                 // L2 (16 in flight), unstaged
+  bool early_merge = true;  // SY_ATTN_EARLY_MERGE=0 (A/B): the merge's two round trips as before
   // Decode with the q/k prep fused (prep.q set): q rows are normed and rotated from the raw
   // projection as they are loaded, and the split holding a token's own key computes that K/V
   // row itself (into the cache and its tile). p.q is then unused.
@@ -250,43 +249,30 @@ __device__ __forceinline__ float normaliser(const AttentionParams& p, int head, 
 
 // Floor (decode): K/V bytes of the contexts / bandwidth. Floor (prefill): 4 * rows * context *
 // head_dim FLOPs on tensor cores (about half of it masked away by causality).
-// o += part * w, component by component (the merge's one step).
-__device__ __forceinline__ void add_weighted(float4& o, const float4& part, float w) {
-  o.x += part.x * w;
-  o.y += part.y * w;
-  o.z += part.z * w;
-  o.w += part.w * w;
-}
-
 // The merge of a decode token's split partials, run by the last split block of each (token, kv
 // head) to finish (so no second launch): a warp per (token, head) row. Lanes take the splits for
 // the max and the sum (warp reductions), each split's weight goes to shared memory, then the
-// partials are summed in split order. The partials come from other blocks: loads bypass L1.
+// partials are summed in split order. The lane's first head_dim slice of the first kEarlySplits
+// partials is requested together with the (max, sum) pairs (one L2 round trip, not two: the
+// merge is a chain of them). The partials come from other blocks: loads bypass L1 (__ldcg).
 // Floor: (head_dim + 2) * 4 bytes read per written split.
-// STAGED (the decode-only kernel): the lane's head_dim slices of up to `stage_splits` partials
-// are copied into the warp's shared-memory stage (cp.async.cg) before the (max, sum) pairs are
-// read, so both arrive in one L2 round trip; more splits take one more round trip per
-// stage_splits. (Before: the first 16 splits' slices came with the pairs, each further 16 in a
-// round trip of their own: 1,025 keys write 17 splits, 4,097 keys 65.) Else (the prefill kernel,
-// whose registers and shared memory are spoken for) the partials are read from L2 in the sum,
-// 16 in flight. The same sum in the same order either way.
-template <bool STAGED>
+// (EARLY: the decode-only kernel; the prefill one's registers are already at their limit.)
+constexpr int kEarlySplits = 16;
+template <bool EARLY>
 __device__ void combine_split_row(const KernelArgs& a, int64_t pair, int written, float* weight,
-                                  bool first_row, float4* stage, int stage_splits) {
+                                  bool first_row) {
   const AttentionParams& p = a.p;
   const int lane = threadIdx.x & 31, head_dim = p.head_dim;
   const float2* ml = a.partial_ml + pair * a.splits;
   const float* partial = a.partial_o + pair * a.splits * head_dim;
-  const bool staged = STAGED && a.staged_merge;
-  // Stage the partials of splits [begin, min(begin + stage_splits, written)): this lane's chunks.
-  auto stage_from = [&](int begin) {
-    const int end = min(written, begin + stage_splits);
-    for (int s = begin; s < end; ++s)
-      for (int d = lane * 4; d < head_dim; d += 128)
-        cp_async_16(stage + ((s - begin) * head_dim + d) / 4, partial + s * head_dim + d, true);
-    cp_async_commit();
-  };
-  if (staged) stage_from(0);
+  constexpr int kEarly = EARLY ? kEarlySplits : 1;
+  const bool use_early = EARLY && a.early_merge;
+  float4 early[kEarly];
+#pragma unroll
+  for (int s = 0; s < kEarly; ++s)
+    early[s] = use_early && s < written && lane * 4 < head_dim
+                   ? __ldcg(reinterpret_cast<const float4*>(partial + s * head_dim + lane * 4))
+                   : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   // One read of the (max, sum) pairs, kept in registers (up to kMaxSplits / 32 per lane).
   constexpr int kPerLane = kMaxSplits / 32;
   float2 m[kPerLane];
@@ -313,39 +299,33 @@ __device__ void combine_split_row(const KernelArgs& a, int64_t pair, int written
   const float inv = normaliser(p, static_cast<int>(pair % p.heads), row_max, row_sum);
   if (first_row) attn_stamp(a, 9);
   __syncwarp();
-  if (staged) {
-    // head_dim <= 256: at most two 128-wide slices a lane. Each lane reads back only the chunks it
-    // copied (no warp barrier for the stage).
-    float4 o[2] = {make_float4(0.0f, 0.0f, 0.0f, 0.0f), make_float4(0.0f, 0.0f, 0.0f, 0.0f)};
-    for (int begin = 0; begin < written; begin += stage_splits) {
-      if (begin > 0) stage_from(begin);
-      cp_async_wait<0>();
-      const int end = min(written, begin + stage_splits);
+  // The partials: 16 splits' loads in flight at once (a short context writes about that many).
+  // Measured against fewer in flight (unroll 4: +1.0% per batch-1 step, unroll 1: +6.6%) and
+  // predicated batches of 16 (+1.4%): the merge waits on L2 round trips, not on its code size.
+  for (int d = lane * 4; d < head_dim; d += 128) {
+    float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    int s = 0;
+    if (use_early && d == lane * 4) {  // the early slice: the same sum in the same order
 #pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        const int d = lane * 4 + 128 * j;
-        if (d >= head_dim) continue;
-        for (int s = begin; s < end; ++s) {
-          add_weighted(o[j], stage[((s - begin) * head_dim + d) / 4], weight[s] * inv);
-        }
+      for (; s < kEarly; ++s) {
+        if (s >= written) break;
+        const float w = weight[s] * inv;
+        o.x += early[s].x * w;
+        o.y += early[s].y * w;
+        o.z += early[s].z * w;
+        o.w += early[s].w * w;
       }
     }
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const int d = lane * 4 + 128 * j;
-      if (d < head_dim) *reinterpret_cast<float4*>(p.out + pair * head_dim + d) = o[j];
-    }
-  } else {
-    // 16 splits' loads in flight at once (unroll 4: +1.0% per batch-1 step, unroll 1: +6.6%).
-    for (int d = lane * 4; d < head_dim; d += 128) {
-      float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll 16
-      for (int s = 0; s < written; ++s) {
-        add_weighted(o, __ldcg(reinterpret_cast<const float4*>(partial + s * head_dim + d)),
-                     weight[s] * inv);
-      }
-      *reinterpret_cast<float4*>(p.out + pair * head_dim + d) = o;
+    for (; s < written; ++s) {
+      const float w = weight[s] * inv;
+      const float4 part = __ldcg(reinterpret_cast<const float4*>(partial + s * head_dim + d));
+      o.x += part.x * w;
+      o.y += part.y * w;
+      o.z += part.z * w;
+      o.w += part.w * w;
     }
+    *reinterpret_cast<float4*>(p.out + pair * head_dim + d) = o;
   }
   if (first_row) attn_stamp(a, 10);
   __syncwarp();
@@ -805,14 +785,9 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const __grid_consta
     if (!s_last) return;
     __threadfence();
     attn_stamp(a, 8);
-    // The staged merge's per-warp shared memory: the K/V tiles' space (free now) split four ways.
-    constexpr size_t kStageBytes = (L::kSmemBytes - L::kQBytes) / kWarps / 16 * 16;
-    static_assert(kStageBytes >= size_t{DPAD} * 4, "the staged merge needs room for a split a warp");
-    float4* stage = reinterpret_cast<float4*>(smem + L::kQBytes + warp * kStageBytes);
-    const int stage_splits = static_cast<int>(kStageBytes / (static_cast<size_t>(p.head_dim) * 4));
     for (int r = warp; r < rows; r += kWarps)
       combine_split_row<MT == 1>(a, static_cast<int64_t>(s_token[r]) * p.heads + s_head[r], written,
-                                 s_split_weight[warp], r == warp, stage, stage_splits);
+                                 s_split_weight[warp], r == warp);
     __syncthreads();
     attn_stamp(a, 11);
   }
@@ -1167,8 +1142,8 @@ bool launch_attention_impl(const AttentionParams& params, const QkvPrepParams* p
     const size_t ml_bytes = (static_cast<size_t>(parts) * sizeof(float2) + 255) / 256 * 256;
     args.partial_o = reinterpret_cast<float*>(static_cast<char*>(scratch) + ml_bytes);
     args.arrivals = arrivals;
-    static const bool staged_merge = !env_off("SY_ATTN_EARLY_MERGE");
-    args.staged_merge = staged_merge;
+    static const bool early_merge = !env_off("SY_ATTN_EARLY_MERGE");
+    args.early_merge = early_merge;
   }
   const dim3 grid(static_cast<unsigned>(tokens),
                   static_cast<unsigned>(params.kv_heads * args.row_chunks),
