@@ -233,35 +233,20 @@ __device__ __forceinline__ void ring_commit() { asm volatile("cp.async.commit_gr
 __device__ __forceinline__ void ring_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kRingStages - 1) : "memory");
 }
-__device__ __forceinline__ int next_ring_slot(int slot) {
-  return slot == kRingStages - 1 ? 0 : slot + 1;
-}
 
-// Items [begin, end) of (slot j, row r); H <= kGateUpSlabs * 256 (one round per item). The
-// (slot, row) of the item being issued and of the one being finished advance as cursors (no
-// division in the loop; stage and ring indices are ints): ncu (H100, 2026-12-07) put this loop at
-// ~600 instructions a stage with three 64-bit divisions, and its warps' largest stall at
-// instruction fetch.
-struct ItemCursor {
-  int j, r;
-  __device__ void next(int I) {
-    if (++r == I) r = 0, ++j;
-  }
-};
+// Items [begin, end) of (slot j, row r); H <= kGateUpSlabs * 256 (one round per item).
 __device__ void gate_up_ring(const __nv_bfloat16* gate_up, const float* hidden, float* act, int64_t begin,
                              int64_t end, int I, int H, const int32_t* slot_expert, const int32_t* slot_begin,
                              const int32_t* sorted, uint4* ring, const ExpertParams& experts) {
   const int lane = threadIdx.x & 31;
-  if (begin >= end) return;
-  const int stages = static_cast<int>(2 * (end - begin));
-  const int j0 = static_cast<int>(begin / I);
-  ItemCursor issued{j0, static_cast<int>(begin - static_cast<int64_t>(j0) * I)}, done = issued;
-  int issue_stage = 0;          // the next stage to issue
-  auto issue = [&](int slot) {  // into ring slot `slot`
-    if (issue_stage < stages) {
-      const int half = issue_stage & 1;
-      const __nv_bfloat16* gate = gate_up + (static_cast<int64_t>(slot_expert[issued.j]) * 2 * I + issued.r) * H;
-      uint4* stage = ring + slot * kRingStageChunks;
+  const int64_t stages = 2 * (end - begin);
+  auto issue = [&](int64_t q) {
+    if (q < stages) {
+      const int64_t item = begin + q / 2;
+      const int half = static_cast<int>(q & 1);
+      const int j = static_cast<int>(item / I), r = static_cast<int>(item - static_cast<int64_t>(j) * I);
+      const __nv_bfloat16* gate = gate_up + (static_cast<int64_t>(slot_expert[j]) * 2 * I + r) * H;
+      uint4* stage = ring + (q % kRingStages) * kRingStageChunks;
 #pragma unroll
       for (int row = 0; row < 2; ++row)
 #pragma unroll
@@ -270,19 +255,16 @@ __device__ void gate_up_ring(const __nv_bfloat16* gate_up, const float* hidden, 
           const __nv_bfloat16* src = gate + (row ? static_cast<int64_t>(I) * H : 0);
           ring_copy_16(stage + (row * kRingSlabs + s) * 32 + lane, col < H ? src + col : src, col < H);
         }
-      if (half == 1) issued.next(I);
     }
     ring_commit();  // possibly empty: one group per stage keeps the wait count fixed
-    ++issue_stage;
   };
 #pragma unroll
   for (int q = 0; q < kRingStages; ++q) issue(q);
   float acc_gate = 0.0f, acc_up = 0.0f;
-  int slot = 0;  // stage q's ring slot (q mod kRingStages)
-  for (int q = 0; q < stages; ++q) {
+  for (int64_t q = 0; q < stages; ++q) {
     ring_wait();  // stage q's chunks of this lane have landed
-    const int half = q & 1;
-    const uint4* stage = ring + slot * kRingStageChunks;
+    const int half = static_cast<int>(q & 1);
+    const uint4* stage = ring + (q % kRingStages) * kRingStageChunks;
 #pragma unroll
     for (int s = 0; s < kRingSlabs; ++s) {
       const int col = (half * kRingSlabs + s) * 256 + lane * 8;
@@ -293,17 +275,16 @@ __device__ void gate_up_ring(const __nv_bfloat16* gate_up, const float* hidden, 
         acc_up = dot8(stage[(kRingSlabs + s) * 32 + lane], x0, x1, acc_up);
       }
     }
-    issue(slot);  // stage q + kRingStages into the slot just used: this lane's own chunks only
-    slot = next_ring_slot(slot);
+    issue(q + kRingStages);  // into the stage just used: this lane's own chunks only
     if (half == 1) {
       const float g = warp_sum(acc_gate), u = warp_sum(acc_up);
       acc_gate = acc_up = 0.0f;
       if (lane == 0) {
-        const float value = experts.activate(slot_expert[done.j], done.r, I, g, u);
-        for (int p = slot_begin[done.j]; p < slot_begin[done.j + 1]; ++p)
-          act[static_cast<int64_t>(sorted[p]) * I + done.r] = value;
+        const int64_t item = begin + q / 2;
+        const int j = static_cast<int>(item / I), r = static_cast<int>(item - static_cast<int64_t>(j) * I);
+        const float value = experts.activate(slot_expert[j], r, I, g, u);
+        for (int p = slot_begin[j]; p < slot_begin[j + 1]; ++p) act[static_cast<int64_t>(sorted[p]) * I + r] = value;
       }
-      done.next(I);
     }
   }
 }
@@ -409,78 +390,6 @@ __device__ __forceinline__ DownItem down_item(int it, int pass_begin, int rows_h
   return item;
 }
 
-// The down items of one pass that this warp owns (it = warp, warp + kWarps, ...) through the same
-// per-warp ring as gate_up_ring: a stage is half an item (two of its kDownRows rows, up to
-// kRingSlabs slabs of 256 columns each: I <= kRingSlabs * 256), so a warp's next item is in
-// flight while it computes the current one, instead of one register round per item that waits
-// a whole DRAM latency (the down phase's largest stall, ncu, H100, 2026-12-07). Each row dots
-// its slabs in column order with every pair of its slot, as warp_rows_dot<kDownRows, S, 1> does:
-// the same bits.
-__device__ void down_ring(const __nv_bfloat16* down, const float* act, int I, int H, int pass,
-                          int rows_here, int slots, const int32_t* slot_expert,
-                          const int32_t* slot_begin, const int32_t* sorted, float* combo,
-                          uint4* ring, const ExpertParams& experts, int warp) {
-  const int lane = threadIdx.x & 31;
-  const int items = slots * ((rows_here + kDownRows - 1) / kDownRows);
-  const int mine = warp < items ? (items - warp + kWarps - 1) / kWarps : 0;
-  const int stages = 2 * mine;
-  int issue_stage = 0;          // the next stage to issue
-  auto issue = [&](int slot) {  // into ring slot `slot`
-    if (issue_stage < stages) {
-      const DownItem d = down_item(warp + (issue_stage >> 1) * kWarps, pass, rows_here);
-      const __nv_bfloat16* rows = down + (static_cast<int64_t>(slot_expert[d.slot]) * H + d.h) * I;
-      uint4* stage = ring + slot * kRingStageChunks;
-#pragma unroll
-      for (int row = 0; row < 2; ++row) {
-        const int r = 2 * (issue_stage & 1) + row;
-#pragma unroll
-        for (int s = 0; s < kRingSlabs; ++s) {
-          const int col = s * 256 + lane * 8;
-          const bool fill = r < d.rows && col < I;
-          ring_copy_16(stage + (row * kRingSlabs + s) * 32 + lane,
-                       fill ? rows + static_cast<int64_t>(r) * I + col : down, fill);
-        }
-      }
-    }
-    ring_commit();  // possibly empty: one group per stage keeps the wait count fixed
-    ++issue_stage;
-  };
-#pragma unroll
-  for (int q = 0; q < kRingStages; ++q) issue(q);
-  int slot = 0;  // stage q's ring slot
-  for (int q = 0; q < stages; ++q) {
-    ring_wait();
-    const DownItem d = down_item(warp + (q >> 1) * kWarps, pass, rows_here);
-    const int64_t e = slot_expert[d.slot];
-    const uint4* stage = ring + slot * kRingStageChunks;
-    for (int p = slot_begin[d.slot]; p < slot_begin[d.slot + 1]; ++p) {
-      const int pair = sorted[p];
-      const float* x = act + static_cast<int64_t>(pair) * I;
-      float acc[2] = {0.0f, 0.0f};
-#pragma unroll
-      for (int s = 0; s < kRingSlabs; ++s) {
-        const int col = s * 256 + lane * 8;
-        if (col < I) {
-          const float4 x0 = *reinterpret_cast<const float4*>(x + col);
-          const float4 x1 = *reinterpret_cast<const float4*>(x + col + 4);
-#pragma unroll
-          for (int row = 0; row < 2; ++row)
-            acc[row] = dot8(stage[(row * kRingSlabs + s) * 32 + lane], x0, x1, acc[row]);
-        }
-      }
-#pragma unroll
-      for (int row = 0; row < 2; ++row) {
-        const int r = 2 * (q & 1) + row;
-        const float v = warp_sum(acc[row]);
-        if (lane == 0 && r < d.rows)
-          combo[pair * rows_here + (d.h - pass) + r] = v + experts.down_bias_of(e, d.h + r, H);
-      }
-    }
-    issue(slot);  // into the slot just used: this lane's own chunks only (it read no others)
-    slot = next_ring_slot(slot);
-  }
-}
-
 // Floor: the chosen experts' weights, distinct(ids) * 3 * I * H * 2 bytes, plus the router
 // E * H * 2 once (Qwen3-30B-A3B, T = 1: 76 MB, ~18 us at 4.3 TB/s on an H200).
 // Phases, two grid barriers: (a) router logits, one warp per (token tile, expert tile, k group)
@@ -521,11 +430,6 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int I = a.intermediate, T = kOneToken ? 1 : a.tokens, pairs = T * K;
   const int total_warps = static_cast<int>(gridDim.x) * kWarps;
 
-  // The wait (a no-op unless SY_FUSED_PDL=1 launched this kernel overlapped), then the trigger:
-  // the next layer's q/k/v GEMV (launched overlapped) may take an SM as soon as a block of this
-  // kernel leaves it and request its weights there; it waits for this whole kernel before it
-  // reads x.
-  overlap_prologue();
   stamp(a, 0);
   // The input row: every block normalises residual + deltas itself (no launch, no barrier).
   const float* hidden = a.hidden;
@@ -643,49 +547,33 @@ __global__ void __launch_bounds__(kThreads, 2)
     for (int pass = tile; pass < tile_end; pass += a.pass_rows) {
       const int rows_here = min(a.pass_rows, tile_end - pass);
       const int down_items = slots * ((rows_here + kDownRows - 1) / kDownRows);
-      bool ringed = false;  // the one-token bf16 kernel's down through the ring
-      if constexpr (!MXFP4 && ring_words(NORM_VEC) > 0) {
-        if (I <= kRingSlabs * 256) {
-          down_ring(
-              a.down, a.act, I, H, pass, rows_here, slots, slot_expert, slot_begin, sorted, combo,
-              reinterpret_cast<uint4*>(words + layout.ring) + warp * kRingStages * kRingStageChunks,
-              a.experts, warp);
-          ringed = true;
-        }
-      }
-      if (!ringed) {
-        for (int it = warp; it < down_items; it += kWarps) {
-          const DownItem d = down_item(it, pass, rows_here);
-          const int first = slot_begin[d.slot];
-          const int row_in_pass = d.h - pass, rows = d.rows;
-          const int64_t e = slot_expert[d.slot];
-          if constexpr (MXFP4) {
-            const int64_t row = e * H + d.h;
-            for (int q = first; q < slot_begin[d.slot + 1]; ++q) {
-              const int pair = sorted[q];
-              float v[kDownRows];
-              mxfp4_rows_dot<kDownRows, 2>(a.down_blocks + row * (I / 2),
-                                           a.down_scales + row * (I / 32), rows, I,
-                                           a.act + static_cast<int64_t>(pair) * I, v);
-              if (lane == 0)
+      for (int it = warp; it < down_items; it += kWarps) {
+        const DownItem d = down_item(it, pass, rows_here);
+        const int first = slot_begin[d.slot];
+        const int row_in_pass = d.h - pass, rows = d.rows;
+        const int64_t e = slot_expert[d.slot];
+        if constexpr (MXFP4) {
+          const int64_t row = e * H + d.h;
+          for (int q = first; q < slot_begin[d.slot + 1]; ++q) {
+            const int pair = sorted[q];
+            float v[kDownRows];
+            mxfp4_rows_dot<kDownRows, 2>(a.down_blocks + row * (I / 2), a.down_scales + row * (I / 32), rows, I,
+                                      a.act + static_cast<int64_t>(pair) * I, v);
+            if (lane == 0)
 #pragma unroll
-                for (int r = 0; r < kDownRows; ++r)
-                  if (r < rows)
-                    combo[pair * rows_here + row_in_pass + r] =
-                        v[r] + a.experts.down_bias_of(e, d.h + r, H);
-            }
-            continue;
+              for (int r = 0; r < kDownRows; ++r)
+                if (r < rows) combo[pair * rows_here + row_in_pass + r] = v[r] + a.experts.down_bias_of(e, d.h + r, H);
           }
-          warp_rows_dot<kDownRows, kDownSlabs, kOneToken ? 1 : kDownPairs>(
-              a.down + (e * H + d.h) * I, I, rows, I, a.act, I, 1, sorted + first,
-              slot_begin[d.slot + 1] - first, [&](int pair, const float(&v)[kDownRows]) {
-#pragma unroll
-                for (int r = 0; r < kDownRows; ++r)
-                  if (r < rows)
-                    combo[pair * rows_here + row_in_pass + r] =
-                        v[r] + a.experts.down_bias_of(e, d.h + r, H);
-              });
+          continue;
         }
+        warp_rows_dot<kDownRows, kDownSlabs, kOneToken ? 1 : kDownPairs>(
+            a.down + (e * H + d.h) * I, I, rows, I, a.act,
+            I, 1, sorted + first, slot_begin[d.slot + 1] - first,
+            [&](int pair, const float(&v)[kDownRows]) {
+#pragma unroll
+              for (int r = 0; r < kDownRows; ++r)
+                if (r < rows) combo[pair * rows_here + row_in_pass + r] = v[r] + a.experts.down_bias_of(e, d.h + r, H);
+            });
       }
       __syncthreads();
       for (int i = threadIdx.x; i < T * rows_here; i += kThreads) {
@@ -921,28 +809,9 @@ class FusedKernel final : public moe::ExpertsKernel {
       launch.pass_rows = std::max(
           1, std::min(launch.tile_rows, launch.combo_floats / (count * static_cast<int>(top_k_))));
       void* kernel_args[] = {&launch};
-      const size_t shared = vec ? norm_shared_bytes_ : shared_bytes_;
-      if (overlapped_launch_) {
-        // SY_FUSED_PDL=1 (experiment): cooperative and overlapped, so the blocks become resident
-        // as the previous kernel (o_proj's GEMV) drains; they wait for it at their start.
-        cudaLaunchConfig_t config{};
-        config.gridDim = dim3(static_cast<unsigned>(grid_));
-        config.blockDim = dim3(kThreads);
-        config.dynamicSmemBytes = shared;
-        config.stream = context_.stream;
-        cudaLaunchAttribute attributes[2];
-        attributes[0].id = cudaLaunchAttributeCooperative;
-        attributes[0].val.cooperative = 1;
-        attributes[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        attributes[1].val.programmaticStreamSerializationAllowed = 1;
-        config.attrs = attributes;
-        config.numAttrs = 2;
-        SY_CUDA_CHECK(cudaLaunchKernelExC(&config, kernel_for(vec, mxfp4), kernel_args));
-      } else {
-        SY_CUDA_CHECK(
-            cudaLaunchCooperativeKernel(kernel_for(vec, mxfp4), dim3(static_cast<unsigned>(grid_)),
-                                        dim3(kThreads), kernel_args, shared, context_.stream));
-      }
+      SY_CUDA_CHECK(cudaLaunchCooperativeKernel(kernel_for(vec, mxfp4), dim3(static_cast<unsigned>(grid_)),
+                                                dim3(kThreads), kernel_args,
+                                                vec ? norm_shared_bytes_ : shared_bytes_, context_.stream));
       SY_CUDA_LAUNCH_CHECK("fused_moe_kernel");
       if (count == 1) collect_stamps();  // the batch-1 decode launches only
     }
@@ -1096,11 +965,6 @@ class FusedKernel final : public moe::ExpertsKernel {
   int one_combo_floats_ = 0;  // the one-token kernel's combine buffer
   const bool general_grouping_ = [] {
     const char* value = std::getenv("SY_FUSED_GENERAL_GROUPING");
-    return value && value[0] == '1';
-  }();
-  // SY_FUSED_PDL=1 (experiment, not yet run): the cooperative launch also programmatic.
-  const bool overlapped_launch_ = [] {
-    const char* value = std::getenv("SY_FUSED_PDL");
     return value && value[0] == '1';
   }();
   // SY_FUSED_MXFP4=1: MXFP4 experts read packed (fused_moe_kernel<*, true>), opt-in until a GPU
