@@ -218,10 +218,14 @@ void write_history(Harness& h, Case& c, Pair& p, const Layout& l, int64_t kv_hea
   });
 }
 
+// one_context > 0 (decode): one sequence of that context decoding one token, no padding: the
+// step every split of the decode kernel serves (clustered on Hopper).
 void attention_case(Harness& h, Case& c, const HeadConfig& hc, Kind kind, int block_size,
-                    const AttentionOptions& options = {}) {
-  const Layout l = make_layout(c.rng, specs_for(kind, c.rng, h.options.quick), block_size,
-                               kind == Kind::kDecode ? 3 : 0, kind == Kind::kMixed);
+                    const AttentionOptions& options = {}, int64_t one_context = 0) {
+  const Layout l = one_context > 0
+                       ? make_layout(c.rng, {{one_context, 1}}, block_size, 0, false)
+                       : make_layout(c.rng, specs_for(kind, c.rng, h.options.quick), block_size,
+                                     kind == Kind::kDecode ? 3 : 0, kind == Kind::kMixed);
   const int64_t heads = hc.heads, kv_heads = hc.kv_heads, head_dim = hc.head_dim;
   const int64_t slots = l.num_blocks * block_size, kv_row = kv_heads * head_dim;
   Pair p(h);
@@ -327,8 +331,12 @@ void qk_prep_case(Harness& h, Case& c, const HeadConfig& hc, int64_t tokens, boo
 // The decode attention with the q/k prep fused (qk_prep_attention): bitwise the device's own
 // qk_norm_rope_write_kv then attention, on every real token's output and on both caches
 // (padding slots never written), over the decode layouts attention_case uses.
-void prep_attention_case(Harness& h, Case& c, const HeadConfig& hc, int block_size, bool norms) {
-  const Layout l = make_layout(c.rng, specs_for(Kind::kDecode, c.rng, h.options.quick), block_size, 3, false);
+void prep_attention_case(Harness& h, Case& c, const HeadConfig& hc, int block_size, bool norms,
+                         int64_t one_context = 0) {
+  const Layout l = one_context > 0
+                       ? make_layout(c.rng, {{one_context, 1}}, block_size, 0, false)
+                       : make_layout(c.rng, specs_for(Kind::kDecode, c.rng, h.options.quick),
+                                     block_size, 3, false);
   const int64_t heads = hc.heads, kv_heads = hc.kv_heads, head_dim = hc.head_dim;
   const int64_t slots = l.num_blocks * block_size, kv_row = kv_heads * head_dim;
   Backend& dev = h.device;
@@ -555,6 +563,29 @@ void run_attention_ops(Harness& h) {
       h.run(std::string("attention.") + kind_name(kind),
             fmt::format("heads={}/{} head_dim={} block={}", hc.heads, hc.kv_heads, hc.head_dim, block_size),
             [&](Case& c) { attention_case(h, c, hc, kind, block_size); });
+  // One token of one sequence: the decode kernel's widest split (16+ splits a kv head: clusters
+  // of 16 on Hopper, one cluster up to 4,096 keys, a global merge of clusters beyond), with and
+  // without the fused q/k prep, windows and sinks.
+  for (const HeadConfig& hc : std::vector<HeadConfig>{{32, 4, 128}, {8, 8, 64}, {4, 1, 256}})
+    for (int64_t context : {1, 17, 1025, 4096, 4097, 9000})
+      h.run("attention.decode-one",
+            fmt::format("heads={}/{} head_dim={} context={}", hc.heads, hc.kv_heads, hc.head_dim,
+                        context),
+            [&](Case& c) { attention_case(h, c, hc, Kind::kDecode, 16, {}, context); });
+  for (const HeadConfig& hc : std::vector<HeadConfig>{{32, 4, 128}, {8, 8, 64}})
+    for (const AttentionOptions& o :
+         std::vector<AttentionOptions>{{24, true}, {200, false}, {0, true}})
+      for (int64_t context : {300, 9000})
+        h.run("attention.decode-one",
+              fmt::format("heads={}/{} head_dim={} context={}{}", hc.heads, hc.kv_heads,
+                          hc.head_dim, context, o.text()),
+              [&](Case& c) { attention_case(h, c, hc, Kind::kDecode, 16, o, context); });
+  for (const HeadConfig& hc : std::vector<HeadConfig>{{32, 4, 128}, {4, 1, 256}})
+    for (int64_t context : {1025, 9000})
+      h.run("qk_prep_attention",
+            fmt::format("heads={}/{} head_dim={} one token, context={} q/k norms", hc.heads,
+                        hc.kv_heads, hc.head_dim, context),
+            [&](Case& c) { prep_attention_case(h, c, hc, 16, true, context); });
   // Sliding windows (shorter than a key tile, several tiles, past every context; gpt-oss's window
   // of 24 with sinks) and sinks, on the tensor-core kernel and on the plain one (head widths that
   // are not multiples of 8: the golden models' 18 and 12).

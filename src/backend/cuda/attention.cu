@@ -33,6 +33,14 @@ constexpr int kPrefillRows = 64;  // query rows of a prefill block: one m16 tile
 constexpr int kSplitBudget = 512;
 constexpr int kMaxSplits = 128;
 constexpr int kDecodeBlocksPerSm = 2;
+// Clustered decode (Hopper): the splits of a (token, kv head) run as clusters of kCluster blocks
+// (a non-portable size; Hopper allows 16) that merge through distributed shared memory, one
+// cluster barrier instead of a global write, a fence, an atomic and the L2 round trips of the
+// last block's merge. A split then takes at least min(kClusterTiles, tiles / kCluster) key tiles,
+// so a context of up to kCluster * kClusterTiles tiles (4,096 keys) stays in one cluster and
+// needs no global merge at all; longer ones merge one partial per cluster as before.
+constexpr int kCluster = 16;
+constexpr int kClusterTiles = 4;
 constexpr float kLog2e = 1.4426950408889634f;
 // RoPE's rotate-half pairs per lane (head_dim <= 256). The frequencies (rope_table.h) are
 // computed once on the host and passed by value in the launch parameters: a per-block double
@@ -78,6 +86,7 @@ struct KernelArgs {
   float* partial_o = nullptr;    // [tokens * heads * splits, head_dim], unnormalised
   int* arrivals = nullptr;       // [tokens * kv_heads * row_chunks] splits done; the last resets it
   bool early_merge = true;  // SY_ATTN_EARLY_MERGE=0 (A/B): the merge's two round trips as before
+  int cluster = 1;          // decode: splits per cluster (kCluster, or 1: no clusters)
   // Decode with the q/k prep fused (prep.q set): q rows are normed and rotated from the raw
   // projection as they are loaded, and the split holding a token's own key computes that K/V
   // row itself (into the cache and its tile). p.q is then unused.
@@ -178,18 +187,66 @@ __device__ __forceinline__ uint4 load_bf16x8(const float* src, float scale) {
 }
 
 // A decode split's keys: the context cut into `splits` chunks of whole key tiles; splits past
-// the context are empty. The merge uses the same rule to know how many splits wrote.
+// the context are empty. Clustered (cluster > 1), a chunk is at least min(kClusterTiles,
+// tiles / cluster) tiles, so that short contexts fill the first cluster only. The merge uses the
+// same rule to know how many splits wrote.
 struct KeyRange {
   int begin = 0, end = 0;
 };
-__host__ __device__ inline int split_chunk(int context, int splits, int key_tile) {
-  return ceil_div(ceil_div(context, splits), key_tile) * key_tile;
+__host__ __device__ inline int split_chunk(int context, int splits, int key_tile, int cluster) {
+  const int tiles = ceil_div(context, key_tile);
+  int per_split = ceil_div(tiles, splits);
+  if (cluster > 1) per_split = max(per_split, min(kClusterTiles, ceil_div(tiles, cluster)));
+  return per_split * key_tile;
 }
-__device__ inline KeyRange split_range(int context, int splits, int split, int key_tile) {
+__device__ inline KeyRange split_range(int context, int splits, int split, int key_tile,
+                                       int cluster) {
   if (context <= 0) return {};
-  const int chunk = split_chunk(context, splits, key_tile);
+  const int chunk = split_chunk(context, splits, key_tile, cluster);
   const int begin = split * chunk;
   return {begin, min(context, begin + chunk)};
+}
+
+// Distributed shared memory of a thread block cluster (sm_90; clustered decode only).
+__device__ __forceinline__ unsigned cluster_rank() {
+  unsigned rank = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+#endif
+  return rank;
+}
+// Every thread of every block of the cluster arrives; what each wrote to shared memory before
+// is visible to the others after (release / acquire).
+__device__ __forceinline__ void cluster_barrier() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;" ::: "memory");
+#endif
+}
+// The address of `local` (this block's shared memory) in block `rank`'s shared memory.
+__device__ __forceinline__ uint32_t cluster_address(const void* local, unsigned rank) {
+  uint32_t remote = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
+               : "=r"(remote)
+               : "r"(static_cast<uint32_t>(__cvta_generic_to_shared(local))), "r"(rank));
+#endif
+  return remote;
+}
+__device__ __forceinline__ float4 load_cluster_f4(uint32_t address) {
+  float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(address));
+#endif
+  return v;
+}
+__device__ __forceinline__ float2 load_cluster_f2(uint32_t address) {
+  float2 v = make_float2(0.0f, 0.0f);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("ld.shared::cluster.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(address));
+#endif
+  return v;
 }
 
 // Prefill tiles: the step's tokens are cut into windows of `tile_tokens` and every window again
@@ -249,6 +306,14 @@ __device__ __forceinline__ float normaliser(const AttentionParams& p, int head, 
 
 // Floor (decode): K/V bytes of the contexts / bandwidth. Floor (prefill): 4 * rows * context *
 // head_dim FLOPs on tensor cores (about half of it masked away by causality).
+// o += part * w, component by component (a merge's one step).
+__device__ __forceinline__ void add_weighted(float4& o, const float4& part, float w) {
+  o.x += part.x * w;
+  o.y += part.y * w;
+  o.z += part.z * w;
+  o.w += part.w * w;
+}
+
 // The merge of a decode token's split partials, run by the last split block of each (token, kv
 // head) to finish (so no second launch): a warp per (token, head) row. Lanes take the splits for
 // the max and the sum (warp reductions), each split's weight goes to shared memory, then the
@@ -437,10 +502,18 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const __grid_consta
   const int span = context - key_lo;
   KeyRange range{key_lo, context};
   if (decode) {
-    range = split_range(span, a.splits, blockIdx.z, kKeys);
+    range = split_range(span, a.splits, blockIdx.z, kKeys, a.cluster);
+    // Clustered, an empty split of a cluster with keys still takes part in its merge (with no
+    // tiles it leaves max -inf, sum 0, zeros); a cluster without keys leaves as a whole.
+    const bool leave =
+        a.cluster > 1
+            ? split_range(span, a.splits, blockIdx.z / a.cluster * a.cluster, kKeys, a.cluster)
+                          .begin >= span ||
+                  span <= 0
+            : range.begin >= range.end;
     range.begin += key_lo;
     range.end += key_lo;
-    if (a.splits > 1 && range.begin >= range.end) {
+    if (a.splits > 1 && leave) {
       // No keys at all (no split writes): split 0 writes the zeros a single pass would.
       overlap_prologue();
       if (context == 0 && blockIdx.z == 0)
@@ -735,6 +808,12 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const __grid_consta
   __syncthreads();
 
   const int quads = head_dim / 4;
+  // Clustered decode: this split's partial stays in shared memory, after s_out (free K/V space).
+  const bool clustered = MT == 1 && a.cluster > 1;
+  float* s_part = s_out + kWarps * 16 * L::kOutStride;                      // [kRows][DPAD]
+  float2* s_part_ml = reinterpret_cast<float2*>(s_part + L::kRows * DPAD);  // [kRows]
+  static_assert(MT != 1 || L::kOutBytes + L::kRows * (DPAD * 4 + 8) <= 2 * L::kTileBytes,
+                "a clustered split's partial fits beside s_out");
   for (int i = tid; i < rows * quads; i += kThreads) {
     const int r = i / quads, d = (i % quads) * 4, mt = r / 16, rr = r % 16;
     float row_max = -INFINITY;
@@ -760,11 +839,62 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const __grid_consta
       const float inv = normaliser(p, s_head[r], row_max, row_sum);  // no keys (position < 0): zeros
       *reinterpret_cast<float4*>(p.out + out_row * head_dim + d) =
           make_float4(o.x * inv, o.y * inv, o.z * inv, o.w * inv);
+    } else if (clustered) {
+      *reinterpret_cast<float4*>(s_part + r * DPAD + d) = o;
+      if (d == 0) s_part_ml[r] = make_float2(row_max, row_sum);
     } else {
       const int64_t part = out_row * a.splits + blockIdx.z;
       *reinterpret_cast<float4*>(a.partial_o + part * head_dim + d) = o;
       if (d == 0) a.partial_ml[part] = make_float2(row_max, row_sum);
     }
+  }
+  // Splits (clustered: clusters) that wrote a partial for the global merge below.
+  int written = a.splits > 1 ? ceil_div(span, split_chunk(span, a.splits, kKeys, a.cluster)) : 1;
+  if (clustered) {
+    // Rank 0 sums the cluster's partials, in rank order, from the blocks' shared memory: the
+    // result, or the cluster's partial when more than one cluster has keys.
+    written = ceil_div(written, a.cluster);
+    cluster_barrier();  // every split's partial is in its shared memory
+    attn_stamp(a, 6);
+    if (cluster_rank() == 0) {
+      const int64_t cluster_index = blockIdx.z / a.cluster;
+      for (int i = tid; i < rows * quads; i += kThreads) {
+        const int r = i / quads, d = (i % quads) * 4;
+        // Every rank's pair and slice requested before any is used (32 loads in flight).
+        float2 ml[kCluster];
+        float4 part[kCluster];
+#pragma unroll
+        for (int s = 0; s < kCluster; ++s) {
+          ml[s] = load_cluster_f2(cluster_address(&s_part_ml[r], s));
+          part[s] = load_cluster_f4(cluster_address(s_part + r * DPAD + d, s));
+        }
+        float row_max = -INFINITY;
+#pragma unroll
+        for (int s = 0; s < kCluster; ++s) row_max = fmaxf(row_max, ml[s].x);
+        const float base = row_max == -INFINITY ? 0.0f : row_max;
+        float row_sum = 0.0f;
+        float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+        for (int s = 0; s < kCluster; ++s) {
+          const float w = exp2f(ml[s].x - base);
+          row_sum += ml[s].y * w;
+          add_weighted(o, part[s], w);
+        }
+        const int64_t out_row = static_cast<int64_t>(s_token[r]) * p.heads + s_head[r];
+        if (written == 1) {
+          const float inv = normaliser(p, s_head[r], row_max, row_sum);
+          *reinterpret_cast<float4*>(p.out + out_row * head_dim + d) =
+              make_float4(o.x * inv, o.y * inv, o.z * inv, o.w * inv);
+        } else {
+          const int64_t part = out_row * a.splits + cluster_index;
+          *reinterpret_cast<float4*>(a.partial_o + part * head_dim + d) = o;
+          if (d == 0) a.partial_ml[part] = make_float2(row_max, row_sum);
+        }
+      }
+    }
+    cluster_barrier();  // rank 0 has read every block's shared memory: the others may leave
+    attn_stamp(a, 7);
+    if (cluster_rank() != 0 || written == 1) return;
   }
   if (a.splits > 1) {
     // Publish this split's partials, then count it; the block that completes the count merges.
@@ -772,8 +902,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const __grid_consta
     __shared__ float s_split_weight[kWarps][kMaxSplits];
     __threadfence();
     __syncthreads();
-    attn_stamp(a, 6);
-    const int written = ceil_div(span, split_chunk(span, a.splits, kKeys));
+    if (!clustered) attn_stamp(a, 6);
     if (tid == 0) {
       int* arrivals = a.arrivals + static_cast<int64_t>(t0) * gridDim.y + blockIdx.y;
       const int done = atomicAdd(arrivals, 1) + 1;
@@ -954,9 +1083,53 @@ int launch_tiled(const KernelArgs& args, dim3 grid, cudaStream_t stream) {
   SY_CUDA_CHECK(cudaFuncSetAttribute(attention_kernel<DPAD, MT>,
                                      cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      static_cast<int>(L::kSmemBytes)));
-  launch_overlapped(attention_kernel<DPAD, MT>, grid, dim3(kThreads), L::kSmemBytes, stream, args);
+  launch_overlapped_in_clusters(static_cast<unsigned>(args.cluster), attention_kernel<DPAD, MT>,
+                                grid, dim3(kThreads), L::kSmemBytes, stream, args);
   SY_CUDA_LAUNCH_CHECK("attention_kernel");
   return L::kKeys;
+}
+
+// Whether the decode kernel of this DPAD can run in clusters of kCluster here: Hopper, the
+// non-portable cluster size allowed, at least one such cluster resident (cudaOccupancy), and
+// not SY_ATTN_CLUSTER=0 (A/B). Asked once per process (one device per process).
+template <int DPAD>
+bool decode_clusters_here() {
+  static const bool ok = [] {
+    if (env_off("SY_ATTN_CLUSTER")) return false;
+    int device = 0, major = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+        major < 9)
+      return false;
+    using L = Tiling<DPAD, 1>;
+    const auto kernel = attention_kernel<DPAD, 1>;
+    int clusters = 0;
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(1, 1, kCluster);
+    config.blockDim = dim3(kThreads);
+    config.dynamicSmemBytes = L::kSmemBytes;
+    cudaLaunchAttribute attribute{};
+    attribute.id = cudaLaunchAttributeClusterDimension;
+    attribute.val.clusterDim.x = 1;
+    attribute.val.clusterDim.y = 1;
+    attribute.val.clusterDim.z = kCluster;
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+    const bool usable = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             static_cast<int>(L::kSmemBytes)) == cudaSuccess &&
+                        cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed,
+                                             1) == cudaSuccess &&
+                        cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) == cudaSuccess &&
+                        clusters > 0;
+    if (!usable) (void)cudaGetLastError();  // (a refused query leaves its error behind)
+    return usable;
+  }();
+  return ok;
+}
+bool decode_clusters_here(int head_dim) {
+  if (head_dim <= 64) return decode_clusters_here<64>();
+  if (head_dim <= 128) return decode_clusters_here<128>();
+  return decode_clusters_here<256>();
 }
 
 // Returns the key tile of the kernel it ran (the split granularity).
@@ -1136,6 +1309,11 @@ bool launch_attention_impl(const AttentionParams& params, const QkvPrepParams* p
   args.splits =
       scratch && arrivals ? static_cast<int>(std::clamp<int64_t>(wanted, 1, max_decode_splits(params.tokens)))
               : 1;
+  // Clustered (MT = 1 on Hopper): whole clusters of kCluster splits.
+  if (mt == 1 && args.splits >= kCluster && decode_clusters_here(params.head_dim)) {
+    args.splits = args.splits / kCluster * kCluster;
+    args.cluster = kCluster;
+  }
   if (args.splits > 1) {
     const int64_t parts = params.tokens * params.heads * args.splits;
     args.partial_ml = static_cast<float2*>(scratch);

@@ -94,26 +94,45 @@ __device__ __forceinline__ void overlap_prologue() {
 #endif
 }
 
+// launch_overlapped in clusters of `cluster_z` blocks along z (1: no clusters; the grid's z a
+// multiple of it; sm_90).
 template <typename... Params, typename... Args>
-void launch_overlapped(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream,
-                       Args&&... args) {
+void launch_overlapped_in_clusters(unsigned cluster_z, void (*kernel)(Params...), dim3 grid,
+                                   dim3 block, size_t shared_bytes, cudaStream_t stream,
+                                   Args&&... args) {
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = shared_bytes;
   config.stream = stream;
-  cudaLaunchAttribute attribute[1];
-  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute[0].val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = attribute;
   // SY_NO_PDL=1 (experiments): plain stream order, so that a kernel's phases can be timed without
   // the next kernel's pre-wait loads beside them.
   static const bool no_pdl = [] {
     const char* value = std::getenv("SY_NO_PDL");
     return value && value[0] == '1';
   }();
-  config.numAttrs = no_pdl ? 0 : 1;
+  cudaLaunchAttribute attribute[2];
+  unsigned count = 0;
+  if (!no_pdl) {
+    attribute[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attribute[count++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  if (cluster_z > 1) {
+    attribute[count].id = cudaLaunchAttributeClusterDimension;
+    attribute[count].val.clusterDim.x = 1;
+    attribute[count].val.clusterDim.y = 1;
+    attribute[count++].val.clusterDim.z = cluster_z;
+  }
+  config.attrs = attribute;
+  config.numAttrs = count;
   SY_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
+}
+
+template <typename... Params, typename... Args>
+void launch_overlapped(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes,
+                       cudaStream_t stream, Args&&... args) {
+  launch_overlapped_in_clusters(1, kernel, grid, block, shared_bytes, stream,
+                                std::forward<Args>(args)...);
 }
 
 }  // namespace sy::backend::cuda
