@@ -313,16 +313,19 @@ if want routes-ab; then
     KV_TOKENS=200000 run routes-ab timeout 500 bash bench/routes_ab.sh build "$OUT/routes_ab_cuda.json"
 fi
 if want ab; then
-  # Batch-1 decode (48 layers; AB_CONFIG: another config-only model) under each experiment knob
-  # of AB_VARIANTS (space-separated VAR=value, "-" for none), the same process order every time:
-  # the knobs' effect in one run. AB_ROUNDS rounds (default 1); AB_BATCHES decode batches (default 1).
+  # Batch-1 decode (48 layers; AB_CONFIGS: config-only models, space-separated; AB_CONFIG: one)
+  # under each experiment knob of AB_VARIANTS (space-separated VAR=value, "-" for none), the same
+  # process order every time: the knobs' effect in one run. AB_ROUNDS rounds (default 1);
+  # AB_BATCHES decode batches (default 1).
   section "decode A/B over experiment knobs"
   for round in $(seq 1 "${AB_ROUNDS:-1}"); do
-    for variant in ${AB_VARIANTS:--}; do
-      echo "--- variant: $variant (round $round)"
-      env ${variant#-} "$carry/step_bench" --device cuda --random-weights "${AB_CONFIG:-$carry/qwen3-30b-a3b/config.json}" \
-        --batches "${AB_BATCHES:-1}" --context 1024 --steps 64 --ab-pairs 0 --prefill 0 --bandwidth-gbs "$bandwidth" 2>&1 |
-        grep "decode batch" || failed+=("ab $variant")
+    for config in ${AB_CONFIGS:-${AB_CONFIG:-$carry/qwen3-30b-a3b/config.json}}; do
+      for variant in ${AB_VARIANTS:--}; do
+        echo "--- $(basename "$(dirname "$config")") variant: $variant (round $round)"
+        env ${variant#-} "$carry/step_bench" --device cuda --random-weights "$config" \
+          --batches "${AB_BATCHES:-1}" --context 1024 --steps 64 --ab-pairs 0 --prefill 0 --bandwidth-gbs "$bandwidth" 2>&1 |
+          grep "decode batch" || failed+=("ab $variant")
+      done
     done
   done
 fi
