@@ -379,21 +379,12 @@ __device__ void combine_split_row(const KernelArgs& a, int64_t pair, int written
 #pragma unroll
       for (; s < kEarly; ++s) {
         if (s >= written) break;
-        const float w = weight[s] * inv;
-        o.x += early[s].x * w;
-        o.y += early[s].y * w;
-        o.z += early[s].z * w;
-        o.w += early[s].w * w;
+        add_weighted(o, early[s], weight[s] * inv);
       }
     }
 #pragma unroll 16
     for (; s < written; ++s) {
-      const float w = weight[s] * inv;
-      const float4 part = __ldcg(reinterpret_cast<const float4*>(partial + s * head_dim + d));
-      o.x += part.x * w;
-      o.y += part.y * w;
-      o.z += part.z * w;
-      o.w += part.w * w;
+      add_weighted(o, __ldcg(reinterpret_cast<const float4*>(partial + s * head_dim + d)), weight[s] * inv);
     }
     *reinterpret_cast<float4*>(p.out + pair * head_dim + d) = o;
   }
@@ -831,13 +822,8 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const __grid_consta
     for (int s = 0; s < L::kSlices; ++s) {
       const int w = s * MT + mt;
       const float weight = exp2f(s_max[w][rr] - base);
-      const float4 part =
-          *reinterpret_cast<const float4*>(s_out + (w * 16 + rr) * L::kOutStride + d);
       row_sum += s_sum[w][rr] * weight;
-      o.x += part.x * weight;
-      o.y += part.y * weight;
-      o.z += part.z * weight;
-      o.w += part.w * weight;
+      add_weighted(o, *reinterpret_cast<const float4*>(s_out + (w * 16 + rr) * L::kOutStride + d), weight);
     }
     const int64_t out_row = static_cast<int64_t>(s_token[r]) * p.heads + s_head[r];
     if (a.splits == 1) {
