@@ -36,8 +36,9 @@ constexpr int kDecodeBlocksPerSm = 2;
 // Clustered decode (Hopper): the splits of a (token, kv head) run as clusters of kCluster blocks
 // (a non-portable size; Hopper allows 16) that merge through distributed shared memory, one
 // cluster barrier instead of a global write, a fence, an atomic and the L2 round trips of the
-// last block's merge. A split then takes at least min(kClusterTiles, tiles / kCluster) key tiles,
-// so a context of up to kCluster * kClusterTiles tiles (4,096 keys) stays in one cluster and
+// last block's merge. A split then takes at least min(kClusterTiles, tiles / kCluster) key tiles
+// (SY_ATTN_CLUSTER_TILES=N: N instead, for A/Bs), so a context of up to kCluster * kClusterTiles
+// tiles (4,096 keys) stays in one cluster and
 // needs no global merge at all; longer ones merge one partial per cluster as before.
 // Measured (H100, 2026-12-07, one binary with and without): batch 1 gpt-oss-20b 2.6%, Qwen3.5
 // 0.9%, Qwen3 0.3% faster; batches 2-3 within +-0.5% (gpt-oss batch 2 +2% once); Qwen3 batch 4
@@ -92,6 +93,7 @@ struct KernelArgs {
   int* arrivals = nullptr;       // [tokens * kv_heads * row_chunks] splits done; the last resets it
   bool early_merge = true;  // SY_ATTN_EARLY_MERGE=0 (A/B): the merge's two round trips as before
   int cluster = 1;          // decode: splits per cluster (kCluster, or 1: no clusters)
+  int cluster_tiles = kClusterTiles;  // clustered: a split's least key tiles (see split_chunk)
   // Decode with the q/k prep fused (prep.q set): q rows are normed and rotated from the raw
   // projection as they are loaded, and the split holding a token's own key computes that K/V
   // row itself (into the cache and its tile). p.q is then unused.
@@ -192,22 +194,21 @@ __device__ __forceinline__ uint4 load_bf16x8(const float* src, float scale) {
 }
 
 // A decode split's keys: the context cut into `splits` chunks of whole key tiles; splits past
-// the context are empty. Clustered (cluster > 1), a chunk is at least min(kClusterTiles,
+// the context are empty. Clustered (cluster > 1), a chunk is at least min(cluster_tiles,
 // tiles / cluster) tiles, so that short contexts fill the first cluster only. The merge uses the
 // same rule to know how many splits wrote.
 struct KeyRange {
   int begin = 0, end = 0;
 };
-__host__ __device__ inline int split_chunk(int context, int splits, int key_tile, int cluster) {
+__device__ inline int split_chunk(int context, int key_tile, const KernelArgs& a) {
   const int tiles = ceil_div(context, key_tile);
-  int per_split = ceil_div(tiles, splits);
-  if (cluster > 1) per_split = max(per_split, min(kClusterTiles, ceil_div(tiles, cluster)));
+  int per_split = ceil_div(tiles, a.splits);
+  if (a.cluster > 1) per_split = max(per_split, min(a.cluster_tiles, ceil_div(tiles, a.cluster)));
   return per_split * key_tile;
 }
-__device__ inline KeyRange split_range(int context, int splits, int split, int key_tile,
-                                       int cluster) {
+__device__ inline KeyRange split_range(int context, int split, int key_tile, const KernelArgs& a) {
   if (context <= 0) return {};
-  const int chunk = split_chunk(context, splits, key_tile, cluster);
+  const int chunk = split_chunk(context, key_tile, a);
   const int begin = split * chunk;
   return {begin, min(context, begin + chunk)};
 }
@@ -498,13 +499,12 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const __grid_consta
   const int span = context - key_lo;
   KeyRange range{key_lo, context};
   if (decode) {
-    range = split_range(span, a.splits, blockIdx.z, kKeys, a.cluster);
+    range = split_range(span, blockIdx.z, kKeys, a);
     // Clustered, an empty split of a cluster with keys still takes part in its merge (with no
     // tiles it leaves max -inf, sum 0, zeros); a cluster without keys leaves as a whole.
     const bool leave =
         a.cluster > 1
-            ? split_range(span, a.splits, blockIdx.z / a.cluster * a.cluster, kKeys, a.cluster)
-                          .begin >= span ||
+            ? split_range(span, blockIdx.z / a.cluster * a.cluster, kKeys, a).begin >= span ||
                   span <= 0
             : range.begin >= range.end;
     range.begin += key_lo;
@@ -840,7 +840,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const __grid_consta
     }
   }
   // Splits (clustered: clusters) that wrote a partial for the global merge below.
-  int written = a.splits > 1 ? ceil_div(span, split_chunk(span, a.splits, kKeys, a.cluster)) : 1;
+  int written = a.splits > 1 ? ceil_div(span, split_chunk(span, kKeys, a)) : 1;
   if (clustered) {
     // Rank 0 sums the cluster's partials, in rank order, from the blocks' shared memory: the
     // result, or the cluster's partial when more than one cluster has keys.
@@ -1306,6 +1306,11 @@ bool launch_attention_impl(const AttentionParams& params, const QkvPrepParams* p
       decode_clusters_here(params.head_dim)) {
     args.splits = args.splits / kCluster * kCluster;
     args.cluster = kCluster;
+    static const int cluster_tiles = [] {
+      const char* value = std::getenv("SY_ATTN_CLUSTER_TILES");
+      return value ? std::clamp(std::atoi(value), 1, 64) : kClusterTiles;
+    }();
+    args.cluster_tiles = cluster_tiles;
   }
   if (args.splits > 1) {
     const int64_t parts = params.tokens * params.heads * args.splits;
