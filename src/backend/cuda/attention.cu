@@ -44,7 +44,7 @@ constexpr int kDecodeBlocksPerSm = 2;
 // 0.9%, Qwen3 0.3% faster; batches 2-3 within +-0.5% (gpt-oss batch 2 +2% once); Qwen3 batch 4
 // 3.8% slower (16 clusters of 16 busy at once), so steps of more than kClusterMaxTokens decode
 // tokens keep the global merge.
-constexpr int kCluster = 16;
+constexpr int kCluster = 16;  // (SY_ATTN_CLUSTER_SIZE=2|4|8: smaller clusters, for A/Bs)
 constexpr int kClusterTiles = 4;
 constexpr int kClusterMaxTokens = 3;
 constexpr float kLog2e = 1.4426950408889634f;
@@ -92,7 +92,7 @@ struct KernelArgs {
   float* partial_o = nullptr;    // [tokens * heads * splits, head_dim], unnormalised
   int* arrivals = nullptr;       // [tokens * kv_heads * row_chunks] splits done; the last resets it
   bool early_merge = true;  // SY_ATTN_EARLY_MERGE=0 (A/B): the merge's two round trips as before
-  int cluster = 1;          // decode: splits per cluster (kCluster, or 1: no clusters)
+  int cluster = 1;          // decode: splits per cluster (<= kCluster, or 1: no clusters)
   int cluster_tiles = kClusterTiles;  // clustered: a split's least key tiles (see split_chunk)
   // Decode with the q/k prep fused (prep.q set): q rows are normed and rotated from the raw
   // projection as they are loaded, and the split holding a token's own key computes that K/V
@@ -856,8 +856,11 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const __grid_consta
         float4 part[kCluster];
 #pragma unroll
         for (int s = 0; s < kCluster; ++s) {
-          ml[s] = load_cluster_f2(cluster_address(&s_part_ml[r], s));
-          part[s] = load_cluster_f4(cluster_address(s_part + r * DPAD + d, s));
+          const bool rank = s < a.cluster;  // (past the cluster: weight 0)
+          ml[s] = rank ? load_cluster_f2(cluster_address(&s_part_ml[r], s))
+                       : make_float2(-INFINITY, 0.0f);
+          part[s] = rank ? load_cluster_f4(cluster_address(s_part + r * DPAD + d, s))
+                         : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         }
         float row_max = -INFINITY;
 #pragma unroll
@@ -1080,12 +1083,23 @@ int launch_tiled(const KernelArgs& args, dim3 grid, cudaStream_t stream) {
   return L::kKeys;
 }
 
-// Whether the decode kernel of this DPAD can run in clusters of kCluster here: Hopper, the
-// non-portable cluster size allowed, at least one such cluster resident (cudaOccupancy), and
+// The decode clusters' size: kCluster, or SY_ATTN_CLUSTER_SIZE (2, 4 or 8) for A/Bs.
+int decode_cluster_size() {
+  static const int size = [] {
+    const char* value = std::getenv("SY_ATTN_CLUSTER_SIZE");
+    const int n = value ? std::atoi(value) : kCluster;
+    return n == 2 || n == 4 || n == 8 ? n : kCluster;
+  }();
+  return size;
+}
+
+// Whether the decode kernel of this DPAD can run in clusters of decode_cluster_size() here:
+// Hopper, a non-portable size allowed, at least one such cluster resident (cudaOccupancy), and
 // not SY_ATTN_CLUSTER=0 (A/B). Asked once per process (one device per process).
 template <int DPAD>
 bool decode_clusters_here() {
   static const bool ok = [] {
+    const unsigned size = static_cast<unsigned>(decode_cluster_size());
     if (env_off("SY_ATTN_CLUSTER")) return false;
     int device = 0, major = 0;
     if (cudaGetDevice(&device) != cudaSuccess ||
@@ -1096,14 +1110,14 @@ bool decode_clusters_here() {
     const auto kernel = attention_kernel<DPAD, 1>;
     int clusters = 0;
     cudaLaunchConfig_t config{};
-    config.gridDim = dim3(1, 1, kCluster);
+    config.gridDim = dim3(1, 1, size);
     config.blockDim = dim3(kThreads);
     config.dynamicSmemBytes = L::kSmemBytes;
     cudaLaunchAttribute attribute{};
     attribute.id = cudaLaunchAttributeClusterDimension;
     attribute.val.clusterDim.x = 1;
     attribute.val.clusterDim.y = 1;
-    attribute.val.clusterDim.z = kCluster;
+    attribute.val.clusterDim.z = size;
     config.attrs = &attribute;
     config.numAttrs = 1;
     const bool usable = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -1302,10 +1316,11 @@ bool launch_attention_impl(const AttentionParams& params, const QkvPrepParams* p
               : 1;
   // Clustered (MT = 1 on Hopper, steps of up to kClusterMaxTokens tokens): whole clusters of
   // kCluster splits.
-  if (mt == 1 && tokens <= kClusterMaxTokens && args.splits >= kCluster &&
+  const int cluster = decode_cluster_size();
+  if (mt == 1 && tokens <= kClusterMaxTokens && args.splits >= cluster &&
       decode_clusters_here(params.head_dim)) {
-    args.splits = args.splits / kCluster * kCluster;
-    args.cluster = kCluster;
+    args.splits = args.splits / cluster * cluster;
+    args.cluster = cluster;
     static const int cluster_tiles = [] {
       const char* value = std::getenv("SY_ATTN_CLUSTER_TILES");
       return value ? std::clamp(std::atoi(value), 1, 64) : kClusterTiles;
