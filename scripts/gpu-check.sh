@@ -331,8 +331,8 @@ if want ab; then
 fi
 if want bin-ab; then
   # One bench from two builds, alternating, two rounds: BIN_AB names binaries in gpu-carry (e.g.
-  # step_bench_old, an earlier pack's step_bench.xz carried beside the new one), BIN_AB_CONFIG the
-  # model, BIN_AB_ARGS the shape.
+  # step_bench_<commit> from scripts/gpu-pack-old.sh, carried beside the new one), BIN_AB_CONFIG
+  # the model, BIN_AB_ARGS the shape.
   section "binary A/B: ${BIN_AB:-}"
   for round in 1 2; do
     for bin in ${BIN_AB:-}; do
