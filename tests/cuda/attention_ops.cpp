@@ -218,14 +218,18 @@ void write_history(Harness& h, Case& c, Pair& p, const Layout& l, int64_t kv_hea
   });
 }
 
-// one_context > 0 (decode): one sequence of that context decoding one token, no padding: the
-// step every split of the decode kernel serves (clustered on Hopper).
+// A case's layout: `kind`'s (decode with padding tokens, mixed shuffled) or, one_context > 0,
+// one sequence of that context decoding one token, no padding: the step every split of the
+// decode kernel serves (clustered on Hopper).
+Layout case_layout(Harness& h, Case& c, Kind kind, int block_size, int64_t one_context = 0) {
+  if (one_context > 0) return make_layout(c.rng, {{one_context, 1}}, block_size, 0, false);
+  return make_layout(c.rng, specs_for(kind, c.rng, h.options.quick), block_size,
+                     kind == Kind::kDecode ? 3 : 0, kind == Kind::kMixed);
+}
+
 void attention_case(Harness& h, Case& c, const HeadConfig& hc, Kind kind, int block_size,
                     const AttentionOptions& options = {}, int64_t one_context = 0) {
-  const Layout l = one_context > 0
-                       ? make_layout(c.rng, {{one_context, 1}}, block_size, 0, false)
-                       : make_layout(c.rng, specs_for(kind, c.rng, h.options.quick), block_size,
-                                     kind == Kind::kDecode ? 3 : 0, kind == Kind::kMixed);
+  const Layout l = case_layout(h, c, kind, block_size, one_context);
   const int64_t heads = hc.heads, kv_heads = hc.kv_heads, head_dim = hc.head_dim;
   const int64_t slots = l.num_blocks * block_size, kv_row = kv_heads * head_dim;
   Pair p(h);
@@ -333,10 +337,7 @@ void qk_prep_case(Harness& h, Case& c, const HeadConfig& hc, int64_t tokens, boo
 // (padding slots never written), over the decode layouts attention_case uses.
 void prep_attention_case(Harness& h, Case& c, const HeadConfig& hc, int block_size, bool norms,
                          int64_t one_context = 0) {
-  const Layout l = one_context > 0
-                       ? make_layout(c.rng, {{one_context, 1}}, block_size, 0, false)
-                       : make_layout(c.rng, specs_for(Kind::kDecode, c.rng, h.options.quick),
-                                     block_size, 3, false);
+  const Layout l = case_layout(h, c, Kind::kDecode, block_size, one_context);
   const int64_t heads = hc.heads, kv_heads = hc.kv_heads, head_dim = hc.head_dim;
   const int64_t slots = l.num_blocks * block_size, kv_row = kv_heads * head_dim;
   Backend& dev = h.device;
@@ -398,8 +399,7 @@ void prep_attention_case(Harness& h, Case& c, const HeadConfig& hc, int block_si
 // partial rotary, the cache write, attention and the sigmoid gate, on the attention layouts
 // (the CPU's op is verified against transformers; the device composes its own ops).
 void gated_attention_case(Harness& h, Case& c, const HeadConfig& hc, Kind kind, int block_size) {
-  const Layout l = make_layout(c.rng, specs_for(kind, c.rng, h.options.quick), block_size,
-                               kind == Kind::kDecode ? 3 : 0, kind == Kind::kMixed);
+  const Layout l = case_layout(h, c, kind, block_size);
   const int64_t heads = hc.heads, kv_heads = hc.kv_heads, head_dim = hc.head_dim;
   const int64_t slots = l.num_blocks * block_size, kv_row = kv_heads * head_dim;
   Pair p(h);
@@ -446,8 +446,7 @@ struct LatentConfig {
 };
 
 void latent_attention_case(Harness& h, Case& c, const LatentConfig& lc, Kind kind, int block_size) {
-  const Layout l = make_layout(c.rng, specs_for(kind, c.rng, h.options.quick), block_size,
-                               kind == Kind::kDecode ? 3 : 0, kind == Kind::kMixed);
+  const Layout l = case_layout(h, c, kind, block_size);
   const int64_t heads = lc.heads, row = lc.lora + lc.rope, q_row = lc.nope + lc.rope;
   const int64_t slots = l.num_blocks * block_size;
   Pair p(h);

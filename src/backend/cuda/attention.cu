@@ -38,8 +38,8 @@ constexpr int kDecodeBlocksPerSm = 2;
 // cluster barrier instead of a global write, a fence, an atomic and the L2 round trips of the
 // last block's merge. A split then takes at least min(kClusterTiles, tiles / kCluster) key tiles
 // (SY_ATTN_CLUSTER_TILES=N: N instead, for A/Bs), so a context of up to kCluster * kClusterTiles
-// tiles (4,096 keys) stays in one cluster and
-// needs no global merge at all; longer ones merge one partial per cluster as before.
+// tiles (4,096 keys) stays in one cluster and needs no global merge at all; longer ones merge one
+// partial per cluster as before.
 // Measured (H100, 2026-12-07, one binary with and without): batch 1 gpt-oss-20b 2.6%, Qwen3.5
 // 0.9%, Qwen3 0.3% faster; batches 2-3 within +-0.5% (gpt-oss batch 2 +2% once); Qwen3 batch 4
 // 3.8% slower (16 clusters of 16 busy at once), so steps of more than kClusterMaxTokens decode
@@ -320,6 +320,41 @@ __device__ __forceinline__ void add_weighted(float4& o, const float4& part, floa
   o.w += part.w * w;
 }
 
+// The merge of N partials of one row slice (max in log2 units, sum; the unnormalised slice), in
+// order: the weighted slice, with the row's max and sum.
+template <int N>
+__device__ __forceinline__ float4 merge_partials(const float2 (&ml)[N], const float4 (&part)[N],
+                                                 float& row_max, float& row_sum) {
+  row_max = -INFINITY;
+#pragma unroll
+  for (int s = 0; s < N; ++s) row_max = fmaxf(row_max, ml[s].x);
+  const float base = row_max == -INFINITY ? 0.0f : row_max;
+  row_sum = 0.0f;
+  float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+  for (int s = 0; s < N; ++s) {
+    const float w = exp2f(ml[s].x - base);
+    row_sum += ml[s].y * w;
+    add_weighted(o, part[s], w);
+  }
+  return o;
+}
+
+// A merged row slice: normalised into p.out (`final`), else the partial `part` of a later merge.
+__device__ __forceinline__ void store_merged(const KernelArgs& a, int head, int64_t out_row,
+                                             int64_t part, int d, const float4& o, float row_max,
+                                             float row_sum, bool final) {
+  const int head_dim = a.p.head_dim;
+  if (final) {
+    const float inv = normaliser(a.p, head, row_max, row_sum);  // no keys (position < 0): zeros
+    *reinterpret_cast<float4*>(a.p.out + out_row * head_dim + d) =
+        make_float4(o.x * inv, o.y * inv, o.z * inv, o.w * inv);
+  } else {
+    *reinterpret_cast<float4*>(a.partial_o + part * head_dim + d) = o;
+    if (d == 0) a.partial_ml[part] = make_float2(row_max, row_sum);
+  }
+}
+
 // The merge of a decode token's split partials, run by the last split block of each (token, kv
 // head) to finish (so no second launch): a warp per (token, head) row. Lanes take the splits for
 // the max and the sum (warp reductions), each split's weight goes to shared memory, then the
@@ -504,8 +539,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const __grid_consta
     // tiles it leaves max -inf, sum 0, zeros); a cluster without keys leaves as a whole.
     const bool leave =
         a.cluster > 1
-            ? split_range(span, blockIdx.z / a.cluster * a.cluster, kKeys, a).begin >= span ||
-                  span <= 0
+            ? split_range(span, blockIdx.z / a.cluster * a.cluster, kKeys, a).begin >= span
             : range.begin >= range.end;
     range.begin += key_lo;
     range.end += key_lo;
@@ -812,31 +846,23 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const __grid_consta
                 "a clustered split's partial fits beside s_out");
   for (int i = tid; i < rows * quads; i += kThreads) {
     const int r = i / quads, d = (i % quads) * 4, mt = r / 16, rr = r % 16;
-    float row_max = -INFINITY;
-#pragma unroll
-    for (int s = 0; s < L::kSlices; ++s) row_max = fmaxf(row_max, s_max[s * MT + mt][rr]);
-    const float base = row_max == -INFINITY ? 0.0f : row_max;
-    float row_sum = 0.0f;
-    float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    float2 ml[L::kSlices];
+    float4 part[L::kSlices];
 #pragma unroll
     for (int s = 0; s < L::kSlices; ++s) {
       const int w = s * MT + mt;
-      const float weight = exp2f(s_max[w][rr] - base);
-      row_sum += s_sum[w][rr] * weight;
-      add_weighted(o, *reinterpret_cast<const float4*>(s_out + (w * 16 + rr) * L::kOutStride + d), weight);
+      ml[s] = make_float2(s_max[w][rr], s_sum[w][rr]);
+      part[s] = *reinterpret_cast<const float4*>(s_out + (w * 16 + rr) * L::kOutStride + d);
     }
+    float row_max, row_sum;
+    const float4 o = merge_partials(ml, part, row_max, row_sum);
     const int64_t out_row = static_cast<int64_t>(s_token[r]) * p.heads + s_head[r];
-    if (a.splits == 1) {
-      const float inv = normaliser(p, s_head[r], row_max, row_sum);  // no keys (position < 0): zeros
-      *reinterpret_cast<float4*>(p.out + out_row * head_dim + d) =
-          make_float4(o.x * inv, o.y * inv, o.z * inv, o.w * inv);
-    } else if (clustered) {
+    if (clustered) {
       *reinterpret_cast<float4*>(s_part + r * DPAD + d) = o;
       if (d == 0) s_part_ml[r] = make_float2(row_max, row_sum);
     } else {
-      const int64_t part = out_row * a.splits + blockIdx.z;
-      *reinterpret_cast<float4*>(a.partial_o + part * head_dim + d) = o;
-      if (d == 0) a.partial_ml[part] = make_float2(row_max, row_sum);
+      store_merged(a, s_head[r], out_row, out_row * a.splits + blockIdx.z, d, o, row_max, row_sum,
+                   a.splits == 1);
     }
   }
   // Splits (clustered: clusters) that wrote a partial for the global merge below.
@@ -862,28 +888,11 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const __grid_consta
           part[s] = rank ? load_cluster_f4(cluster_address(s_part + r * DPAD + d, s))
                          : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         }
-        float row_max = -INFINITY;
-#pragma unroll
-        for (int s = 0; s < kCluster; ++s) row_max = fmaxf(row_max, ml[s].x);
-        const float base = row_max == -INFINITY ? 0.0f : row_max;
-        float row_sum = 0.0f;
-        float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll
-        for (int s = 0; s < kCluster; ++s) {
-          const float w = exp2f(ml[s].x - base);
-          row_sum += ml[s].y * w;
-          add_weighted(o, part[s], w);
-        }
+        float row_max, row_sum;
+        const float4 o = merge_partials(ml, part, row_max, row_sum);
         const int64_t out_row = static_cast<int64_t>(s_token[r]) * p.heads + s_head[r];
-        if (written == 1) {
-          const float inv = normaliser(p, s_head[r], row_max, row_sum);
-          *reinterpret_cast<float4*>(p.out + out_row * head_dim + d) =
-              make_float4(o.x * inv, o.y * inv, o.z * inv, o.w * inv);
-        } else {
-          const int64_t part = out_row * a.splits + cluster_index;
-          *reinterpret_cast<float4*>(a.partial_o + part * head_dim + d) = o;
-          if (d == 0) a.partial_ml[part] = make_float2(row_max, row_sum);
-        }
+        store_merged(a, s_head[r], out_row, out_row * a.splits + cluster_index, d, o, row_max,
+                     row_sum, written == 1);
       }
     }
     cluster_barrier();  // rank 0 has read every block's shared memory: the others may leave
