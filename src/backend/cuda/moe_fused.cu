@@ -464,15 +464,34 @@ __global__ void __launch_bounds__(kThreads, 2)
   // One token (batch-1 decode): the whole block ranks the experts at once (route_select_block,
   // the same choice as route_select_warp), so this serial step is short.
   float* const my_scores = scores + warp * E;
+  // One chosen token: its K experts are distinct and valid, a slot each in rank order (the
+  // order of slots changes no sum), so warp 0 writes the grouping with the weights, and the
+  // block skips a barrier and group_few_pairs_by_expert.
+  bool slots_written = false;
   if (T == 1) {
     router_logits_fill(a.logits, logit_groups, 1, E, 0, scores, threadIdx.x, kThreads);
     __syncthreads();
     const int32_t* forced = a.forced && a.forced[0] ? a.source : nullptr;
+    slots_written = !forced && !a.general_grouping;
     stamp(a, 7);
-    // (scores + E: warp 1's score row, free when T = 1, holds the selection keys.)
-    route_select_block(scores, scores + E, a.route, forced, cursor, ids,
-                       weights,  // cursor: scratch until grouping
-                       [&](int phase) { stamp(a, 9 + phase); });
+    // (scores + E: warps 1..3's score rows, free when T = 1, hold the selection keys and the
+    // candidates.)
+    route_select_block(
+        scores, scores + E, a.route, forced, cursor, ids,
+        weights,  // cursor: scratch until grouping
+        [&](int phase) { stamp(a, 9 + phase); },
+        [&](int l) {
+          if (!slots_written) return;
+          if (l < K) {
+            sorted[l] = l;
+            slot_expert[l] = ids[l];
+            slot_begin[l] = l;
+          }
+          if (l == 0) {
+            slot_begin[K] = K;
+            *slot_count = K;
+          }
+        });
     stamp(a, 8);
   } else {
     for (int t = warp; t < T; t += kWarps) {
@@ -483,20 +502,22 @@ __global__ void __launch_bounds__(kThreads, 2)
       route_select_warp(my_scores, a.route, forced, ids + t * K, weights + t * K);
     }
   }
-  __syncthreads();
+  if (!slots_written) __syncthreads();
   if (blockIdx.x == 0 && a.sink)
     for (int i = threadIdx.x; i < pairs; i += kThreads)
     {
       a.sink[static_cast<int64_t>(i / K) * a.route_row_stride + i % K] = ids[i];
       if (a.weight_sink) a.weight_sink[static_cast<int64_t>(i / K) * a.route_row_stride + i % K] = weights[i];
     }
-  if (warp == 0) {
-    if (pairs <= 32 && !a.general_grouping)
-      group_few_pairs_by_expert(ids, pairs, E, sorted, slot_expert, slot_begin, slot_count);
-    else
-      group_pairs_by_expert(ids, pairs, E, sorted, slot_expert, slot_begin, cursor, slot_count);
+  if (!slots_written) {
+    if (warp == 0) {
+      if (pairs <= 32 && !a.general_grouping)
+        group_few_pairs_by_expert(ids, pairs, E, sorted, slot_expert, slot_begin, slot_count);
+      else
+        group_pairs_by_expert(ids, pairs, E, sorted, slot_expert, slot_begin, cursor, slot_count);
+    }
+    __syncthreads();
   }
-  __syncthreads();
   stamp(a, 3);
   const int slots = *slot_count;
 

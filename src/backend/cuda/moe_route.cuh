@@ -428,22 +428,72 @@ __device__ __forceinline__ void route_select_warp(float* scores, const RoutePara
   route_weights_warp(scores, p, chosen, ids, weights);
 }
 
+// Warp 0's selection for one token without expert groups (after route_scores_warp; keys[0:E)
+// hold the selection keys, NaN as -inf): the experts ranked K and below into slots[0:K).
+// tau = the smallest of W group maxima (W >= K a power of two, group g: the experts of the lanes
+// l with l % W == g) has at least K keys >= it, so an expert below tau ranks K or later, and every
+// expert ordered before a candidate (key >= tau) is a candidate: ranking the candidates among
+// themselves (by (key desc, id asc); compacted in id order, so "id below" is "index below") gives
+// the ranks of the whole order. candidates / candidate_keys: E words of shared scratch each.
+// Typically ~20 of 128 Qwen3 experts are candidates; with every key equal, all of them are.
+__device__ __forceinline__ void route_rank_candidates_warp(const float* keys, int E, int K,
+                                                           int32_t* candidates,
+                                                           float* candidate_keys, int32_t* slots) {
+  const int lane = threadIdx.x & 31;
+  float tau = -INFINITY;
+  for (int e = lane; e < E; e += 32) tau = fmaxf(tau, keys[e]);
+  int width = 1;
+  while (width < K) width <<= 1;
+  for (int o = 16; o >= width; o >>= 1) tau = fmaxf(tau, __shfl_xor_sync(0xffffffffu, tau, o));
+  for (int o = width >> 1; o > 0; o >>= 1) tau = fminf(tau, __shfl_xor_sync(0xffffffffu, tau, o));
+  int n = 0;
+  for (int base = 0; base < E; base += 32) {  // uniform trip count
+    const int e = base + lane;
+    const float v = e < E ? keys[e] : -INFINITY;
+    const bool in = e < E && v >= tau;
+    const uint32_t mask = __ballot_sync(0xffffffffu, in);
+    if (in) {
+      const int at = n + __popc(mask & ((1u << lane) - 1u));
+      candidates[at] = e;
+      candidate_keys[at] = v;
+    }
+    n += __popc(mask);
+  }
+  __syncwarp();
+  for (int i = lane; i < n; i += 32) {
+    const float v = candidate_keys[i];
+    int before = 0;
+#pragma unroll 4
+    for (int c = 0; c < n; ++c) {
+      const float u = candidate_keys[c];
+      before += (u > v || (u == v && c < i)) ? 1 : 0;
+    }
+    if (before < K) slots[before] = candidates[i];
+  }
+  __syncwarp();
+}
+
 // The same choice as route_select_warp for one token, with the whole block (blockDim.x a
-// multiple of 32, >= 64): warp 0 computes the scores exactly as route_select_warp does and each
-// expert's selection key into `keys` (E floats of shared scratch), then every thread ranks
-// experts in parallel (the rank of e under (key desc, id asc) is the number of experts ordered
-// before it; ranks < K are the choices, in order) instead of K serial rounds, then warp 0
-// computes the weights. `slots` is K ints of shared scratch. All threads call it; ids/weights are
-// valid after it returns (it ends with a barrier).
-// `on_phase(0)` runs after the scores, `on_phase(1)` after the ranking (phase timers).
+// multiple of 32, >= 64); ids/weights are valid after it returns (it ends with a barrier), and
+// every thread calls it. keys: 3 * E floats of shared scratch; slots: K ints.
+// Without groups (the common router) warp 0 alone scores, ranks the candidates
+// (route_rank_candidates_warp) and weighs, between one barrier and the next; the block's 256
+// threads each counting ~64 comparisons under the tie rule, with four barriers, cost ~4.6 us of
+// a Qwen3 layer's ~50 on an H100 (phase stamps and ncu, session 25: every block of the grid ranks
+// redundantly, two to an SM, issue-bound). With groups: warp 0 computes the scores and each
+// expert's selection key into `keys`, then every thread ranks experts in parallel (the rank of
+// e under (key desc, id asc) is the number of experts ordered before it; ranks < K are the
+// choices, in order), then warp 0 computes the weights. Forced ids replace the selection.
+// `on_phase(0)` runs after the scores, `on_phase(1)` after the ranking (phase timers);
+// `on_chosen(lane)` in warp 0 once ids/weights are written, before the last barrier.
 struct NoPhase {
   __device__ void operator()(int) const {}
 };
-template <typename OnPhase = NoPhase>
+template <typename OnPhase = NoPhase, typename OnChosen = NoPhase>
 __device__ __forceinline__ void route_select_block(float* scores, float* keys, const RouteParams& p,
                                                    const int32_t* forced, int32_t* slots,
                                                    int32_t* ids, float* weights,
-                                                   OnPhase on_phase = {}) {
+                                                   OnPhase on_phase = {}, OnChosen on_chosen = {}) {
   const int E = p.num_experts, K = p.top_k;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   __shared__ uint32_t s_kept;
@@ -453,48 +503,50 @@ __device__ __forceinline__ void route_select_block(float* scores, float* keys, c
     for (int e = lane; e < E; e += 32) keys[e] = route_key(route_choice(scores, p, e));
     if (lane == 0) s_kept = kept;
   }
-  __syncthreads();
-  const uint32_t kept = s_kept;
-  on_phase(0);
-  if (forced) {
-    if (threadIdx.x < K) slots[threadIdx.x] = forced[threadIdx.x];
-  } else {
-    // tpe adjacent lanes share an expert's scan (a power of two <= 32, blockDim / tpe >= E
-    // when E is small); each sums its share of "ordered before" counts, then a butterfly.
-    // (Keys precomputed and the scan unrolled, independent of the groups when there are none:
-    // before, each step recomputed its key and the loop was a chain of shared-memory latencies,
-    // ~2.8 us of a Qwen3 batch-1 layer on an H200.)
-    int tpe = 1;
-    while (tpe < 32 && tpe * 2 * E <= static_cast<int>(blockDim.x)) tpe *= 2;
-    const int groups = blockDim.x / tpe, sub = threadIdx.x & (tpe - 1);
-    const bool grouped = p.num_groups > 1;
-    for (int base = 0; base < E; base += groups) {  // uniform trip count: shuffles stay converged
-      const int e = base + static_cast<int>(threadIdx.x) / tpe;
-      // An expert of a dropped group ranks after every kept one (and is never a choice: top_k
-      // <= the kept groups' experts, checked at start-up).
-      const bool e_in = e < E && route_group_kept(kept, p, e);
-      const float v = e < E ? keys[e] : 0.0f;
-      int before = 0;
-      if (e < E && !grouped) {
-#pragma unroll 8
-        for (int j = sub; j < E; j += tpe) {
-          const float u = keys[j];
-          before += (u > v || (u == v && j < e)) ? 1 : 0;
-        }
-      } else if (e < E) {
-        for (int j = sub; j < E; j += tpe) {
-          const bool j_in = route_group_kept(kept, p, j);
-          const float u = keys[j];
-          before += (j_in != e_in ? j_in : (u > v || (u == v && j < e))) ? 1 : 0;
-        }
-      }
-      for (int o = 1; o < tpe; o <<= 1) before += __shfl_xor_sync(0xffffffffu, before, o);
-      if (e_in && sub == 0 && before < K) slots[before] = e;
+  if (!forced && p.num_groups <= 1) {
+    if (warp == 0) {
+      __syncwarp();
+      on_phase(0);
+      route_rank_candidates_warp(keys, E, K, reinterpret_cast<int32_t*>(keys + E), keys + 2 * E,
+                                 slots);
     }
+  } else {
+    __syncthreads();
+    const uint32_t kept = s_kept;
+    on_phase(0);
+    if (forced) {
+      if (threadIdx.x < K) slots[threadIdx.x] = forced[threadIdx.x];
+    } else {
+      // tpe adjacent lanes share an expert's scan (a power of two <= 32, blockDim / tpe >= E
+      // when E is small); each sums its share of "ordered before" counts, then a butterfly.
+      int tpe = 1;
+      while (tpe < 32 && tpe * 2 * E <= static_cast<int>(blockDim.x)) tpe *= 2;
+      const int groups = blockDim.x / tpe, sub = threadIdx.x & (tpe - 1);
+      for (int base = 0; base < E; base += groups) {  // uniform trip count: shuffles stay converged
+        const int e = base + static_cast<int>(threadIdx.x) / tpe;
+        // An expert of a dropped group ranks after every kept one (and is never a choice: top_k
+        // <= the kept groups' experts, checked at start-up).
+        const bool e_in = e < E && route_group_kept(kept, p, e);
+        const float v = e < E ? keys[e] : 0.0f;
+        int before = 0;
+        if (e < E) {
+          for (int j = sub; j < E; j += tpe) {
+            const bool j_in = route_group_kept(kept, p, j);
+            const float u = keys[j];
+            before += (j_in != e_in ? j_in : (u > v || (u == v && j < e))) ? 1 : 0;
+          }
+        }
+        for (int o = 1; o < tpe; o <<= 1) before += __shfl_xor_sync(0xffffffffu, before, o);
+        if (e_in && sub == 0 && before < K) slots[before] = e;
+      }
+    }
+    __syncthreads();
   }
-  __syncthreads();
   on_phase(1);
-  if (warp == 0) route_weights_warp(scores, p, lane < K ? slots[lane] : -1, ids, weights);
+  if (warp == 0) {
+    route_weights_warp(scores, p, lane < K ? slots[lane] : -1, ids, weights);
+    on_chosen(lane);
+  }
   __syncthreads();
 }
 
