@@ -81,6 +81,8 @@ struct FusedLaunch {
   float eps = 0.0f;
   unsigned long long* stamps = nullptr;  // SY_FUSED_STAMPS=1: [grid, kStamps] %globaltimer per phase
   bool general_grouping = false;  // SY_FUSED_GENERAL_GROUPING=1 (experiments): no few-pairs path
+  bool router_early =
+      false;  // SY_FUSED_ROUTER_EARLY=1 (until measured): router words before the norm
 };
 constexpr int kStamps = 11;
 
@@ -431,6 +433,26 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int total_warps = static_cast<int>(gridDim.x) * kWarps;
 
   stamp(a, 0);
+  // (a)'s tasks: a warp per (16-token tile, 8-expert tile, k group).
+  const int logit_groups = router_groups(H);
+  const int per_m = (E + 7) / 8 * logit_groups, m_tiles = (T + 15) / 16;
+  auto task_tile = [&](int q, int& mt, int& et, int& group) {
+    mt = q / per_m;
+    const int rest = q - mt * per_m;
+    et = rest / logit_groups;
+    group = rest - et * logit_groups;
+  };
+  // One token with a.router_early: the warp's first task's router words are requested before
+  // the norm's loads return (they are weights: no wait on the inputs), one round trip fewer.
+  // (Not at NORM_VEC 4: its row's 32 registers and these 16 spill.)
+  const int first_task = warp * gridDim.x + blockIdx.x;
+  RouterWords early_words;
+  const bool early = kOneToken && NORM_VEC <= 2 && a.router_early && first_task < m_tiles * per_m;
+  if (early) {
+    int mt, et, group;
+    task_tile(first_task, mt, et, group);
+    router_group_words(a.router, H, E, et * 8, group, early_words);
+  }
   // The input row: every block normalises residual + deltas itself (no launch, no barrier).
   const float* hidden = a.hidden;
   if constexpr (NORM_VEC > 0) {
@@ -442,16 +464,18 @@ __global__ void __launch_bounds__(kThreads, 2)
     __syncthreads();
     hidden = normed;
   }
-  // (a) Router logits (moe_route.cuh's sum): a warp per (16-token tile, 8-expert tile, k group)
-  // task, its sums into a.logits [groups, T, E], summed over the groups when read.
-  const int logit_groups = router_groups(H);
-  const int per_m = (E + 7) / 8 * logit_groups, m_tiles = (T + 15) / 16;
-  for (int q = warp * gridDim.x + blockIdx.x; q < m_tiles * per_m; q += total_warps) {
-    const int mt = q / per_m, rest = q - mt * per_m, et = rest / logit_groups,
-              group = rest - et * logit_groups;
+  // (a) Router logits (moe_route.cuh's sum): a warp per task, its sums into a.logits
+  // [groups, T, E], summed over the groups when read.
+  for (int q = first_task; q < m_tiles * per_m; q += total_warps) {
+    int mt, et, group;
+    task_tile(q, mt, et, group);
     float acc[4];
-    router_group_tile(hidden + static_cast<int64_t>(mt) * 16 * H, H, T - mt * 16, a.router, H, E,
-                      et * 8, group, acc);
+    if (early && q == first_task)
+      router_group_tile(hidden + static_cast<int64_t>(mt) * 16 * H, H, T - mt * 16, H, group,
+                        early_words, acc);
+    else
+      router_group_tile(hidden + static_cast<int64_t>(mt) * 16 * H, H, T - mt * 16, a.router, H, E,
+                        et * 8, group, acc);
     router_store_tile(acc, a.logits + static_cast<int64_t>(group) * T * E, E, mt * 16, T - mt * 16,
                       et * 8, E);
   }
@@ -801,6 +825,7 @@ class FusedKernel final : public moe::ExpertsKernel {
     launch.combo_floats = combo_floats_;
     launch.stamps = stamps_;
     launch.general_grouping = general_grouping_;
+    launch.router_early = router_early_;
     const moe::MoeInputNorm& norm = args.input_norm;
     const int vec = norm.residual ? norm_vec_ : 0;
     if (norm.residual) {
@@ -986,6 +1011,10 @@ class FusedKernel final : public moe::ExpertsKernel {
   int one_combo_floats_ = 0;  // the one-token kernel's combine buffer
   const bool general_grouping_ = [] {
     const char* value = std::getenv("SY_FUSED_GENERAL_GROUPING");
+    return value && value[0] == '1';
+  }();
+  const bool router_early_ = [] {
+    const char* value = std::getenv("SY_FUSED_ROUTER_EARLY");
     return value && value[0] == '1';
   }();
   // SY_FUSED_MXFP4=1: MXFP4 experts read packed (fused_moe_kernel<*, true>), opt-in until a GPU

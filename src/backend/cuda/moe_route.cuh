@@ -174,26 +174,32 @@ __device__ __forceinline__ void router_mma_step(float (&acc)[4], const RouterTer
   mma_bf16(acc, t.lo, w.x, w.y);
 }
 
-// One whole warp: group `group`'s sum for the 16 rows x[0 .. rows) (row stride x_stride; rows
-// past `rows` are zero) and the 8 router rows e0 .. e0+7 (rows past E are zero). acc is the
-// lane's m16n8 fragment: rows g and g+8, experts e0 + 2q and e0 + 2q + 1.
-__device__ __forceinline__ void router_group_tile(const float* x, int64_t x_stride, int rows,
-                                                  const __nv_bfloat16* __restrict__ router, int H,
-                                                  int E, int e0, int group, float (&acc)[4]) {
+// The lane's router words of a group tile (what router_group_tile multiplies), all at once.
+using RouterWords = uint2[kRouterGroupSteps];
+__device__ __forceinline__ void router_group_words(const __nv_bfloat16* __restrict__ router, int H,
+                                                   int E, int e0, int group, RouterWords& wv) {
   const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
-  const float* x0 = g < rows ? x + g * x_stride : nullptr;
-  const float* x1 = g + 8 < rows ? x + (g + 8) * x_stride : nullptr;
   const __nv_bfloat16* w = e0 + g < E ? router + static_cast<int64_t>(e0 + g) * H : nullptr;
-  for (int i = 0; i < 4; ++i) acc[i] = 0.0f;
   const int k_begin = group * kRouterGroup;
-  // The group's router loads all at once (one round trip), x in batches of four steps ahead of
-  // their mma (the chain's order is unchanged).
-  uint2 wv[kRouterGroupSteps];
 #pragma unroll
   for (int s = 0; s < kRouterGroupSteps; ++s) {
     const int k = k_begin + s * 16 + 4 * q;
     wv[s] = w && k < H ? *reinterpret_cast<const uint2*>(w + k) : make_uint2(0u, 0u);
   }
+}
+// One whole warp: group `group`'s sum for the 16 rows x[0 .. rows) (row stride x_stride; rows
+// past `rows` are zero) and the 8 router rows e0 .. e0+7 (rows past E are zero; wv: their words,
+// router_group_words of the same tile). acc is the lane's m16n8 fragment: rows g and g+8,
+// experts e0 + 2q and e0 + 2q + 1.
+__device__ __forceinline__ void router_group_tile(const float* x, int64_t x_stride, int rows, int H,
+                                                  int group, const RouterWords& wv,
+                                                  float (&acc)[4]) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+  const float* x0 = g < rows ? x + g * x_stride : nullptr;
+  const float* x1 = g + 8 < rows ? x + (g + 8) * x_stride : nullptr;
+  for (int i = 0; i < 4; ++i) acc[i] = 0.0f;
+  const int k_begin = group * kRouterGroup;
+  // x in batches of four steps ahead of their mma (the chain's order is unchanged).
 #pragma unroll
   for (int s0 = 0; s0 < kRouterGroupSteps; s0 += 4) {
     float4 r0[4], r1[4];
@@ -208,6 +214,14 @@ __device__ __forceinline__ void router_group_tile(const float* x, int64_t x_stri
     for (int s = 0; s < 4; ++s)
       if (k_begin + (s0 + s) * 16 < H) router_mma_step(acc, router_terms(r0[s], r1[s]), wv[s0 + s]);
   }
+}
+// The group's router loads all at once (one round trip), then the tile.
+__device__ __forceinline__ void router_group_tile(const float* x, int64_t x_stride, int rows,
+                                                  const __nv_bfloat16* __restrict__ router, int H,
+                                                  int E, int e0, int group, float (&acc)[4]) {
+  RouterWords wv;
+  router_group_words(router, H, E, e0, group, wv);
+  router_group_tile(x, x_stride, rows, H, group, wv, acc);
 }
 
 // Writes the valid entries of a tile's fragment into out[t * row_stride + e] (t from row t0,
