@@ -314,7 +314,7 @@ if want routes-ab; then
 fi
 if want ab; then
   # Batch-1 decode (48 layers; AB_CONFIGS: config-only models, space-separated; AB_CONFIG: one)
-  # under each experiment knob of AB_VARIANTS (space-separated VAR=value, "-" for none), the same
+  # under each experiment knob of AB_VARIANTS (space-separated VAR=value, A=1+B=2 for two, "-" for none), the same
   # process order every time: the knobs' effect in one run. AB_ROUNDS rounds (default 1);
   # AB_BATCHES decode batches (default 1).
   section "decode A/B over experiment knobs"
@@ -322,7 +322,8 @@ if want ab; then
     for config in ${AB_CONFIGS:-${AB_CONFIG:-$carry/qwen3-30b-a3b/config.json}}; do
       for variant in ${AB_VARIANTS:--}; do
         echo "--- $(basename "$(dirname "$config")") variant: $variant (round $round)"
-        env ${variant#-} "$carry/step_bench" --device cuda --random-weights "$config" \
+        v=${variant#-}
+        env ${v//+/ } "$carry/step_bench" --device cuda --random-weights "$config" \
           --batches "${AB_BATCHES:-1}" --context 1024 --steps 64 --ab-pairs 0 --prefill 0 --bandwidth-gbs "$bandwidth" 2>&1 |
           grep "decode batch" || failed+=("ab $variant")
       done
@@ -382,7 +383,8 @@ if want stamps; then
   section "cuda-fused phase stamps, batch 1, ${STAMP_CONFIG:-8-layer cut}"
   for variant in ${STAMP_VARIANTS:--}; do
     echo "--- variant: $variant"
-    env SY_FUSED_STAMPS=1 SY_ATTN_STAMPS=1 ${variant#-} "$carry/step_bench" --device cuda --random-weights "${STAMP_CONFIG:-$carry/qwen3-30b-a3b-8l/config.json}" \
+    v=${variant#-}
+    env SY_FUSED_STAMPS=1 SY_ATTN_STAMPS=1 ${v//+/ } "$carry/step_bench" --device cuda --random-weights "${STAMP_CONFIG:-$carry/qwen3-30b-a3b-8l/config.json}" \
       --no-graphs --kernel cuda-fused --batches 1 --context 1024 --steps 32 --ab-pairs 0 --prefill 0 || failed+=(stamps)
   done
 fi

@@ -81,8 +81,9 @@ struct FusedLaunch {
   float eps = 0.0f;
   unsigned long long* stamps = nullptr;  // SY_FUSED_STAMPS=1: [grid, kStamps] %globaltimer per phase
   bool general_grouping = false;  // SY_FUSED_GENERAL_GROUPING=1 (experiments): no few-pairs path
-  bool router_early =
-      false;  // SY_FUSED_ROUTER_EARLY=1 (until measured): router words before the norm
+  // Opt-in until measured: SY_FUSED_ROUTER_EARLY=1, router words before the input norm;
+  // SY_FUSED_DOWN_EARLY=1, down rows into the ring before barrier 2.
+  bool router_early = false, down_early = false;
 };
 constexpr int kStamps = 11;
 
@@ -288,6 +289,62 @@ __device__ void gate_up_ring(const __nv_bfloat16* gate_up, const float* hidden, 
         for (int p = slot_begin[j]; p < slot_begin[j + 1]; ++p) act[static_cast<int64_t>(sorted[p]) * I + r] = value;
       }
     }
+  }
+}
+
+// Down rows through the ring (one-token kernels with a ring, a.down_early): before barrier 2
+// each warp copies the rows of its first down items (as many as fit the ring, now idle: its
+// gate_up is done) with cp.async, so they stream in while the grid waits instead of after it.
+// An item's chunk of (row r, columns col .. col + 7) sits at r * I / 8 + col / 8, copied and
+// later read by the same lane (the lane's col = round + s * 256 + lane * 8 of warp_rows_dot).
+// ring_down_dot is warp_rows_dot<kDownRows, kDownSlabs, 1> on those rows: the same order of
+// dot8 steps and warp sums, so the same bits.
+__device__ __forceinline__ int ring_down_items(int I) {
+  return kRingStages * kRingStageChunks / (kDownRows * (I / 8));
+}
+__device__ __forceinline__ void ring_down_copy(const __nv_bfloat16* rows, int valid_rows, int I,
+                                               uint4* ring) {
+  const int lane = threadIdx.x & 31;
+  for (int round = 0; round < I; round += kDownSlabs * 256)
+#pragma unroll
+    for (int s = 0; s < kDownSlabs; ++s) {
+      const int col = round + s * 256 + lane * 8;
+      if (col < I)
+#pragma unroll
+        for (int r = 0; r < kDownRows; ++r)
+          ring_copy_16(ring + r * (I / 8) + col / 8,
+                       r < valid_rows ? rows + static_cast<int64_t>(r) * I + col : rows,
+                       r < valid_rows);
+    }
+}
+__device__ __forceinline__ void ring_wait_all() {
+  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+}
+template <typename Finish>
+__device__ __forceinline__ void ring_down_dot(const uint4* ring, int I, const float* vectors,
+                                              const int32_t* pairs, int count, Finish finish) {
+  const int lane = threadIdx.x & 31;
+  for (int q = 0; q < count; ++q) {
+    const float* vec = vectors + static_cast<int64_t>(pairs[q]) * I;
+    float acc[kDownRows];
+#pragma unroll
+    for (int r = 0; r < kDownRows; ++r) acc[r] = 0.0f;
+    for (int round = 0; round < I; round += kDownSlabs * 256)
+#pragma unroll
+      for (int s = 0; s < kDownSlabs; ++s) {
+        const int col = round + s * 256 + lane * 8;
+        if (col < I) {
+          const float4 a = *reinterpret_cast<const float4*>(vec + col);
+          const float4 b = *reinterpret_cast<const float4*>(vec + col + 4);
+#pragma unroll
+          for (int r = 0; r < kDownRows; ++r)
+            acc[r] = dot8(ring[r * (I / 8) + col / 8], a, b, acc[r]);
+        }
+      }
+    float values[kDownRows];
+#pragma unroll
+    for (int r = 0; r < kDownRows; ++r) values[r] = warp_sum(acc[r]);
+    if (lane == 0) finish(pairs[q], values);
   }
 }
 
@@ -581,6 +638,26 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
     }
   }
+  // Down rows of this warp's first items into its ring (the first pass of the block's first
+  // tile: the items the loop below gives this warp first).
+  [[maybe_unused]] uint4* const down_ring =
+      reinterpret_cast<uint4*>(words + layout.ring) + warp * kRingStages * kRingStageChunks;
+  int ring_items = 0;
+  if constexpr (ring_words(NORM_VEC) > 0 && !MXFP4) {
+    const int tile = static_cast<int>(blockIdx.x) * a.tile_rows;
+    if (a.down_early && tile < H) {
+      const int rows_here = min(a.pass_rows, min(H, tile + a.tile_rows) - tile);
+      const int down_items = slots * ((rows_here + kDownRows - 1) / kDownRows);
+      const int fit = ring_down_items(I);
+      __syncwarp();  // every lane is done reading its gate_up stages
+      for (int it = warp; it < down_items && ring_items < fit; it += kWarps, ++ring_items) {
+        const DownItem d = down_item(it, tile, rows_here);
+        ring_down_copy(a.down + (static_cast<int64_t>(slot_expert[d.slot]) * H + d.h) * I, d.rows,
+                       I, down_ring + ring_items * kDownRows * (I / 8));
+      }
+      ring_commit();
+    }
+  }
   stamp(a, 4);
   grid.sync();
   stamp(a, 5);
@@ -592,11 +669,24 @@ __global__ void __launch_bounds__(kThreads, 2)
     for (int pass = tile; pass < tile_end; pass += a.pass_rows) {
       const int rows_here = min(a.pass_rows, tile_end - pass);
       const int down_items = slots * ((rows_here + kDownRows - 1) / kDownRows);
-      for (int it = warp; it < down_items; it += kWarps) {
+      const bool ring_pass = pass == static_cast<int>(blockIdx.x) * a.tile_rows;  // what was copied
+      if (ring_pass && ring_items > 0) ring_wait_all();
+      for (int it = warp, n = 0; it < down_items; it += kWarps, ++n) {
         const DownItem d = down_item(it, pass, rows_here);
         const int first = slot_begin[d.slot];
         const int row_in_pass = d.h - pass, rows = d.rows;
         const int64_t e = slot_expert[d.slot];
+        if (ring_pass && n < ring_items) {
+          ring_down_dot(down_ring + n * kDownRows * (I / 8), I, a.act, sorted + first,
+                        slot_begin[d.slot + 1] - first, [&](int pair, const float(&v)[kDownRows]) {
+#pragma unroll
+                          for (int r = 0; r < kDownRows; ++r)
+                            if (r < rows)
+                              combo[pair * rows_here + row_in_pass + r] =
+                                  v[r] + a.experts.down_bias_of(e, d.h + r, H);
+                        });
+          continue;
+        }
         if constexpr (MXFP4) {
           const int64_t row = e * H + d.h;
           for (int q = first; q < slot_begin[d.slot + 1]; ++q) {
@@ -826,6 +916,7 @@ class FusedKernel final : public moe::ExpertsKernel {
     launch.stamps = stamps_;
     launch.general_grouping = general_grouping_;
     launch.router_early = router_early_;
+    launch.down_early = down_early_;
     const moe::MoeInputNorm& norm = args.input_norm;
     const int vec = norm.residual ? norm_vec_ : 0;
     if (norm.residual) {
@@ -1015,6 +1106,10 @@ class FusedKernel final : public moe::ExpertsKernel {
   }();
   const bool router_early_ = [] {
     const char* value = std::getenv("SY_FUSED_ROUTER_EARLY");
+    return value && value[0] == '1';
+  }();
+  const bool down_early_ = [] {
+    const char* value = std::getenv("SY_FUSED_DOWN_EARLY");
     return value && value[0] == '1';
   }();
   // SY_FUSED_MXFP4=1: MXFP4 experts read packed (fused_moe_kernel<*, true>), opt-in until a GPU
