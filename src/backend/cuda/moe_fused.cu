@@ -81,9 +81,10 @@ struct FusedLaunch {
   float eps = 0.0f;
   unsigned long long* stamps = nullptr;  // SY_FUSED_STAMPS=1: [grid, kStamps] %globaltimer per phase
   bool general_grouping = false;  // SY_FUSED_GENERAL_GROUPING=1 (experiments): no few-pairs path
-  // Opt-in until measured: SY_FUSED_ROUTER_EARLY=1, router words before the input norm;
-  // SY_FUSED_DOWN_EARLY=1, down rows into the ring before barrier 2.
-  bool router_early = false, down_early = false;
+  // Opt-in until measured: SY_FUSED_RANK_CANDIDATES=1, one token's candidate ranking;
+  // SY_FUSED_ROUTER_EARLY=1, router words before the input norm; SY_FUSED_DOWN_EARLY=1, down
+  // rows into the ring before barrier 2.
+  bool rank_candidates = false, router_early = false, down_early = false;
 };
 constexpr int kStamps = 11;
 
@@ -542,25 +543,25 @@ __global__ void __launch_bounds__(kThreads, 2)
 
   // (b) Route: the same selection in every block (cheap next to the weights), so no third
   // barrier is needed to share it.
-  // One token (batch-1 decode): the whole block ranks the experts at once (route_select_block,
-  // the same choice as route_select_warp), so this serial step is short.
+  // One token (batch-1 decode): route_select_block (the same choice as route_select_warp),
+  // with a.rank_candidates warp 0's candidate ranking, else the whole block's.
   float* const my_scores = scores + warp * E;
-  // One chosen token: its K experts are distinct and valid, a slot each in rank order (the
-  // order of slots changes no sum), so warp 0 writes the grouping with the weights, and the
-  // block skips a barrier and group_few_pairs_by_expert.
+  // A chosen token (a.rank_candidates): its K experts are distinct and valid, a slot each in
+  // rank order (the order of slots changes no sum), so warp 0 writes the grouping with the
+  // weights, and the block skips a barrier and group_few_pairs_by_expert.
   bool slots_written = false;
   if (T == 1) {
     router_logits_fill(a.logits, logit_groups, 1, E, 0, scores, threadIdx.x, kThreads);
     __syncthreads();
     const int32_t* forced = a.forced && a.forced[0] ? a.source : nullptr;
-    slots_written = !forced && !a.general_grouping;
+    slots_written = a.rank_candidates && !forced && !a.general_grouping;
     stamp(a, 7);
     // (scores + E: warps 1..3's score rows, free when T = 1, hold the selection keys and the
     // candidates.)
     route_select_block(
         scores, scores + E, a.route, forced, cursor, ids,
         weights,  // cursor: scratch until grouping
-        [&](int phase) { stamp(a, 9 + phase); },
+        a.rank_candidates, [&](int phase) { stamp(a, 9 + phase); },
         [&](int l) {
           if (!slots_written) return;
           if (l < K) {
@@ -915,6 +916,7 @@ class FusedKernel final : public moe::ExpertsKernel {
     launch.combo_floats = combo_floats_;
     launch.stamps = stamps_;
     launch.general_grouping = general_grouping_;
+    launch.rank_candidates = rank_candidates_;
     launch.router_early = router_early_;
     launch.down_early = down_early_;
     const moe::MoeInputNorm& norm = args.input_norm;
@@ -1102,6 +1104,10 @@ class FusedKernel final : public moe::ExpertsKernel {
   int one_combo_floats_ = 0;  // the one-token kernel's combine buffer
   const bool general_grouping_ = [] {
     const char* value = std::getenv("SY_FUSED_GENERAL_GROUPING");
+    return value && value[0] == '1';
+  }();
+  const bool rank_candidates_ = [] {
+    const char* value = std::getenv("SY_FUSED_RANK_CANDIDATES");
     return value && value[0] == '1';
   }();
   const bool router_early_ = [] {

@@ -490,11 +490,11 @@ __device__ __forceinline__ void route_rank_candidates_warp(const float* keys, in
 // The same choice as route_select_warp for one token, with the whole block (blockDim.x a
 // multiple of 32, >= 64); ids/weights are valid after it returns (it ends with a barrier), and
 // every thread calls it. keys: 3 * E floats of shared scratch; slots: K ints.
-// Without groups (the common router) warp 0 alone scores, ranks the candidates
-// (route_rank_candidates_warp) and weighs, between one barrier and the next; the block's 256
-// threads each counting ~64 comparisons under the tie rule, with four barriers, cost ~4.6 us of
+// With `candidates` and without groups (the common router) warp 0 alone scores, ranks the
+// candidates (route_rank_candidates_warp) and weighs, between one barrier and the next; the block's
+// 256 threads each counting ~64 comparisons under the tie rule, with four barriers, cost ~4.6 us of
 // a Qwen3 layer's ~50 on an H100 (phase stamps and ncu, session 25: every block of the grid ranks
-// redundantly, two to an SM, issue-bound). With groups: warp 0 computes the scores and each
+// redundantly, two to an SM, issue-bound). Otherwise: warp 0 computes the scores and each
 // expert's selection key into `keys`, then every thread ranks experts in parallel (the rank of
 // e under (key desc, id asc) is the number of experts ordered before it; ranks < K are the
 // choices, in order), then warp 0 computes the weights. Forced ids replace the selection.
@@ -506,7 +506,7 @@ struct NoPhase {
 template <typename OnPhase = NoPhase, typename OnChosen = NoPhase>
 __device__ __forceinline__ void route_select_block(float* scores, float* keys, const RouteParams& p,
                                                    const int32_t* forced, int32_t* slots,
-                                                   int32_t* ids, float* weights,
+                                                   int32_t* ids, float* weights, bool candidates,
                                                    OnPhase on_phase = {}, OnChosen on_chosen = {}) {
   const int E = p.num_experts, K = p.top_k;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -517,7 +517,7 @@ __device__ __forceinline__ void route_select_block(float* scores, float* keys, c
     for (int e = lane; e < E; e += 32) keys[e] = route_key(route_choice(scores, p, e));
     if (lane == 0) s_kept = kept;
   }
-  if (!forced && p.num_groups <= 1) {
+  if (candidates && !forced && p.num_groups <= 1) {
     if (warp == 0) {
       __syncwarp();
       on_phase(0);
@@ -536,6 +536,7 @@ __device__ __forceinline__ void route_select_block(float* scores, float* keys, c
       int tpe = 1;
       while (tpe < 32 && tpe * 2 * E <= static_cast<int>(blockDim.x)) tpe *= 2;
       const int groups = blockDim.x / tpe, sub = threadIdx.x & (tpe - 1);
+      const bool grouped = p.num_groups > 1;
       for (int base = 0; base < E; base += groups) {  // uniform trip count: shuffles stay converged
         const int e = base + static_cast<int>(threadIdx.x) / tpe;
         // An expert of a dropped group ranks after every kept one (and is never a choice: top_k
@@ -543,7 +544,13 @@ __device__ __forceinline__ void route_select_block(float* scores, float* keys, c
         const bool e_in = e < E && route_group_kept(kept, p, e);
         const float v = e < E ? keys[e] : 0.0f;
         int before = 0;
-        if (e < E) {
+        if (e < E && !grouped) {
+#pragma unroll 8
+          for (int j = sub; j < E; j += tpe) {
+            const float u = keys[j];
+            before += (u > v || (u == v && j < e)) ? 1 : 0;
+          }
+        } else if (e < E) {
           for (int j = sub; j < E; j += tpe) {
             const bool j_in = route_group_kept(kept, p, j);
             const float u = keys[j];
