@@ -1102,33 +1102,15 @@ class FusedKernel final : public moe::ExpertsKernel {
   size_t shared_bytes_ = 0, norm_shared_bytes_ = 0;
   int norm_vec_ = 0;  // NormRow width class of the fused input norm; 0: none
   int one_combo_floats_ = 0;  // the one-token kernel's combine buffer
-  const bool general_grouping_ = [] {
-    const char* value = std::getenv("SY_FUSED_GENERAL_GROUPING");
-    return value && value[0] == '1';
-  }();
-  const bool rank_candidates_ = [] {
-    const char* value = std::getenv("SY_FUSED_RANK_CANDIDATES");
-    return value && value[0] == '1';
-  }();
-  const bool router_early_ = [] {
-    const char* value = std::getenv("SY_FUSED_ROUTER_EARLY");
-    return value && value[0] == '1';
-  }();
-  const bool down_early_ = [] {
-    const char* value = std::getenv("SY_FUSED_DOWN_EARLY");
-    return value && value[0] == '1';
-  }();
+  const bool general_grouping_ = env_flag("SY_FUSED_GENERAL_GROUPING");
+  const bool rank_candidates_ = env_flag("SY_FUSED_RANK_CANDIDATES");
+  const bool router_early_ = env_flag("SY_FUSED_ROUTER_EARLY");
+  const bool down_early_ = env_flag("SY_FUSED_DOWN_EARLY");
   // SY_FUSED_MXFP4=1: MXFP4 experts read packed (fused_moe_kernel<*, true>), opt-in until a GPU
   // visit has checked it (gpu-check.sh mxfp4-gemv).
-  const bool mxfp4_enabled_ = [] {
-    const char* value = std::getenv("SY_FUSED_MXFP4");
-    return value && value[0] == '1';
-  }();
+  const bool mxfp4_enabled_ = env_flag("SY_FUSED_MXFP4");
   // SY_NO_NORM_FUSION=1 (experiments): the input norm as its own launch.
-  const bool no_norm_fusion_ = [] {
-    const char* value = std::getenv("SY_NO_NORM_FUSION");
-    return value && value[0] == '1';
-  }();
+  const bool no_norm_fusion_ = env_flag("SY_NO_NORM_FUSION");
   float* logits_ = nullptr;  // [router groups, chunk_tokens, E]
   unsigned long long* stamps_ = nullptr;
   double stamp_median_[kStamps] = {}, stamp_max_[kStamps] = {};
