@@ -1,7 +1,8 @@
 // MoE kernels: cuda-modular and cuda-fused against cpu-modular on random weights. The router
 // is scaled so routing is decisive, plus rows built to tie: exact ties (router row E-1 is a copy
-// of row 0, so both backends compute equal logits and must both take the lower id) and
-// near-ties at the k-th/(k+1)-th boundary (either choice is right; counted, not failed).
+// of row 0, so both backends compute equal logits and must both take the lower id), a group
+// whose router rows are all equal (every expert ties) and near-ties at the k-th/(k+1)-th
+// boundary (either choice is right; counted, not failed).
 //   capture: routes equal the CPU's exactly on every row whose adjacent top-(k+1) gaps
 //     (computed here in double) exceed 1e-3 relative; the poisoned sink's layer column is fully
 //     written and nothing else in it; fused and modular write bitwise the same routes.
@@ -91,6 +92,7 @@ struct Group {
   std::vector<int64_t> tokens;
   bool mxfp4 = false;  // experts as gpt-oss publishes them (kMxfp4Interleaved), read packed
   bool fused = true;   // cuda-fused takes the shape (not: widths that are not multiples of 8)
+  bool flat_router = false;  // every router row equal: every expert ties, the lowest K ids win
 };
 
 // One group's weights, on both backends (the CPU keeps views of the host tensors).
@@ -611,6 +613,9 @@ void run_moe_ops(Harness& h) {
               {{608, 160, 8, 4}, SpecKind::kGptOss, {1, 3, 8}, true},
               {{256, 64, 64, 6}, SpecKind::kDeepSeek, {1, 2, 33, 300}},
               {{200, 72, 16, 4}, SpecKind::kGlm, {1, 7, 64}},
+              // Every expert tied (all router rows equal): a one-token step's ranking over all 128
+              // (cuda-fused's candidates are then all of them, four to a lane).
+              {{200, 72, 128, 8}, SpecKind::kQwen, {1, 2, 33}, false, true, true},
               // Expert widths that are not multiples of 8 (the golden models' 20): cuda-modular's
               // plain kernels; cuda-fused refuses them (the decoder then leaves it out).
               {{72, 20, 10, 3}, SpecKind::kQwen, {1, 7, 300}, false, false},
@@ -625,8 +630,9 @@ void run_moe_ops(Harness& h) {
 
   for (const Group& g : groups) {
     const MoeShape& s = g.shape;
-    const std::string group_desc = fmt::format("H={} I={} E={} K={} {}{}", s.hidden, s.inter, s.experts, s.top_k,
-                                               spec_name(g.spec), g.mxfp4 ? ", MXFP4 experts" : "");
+    const std::string group_desc = fmt::format(
+        "H={} I={} E={} K={} {}{}{}", s.hidden, s.inter, s.experts, s.top_k, spec_name(g.spec),
+        g.mxfp4 ? ", MXFP4 experts" : "", g.flat_router ? ", flat router" : "");
     const int64_t max_tokens = *std::max_element(g.tokens.begin(), g.tokens.end());
     const moe::RouterSpec spec = make_spec(g.spec, s);
     auto desc_of = [&](int64_t T) { return fmt::format("{} T={}", group_desc, T); };
@@ -650,6 +656,9 @@ void run_moe_ops(Harness& h) {
         w.router = host_random(h.cpu, DType::kBF16, {s.experts, s.hidden}, rng.next(), router_scale);
         uint16_t* router_bits = w.router.view.ptr<uint16_t>();
         std::copy(router_bits, router_bits + s.hidden, router_bits + (s.experts - 1) * s.hidden);  // exact ties
+        if (g.flat_router)
+          for (int64_t e = 1; e < s.experts; ++e)
+            std::copy(router_bits, router_bits + s.hidden, router_bits + e * s.hidden);
         if (g.mxfp4) {
           // Every byte a valid pair of e2m1 codes; block scales 2^-6..2^-4 (weights ~0.01-0.4,
           // as bf16 ones of sqrt(3/H)), one block at 2^-127 (the e8m0 minimum: subnormal values)
