@@ -28,6 +28,33 @@ run() {  # name command...: runs, records failure, never stops the visit
   "$@"; local rc=$?
   [[ $rc == 0 ]] || { echo "!!! $name exited $rc"; failed+=("$name"); }
 }
+# Decode steps under experiment knobs, the same process order every round: decode_ab ROUNDS
+# BATCHES "CONFIGS" VARIANT... (a variant: VAR=value, A=1+B=2 for two, "-" for none).
+decode_ab() {
+  local rounds=$1 batches=$2 configs=$3 round config variant v; shift 3
+  for round in $(seq 1 "$rounds"); do
+    for config in $configs; do
+      for variant in "$@"; do
+        echo "--- $(basename "$(dirname "$config")") variant: $variant (round $round)"
+        v=${variant#-}
+        env ${v//+/ } "$carry/step_bench" --device cuda --random-weights "$config" \
+          --batches "$batches" --context 1024 --steps 64 --ab-pairs 0 --prefill 0 --bandwidth-gbs "$bandwidth" 2>&1 |
+          grep "decode batch" || failed+=("ab $variant")
+      done
+    done
+  done
+}
+# Phase timers of cuda-fused and decode attention, batch 1, no graphs, under each variant:
+# phase_stamps CONFIG VARIANT...
+phase_stamps() {
+  local config=$1 variant v; shift
+  for variant in "$@"; do
+    echo "--- variant: $variant"
+    v=${variant#-}
+    env SY_FUSED_STAMPS=1 SY_ATTN_STAMPS=1 ${v//+/ } "$carry/step_bench" --device cuda --random-weights "$config" \
+      --no-graphs --kernel cuda-fused --batches 1 --context 1024 --steps 32 --ab-pairs 0 --prefill 0 || failed+=(stamps)
+  done
+}
 
 for packed in "$carry"/*.xz "$carry"/*/*.xz; do
   [[ -e $packed && $packed != *.tar.xz ]] && xz -d -f "$packed"
@@ -166,23 +193,10 @@ if want fused-knobs; then
   run fused-knobs-ops timeout "${STAGE_TIMEOUT:-300}" env ${all//+/ } "$carry/cuda_op_harness" --filter moe.cuda-fused \
     --json "$OUT/op_harness_fused_knobs.json"
   section "cuda-fused opt-in switches: decode batch 1"
-  for round in 1 2; do
-    for config in ${FUSED_KNOBS_CONFIGS:-$carry/qwen3-30b-a3b/config.json}; do
-      for variant in - SY_FUSED_RANK_CANDIDATES=1 SY_FUSED_ROUTER_EARLY=1 SY_FUSED_DOWN_EARLY=1 "$all"; do
-        echo "--- $(basename "$(dirname "$config")") variant: $variant (round $round)"
-        v=${variant#-}
-        env ${v//+/ } "$carry/step_bench" --device cuda --random-weights "$config" --batches 1 --context 1024 \
-          --steps 64 --ab-pairs 0 --prefill 0 --bandwidth-gbs "$bandwidth" 2>&1 | grep "decode batch" || failed+=("fused-knobs $variant")
-      done
-    done
-  done
+  decode_ab 2 1 "${FUSED_KNOBS_CONFIGS:-$carry/qwen3-30b-a3b/config.json}" \
+    - SY_FUSED_RANK_CANDIDATES=1 SY_FUSED_ROUTER_EARLY=1 SY_FUSED_DOWN_EARLY=1 "$all"
   section "cuda-fused opt-in switches: phase stamps (8-layer cut, no graphs)"
-  for variant in - "$all"; do
-    echo "--- variant: $variant"
-    v=${variant#-}
-    env SY_FUSED_STAMPS=1 ${v//+/ } "$carry/step_bench" --device cuda --random-weights "$carry/qwen3-30b-a3b-8l/config.json" \
-      --no-graphs --kernel cuda-fused --batches 1 --context 1024 --steps 32 --ab-pairs 0 --prefill 0 || failed+=(fused-knobs-stamps)
-  done
+  phase_stamps "$carry/qwen3-30b-a3b-8l/config.json" - "$all"
 fi
 if want mxfp4-gemv; then
   # cuda-modular's few-token MXFP4 paths: the streamed tensor-core GEMV (default), the warp GEMV
@@ -348,17 +362,7 @@ if want ab; then
   # process order every time: the knobs' effect in one run. AB_ROUNDS rounds (default 1);
   # AB_BATCHES decode batches (default 1).
   section "decode A/B over experiment knobs"
-  for round in $(seq 1 "${AB_ROUNDS:-1}"); do
-    for config in ${AB_CONFIGS:-${AB_CONFIG:-$carry/qwen3-30b-a3b/config.json}}; do
-      for variant in ${AB_VARIANTS:--}; do
-        echo "--- $(basename "$(dirname "$config")") variant: $variant (round $round)"
-        v=${variant#-}
-        env ${v//+/ } "$carry/step_bench" --device cuda --random-weights "$config" \
-          --batches "${AB_BATCHES:-1}" --context 1024 --steps 64 --ab-pairs 0 --prefill 0 --bandwidth-gbs "$bandwidth" 2>&1 |
-          grep "decode batch" || failed+=("ab $variant")
-      done
-    done
-  done
+  decode_ab "${AB_ROUNDS:-1}" "${AB_BATCHES:-1}" "${AB_CONFIGS:-${AB_CONFIG:-$carry/qwen3-30b-a3b/config.json}}" ${AB_VARIANTS:--}
 fi
 if want bin-ab; then
   # One bench from two builds, alternating, two rounds: BIN_AB names binaries in gpu-carry (e.g.
@@ -411,12 +415,7 @@ if want stamps; then
   # Phase timers of cuda-fused (SY_FUSED_STAMPS=1) and decode attention (SY_ATTN_STAMPS=1), batch 1,
   # Qwen3's 8-layer cut (STAMP_CONFIG: another config-only model, e.g. Qwen3.5's 512-wide experts).
   section "cuda-fused phase stamps, batch 1, ${STAMP_CONFIG:-8-layer cut}"
-  for variant in ${STAMP_VARIANTS:--}; do
-    echo "--- variant: $variant"
-    v=${variant#-}
-    env SY_FUSED_STAMPS=1 SY_ATTN_STAMPS=1 ${v//+/ } "$carry/step_bench" --device cuda --random-weights "${STAMP_CONFIG:-$carry/qwen3-30b-a3b-8l/config.json}" \
-      --no-graphs --kernel cuda-fused --batches 1 --context 1024 --steps 32 --ab-pairs 0 --prefill 0 || failed+=(stamps)
-  done
+  phase_stamps "${STAMP_CONFIG:-$carry/qwen3-30b-a3b-8l/config.json}" ${STAMP_VARIANTS:--}
 fi
 if want kernel-detail; then
   # ncu's full sections and per-instruction stall samples of one launch of each kernel in

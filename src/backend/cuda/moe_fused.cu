@@ -603,6 +603,9 @@ __global__ void __launch_bounds__(kThreads, 2)
   stamp(a, 3);
   const int slots = *slot_count;
 
+  // This warp's ring (one-token kernels with one): gate_up's stages, then its first down items.
+  [[maybe_unused]] uint4* const warp_ring =
+      reinterpret_cast<uint4*>(words + layout.ring) + warp * kRingStages * kRingStageChunks;
   // (c) gate_up with SiLU(gate) * up, items (slot, row r) in contiguous even shares per warp.
   {
     const int64_t items = static_cast<int64_t>(slots) * I;
@@ -622,9 +625,8 @@ __global__ void __launch_bounds__(kThreads, 2)
         }
       }
     } else if constexpr (ring_words(NORM_VEC) > 0) {
-      gate_up_ring(a.gate_up, hidden, a.act, items * me / total_warps, end, I, H, slot_expert, slot_begin, sorted,
-                   reinterpret_cast<uint4*>(words + layout.ring) + warp * kRingStages * kRingStageChunks,
-                   a.experts);
+      gate_up_ring(a.gate_up, hidden, a.act, items * me / total_warps, end, I, H, slot_expert,
+                   slot_begin, sorted, warp_ring, a.experts);
     } else {
     for (int64_t item = items * me / total_warps; item < end; ++item) {
       const int j = static_cast<int>(item / I),
@@ -639,22 +641,27 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
     }
   }
+  // (d)'s work: block b's tiles of hidden rows from b * tile_rows, each in passes of pass_rows;
+  // a pass is `slots` times its row groups of kDownRows items, dealt to the warps in turn.
+  const int first_tile = static_cast<int>(blockIdx.x) * a.tile_rows;
+  auto pass_rows_at = [&](int tile, int pass) {
+    return min(a.pass_rows, min(H, tile + a.tile_rows) - pass);
+  };
+  auto pass_items = [&](int rows_here) {
+    return slots * ((rows_here + kDownRows - 1) / kDownRows);
+  };
   // Down rows of this warp's first items into its ring (the first pass of the block's first
   // tile: the items the loop below gives this warp first).
-  [[maybe_unused]] uint4* const down_ring =
-      reinterpret_cast<uint4*>(words + layout.ring) + warp * kRingStages * kRingStageChunks;
   int ring_items = 0;
   if constexpr (ring_words(NORM_VEC) > 0 && !MXFP4) {
-    const int tile = static_cast<int>(blockIdx.x) * a.tile_rows;
-    if (a.down_early && tile < H) {
-      const int rows_here = min(a.pass_rows, min(H, tile + a.tile_rows) - tile);
-      const int down_items = slots * ((rows_here + kDownRows - 1) / kDownRows);
-      const int fit = ring_down_items(I);
+    if (a.down_early && first_tile < H) {
+      const int rows_here = pass_rows_at(first_tile, first_tile);
+      const int down_items = pass_items(rows_here), fit = ring_down_items(I);
       __syncwarp();  // every lane is done reading its gate_up stages
       for (int it = warp; it < down_items && ring_items < fit; it += kWarps, ++ring_items) {
-        const DownItem d = down_item(it, tile, rows_here);
+        const DownItem d = down_item(it, first_tile, rows_here);
         ring_down_copy(a.down + (static_cast<int64_t>(slot_expert[d.slot]) * H + d.h) * I, d.rows,
-                       I, down_ring + ring_items * kDownRows * (I / 8));
+                       I, warp_ring + ring_items * kDownRows * (I / 8));
       }
       ring_commit();
     }
@@ -664,28 +671,29 @@ __global__ void __launch_bounds__(kThreads, 2)
   stamp(a, 5);
 
   // (d) down and combine.
-  for (int tile = static_cast<int>(blockIdx.x) * a.tile_rows; tile < H;
-       tile += static_cast<int>(gridDim.x) * a.tile_rows) {
+  for (int tile = first_tile; tile < H; tile += static_cast<int>(gridDim.x) * a.tile_rows) {
     const int tile_end = min(H, tile + a.tile_rows);
     for (int pass = tile; pass < tile_end; pass += a.pass_rows) {
-      const int rows_here = min(a.pass_rows, tile_end - pass);
-      const int down_items = slots * ((rows_here + kDownRows - 1) / kDownRows);
-      const bool ring_pass = pass == static_cast<int>(blockIdx.x) * a.tile_rows;  // what was copied
+      const int rows_here = pass_rows_at(tile, pass);
+      const int down_items = pass_items(rows_here);
+      const bool ring_pass = pass == first_tile;  // what was copied
       if (ring_pass && ring_items > 0) ring_wait_all();
       for (int it = warp, n = 0; it < down_items; it += kWarps, ++n) {
         const DownItem d = down_item(it, pass, rows_here);
         const int first = slot_begin[d.slot];
         const int row_in_pass = d.h - pass, rows = d.rows;
         const int64_t e = slot_expert[d.slot];
-        if (ring_pass && n < ring_items) {
-          ring_down_dot(down_ring + n * kDownRows * (I / 8), I, a.act, sorted + first,
-                        slot_begin[d.slot + 1] - first, [&](int pair, const float(&v)[kDownRows]) {
+        // A pair's kDownRows results (+ bias) into the pass's combine buffer.
+        auto store = [&](int pair, const float(&v)[kDownRows]) {
 #pragma unroll
-                          for (int r = 0; r < kDownRows; ++r)
-                            if (r < rows)
-                              combo[pair * rows_here + row_in_pass + r] =
-                                  v[r] + a.experts.down_bias_of(e, d.h + r, H);
-                        });
+          for (int r = 0; r < kDownRows; ++r)
+            if (r < rows)
+              combo[pair * rows_here + row_in_pass + r] =
+                  v[r] + a.experts.down_bias_of(e, d.h + r, H);
+        };
+        if (ring_pass && n < ring_items) {
+          ring_down_dot(warp_ring + n * kDownRows * (I / 8), I, a.act, sorted + first,
+                        slot_begin[d.slot + 1] - first, store);
           continue;
         }
         if constexpr (MXFP4) {
@@ -695,21 +703,13 @@ __global__ void __launch_bounds__(kThreads, 2)
             float v[kDownRows];
             mxfp4_rows_dot<kDownRows, 2>(a.down_blocks + row * (I / 2), a.down_scales + row * (I / 32), rows, I,
                                       a.act + static_cast<int64_t>(pair) * I, v);
-            if (lane == 0)
-#pragma unroll
-              for (int r = 0; r < kDownRows; ++r)
-                if (r < rows) combo[pair * rows_here + row_in_pass + r] = v[r] + a.experts.down_bias_of(e, d.h + r, H);
+            if (lane == 0) store(pair, v);
           }
           continue;
         }
         warp_rows_dot<kDownRows, kDownSlabs, kOneToken ? 1 : kDownPairs>(
-            a.down + (e * H + d.h) * I, I, rows, I, a.act,
-            I, 1, sorted + first, slot_begin[d.slot + 1] - first,
-            [&](int pair, const float(&v)[kDownRows]) {
-#pragma unroll
-              for (int r = 0; r < kDownRows; ++r)
-                if (r < rows) combo[pair * rows_here + row_in_pass + r] = v[r] + a.experts.down_bias_of(e, d.h + r, H);
-            });
+            a.down + (e * H + d.h) * I, I, rows, I, a.act, I, 1, sorted + first,
+            slot_begin[d.slot + 1] - first, store);
       }
       __syncthreads();
       for (int i = threadIdx.x; i < T * rows_here; i += kThreads) {

@@ -487,17 +487,57 @@ __device__ __forceinline__ void route_rank_candidates_warp(const float* keys, in
   __syncwarp();
 }
 
+// Every thread of the block ranks experts in parallel (the rank of e under (key desc, id asc)
+// is the number of experts ordered before it; ranks < K are the choices, in order) into
+// slots[0:K). An expert of a dropped group (not in `kept`) ranks after every kept one.
+// tpe adjacent lanes share an expert's scan (a power of two <= 32, blockDim / tpe >= E when E
+// is small); each sums its share of "ordered before" counts, then a butterfly. (Keys
+// precomputed and the scan unrolled, independent of the groups when there are none: before,
+// each step recomputed its key and the loop was a chain of shared-memory latencies, ~2.8 us of a
+// Qwen3 batch-1 layer on an H200.)
+__device__ __forceinline__ void route_rank_block(const float* keys, const RouteParams& p,
+                                                 uint32_t kept, int32_t* slots) {
+  const int E = p.num_experts, K = p.top_k;
+  int tpe = 1;
+  while (tpe < 32 && tpe * 2 * E <= static_cast<int>(blockDim.x)) tpe *= 2;
+  const int groups = blockDim.x / tpe, sub = threadIdx.x & (tpe - 1);
+  const bool grouped = p.num_groups > 1;
+  for (int base = 0; base < E; base += groups) {  // uniform trip count: shuffles stay converged
+    const int e = base + static_cast<int>(threadIdx.x) / tpe;
+    // (A dropped group's expert is never a choice: top_k <= the kept groups' experts, checked
+    // at start-up.)
+    const bool e_in = e < E && route_group_kept(kept, p, e);
+    const float v = e < E ? keys[e] : 0.0f;
+    int before = 0;
+    if (e < E && !grouped) {
+#pragma unroll 8
+      for (int j = sub; j < E; j += tpe) {
+        const float u = keys[j];
+        before += (u > v || (u == v && j < e)) ? 1 : 0;
+      }
+    } else if (e < E) {
+      for (int j = sub; j < E; j += tpe) {
+        const bool j_in = route_group_kept(kept, p, j);
+        const float u = keys[j];
+        before += (j_in != e_in ? j_in : (u > v || (u == v && j < e))) ? 1 : 0;
+      }
+    }
+    for (int o = 1; o < tpe; o <<= 1) before += __shfl_xor_sync(0xffffffffu, before, o);
+    if (e_in && sub == 0 && before < K) slots[before] = e;
+  }
+}
+
 // The same choice as route_select_warp for one token, with the whole block (blockDim.x a
 // multiple of 32, >= 64); ids/weights are valid after it returns (it ends with a barrier), and
-// every thread calls it. keys: 3 * E floats of shared scratch; slots: K ints.
-// With `candidates` and without groups (the common router) warp 0 alone scores, ranks the
-// candidates (route_rank_candidates_warp) and weighs, between one barrier and the next; the block's
-// 256 threads each counting ~64 comparisons under the tie rule, with four barriers, cost ~4.6 us of
-// a Qwen3 layer's ~50 on an H100 (phase stamps and ncu, session 25: every block of the grid ranks
-// redundantly, two to an SM, issue-bound). Otherwise: warp 0 computes the scores and each
-// expert's selection key into `keys`, then every thread ranks experts in parallel (the rank of
-// e under (key desc, id asc) is the number of experts ordered before it; ranks < K are the
-// choices, in order), then warp 0 computes the weights. Forced ids replace the selection.
+// every thread calls it. keys: 3 * E floats of shared scratch; slots: K ints. Warp 0 computes
+// the scores exactly as route_select_warp does and each expert's selection key into `keys`;
+// then, with `candidates` and without groups (the common router), warp 0 alone ranks the
+// candidates (route_rank_candidates_warp) before the block's next barrier; otherwise, after a
+// barrier, the whole block ranks every expert (route_rank_block; the block's 256 threads each
+// counting ~64 comparisons under the tie rule, in every block of the grid, two to an SM: with
+// the scoring, weights and grouping around it ~4.6 us of a Qwen3 layer's ~50 on an H100, phase
+// stamps and ncu of session 25), or forced ids replace the selection. Then warp 0 computes the
+// weights.
 // `on_phase(0)` runs after the scores, `on_phase(1)` after the ranking (phase timers);
 // `on_chosen(lane)` in warp 0 once ids/weights are written, before the last barrier.
 struct NoPhase {
@@ -526,40 +566,11 @@ __device__ __forceinline__ void route_select_block(float* scores, float* keys, c
     }
   } else {
     __syncthreads();
-    const uint32_t kept = s_kept;
     on_phase(0);
     if (forced) {
       if (threadIdx.x < K) slots[threadIdx.x] = forced[threadIdx.x];
     } else {
-      // tpe adjacent lanes share an expert's scan (a power of two <= 32, blockDim / tpe >= E
-      // when E is small); each sums its share of "ordered before" counts, then a butterfly.
-      int tpe = 1;
-      while (tpe < 32 && tpe * 2 * E <= static_cast<int>(blockDim.x)) tpe *= 2;
-      const int groups = blockDim.x / tpe, sub = threadIdx.x & (tpe - 1);
-      const bool grouped = p.num_groups > 1;
-      for (int base = 0; base < E; base += groups) {  // uniform trip count: shuffles stay converged
-        const int e = base + static_cast<int>(threadIdx.x) / tpe;
-        // An expert of a dropped group ranks after every kept one (and is never a choice: top_k
-        // <= the kept groups' experts, checked at start-up).
-        const bool e_in = e < E && route_group_kept(kept, p, e);
-        const float v = e < E ? keys[e] : 0.0f;
-        int before = 0;
-        if (e < E && !grouped) {
-#pragma unroll 8
-          for (int j = sub; j < E; j += tpe) {
-            const float u = keys[j];
-            before += (u > v || (u == v && j < e)) ? 1 : 0;
-          }
-        } else if (e < E) {
-          for (int j = sub; j < E; j += tpe) {
-            const bool j_in = route_group_kept(kept, p, j);
-            const float u = keys[j];
-            before += (j_in != e_in ? j_in : (u > v || (u == v && j < e))) ? 1 : 0;
-          }
-        }
-        for (int o = 1; o < tpe; o <<= 1) before += __shfl_xor_sync(0xffffffffu, before, o);
-        if (e_in && sub == 0 && before < K) slots[before] = e;
-      }
+      route_rank_block(keys, p, s_kept, slots);
     }
     __syncthreads();
   }
