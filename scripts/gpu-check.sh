@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU machine's whole visit, run as it is from the repo root there, after scripts/gpu-pack.sh
 # here (carry gpu-carry/). Stages (default: all but profile): ceilings ops golden engine bench8
-# bench48 crossover serve-e2e serve-invariant (--batch-invariant tests and bench) soak (CUDA soak, SOAK_SECONDS) serve; chat-goldens (transformers' template renders); stamps (cuda-fused phase timer, STAMP_VARIANTS); ab (knob A/B, AB_VARIANTS); fused-knobs (session 29's opt-in cuda-fused switches: harness, A/B, stamps); bin-ab (two builds' binaries alternating, BIN_AB); gemm-tile (grouped GEMM tile experiments); wgmma (the grouped GEMM's large steps on wgmma: harness, prefill A/B); delta-chunked (the chunked DeltaNet kernel: harness, Qwen3.5 A/B); family-goldens (GOLDEN_FAMILIES; then the golden tests on them); bf16-sensitivity (transformers bf16 vs float64 per golden model); routes-ab (routes on/off over HTTP on CUDA); bench-gptoss (gpt-oss-20b shapes, MXFP4 experts); bench-new (Moonlight-16B-A3B, Qwen3.5-35B-A3B and Mixtral-8x7B 16-layer shapes: MLA, DeltaNet; BENCH_NEW_MODELS); serve-new (their and gpt-oss-20b's throughput profiles, SERVE_MODELS); mxfp4-gemv (the MXFP4 few-token paths: harness, gpt-oss goldens, decode A/B); routes-cost (capture on/off in process on CUDA); long-goldens (tools/gpu/long_goldens.py, then LongGolden on them; long_goldens.tgz); moe-stalls (ncu stall reasons of cuda-fused); attn-detail (ncu full + SASS stalls of decode attention); kernel-detail (the same for DETAIL_KERNELS in a gpt-oss batch-1 decode); profile (ncu per-kernel times of one decode and one prefill step;
+# bench48 crossover serve-e2e serve-invariant (--batch-invariant tests and bench) soak (CUDA soak, SOAK_SECONDS) serve; chat-goldens (transformers' template renders); stamps (cuda-fused phase timer, STAMP_VARIANTS); ab (knob A/B, AB_VARIANTS); bin-ab (two builds' binaries alternating, BIN_AB); gemm-tile (grouped GEMM tile experiments); wgmma (the grouped GEMM's large steps on wgmma: harness, prefill A/B); delta-chunked (the chunked DeltaNet kernel: harness, Qwen3.5 A/B); family-goldens (GOLDEN_FAMILIES; then the golden tests on them); bf16-sensitivity (transformers bf16 vs float64 per golden model); routes-ab (routes on/off over HTTP on CUDA); bench-gptoss (gpt-oss-20b shapes, MXFP4 experts); bench-new (Moonlight-16B-A3B, Qwen3.5-35B-A3B and Mixtral-8x7B 16-layer shapes: MLA, DeltaNet; BENCH_NEW_MODELS); serve-new (their and gpt-oss-20b's throughput profiles, SERVE_MODELS); mxfp4-gemv (the MXFP4 few-token paths: harness, gpt-oss goldens, decode A/B); routes-cost (capture on/off in process on CUDA); long-goldens (tools/gpu/long_goldens.py, then LongGolden on them; long_goldens.tgz); moe-stalls (ncu stall reasons of cuda-fused); attn-detail (ncu full + SASS stalls of decode attention); kernel-detail (the same for DETAIL_KERNELS in a gpt-oss batch-1 decode); profile (ncu per-kernel times of one decode and one prefill step;
 # PROFILE_STEPS=decode for one), moe-detail (ncu's full sections on one cuda-fused launch).
 # Everything it prints also goes to $OUT/gpu-check.log; JSON results land in $OUT.
 #   scripts/gpu-check.sh [stage ...]
@@ -180,23 +180,6 @@ if want bench-new; then
         --bandwidth-gbs "$bandwidth" --matmul-tflops "$tflops" --json-out "$OUT/step_bench_${model}_cudacores.json"
     fi
   done
-fi
-if want fused-knobs; then
-  # Session 29's opt-in cuda-fused switches, not yet run on a GPU: the one-token candidate
-  # ranking (SY_FUSED_RANK_CANDIDATES), router words before the norm (SY_FUSED_ROUTER_EARLY), down
-  # rows into the ring before barrier 2 (SY_FUSED_DOWN_EARLY). Their harness cases (the input-norm
-  # case compares the one-token kernel with the unfused sequence at tolerance 0), then Qwen3 48-layer
-  # batch 1 under each (two rounds, FUSED_KNOBS_CONFIGS: more config-only models), then the phase
-  # stamps with all three.
-  section "cuda-fused opt-in switches: harness with all three"
-  all=SY_FUSED_RANK_CANDIDATES=1+SY_FUSED_ROUTER_EARLY=1+SY_FUSED_DOWN_EARLY=1
-  run fused-knobs-ops timeout "${STAGE_TIMEOUT:-300}" env ${all//+/ } "$carry/cuda_op_harness" --filter moe.cuda-fused \
-    --json "$OUT/op_harness_fused_knobs.json"
-  section "cuda-fused opt-in switches: decode batch 1"
-  decode_ab 2 1 "${FUSED_KNOBS_CONFIGS:-$carry/qwen3-30b-a3b/config.json}" \
-    - SY_FUSED_RANK_CANDIDATES=1 SY_FUSED_ROUTER_EARLY=1 SY_FUSED_DOWN_EARLY=1 "$all"
-  section "cuda-fused opt-in switches: phase stamps (8-layer cut, no graphs)"
-  phase_stamps "$carry/qwen3-30b-a3b-8l/config.json" - "$all"
 fi
 if want mxfp4-gemv; then
   # cuda-modular's few-token MXFP4 paths: the streamed tensor-core GEMV (default), the warp GEMV

@@ -81,10 +81,6 @@ struct FusedLaunch {
   float eps = 0.0f;
   unsigned long long* stamps = nullptr;  // SY_FUSED_STAMPS=1: [grid, kStamps] %globaltimer per phase
   bool general_grouping = false;  // SY_FUSED_GENERAL_GROUPING=1 (experiments): no few-pairs path
-  // Opt-in until measured: SY_FUSED_RANK_CANDIDATES=1, one token's candidate ranking;
-  // SY_FUSED_ROUTER_EARLY=1, router words before the input norm; SY_FUSED_DOWN_EARLY=1, down
-  // rows into the ring before barrier 2.
-  bool rank_candidates = false, router_early = false, down_early = false;
 };
 constexpr int kStamps = 11;
 
@@ -293,62 +289,6 @@ __device__ void gate_up_ring(const __nv_bfloat16* gate_up, const float* hidden, 
   }
 }
 
-// Down rows through the ring (one-token kernels with a ring, a.down_early): before barrier 2
-// each warp copies the rows of its first down items (as many as fit the ring, now idle: its
-// gate_up is done) with cp.async, so they stream in while the grid waits instead of after it.
-// An item's chunk of (row r, columns col .. col + 7) sits at r * I / 8 + col / 8, copied and
-// later read by the same lane (the lane's col = round + s * 256 + lane * 8 of warp_rows_dot).
-// ring_down_dot is warp_rows_dot<kDownRows, kDownSlabs, 1> on those rows: the same order of
-// dot8 steps and warp sums, so the same bits.
-__device__ __forceinline__ int ring_down_items(int I) {
-  return kRingStages * kRingStageChunks / (kDownRows * (I / 8));
-}
-__device__ __forceinline__ void ring_down_copy(const __nv_bfloat16* rows, int valid_rows, int I,
-                                               uint4* ring) {
-  const int lane = threadIdx.x & 31;
-  for (int round = 0; round < I; round += kDownSlabs * 256)
-#pragma unroll
-    for (int s = 0; s < kDownSlabs; ++s) {
-      const int col = round + s * 256 + lane * 8;
-      if (col < I)
-#pragma unroll
-        for (int r = 0; r < kDownRows; ++r)
-          ring_copy_16(ring + r * (I / 8) + col / 8,
-                       r < valid_rows ? rows + static_cast<int64_t>(r) * I + col : rows,
-                       r < valid_rows);
-    }
-}
-__device__ __forceinline__ void ring_wait_all() {
-  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-}
-template <typename Finish>
-__device__ __forceinline__ void ring_down_dot(const uint4* ring, int I, const float* vectors,
-                                              const int32_t* pairs, int count, Finish finish) {
-  const int lane = threadIdx.x & 31;
-  for (int q = 0; q < count; ++q) {
-    const float* vec = vectors + static_cast<int64_t>(pairs[q]) * I;
-    float acc[kDownRows];
-#pragma unroll
-    for (int r = 0; r < kDownRows; ++r) acc[r] = 0.0f;
-    for (int round = 0; round < I; round += kDownSlabs * 256)
-#pragma unroll
-      for (int s = 0; s < kDownSlabs; ++s) {
-        const int col = round + s * 256 + lane * 8;
-        if (col < I) {
-          const float4 a = *reinterpret_cast<const float4*>(vec + col);
-          const float4 b = *reinterpret_cast<const float4*>(vec + col + 4);
-#pragma unroll
-          for (int r = 0; r < kDownRows; ++r)
-            acc[r] = dot8(ring[r * (I / 8) + col / 8], a, b, acc[r]);
-        }
-      }
-    float values[kDownRows];
-#pragma unroll
-    for (int r = 0; r < kDownRows; ++r) values[r] = warp_sum(acc[r]);
-    if (lane == 0) finish(pairs[q], values);
-  }
-}
-
 // Run by warp 0: groups the T*K pairs (p = t*K + k) by expert. Slots are the distinct experts in
 // ascending id and pairs keep ascending p inside a slot, so every block builds the same lists
 // (the grid-wide work split depends on it). Pairs with an invalid (replayed) id join no slot.
@@ -491,26 +431,6 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int total_warps = static_cast<int>(gridDim.x) * kWarps;
 
   stamp(a, 0);
-  // (a)'s tasks: a warp per (16-token tile, 8-expert tile, k group).
-  const int logit_groups = router_groups(H);
-  const int per_m = (E + 7) / 8 * logit_groups, m_tiles = (T + 15) / 16;
-  auto task_tile = [&](int q, int& mt, int& et, int& group) {
-    mt = q / per_m;
-    const int rest = q - mt * per_m;
-    et = rest / logit_groups;
-    group = rest - et * logit_groups;
-  };
-  // One token with a.router_early: the warp's first task's router words are requested before
-  // the norm's loads return (they are weights: no wait on the inputs), one round trip fewer.
-  // (Not at NORM_VEC 4: its row's 32 registers and these 16 spill.)
-  const int first_task = warp * gridDim.x + blockIdx.x;
-  RouterWords early_words;
-  const bool early = kOneToken && NORM_VEC <= 2 && a.router_early && first_task < m_tiles * per_m;
-  if (early) {
-    int mt, et, group;
-    task_tile(first_task, mt, et, group);
-    router_group_words(a.router, H, E, et * 8, group, early_words);
-  }
   // The input row: every block normalises residual + deltas itself (no launch, no barrier).
   const float* hidden = a.hidden;
   if constexpr (NORM_VEC > 0) {
@@ -522,18 +442,16 @@ __global__ void __launch_bounds__(kThreads, 2)
     __syncthreads();
     hidden = normed;
   }
-  // (a) Router logits (moe_route.cuh's sum): a warp per task, its sums into a.logits
-  // [groups, T, E], summed over the groups when read.
-  for (int q = first_task; q < m_tiles * per_m; q += total_warps) {
-    int mt, et, group;
-    task_tile(q, mt, et, group);
+  // (a) Router logits (moe_route.cuh's sum): a warp per (16-token tile, 8-expert tile, k group)
+  // task, its sums into a.logits [groups, T, E], summed over the groups when read.
+  const int logit_groups = router_groups(H);
+  const int per_m = (E + 7) / 8 * logit_groups, m_tiles = (T + 15) / 16;
+  for (int q = warp * gridDim.x + blockIdx.x; q < m_tiles * per_m; q += total_warps) {
+    const int mt = q / per_m, rest = q - mt * per_m, et = rest / logit_groups,
+              group = rest - et * logit_groups;
     float acc[4];
-    if (early && q == first_task)
-      router_group_tile(hidden + static_cast<int64_t>(mt) * 16 * H, H, T - mt * 16, H, group,
-                        early_words, acc);
-    else
-      router_group_tile(hidden + static_cast<int64_t>(mt) * 16 * H, H, T - mt * 16, a.router, H, E,
-                        et * 8, group, acc);
+    router_group_tile(hidden + static_cast<int64_t>(mt) * 16 * H, H, T - mt * 16, a.router, H, E,
+                      et * 8, group, acc);
     router_store_tile(acc, a.logits + static_cast<int64_t>(group) * T * E, E, mt * 16, T - mt * 16,
                       et * 8, E);
   }
@@ -543,25 +461,24 @@ __global__ void __launch_bounds__(kThreads, 2)
 
   // (b) Route: the same selection in every block (cheap next to the weights), so no third
   // barrier is needed to share it.
-  // One token (batch-1 decode): route_select_block (the same choice as route_select_warp),
-  // with a.rank_candidates warp 0's candidate ranking, else the whole block's.
+  // One token (batch-1 decode): route_select_block (the same choice as route_select_warp).
   float* const my_scores = scores + warp * E;
-  // A chosen token (a.rank_candidates): its K experts are distinct and valid, a slot each in
-  // rank order (the order of slots changes no sum), so warp 0 writes the grouping with the
-  // weights, and the block skips a barrier and group_few_pairs_by_expert.
+  // A token ranked by warp 0 alone (route_ranks_candidates): its K experts are distinct and
+  // valid, a slot each in rank order (the order of slots changes no sum), so warp 0 writes the
+  // grouping with the weights, and the block skips a barrier and group_few_pairs_by_expert.
   bool slots_written = false;
   if (T == 1) {
     router_logits_fill(a.logits, logit_groups, 1, E, 0, scores, threadIdx.x, kThreads);
     __syncthreads();
     const int32_t* forced = a.forced && a.forced[0] ? a.source : nullptr;
-    slots_written = a.rank_candidates && !forced && !a.general_grouping;
+    slots_written = route_ranks_candidates(a.route, forced) && !a.general_grouping;
     stamp(a, 7);
     // (scores + E: warps 1..3's score rows, free when T = 1, hold the selection keys and the
     // candidates.)
     route_select_block(
         scores, scores + E, a.route, forced, cursor, ids,
         weights,  // cursor: scratch until grouping
-        a.rank_candidates, [&](int phase) { stamp(a, 9 + phase); },
+        [&](int phase) { stamp(a, 9 + phase); },
         [&](int l) {
           if (!slots_written) return;
           if (l < K) {
@@ -603,9 +520,6 @@ __global__ void __launch_bounds__(kThreads, 2)
   stamp(a, 3);
   const int slots = *slot_count;
 
-  // This warp's ring (one-token kernels with one): gate_up's stages, then its first down items.
-  [[maybe_unused]] uint4* const warp_ring =
-      reinterpret_cast<uint4*>(words + layout.ring) + warp * kRingStages * kRingStageChunks;
   // (c) gate_up with SiLU(gate) * up, items (slot, row r) in contiguous even shares per warp.
   {
     const int64_t items = static_cast<int64_t>(slots) * I;
@@ -625,8 +539,11 @@ __global__ void __launch_bounds__(kThreads, 2)
         }
       }
     } else if constexpr (ring_words(NORM_VEC) > 0) {
-      gate_up_ring(a.gate_up, hidden, a.act, items * me / total_warps, end, I, H, slot_expert,
-                   slot_begin, sorted, warp_ring, a.experts);
+      gate_up_ring(
+          a.gate_up, hidden, a.act, items * me / total_warps, end, I, H, slot_expert, slot_begin,
+          sorted,
+          reinterpret_cast<uint4*>(words + layout.ring) + warp * kRingStages * kRingStageChunks,
+          a.experts);
     } else {
     for (int64_t item = items * me / total_warps; item < end; ++item) {
       const int j = static_cast<int>(item / I),
@@ -641,44 +558,18 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
     }
   }
-  // (d)'s work: block b's tiles of hidden rows from b * tile_rows, each in passes of pass_rows;
-  // a pass is `slots` times its row groups of kDownRows items, dealt to the warps in turn.
-  const int first_tile = static_cast<int>(blockIdx.x) * a.tile_rows;
-  auto pass_rows_at = [&](int tile, int pass) {
-    return min(a.pass_rows, min(H, tile + a.tile_rows) - pass);
-  };
-  auto pass_items = [&](int rows_here) {
-    return slots * ((rows_here + kDownRows - 1) / kDownRows);
-  };
-  // Down rows of this warp's first items into its ring (the first pass of the block's first
-  // tile: the items the loop below gives this warp first).
-  int ring_items = 0;
-  if constexpr (ring_words(NORM_VEC) > 0 && !MXFP4) {
-    if (a.down_early && first_tile < H) {
-      const int rows_here = pass_rows_at(first_tile, first_tile);
-      const int down_items = pass_items(rows_here), fit = ring_down_items(I);
-      __syncwarp();  // every lane is done reading its gate_up stages
-      for (int it = warp; it < down_items && ring_items < fit; it += kWarps, ++ring_items) {
-        const DownItem d = down_item(it, first_tile, rows_here);
-        ring_down_copy(a.down + (static_cast<int64_t>(slot_expert[d.slot]) * H + d.h) * I, d.rows,
-                       I, warp_ring + ring_items * kDownRows * (I / 8));
-      }
-      ring_commit();
-    }
-  }
   stamp(a, 4);
   grid.sync();
   stamp(a, 5);
 
   // (d) down and combine.
-  for (int tile = first_tile; tile < H; tile += static_cast<int>(gridDim.x) * a.tile_rows) {
+  for (int tile = static_cast<int>(blockIdx.x) * a.tile_rows; tile < H;
+       tile += static_cast<int>(gridDim.x) * a.tile_rows) {
     const int tile_end = min(H, tile + a.tile_rows);
     for (int pass = tile; pass < tile_end; pass += a.pass_rows) {
-      const int rows_here = pass_rows_at(tile, pass);
-      const int down_items = pass_items(rows_here);
-      const bool ring_pass = pass == first_tile;  // what was copied
-      if (ring_pass && ring_items > 0) ring_wait_all();
-      for (int it = warp, n = 0; it < down_items; it += kWarps, ++n) {
+      const int rows_here = min(a.pass_rows, tile_end - pass);
+      const int down_items = slots * ((rows_here + kDownRows - 1) / kDownRows);
+      for (int it = warp; it < down_items; it += kWarps) {
         const DownItem d = down_item(it, pass, rows_here);
         const int first = slot_begin[d.slot];
         const int row_in_pass = d.h - pass, rows = d.rows;
@@ -691,11 +582,6 @@ __global__ void __launch_bounds__(kThreads, 2)
               combo[pair * rows_here + row_in_pass + r] =
                   v[r] + a.experts.down_bias_of(e, d.h + r, H);
         };
-        if (ring_pass && n < ring_items) {
-          ring_down_dot(warp_ring + n * kDownRows * (I / 8), I, a.act, sorted + first,
-                        slot_begin[d.slot + 1] - first, store);
-          continue;
-        }
         if constexpr (MXFP4) {
           const int64_t row = e * H + d.h;
           for (int q = first; q < slot_begin[d.slot + 1]; ++q) {
@@ -916,9 +802,6 @@ class FusedKernel final : public moe::ExpertsKernel {
     launch.combo_floats = combo_floats_;
     launch.stamps = stamps_;
     launch.general_grouping = general_grouping_;
-    launch.rank_candidates = rank_candidates_;
-    launch.router_early = router_early_;
-    launch.down_early = down_early_;
     const moe::MoeInputNorm& norm = args.input_norm;
     const int vec = norm.residual ? norm_vec_ : 0;
     if (norm.residual) {
@@ -1103,9 +986,6 @@ class FusedKernel final : public moe::ExpertsKernel {
   int norm_vec_ = 0;  // NormRow width class of the fused input norm; 0: none
   int one_combo_floats_ = 0;  // the one-token kernel's combine buffer
   const bool general_grouping_ = env_flag("SY_FUSED_GENERAL_GROUPING");
-  const bool rank_candidates_ = env_flag("SY_FUSED_RANK_CANDIDATES");
-  const bool router_early_ = env_flag("SY_FUSED_ROUTER_EARLY");
-  const bool down_early_ = env_flag("SY_FUSED_DOWN_EARLY");
   // SY_FUSED_MXFP4=1: MXFP4 experts read packed (fused_moe_kernel<*, true>), opt-in until a GPU
   // visit has checked it (gpu-check.sh mxfp4-gemv).
   const bool mxfp4_enabled_ = env_flag("SY_FUSED_MXFP4");

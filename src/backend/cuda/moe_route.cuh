@@ -174,32 +174,26 @@ __device__ __forceinline__ void router_mma_step(float (&acc)[4], const RouterTer
   mma_bf16(acc, t.lo, w.x, w.y);
 }
 
-// The lane's router words of a group tile (what router_group_tile multiplies), all at once.
-using RouterWords = uint2[kRouterGroupSteps];
-__device__ __forceinline__ void router_group_words(const __nv_bfloat16* __restrict__ router, int H,
-                                                   int E, int e0, int group, RouterWords& wv) {
+// One whole warp: group `group`'s sum for the 16 rows x[0 .. rows) (row stride x_stride; rows
+// past `rows` are zero) and the 8 router rows e0 .. e0+7 (rows past E are zero). acc is the
+// lane's m16n8 fragment: rows g and g+8, experts e0 + 2q and e0 + 2q + 1.
+__device__ __forceinline__ void router_group_tile(const float* x, int64_t x_stride, int rows,
+                                                  const __nv_bfloat16* __restrict__ router, int H,
+                                                  int E, int e0, int group, float (&acc)[4]) {
   const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+  const float* x0 = g < rows ? x + g * x_stride : nullptr;
+  const float* x1 = g + 8 < rows ? x + (g + 8) * x_stride : nullptr;
   const __nv_bfloat16* w = e0 + g < E ? router + static_cast<int64_t>(e0 + g) * H : nullptr;
+  for (int i = 0; i < 4; ++i) acc[i] = 0.0f;
   const int k_begin = group * kRouterGroup;
+  // The group's router loads all at once (one round trip), x in batches of four steps ahead of
+  // their mma (the chain's order is unchanged).
+  uint2 wv[kRouterGroupSteps];
 #pragma unroll
   for (int s = 0; s < kRouterGroupSteps; ++s) {
     const int k = k_begin + s * 16 + 4 * q;
     wv[s] = w && k < H ? *reinterpret_cast<const uint2*>(w + k) : make_uint2(0u, 0u);
   }
-}
-// One whole warp: group `group`'s sum for the 16 rows x[0 .. rows) (row stride x_stride; rows
-// past `rows` are zero) and the 8 router rows e0 .. e0+7 (rows past E are zero; wv: their words,
-// router_group_words of the same tile). acc is the lane's m16n8 fragment: rows g and g+8,
-// experts e0 + 2q and e0 + 2q + 1.
-__device__ __forceinline__ void router_group_tile(const float* x, int64_t x_stride, int rows, int H,
-                                                  int group, const RouterWords& wv,
-                                                  float (&acc)[4]) {
-  const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
-  const float* x0 = g < rows ? x + g * x_stride : nullptr;
-  const float* x1 = g + 8 < rows ? x + (g + 8) * x_stride : nullptr;
-  for (int i = 0; i < 4; ++i) acc[i] = 0.0f;
-  const int k_begin = group * kRouterGroup;
-  // x in batches of four steps ahead of their mma (the chain's order is unchanged).
 #pragma unroll
   for (int s0 = 0; s0 < kRouterGroupSteps; s0 += 4) {
     float4 r0[4], r1[4];
@@ -214,14 +208,6 @@ __device__ __forceinline__ void router_group_tile(const float* x, int64_t x_stri
     for (int s = 0; s < 4; ++s)
       if (k_begin + (s0 + s) * 16 < H) router_mma_step(acc, router_terms(r0[s], r1[s]), wv[s0 + s]);
   }
-}
-// The group's router loads all at once (one round trip), then the tile.
-__device__ __forceinline__ void router_group_tile(const float* x, int64_t x_stride, int rows,
-                                                  const __nv_bfloat16* __restrict__ router, int H,
-                                                  int E, int e0, int group, float (&acc)[4]) {
-  RouterWords wv;
-  router_group_words(router, H, E, e0, group, wv);
-  router_group_tile(x, x_stride, rows, H, group, wv, acc);
 }
 
 // Writes the valid entries of a tile's fragment into out[t * row_stride + e] (t from row t0,
@@ -531,22 +517,27 @@ __device__ __forceinline__ void route_rank_block(const float* keys, const RouteP
 // multiple of 32, >= 64); ids/weights are valid after it returns (it ends with a barrier), and
 // every thread calls it. keys: 3 * E floats of shared scratch; slots: K ints. Warp 0 computes
 // the scores exactly as route_select_warp does and each expert's selection key into `keys`;
-// then, with `candidates` and without groups (the common router), warp 0 alone ranks the
-// candidates (route_rank_candidates_warp) before the block's next barrier; otherwise, after a
-// barrier, the whole block ranks every expert (route_rank_block; the block's 256 threads each
-// counting ~64 comparisons under the tie rule, in every block of the grid, two to an SM: with
-// the scoring, weights and grouping around it ~4.6 us of a Qwen3 layer's ~50 on an H100, phase
-// stamps and ncu of session 25), or forced ids replace the selection. Then warp 0 computes the
-// weights.
+// then, without groups (the common router), warp 0 alone ranks the candidates
+// (route_rank_candidates_warp) before the block's next barrier (the whole block's count, in
+// every block of the grid, was issue-bound: ~2.6 us of a Qwen3 layer on an H100, session 25's
+// stamps; the candidates took Qwen3 48-layer batch 1 from 4.63 to 4.53 ms, session 30);
+// with groups, after a barrier, the whole block ranks every expert (route_rank_block); forced
+// ids replace the selection. Then warp 0 computes the weights.
 // `on_phase(0)` runs after the scores, `on_phase(1)` after the ranking (phase timers);
 // `on_chosen(lane)` in warp 0 once ids/weights are written, before the last barrier.
 struct NoPhase {
   __device__ void operator()(int) const {}
 };
+// Whether route_select_block's ranking is warp 0's alone (its grouping of the K choices can then
+// be written by warp 0 too, with one barrier fewer).
+__device__ __forceinline__ bool route_ranks_candidates(const RouteParams& p,
+                                                       const int32_t* forced) {
+  return !forced && p.num_groups <= 1;
+}
 template <typename OnPhase = NoPhase, typename OnChosen = NoPhase>
 __device__ __forceinline__ void route_select_block(float* scores, float* keys, const RouteParams& p,
                                                    const int32_t* forced, int32_t* slots,
-                                                   int32_t* ids, float* weights, bool candidates,
+                                                   int32_t* ids, float* weights,
                                                    OnPhase on_phase = {}, OnChosen on_chosen = {}) {
   const int E = p.num_experts, K = p.top_k;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -557,7 +548,7 @@ __device__ __forceinline__ void route_select_block(float* scores, float* keys, c
     for (int e = lane; e < E; e += 32) keys[e] = route_key(route_choice(scores, p, e));
     if (lane == 0) s_kept = kept;
   }
-  if (candidates && !forced && p.num_groups <= 1) {
+  if (route_ranks_candidates(p, forced)) {
     if (warp == 0) {
       __syncwarp();
       on_phase(0);
