@@ -230,7 +230,8 @@ void score_cases(Harness& h) {
     int64_t vocab, rows;
     int top_k;
   };
-  const std::vector<Shape> shapes = {{151936, 16, 20}, {32000, 64, 1}, {1000, 100, 5}, {50, 7, 0}};
+  const std::vector<Shape> shapes = {
+      {151936, 16, 20}, {201088, 9, 0}, {32000, 64, 1}, {1000, 100, 5}, {50, 7, 0}};
   for (const Shape& s : shapes) {
     h.run("score_tokens", fmt::format("vocab={} rows={} top={}", s.vocab, s.rows, s.top_k), [&](Case& c) {
       std::vector<float> host = random_floats(c.rng, s.rows * s.vocab, 6.0f);
@@ -315,6 +316,94 @@ void penalty_cases(Harness& h) {
         c.fail(fmt::format("harness: row {} replica argmax {} but the CPU picked {}", r, expected, cpu[r].token_id));
     }
   });
+}
+
+// Greedy rows without top logprobs are read by several blocks each (split_count in sampler.cu:
+// 19 for 151,936 ids, 25 for 201,088), merged by the last to arrive. Adjustments on ids in late
+// splits, a maximum tied across two splits, a row of -inf but a few, and rows of the one-block
+// path in the same launch (top logprobs; a sampled row whose id is not compared).
+void split_greedy_cases(Harness& h) {
+  for (const int64_t vocab : {int64_t{201088}, int64_t{151936}}) {
+    h.run("sample.greedy_split", fmt::format("vocab={} rows=8", vocab), [&](Case& c) {
+      const int64_t rows = 8;
+      std::vector<float> host = random_floats(c.rng, rows * vocab, 6.0f);
+      auto at = [&](int64_t r, int64_t id) -> float& {
+        return host[static_cast<size_t>(r * vocab + id)];
+      };
+      std::vector<std::vector<int32_t>> prompt(rows), output(rows);
+      std::vector<std::vector<std::pair<int32_t, float>>> bias(rows);
+      std::vector<SamplingRow> params(static_cast<size_t>(rows));
+      const int32_t last = static_cast<int32_t>(vocab - 3);
+      for (int64_t r = 0; r < rows; ++r) {
+        SamplingRow& p = params[static_cast<size_t>(r)];
+        p.temperature = 0.0f;
+        p.seed = c.rng.next();
+        std::vector<float> row(host.begin() + r * vocab, host.begin() + (r + 1) * vocab);
+        const int32_t top = argmax(row);
+        switch (r) {
+          case 1:
+            bias[r] = {{last, 40.0f}};
+            break;  // the last split's id wins
+          case 2:   // the argmax banned, the runner-up penalised: a third id wins
+            p.banned_tokens = {top};
+            p.repetition_penalty = 4.0f;
+            prompt[r] = {static_cast<int32_t>(vocab / 3), last};
+            break;
+          case 3: {  // a tie for the maximum in two splits: the lower id
+            const float v = *std::max_element(row.begin(), row.end()) + 1.0f;
+            at(r, vocab / 7) = v;
+            at(r, vocab - 5) = v;
+            break;
+          }
+          case 4:  // -inf but three ids
+            for (int64_t id = 0; id < vocab; ++id) at(r, id) = -INFINITY;
+            at(r, 5) = 1.0f, at(r, vocab / 2) = 2.0f, at(r, vocab - 1) = 1.5f;
+            break;
+          case 5:
+            p.logprobs = 3;
+            break;  // one block (top logprobs)
+          case 6:   // one block, sampled: only its logprob and range are compared
+            p.temperature = 0.8f;
+            break;
+          default:
+            break;
+        }
+        p.prompt_tokens = prompt[r].empty() ? nullptr : &prompt[r];
+        p.output_tokens = output[r].empty() ? nullptr : &output[r];
+        p.logit_bias = bias[r].empty() ? nullptr : &bias[r];
+      }
+      Pair pair(h);
+      Logits l = upload_logits(pair, host, rows, vocab);
+      std::vector<SampledToken> dev, cpu;
+      h.device.sample(l.t.dev, params, dev);
+      h.cpu.sample(l.t.cpu, params, cpu);
+      if (!c.expect(dev.size() == static_cast<size_t>(rows) && cpu.size() == dev.size(),
+                    "result counts"))
+        return;
+      std::vector<float> dev_lp, cpu_lp;
+      for (int64_t r = 0; r < rows; ++r) {
+        const SampledToken &a = dev[static_cast<size_t>(r)], &b = cpu[static_cast<size_t>(r)];
+        if (a.token_id < 0 || a.token_id >= vocab) {
+          c.fail(fmt::format("row {}: token {} outside the vocabulary", r, a.token_id));
+          continue;
+        }
+        if (r != 6 && a.token_id != b.token_id) {
+          c.fail(fmt::format("row {}: token {}, the CPU picked {}", r, a.token_id, b.token_id));
+          continue;
+        }
+        // A sampled row: its logprob is the raw logit's, whichever id was drawn.
+        const float raw = at(r, a.token_id);
+        dev_lp.push_back(a.logprob);
+        cpu_lp.push_back(r == 6 ? raw - (at(r, b.token_id) - b.logprob) : b.logprob);
+      }
+      c.check_close("logprob", dev_lp, cpu_lp, kLogprobAtol, kLogprobRtol);
+      // The replica's argmax is what the rows were built to pick.
+      if (cpu.size() > 3 && cpu[3].token_id != static_cast<int32_t>(vocab / 7))
+        c.fail(fmt::format("harness: the tie row picked {}, not {}", cpu[3].token_id, vocab / 7));
+      if (cpu.size() > 1 && cpu[1].token_id != last)
+        c.fail(fmt::format("harness: the bias row picked {}, not {}", cpu[1].token_id, last));
+    });
+  }
 }
 
 struct DistCase {
@@ -539,6 +628,7 @@ void run_sampling_ops(Harness& h) {
   async_cases(h);
   score_cases(h);
   penalty_cases(h);
+  split_greedy_cases(h);
   distribution_cases(h);
 }
 

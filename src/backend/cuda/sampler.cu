@@ -8,6 +8,11 @@
 // a fixed order (list rank, or thread-major), so a seed gives the same token in any batch.
 // Floor: one pass reads rows * vocab * 4 bytes. Pass 1 always (normaliser, argmax); pass 2 for
 // sampling or top logprobs (candidates, masses); the fallback adds 4-9.
+// A row that needs pass 1 alone (greedy or scored, no top logprobs) is read by several blocks
+// instead, two tiles each (split_count: 19 for a 151,936 vocabulary), and the last of them to
+// arrive merges their partials in split order: one block alone took ~63 us a row (latency and
+// issue bound on one SM), the largest of a batch-1 decode step's small kernels. The split count
+// depends on the vocabulary only, so a row's result does not depend on its batch.
 // fmt (via util/status.h) turns its constexpr off under nvcc, and then its C++20 code does not
 // compile (gcc 12, fmt 9); host code here is plain C++, so keep it on.
 #ifndef FMT_USE_CONSTEXPR
@@ -68,6 +73,16 @@ struct RowResult {
   float top_logprobs[kMaxTopLogprobs];
 };
 
+// A split block's pass 1 over its tiles (pass-1-only rows read by several blocks).
+struct SplitPartial {
+  uint64_t best;   // best adjusted rank
+  float max, sum;  // raw online softmax
+  int32_t first_nan;
+  int32_t reserved;
+};
+constexpr int kMaxSplits = 32;
+constexpr int kSplitTiles = 2;  // tiles a split block reads (kUnroll: one round of loads)
+
 struct SamplerLaunch {
   const float* logits;
   int vocab;
@@ -75,7 +90,21 @@ struct SamplerLaunch {
   const RowParams* params;
   const Adjust* adjust;
   RowResult* results;
+  SplitPartial* partials;  // [rows, gridDim.y]
+  unsigned* arrivals;      // [rows], zero between launches
 };
+
+// Blocks per pass-1-only row (the launch's gridDim.y when it has such a row; other rows' extra
+// blocks return at once).
+__host__ __device__ inline int split_count(int vocab) {
+  const int tiles = (vocab + kTile - 1) / kTile;
+  const int splits = (tiles + kSplitTiles - 1) / kSplitTiles;
+  return splits < 1 ? 1 : splits > kMaxSplits ? kMaxSplits : splits;
+}
+// Rows that need only pass 1: no sampling (greedy, or scored) and no top logprobs.
+__host__ __device__ inline bool pass1_only(const RowParams& p) {
+  return (p.score || !(p.temperature > 0.0f)) && p.top_logprobs <= 0;
+}
 
 // Which thread of the block reads token `id` (every pass reads the row in this one order).
 __host__ __device__ inline int thread_of(int32_t id) { return (id / kGroup) % kThreads; }
@@ -216,8 +245,10 @@ struct Cursor {
   int next_id;
 };
 
-__device__ __forceinline__ Cursor start_cursor(const RowReader& row) {
-  return {0, row.adjust_count > 0 ? row.adjust[0].id : INT_MAX};
+__device__ __forceinline__ Cursor start_cursor(const RowReader& row, int from_id = 0) {
+  int index = 0;
+  while (index < row.adjust_count && row.adjust[index].id < from_id) ++index;
+  return {index, index < row.adjust_count ? row.adjust[index].id : INT_MAX};
 }
 
 __device__ __forceinline__ void load_group(const RowReader& row, int base, float (&x)[kGroup]) {
@@ -250,12 +281,14 @@ __device__ __forceinline__ float row_value(const RowReader& row, Cursor& cursor,
   return row.temperature > 0.0f ? __fdiv_rn(a, row.temperature) : a;
 }
 
-// Calls visit(id, raw, value) for this thread's ids in increasing order: thread t reads ids
-// 4t..4t+3 of every 4096-id tile, four tiles in flight.
+// Calls visit(id, raw, value) for this thread's ids in [begin, end) (begin a multiple of kTile)
+// in increasing order: thread t reads ids 4t..4t+3 of every 4096-id tile, kUnroll tiles in flight.
 template <class Visit>
-__device__ __forceinline__ void scan_row(const RowReader& row, Visit&& visit) {
-  Cursor cursor = start_cursor(row);
-  for (int base = threadIdx.x * kGroup; base < row.vocab; base += kTile * kUnroll) {
+__device__ __forceinline__ void scan_row(const RowReader& row, Visit&& visit, int begin = 0,
+                                         int end = INT_MAX) {
+  end = min(end, row.vocab);
+  Cursor cursor = start_cursor(row, begin);
+  for (int base = begin + threadIdx.x * kGroup; base < end; base += kTile * kUnroll) {
     float x[kUnroll][kGroup];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) load_group(row, base + u * kTile, x[u]);
@@ -264,7 +297,7 @@ __device__ __forceinline__ void scan_row(const RowReader& row, Visit&& visit) {
 #pragma unroll
       for (int j = 0; j < kGroup; ++j) {
         const int id = base + u * kTile + j;
-        if (id < row.vocab) visit(id, x[u][j], row_value(row, cursor, id, x[u][j]));
+        if (id < end) visit(id, x[u][j], row_value(row, cursor, id, x[u][j]));
       }
   }
 }
@@ -636,6 +669,52 @@ __device__ int first_entry_of_thread(const Adjust* entries, int count, int threa
   return lo;
 }
 
+// A split block's end: its partial out, then the last of the row's blocks to arrive merges the
+// partials (warp 0, in a fixed butterfly order: the same bits every launch) and writes the result.
+__device__ void split_finish(Shared& sh, const SamplerLaunch& launch, const RowParams& p,
+                             float raw_max, float raw_sum, uint64_t best, RowResult& result) {
+  const int splits = static_cast<int>(gridDim.y);
+  SplitPartial* const partials = launch.partials + static_cast<int64_t>(blockIdx.x) * splits;
+  if (threadIdx.x == 0) {
+    partials[blockIdx.y] = {best, raw_max, raw_sum, sh.first_nan, 0};
+    __threadfence();
+    sh.count_s = atomicAdd(launch.arrivals + blockIdx.x, 1u) == static_cast<unsigned>(splits - 1);
+  }
+  __syncthreads();
+  if (!sh.count_s || threadIdx.x >= 32) return;
+  __threadfence();
+  const int lane = threadIdx.x;
+  float m = -INFINITY, sum = 0.0f;
+  uint64_t b = 0;
+  int nan0 = 0;
+  if (lane < splits) {  // L2, not this SM's L1: other blocks wrote them
+    m = __ldcg(&partials[lane].max);
+    sum = __ldcg(&partials[lane].sum);
+    b = __ldcg(reinterpret_cast<const unsigned long long*>(&partials[lane].best));
+    nan0 = __ldcg(&partials[lane].first_nan);
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    combine_softmax(m, sum, __shfl_xor_sync(0xffffffffu, m, o),
+                    __shfl_xor_sync(0xffffffffu, sum, o));
+    b = ::max(b, static_cast<uint64_t>(
+                     __shfl_xor_sync(0xffffffffu, static_cast<unsigned long long>(b), o)));
+    nan0 |= __shfl_xor_sync(0xffffffffu, nan0, o);
+  }
+  if (lane == 0) {
+    launch.arrivals[blockIdx.x] = 0;  // for the next launch (stream order)
+    const int chosen = p.score ? p.target : (nan0 ? 0 : rank_id(b));
+    const float normaliser = m + logf(sum);
+    result.token = chosen;
+    result.logprob =
+        chosen >= 0 && chosen < launch.vocab
+            ? __ldg(launch.logits + static_cast<int64_t>(blockIdx.x) * launch.vocab + chosen) -
+                  normaliser
+            : -INFINITY;
+    result.top_count = 0;
+  }
+}
+
 __global__ void __launch_bounds__(kThreads, 1) sampler_kernel(const SamplerLaunch launch) {
   extern __shared__ __align__(16) unsigned char shared_bytes[];
   Shared& sh = *reinterpret_cast<Shared*>(shared_bytes);
@@ -643,6 +722,16 @@ __global__ void __launch_bounds__(kThreads, 1) sampler_kernel(const SamplerLaunc
   const RowParams p = launch.params[blockIdx.x];
   RowResult& result = launch.results[blockIdx.x];
   const int vocab = launch.vocab;
+  // A pass-1-only row in a launch with splits: this block reads tiles [t0, t1) of it.
+  const bool split = gridDim.y > 1 && pass1_only(p);
+  if (!split && blockIdx.y > 0) return;
+  int begin = 0, end = vocab;
+  if (split) {
+    const int tiles = (vocab + kTile - 1) / kTile, splits = static_cast<int>(gridDim.y);
+    begin = tiles * static_cast<int>(blockIdx.y) / splits * kTile;
+    end = min(vocab, tiles * (static_cast<int>(blockIdx.y) + 1) / splits * kTile);
+  }
+  if (tid == 0) sh.first_nan = 0;  // (tid 0 is also the thread that reads id 0)
 
   RowReader row;
   row.raw = launch.logits + static_cast<int64_t>(blockIdx.x) * vocab;
@@ -665,20 +754,27 @@ __global__ void __launch_bounds__(kThreads, 1) sampler_kernel(const SamplerLaunc
   // Pass 1: the raw log-softmax normaliser (online max/sum), the best raw and adjusted ranks.
   float raw_max = -INFINITY, raw_sum = 0.0f;
   uint64_t raw_best = 0, best = 0;
-  scan_row(row, [&](int id, float x, float v) {
-    if (x > raw_max) {
-      raw_sum = raw_sum * expf(raw_max - x) + 1.0f;
-      raw_max = x;
-    } else if (x != -INFINITY) {
-      raw_sum += expf(x - raw_max);  // -inf adds nothing (and -inf - -inf would be NaN)
-    }
-    raw_best = max(raw_best, rank_key(x, id));
-    best = max(best, rank_key(v, id));
-    if (id == 0) sh.first_nan = isnan(v);  // the CPU's argmax keeps a NaN at id 0
-  });
+  scan_row(
+      row,
+      [&](int id, float x, float v) {
+        if (x > raw_max) {
+          raw_sum = raw_sum * expf(raw_max - x) + 1.0f;
+          raw_max = x;
+        } else if (x != -INFINITY) {
+          raw_sum += expf(x - raw_max);  // -inf adds nothing (and -inf - -inf would be NaN)
+        }
+        raw_best = max(raw_best, rank_key(x, id));
+        best = max(best, rank_key(v, id));
+        if (id == 0) sh.first_nan = isnan(v);  // the CPU's argmax keeps a NaN at id 0
+      },
+      begin, end);
   // Keep the per-thread maxima for the candidate thresholds below.
   const uint64_t thread_raw_best = raw_best, thread_best = best;
   reduce_pass1(sh, raw_max, raw_sum, raw_best, best);
+  if (split) {
+    split_finish(sh, launch, p, raw_max, raw_sum, best, result);
+    return;
+  }
   const float normaliser = raw_max + logf(raw_sum);
   const float max_value = rank_value(best);
 
@@ -840,6 +936,8 @@ struct CudaSampler::State {
   unsigned char* upload_device = nullptr;
   RowResult* results_host = nullptr;  // pinned
   RowResult* results_device = nullptr;
+  SplitPartial* partials = nullptr;  // [max_rows, kMaxSplits]
+  unsigned* arrivals = nullptr;      // [max_rows], zeroed; the merging block re-zeroes its row's
   // Host staging of one launch, sized in reserve().
   std::vector<RowParams> params;
   std::vector<Adjust> adjust;
@@ -856,8 +954,12 @@ struct CudaSampler::State {
     if (upload_device) cudaFree(upload_device);
     if (results_host) cudaFreeHost(results_host);
     if (results_device) cudaFree(results_device);
+    if (partials) cudaFree(partials);
+    if (arrivals) cudaFree(arrivals);
     upload_host = upload_device = nullptr;
     results_host = results_device = nullptr;
+    partials = nullptr;
+    arrivals = nullptr;
   }
 
   // One entry per distinct adjusted token of `row`, sorted by (reading thread, id).
@@ -930,7 +1032,12 @@ struct CudaSampler::State {
     launch.params = reinterpret_cast<const RowParams*>(upload_device);
     launch.adjust = reinterpret_cast<const Adjust*>(upload_device + params_bytes);
     launch.results = results_device;
-    sampler_kernel<<<static_cast<unsigned>(rows), kThreads, sizeof(Shared), context.stream>>>(launch);
+    launch.partials = partials;
+    launch.arrivals = arrivals;
+    const bool any_split = std::any_of(params.begin(), params.end(), pass1_only);
+    const dim3 grid(static_cast<unsigned>(rows),
+                    static_cast<unsigned>(any_split ? split_count(launch.vocab) : 1));
+    sampler_kernel<<<grid, kThreads, sizeof(Shared), context.stream>>>(launch);
     SY_CUDA_LAUNCH_CHECK("sampler_kernel");
     SY_CUDA_CHECK(cudaMemcpyAsync(results_host, results_device, rows * sizeof(RowResult),
                                   cudaMemcpyDeviceToHost, context.stream));
@@ -979,6 +1086,12 @@ void CudaSampler::reserve(int64_t max_rows, int64_t vocab) {
   SY_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&s.upload_device), upload_bytes));
   SY_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&s.results_host), result_bytes));
   SY_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&s.results_device), result_bytes));
+  SY_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&s.partials),
+                           static_cast<size_t>(s.max_rows) * kMaxSplits * sizeof(SplitPartial)));
+  SY_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&s.arrivals),
+                           static_cast<size_t>(s.max_rows) * sizeof(unsigned)));
+  SY_CUDA_CHECK(cudaMemsetAsync(s.arrivals, 0, static_cast<size_t>(s.max_rows) * sizeof(unsigned),
+                                context_.stream));
   SY_CUDA_CHECK(cudaFuncSetAttribute(sampler_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      static_cast<int>(sizeof(Shared))));
   s.params.reserve(static_cast<size_t>(s.max_rows));
