@@ -279,6 +279,14 @@ class Backend {
     add_inplace(x, delta);
     rms_norm(x, weight, eps, out);
   }
+  // The same with an earlier delta still pending (the decoder's post-attention step after a
+  // feed-forward output it did not add yet): x += earlier, x += delta, out = rms_norm(x). A
+  // device backend runs it as one launch, the same adds in the same order.
+  virtual void add2_rms_norm(Tensor& x, const Tensor& earlier, const Tensor& delta,
+                             const Tensor& weight, float eps, Tensor& out) {
+    add_inplace(x, earlier);
+    add_rms_norm(x, delta, weight, eps, out);
+  }
   // out[t] += sigmoid(gate_logit[t]) * y[t] for rows t; gate_logit is [T, 1] f32
   // (BackendFeature::kSigmoidGatedAdd; the decoder never calls it on a backend without it).
   virtual void add_sigmoid_gated(Tensor& out, const Tensor& y, const Tensor& gate_logit) {

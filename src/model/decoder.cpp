@@ -573,8 +573,11 @@ Status Decoder::forward(const Model& model, const StepInputs& in, StepOutputs& o
         args.input_norm.weight = &lw.post_attention_norm;
         args.input_norm.eps = c.rms_norm_eps;
       } else {
-        if (pending) backend_.add_inplace(x, *pending);
-        backend_.add_rms_norm(x, block_out, lw.post_attention_norm, c.rms_norm_eps, normed);
+        if (pending)
+          backend_.add2_rms_norm(x, *pending, block_out, lw.post_attention_norm, c.rms_norm_eps,
+                                 normed);
+        else
+          backend_.add_rms_norm(x, block_out, lw.post_attention_norm, c.rms_norm_eps, normed);
       }
       pending = nullptr;
       if (lw.is_moe) {

@@ -234,6 +234,23 @@ void add_rms_norm_cases(Harness& h) {
       c.check("x", compare(to_host(h.device, xt.dev), to_host(h.cpu, xt.cpu), width), kF32Tol);
       c.check("out", compare(to_host(h.device, out.dev), to_host(h.cpu, out.cpu), width), kF32Tol);
     });
+    // With an earlier delta (the decoder's post-attention step after a pending feed-forward
+    // output): one launch on the device, the CPU's two adds then the norm.
+    h.run("add2_rms_norm", fmt::format("rows={} width={}", rows, width), [&](Case& c) {
+      HostTensor weight = host_random(h.cpu, DType::kBF16, {width}, c.rng.next(), 0.5f, 1.0f);
+      const std::vector<float> x = random_floats(c.rng, rows * width, 1.0f),
+                               earlier = random_floats(c.rng, rows * width, 3.0f),
+                               delta = random_floats(c.rng, rows * width, 2.0f);
+      Pair p(h);
+      Both w = p.weight(weight.view);
+      Both xt = p.f32(x, {rows, width}), et = p.f32(earlier, {rows, width}),
+           dt = p.f32(delta, {rows, width});
+      Both out = p.output({rows, width});
+      h.cpu.add2_rms_norm(xt.cpu, et.cpu, dt.cpu, w.cpu, kEps, out.cpu);
+      h.device.add2_rms_norm(xt.dev, et.dev, dt.dev, w.dev, kEps, out.dev);
+      c.check("x", compare(to_host(h.device, xt.dev), to_host(h.cpu, xt.cpu), width), kF32Tol);
+      c.check("out", compare(to_host(h.device, out.dev), to_host(h.cpu, out.cpu), width), kF32Tol);
+    });
   }
 }
 

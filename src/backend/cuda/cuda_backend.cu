@@ -357,6 +357,12 @@ class CudaBackend final : public Backend {
     launch_rms_norm(x.ptr<float>(), delta.ptr<float>(), weight.ptr<float>(), x.numel() / width, width, eps,
                     out.ptr<float>(), context_.stream);
   }
+  void add2_rms_norm(Tensor& x, const Tensor& earlier, const Tensor& delta, const Tensor& weight,
+                     float eps, Tensor& out) override {
+    const int64_t width = weight.numel();
+    launch_rms_norm(x.ptr<float>(), delta.ptr<float>(), weight.ptr<float>(), x.numel() / width,
+                    width, eps, out.ptr<float>(), context_.stream, earlier.ptr<float>());
+  }
   void matmul(const Tensor& x, const Tensor& weight, const Tensor* bias, Tensor& out) override {
     const int64_t in = weight.dim(1), out_features = weight.dim(0), rows = x.numel() / in;
     if (rows == 0) return;

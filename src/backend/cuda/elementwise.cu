@@ -1,5 +1,7 @@
 #include "backend/cuda/elementwise.h"
 
+#include <utility>
+
 #include "backend/cuda/norm_row.cuh"
 
 #include "backend/random_fill.h"
@@ -19,14 +21,15 @@ __global__ void embedding_kernel(const __nv_bfloat16* table, const int32_t* ids,
 
 // One block per row; the row stays in registers/L1 between the two passes. Bytes: rows * width *
 // 8 (12 with the residual).
-__global__ void rms_norm_kernel(float* x, const float* residual, const float* weight, int64_t width, float eps,
-                                float* out) {
+__global__ void rms_norm_kernel(float* x, const float* residual, const float* weight, int64_t width,
+                                float eps, float* out, const float* earlier) {
   __shared__ float partial[32];
   overlap_prologue();
   float* row = x + blockIdx.x * width;
   float sum_squares = 0.0f;
   for (int64_t i = threadIdx.x; i < width; i += blockDim.x) {
     float v = row[i];
+    if (earlier) v += earlier[blockIdx.x * width + i];
     if (residual) {
       v += residual[blockIdx.x * width + i];
       row[i] = v;
@@ -41,15 +44,18 @@ __global__ void rms_norm_kernel(float* x, const float* residual, const float* we
 
 // The same norm with the row in registers (NormRow, norm_row.cuh): the small-batch decode path.
 template <int VEC>
-__global__ void __launch_bounds__(256) rms_norm_vec_kernel(float* x, const float* residual, const float* weight,
-                                                           int64_t width, float eps, float* out) {
+__global__ void __launch_bounds__(256)
+    rms_norm_vec_kernel(float* x, const float* residual, const float* weight, int64_t width,
+                        float eps, float* out, const float* earlier) {
   __shared__ float partial[32];
   const int64_t chunks = width / 4;
   NormRow<VEC> n;
   n.load_weight(weight, chunks);
   overlap_prologue();
   float* row = x + blockIdx.x * width;
-  n.load_row(row, residual ? residual + blockIdx.x * width : nullptr, nullptr, chunks);
+  // (earlier is set only with residual: x + earlier + residual, in that order.)
+  n.load_row(row, earlier ? earlier + blockIdx.x * width : nullptr,
+             residual ? residual + blockIdx.x * width : nullptr, chunks);
   if (residual) n.store_row(row, chunks);
   const float s = n.scale(width, eps, partial);
   n.store_normed(out + blockIdx.x * width, chunks, s);
@@ -360,23 +366,36 @@ void launch_embedding(const __nv_bfloat16* table, const int32_t* ids, int64_t to
   SY_CUDA_LAUNCH_CHECK("embedding");
 }
 
-void launch_rms_norm(float* x, const float* residual, const float* weight, int64_t rows, int64_t width, float eps,
-                     float* out, cudaStream_t stream) {
+void launch_rms_norm(float* x, const float* residual, const float* weight, int64_t rows,
+                     int64_t width, float eps, float* out, cudaStream_t stream,
+                     const float* earlier) {
   if (rows == 0) return;
-  const bool aligned = ((reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(out) |
-                         reinterpret_cast<uintptr_t>(weight) | reinterpret_cast<uintptr_t>(residual)) & 15u) == 0;
+  if (earlier && !residual) std::swap(earlier, residual);  // x + earlier alone: the same add
+  const bool aligned =
+      ((reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(out) |
+        reinterpret_cast<uintptr_t>(weight) | reinterpret_cast<uintptr_t>(residual) |
+        reinterpret_cast<uintptr_t>(earlier)) &
+       15u) == 0;
   if (width % 4 == 0 && aligned && width <= 8 * 1024) {
     const dim3 grid(static_cast<unsigned>(rows)), block(256);
-    if (width <= 1024) launch_overlapped(rms_norm_vec_kernel<1>, grid, block, 0, stream, x, residual, weight, width, eps, out);
-    else if (width <= 2048) launch_overlapped(rms_norm_vec_kernel<2>, grid, block, 0, stream, x, residual, weight, width, eps, out);
-    else if (width <= 4096) launch_overlapped(rms_norm_vec_kernel<4>, grid, block, 0, stream, x, residual, weight, width, eps, out);
-    else launch_overlapped(rms_norm_vec_kernel<8>, grid, block, 0, stream, x, residual, weight, width, eps, out);
+    if (width <= 1024)
+      launch_overlapped(rms_norm_vec_kernel<1>, grid, block, 0, stream, x, residual, weight, width,
+                        eps, out, earlier);
+    else if (width <= 2048)
+      launch_overlapped(rms_norm_vec_kernel<2>, grid, block, 0, stream, x, residual, weight, width,
+                        eps, out, earlier);
+    else if (width <= 4096)
+      launch_overlapped(rms_norm_vec_kernel<4>, grid, block, 0, stream, x, residual, weight, width,
+                        eps, out, earlier);
+    else
+      launch_overlapped(rms_norm_vec_kernel<8>, grid, block, 0, stream, x, residual, weight, width,
+                        eps, out, earlier);
     SY_CUDA_LAUNCH_CHECK("rms_norm");
     return;
   }
   const int threads = width >= 1024 ? 512 : width >= 256 ? 256 : width >= 128 ? 128 : 64;
-  launch_overlapped(rms_norm_kernel, dim3(static_cast<unsigned>(rows)), dim3(threads), 0, stream, x, residual, weight,
-                    width, eps, out);
+  launch_overlapped(rms_norm_kernel, dim3(static_cast<unsigned>(rows)), dim3(threads), 0, stream, x,
+                    residual, weight, width, eps, out, earlier);
   SY_CUDA_LAUNCH_CHECK("rms_norm");
 }
 

@@ -12,9 +12,11 @@ namespace sy::backend::cuda {
 void launch_embedding(const __nv_bfloat16* table, const int32_t* ids, int64_t tokens, int64_t hidden, float* out,
                       cudaStream_t stream);
 // out = x / rms(x) * weight per row of `width`; out may alias x. With `residual`: x += residual
-// first (x is updated in place), then the norm.
-void launch_rms_norm(float* x, const float* residual, const float* weight, int64_t rows, int64_t width,
-                     float eps, float* out, cudaStream_t stream);
+// first (x is updated in place), then the norm; with `earlier` too, x += earlier before that
+// (the same two f32 adds as two launches).
+void launch_rms_norm(float* x, const float* residual, const float* weight, int64_t rows,
+                     int64_t width, float eps, float* out, cudaStream_t stream,
+                     const float* earlier = nullptr);
 void launch_add(float* x, const float* y, int64_t count, cudaStream_t stream);
 void launch_add_bias(float* out, const float* bias, int64_t rows, int64_t width, cudaStream_t stream);
 void launch_silu_mul(const float* gate, const float* up, int64_t count, float* out, cudaStream_t stream);
