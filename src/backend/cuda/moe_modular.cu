@@ -1327,7 +1327,6 @@ class ModularKernel final : public moe::ExpertsKernel {
     const bool ok =
         allocate(&ids_, pairs * 4) && allocate(&weights_, pairs * 4) &&
         allocate(&route_sums_, route_sums_floats(max_tokens, experts, hidden) * 4) &&
-        allocate(&route_arrivals_, 4) && cudaMemset(route_arrivals_, 0, 4) == cudaSuccess &&
         allocate(&x_bf16_, max_tokens * hidden * 2) && allocate(&perm_, padded_rows * 4) &&
         allocate(&tile_expert_, tiles * 4) && allocate(&tile_count_, 4) &&
         allocate(&act_, padded_rows * intermediate * 2) && allocate(&y_, pairs * hidden * 4) &&
@@ -1400,7 +1399,6 @@ class ModularKernel final : public moe::ExpertsKernel {
     route.ids = ids_;
     route.weights = weights_;
     route.sums = route_sums_;
-    route.arrivals = route_one_launch_ ? route_arrivals_ : nullptr;
     launch_route(route, stream);
 
     const ExpertParams experts = ExpertParams::from(args.experts, w);
@@ -1705,14 +1703,14 @@ class ModularKernel final : public moe::ExpertsKernel {
                       static_cast<size_t>(std::max<int64_t>(bytes, 16))) == cudaSuccess;
   }
   void release() {
-    for (void* p : {static_cast<void*>(ids_), static_cast<void*>(weights_),
-                    static_cast<void*>(x_bf16_), static_cast<void*>(perm_),
-                    static_cast<void*>(tile_expert_), static_cast<void*>(tile_count_),
-                    static_cast<void*>(act_), static_cast<void*>(y_), static_cast<void*>(act_f32_),
-                    static_cast<void*>(x_split_), static_cast<void*>(act_split_),
-                    static_cast<void*>(route_sums_), static_cast<void*>(route_arrivals_)})
+    for (void* p :
+         {static_cast<void*>(ids_), static_cast<void*>(weights_), static_cast<void*>(x_bf16_),
+          static_cast<void*>(perm_), static_cast<void*>(tile_expert_),
+          static_cast<void*>(tile_count_), static_cast<void*>(act_), static_cast<void*>(y_),
+          static_cast<void*>(act_f32_), static_cast<void*>(x_split_),
+          static_cast<void*>(act_split_), static_cast<void*>(route_sums_)})
       if (p) cudaFree(p);
-    x_split_ = nullptr, act_split_ = nullptr, route_sums_ = nullptr, route_arrivals_ = nullptr;
+    x_split_ = nullptr, act_split_ = nullptr, route_sums_ = nullptr;
     ids_ = nullptr, weights_ = nullptr, x_bf16_ = nullptr, perm_ = nullptr, tile_expert_ = nullptr;
     tile_count_ = nullptr, act_ = nullptr, y_ = nullptr, act_f32_ = nullptr;
   }
@@ -1724,9 +1722,6 @@ class ModularKernel final : public moe::ExpertsKernel {
   int32_t* ids_ = nullptr;           // [T, K] chosen experts
   float* weights_ = nullptr;         // [T, K] gating weights
   float* route_sums_ = nullptr;      // the router logits' group sums (route_sums_floats)
-  unsigned* route_arrivals_ = nullptr;  // [1] zeroed: RouteLaunch::arrivals
-  // SY_ROUTE_ONE_LAUNCH=1: steps of up to 16 tokens route in one launch (opt-in until measured).
-  const bool route_one_launch_ = env_flag("SY_ROUTE_ONE_LAUNCH");
   __nv_bfloat16* x_bf16_ = nullptr;  // [T, H] hidden in bf16
   int32_t* perm_ = nullptr;          // [P] pair index by padded row, experts in order, -1 padding
   int32_t* tile_expert_ = nullptr;   // [M tiles] expert of each M tile

@@ -55,13 +55,7 @@ __device__ __forceinline__ void zero_tiles(float (&tiles)[WM][4][4]) {
       for (int i = 0; i < 4; ++i) tiles[mt][nt][i] = 0.0f;
 }
 
-constexpr int kSelectWarps = 4;  // route_select_kernel's warps a block (a warp a token)
-
-// SELECT (steps of up to 16 tokens, a.arrivals set): after its sums are stored, each block counts
-// its arrival, and the last of the grid selects every token (a warp a token, as
-// route_select_kernel does, from the same sums in the same order: the same bits) and re-zeroes
-// the counter; one launch and one dependent wait fewer than the two kernels.
-template <class Cfg, bool SELECT = false>
+template <class Cfg>
 __global__ void __launch_bounds__(256, 2) route_logits_kernel(const RouteLaunch a) {
   overlap_prologue();  // (launched overlapped: hidden is the previous kernel's output)
   constexpr int WM = Cfg::kWM;
@@ -156,32 +150,10 @@ __global__ void __launch_bounds__(256, 2) route_logits_kernel(const RouteLaunch 
       for (int nt = 0; nt < 4; ++nt)
         router_store_tile(total[mt][nt], a.sums, E, static_cast<int>(t0) + m_base + mt * 16,
                           rows - m_base - mt * 16, e_base + nt * 8, E);
-  if constexpr (SELECT) {
-    static_assert(PER_GROUP, "the last block reads every group's sums");
-    __shared__ float logits[Cfg::kWarps][kMaxRouteExperts];
-    __shared__ int32_t ids[Cfg::kWarps][kMaxRouteTopK];
-    __shared__ float weights[Cfg::kWarps][kMaxRouteTopK];
-    __shared__ bool last;
-    __threadfence();  // this thread's sums, device-wide, before the block's arrival
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      const unsigned blocks = gridDim.x * gridDim.y * gridDim.z;
-      last = atomicAdd(a.arrivals, 1u) == blocks - 1;
-    }
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    for (int64_t t = warp; t < a.tokens; t += Cfg::kWarps) {
-      router_logits_fill(a.sums, router_groups(H), a.tokens, E, t, logits[warp], lane, 32);
-      __syncwarp();
-      select_and_write(a, t, logits[warp], ids[warp], weights[warp]);
-      __syncwarp();
-    }
-    if (threadIdx.x == 0) *a.arrivals = 0;  // for the next launch (stream order)
-  }
 }
 
 // A warp per token: its logits from the groups' sums, then the selection.
+constexpr int kSelectWarps = 4;
 __global__ void __launch_bounds__(kSelectWarps * 32)
     route_select_kernel(const RouteLaunch a, int groups) {
   overlap_prologue();  // (launched overlapped: the sums are route_logits_kernel's output)
@@ -197,14 +169,13 @@ __global__ void __launch_bounds__(kSelectWarps * 32)
   select_and_write(a, t, logits[warp], ids[warp], weights[warp]);
 }
 
-template <class Cfg, bool SELECT = false>
+template <class Cfg>
 void launch_logits(const RouteLaunch& a, cudaStream_t stream) {
   const int E = a.params.num_experts;
   const dim3 grid(static_cast<unsigned>((E + Cfg::kN - 1) / Cfg::kN),
                   static_cast<unsigned>((a.tokens + Cfg::kM - 1) / Cfg::kM),
                   Cfg::kPerGroup ? static_cast<unsigned>(router_groups(a.params.hidden)) : 1u);
-  launch_overlapped(route_logits_kernel<Cfg, SELECT>, grid, dim3(Cfg::kThreads), Cfg::kSmemBytes,
-                    stream, a);
+  launch_overlapped(route_logits_kernel<Cfg>, grid, dim3(Cfg::kThreads), Cfg::kSmemBytes, stream, a);
   SY_CUDA_LAUNCH_CHECK("route_logits_kernel");
 }
 
@@ -227,10 +198,6 @@ void launch_route(const RouteLaunch& launch, cudaStream_t stream) {
   // Few tokens: a block per (256 experts, group); up to kPerGroupMaxTokens: a block per (64
   // tokens, 128 experts, group); then a block per (64 tokens, 128 experts) over every group.
   int groups = router_groups(launch.params.hidden);
-  if (launch.tokens <= 16 && launch.arrivals) {
-    launch_logits<SmallRouteTile, true>(launch, stream);
-    return;
-  }
   if (launch.tokens <= 16) {
     launch_logits<SmallRouteTile>(launch, stream);
   } else if (launch.tokens <= kPerGroupMaxTokens) {

@@ -590,10 +590,6 @@ struct RouteLaunch {
   int32_t* ids = nullptr;            // [T, K]
   float* weights = nullptr;          // [T, K]
   float* sums = nullptr;             // scratch: route_sums_floats(T, E, H)
-  // A zeroed counter (left zeroed): steps of up to 16 tokens then select in the logits kernel's
-  // last block, one launch instead of two (SY_ROUTE_ONE_LAUNCH=1, cuda-modular; opt-in until a
-  // GPU visit measures it). nullptr: two launches.
-  unsigned* arrivals = nullptr;
 };
 // The scratch a step of `tokens` needs (its groups' sums, or the totals).
 size_t route_sums_floats(int64_t tokens, int64_t experts, int64_t hidden);
