@@ -257,14 +257,40 @@ void score_cases(Harness& h) {
   }
 }
 
+// Per-row adjustment lists (an empty list: none).
+struct RowAdjustments {
+  std::vector<std::vector<int32_t>> prompt, output;
+  std::vector<std::vector<std::pair<int32_t, float>>> bias;
+  explicit RowAdjustments(int64_t rows)
+      : prompt(static_cast<size_t>(rows)),
+        output(static_cast<size_t>(rows)),
+        bias(static_cast<size_t>(rows)) {}
+};
+
+// Points each row at its adjustment lists, then samples the rows of `host` on both backends.
+void sample_both(Harness& h, const std::vector<float>& host, int64_t rows, int64_t vocab,
+                 std::vector<SamplingRow>& params, RowAdjustments& adj,
+                 std::vector<SampledToken>& dev, std::vector<SampledToken>& cpu) {
+  for (size_t r = 0; r < params.size(); ++r) {
+    params[r].prompt_tokens = adj.prompt[r].empty() ? nullptr : &adj.prompt[r];
+    params[r].output_tokens = adj.output[r].empty() ? nullptr : &adj.output[r];
+    params[r].logit_bias = adj.bias[r].empty() ? nullptr : &adj.bias[r];
+  }
+  Pair pair(h);
+  Logits l = upload_logits(pair, host, rows, vocab);
+  h.device.sample(l.t.dev, params, dev);
+  h.cpu.sample(l.t.cpu, params, cpu);
+}
+
 // Greedy under penalties, bias and bans on a small vocabulary: each row's adjustment is built
 // to move the argmax.
 void penalty_cases(Harness& h) {
   h.run("sample.penalties", "greedy vocab=50 rows=10", [&](Case& c) {
     const int64_t vocab = 50, rows = 10;
     std::vector<float> host = random_logits(c.rng, rows * vocab, 2.0f);
-    std::vector<std::vector<int32_t>> prompt(rows), output(rows);
-    std::vector<std::vector<std::pair<int32_t, float>>> bias(rows);
+    RowAdjustments adj(rows);
+    auto &prompt = adj.prompt, &output = adj.output;
+    auto& bias = adj.bias;
     std::vector<SamplingRow> params(static_cast<size_t>(rows));
     for (int64_t r = 0; r < rows; ++r) {
       std::vector<float> row(host.begin() + r * vocab, host.begin() + (r + 1) * vocab);
@@ -298,16 +324,10 @@ void penalty_cases(Harness& h) {
           break;
         default: break;
       }
-      p.prompt_tokens = prompt[r].empty() ? nullptr : &prompt[r];
-      p.output_tokens = output[r].empty() ? nullptr : &output[r];
-      p.logit_bias = bias[r].empty() ? nullptr : &bias[r];
     }
-    Pair pair(h);
-    Logits l = upload_logits(pair, host, rows, vocab);
     std::vector<SampledToken> dev, cpu;
-    h.device.sample(l.t.dev, params, dev);
-    h.cpu.sample(l.t.cpu, params, cpu);
-    compare_tokens(c, dev, cpu, l.host, vocab, true);
+    sample_both(h, host, rows, vocab, params, adj, dev, cpu);
+    compare_tokens(c, dev, cpu, host, vocab, true);
     // The host replica agrees with the CPU (else this harness's distribution cases are wrong).
     for (int64_t r = 0; r < rows && r < static_cast<int64_t>(cpu.size()); ++r) {
       std::vector<float> row(host.begin() + r * vocab, host.begin() + (r + 1) * vocab);
@@ -330,8 +350,9 @@ void split_greedy_cases(Harness& h) {
       auto at = [&](int64_t r, int64_t id) -> float& {
         return host[static_cast<size_t>(r * vocab + id)];
       };
-      std::vector<std::vector<int32_t>> prompt(rows), output(rows);
-      std::vector<std::vector<std::pair<int32_t, float>>> bias(rows);
+      RowAdjustments adj(rows);
+      auto& prompt = adj.prompt;
+      auto& bias = adj.bias;
       std::vector<SamplingRow> params(static_cast<size_t>(rows));
       const int32_t last = static_cast<int32_t>(vocab - 3);
       for (int64_t r = 0; r < rows; ++r) {
@@ -368,15 +389,9 @@ void split_greedy_cases(Harness& h) {
           default:
             break;
         }
-        p.prompt_tokens = prompt[r].empty() ? nullptr : &prompt[r];
-        p.output_tokens = output[r].empty() ? nullptr : &output[r];
-        p.logit_bias = bias[r].empty() ? nullptr : &bias[r];
       }
-      Pair pair(h);
-      Logits l = upload_logits(pair, host, rows, vocab);
       std::vector<SampledToken> dev, cpu;
-      h.device.sample(l.t.dev, params, dev);
-      h.cpu.sample(l.t.cpu, params, cpu);
+      sample_both(h, host, rows, vocab, params, adj, dev, cpu);
       if (!c.expect(dev.size() == static_cast<size_t>(rows) && cpu.size() == dev.size(),
                     "result counts"))
         return;
