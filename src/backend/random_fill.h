@@ -26,4 +26,11 @@ SY_HOST_DEVICE inline float random_fill_value(uint64_t seed, uint64_t index, flo
   return offset + scale * u;
 }
 
+// A byte of a packed (U8) tensor: lo + floor(u * span), u = random_fill_value(seed, index, 0.5,
+// 0.5) in [0, 1) (MXFP4 blocks: lo 0, span 255.999; their e8m0 scales: lo 117, span 3.999).
+SY_HOST_DEVICE inline uint8_t random_fill_byte(uint64_t seed, uint64_t index, int lo, float span) {
+  const float u = random_fill_value(seed, index, 0.5f, 0.5f);
+  return static_cast<uint8_t>(lo + static_cast<int>(u * span));
+}
+
 }  // namespace sy::backend

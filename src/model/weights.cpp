@@ -489,17 +489,12 @@ Result<Tensor> RandomSource::packed(const std::string& name, const std::vector<i
   Tensor shaped = no_data(DType::kU8, shape);
   shaped.data = tensor.data;
   shaped.device = tensor.device;
-  // Bytes from the backend's f32 fill, made on the host: U8 tensors are small next to the rest.
   // Scales 2^(117..120 - 127): e2m1 values up to 6 then give weights of about +-0.02.
   const uint64_t seed = backend::random_fill_hash(seed_ * 1000003u + tensor_index_++);
-  std::vector<uint8_t> bytes(static_cast<size_t>(numel));
-  for (int64_t i = 0; i < numel; ++i) {
-    const float u = backend::random_fill_value(seed, static_cast<uint64_t>(i), 0.5f, 0.5f);
-    bytes[static_cast<size_t>(i)] = scales
-                                        ? static_cast<uint8_t>(117 + static_cast<int>(u * 3.999f))
-                                        : static_cast<uint8_t>(static_cast<int>(u * 255.999f));
-  }
-  backend_.upload(bytes.data(), shaped);
+  if (scales)
+    backend_.fill_random_bytes(shaped, seed, 117, 3.999f);
+  else
+    backend_.fill_random_bytes(shaped, seed, 0, 255.999f);
   return shaped;
 }
 

@@ -159,6 +159,40 @@ void fill_random_cases(Harness& h) {
   }
 }
 
+// Packed (U8) random weights: every byte equal on both backends and to random_fill_byte.
+void fill_random_bytes_cases(Harness& h) {
+  for (const int64_t n : {int64_t{1}, int64_t{4097}, int64_t{3000017}}) {
+    for (const bool scales : {false, true}) {
+      h.run("fill_random_bytes", fmt::format("n={} {}", n, scales ? "scales" : "blocks"),
+            [&](Case& c) {
+              const uint64_t seed = c.rng.next();
+              const int lo = scales ? 117 : 0;
+              const float span = scales ? 3.999f : 255.999f;
+              Pair p(h);
+              Both t = p.alloc(DType::kU8, {n});
+              p.cpu.poison(t.cpu);
+              p.dev.poison(t.dev);
+              h.cpu.fill_random_bytes(t.cpu, seed, lo, span);
+              h.device.fill_random_bytes(t.dev, seed, lo, span);
+              const std::vector<uint8_t> dev = to_host_bytes(h.device, t.dev),
+                                         cpu = to_host_bytes(h.cpu, t.cpu);
+              int64_t differ = 0, wrong = 0, first = -1;
+              for (size_t i = 0; i < cpu.size(); ++i) {
+                if (dev[i] != cpu[i] && differ++ == 0) first = static_cast<int64_t>(i);
+                if (cpu[i] != backend::random_fill_byte(seed, i, lo, span)) ++wrong;
+              }
+              if (differ)
+                c.fail(fmt::format("{} bytes differ from the CPU's (first #{})", differ, first));
+              if (wrong) c.fail(fmt::format("{} CPU bytes differ from random_fill_byte", wrong));
+              const int top = lo + static_cast<int>(span);
+              if (!cpu.empty() && (*std::min_element(cpu.begin(), cpu.end()) < lo ||
+                                   *std::max_element(cpu.begin(), cpu.end()) > top))
+                c.fail(fmt::format("bytes outside [{}, {}]", lo, top));
+            });
+    }
+  }
+}
+
 void embedding_cases(Harness& h) {
   struct Shape {
     int64_t vocab, hidden, tokens;
@@ -646,6 +680,7 @@ void gather_rows_cases(Harness& h) {
 void run_weight_ops(Harness& h) {
   fill_i32_cases(h);
   fill_random_cases(h);
+  fill_random_bytes_cases(h);
   load_weight_cases(h);
   load_stacked_cases(h);
 }

@@ -82,6 +82,14 @@ void CpuBackend::fill_random(Tensor& dst, uint64_t seed, float scale, float offs
   });
 }
 
+void CpuBackend::fill_random_bytes(Tensor& dst, uint64_t seed, int lo, float span) {
+  uint8_t* bytes = dst.ptr<uint8_t>();
+  pool_.parallel_for(dst.numel(), 1 << 16, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i)
+      bytes[i] = random_fill_byte(seed, static_cast<uint64_t>(i), lo, span);
+  });
+}
+
 // An empty tensor's host side may be a null pointer (an empty vector's data()): memcpy must
 // not see it, even for 0 bytes.
 void CpuBackend::upload(const void* host, Tensor& dst) {

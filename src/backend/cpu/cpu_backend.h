@@ -26,6 +26,7 @@ class CpuBackend final : public Backend {
   Result<Tensor> load_weight(const Tensor& host) override;
   Result<Tensor> load_stacked(const std::vector<Tensor>& host_parts) override;
   void fill_random(Tensor& dst, uint64_t seed, float scale, float offset) override;
+  void fill_random_bytes(Tensor& dst, uint64_t seed, int lo, float span) override;
   void upload(const void* host, Tensor& dst) override;
   void download(const Tensor& src, void* host) override;
   void copy(const Tensor& src, Tensor& dst) override;

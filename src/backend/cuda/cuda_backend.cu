@@ -231,6 +231,9 @@ class CudaBackend final : public Backend {
     return allocated;
   }
 
+  void fill_random_bytes(Tensor& dst, uint64_t seed, int lo, float span) override {
+    launch_fill_random_bytes(dst.ptr<uint8_t>(), dst.numel(), seed, lo, span, context_.stream);
+  }
   void fill_random(Tensor& dst, uint64_t seed, float scale, float offset) override {
     launch_fill_random(dst.data, dst.dtype == DType::kBF16, dst.numel(), seed, scale, offset, context_.stream);
   }

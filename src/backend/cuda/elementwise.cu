@@ -143,6 +143,13 @@ __global__ void fill_random_kernel(void* dst, bool bf16, int64_t count, uint64_t
   }
 }
 
+__global__ void fill_random_bytes_kernel(uint8_t* dst, int64_t count, uint64_t seed, int lo,
+                                         float span) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    dst[i] = random_fill_byte(seed, static_cast<uint64_t>(i), lo, span);
+}
+
 __global__ void f32_to_bf16_kernel(const float* src, int64_t count, __nv_bfloat16* dst) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
@@ -456,6 +463,14 @@ void launch_fill_random(void* dst, bool bf16, int64_t count, uint64_t seed, floa
   if (count == 0) return;
   fill_random_kernel<<<grid_stride_blocks(count), kThreads, 0, stream>>>(dst, bf16, count, seed, scale, offset);
   SY_CUDA_LAUNCH_CHECK("fill_random");
+}
+
+void launch_fill_random_bytes(uint8_t* dst, int64_t count, uint64_t seed, int lo, float span,
+                              cudaStream_t stream) {
+  if (count == 0) return;
+  fill_random_bytes_kernel<<<grid_stride_blocks(count), kThreads, 0, stream>>>(dst, count, seed, lo,
+                                                                               span);
+  SY_CUDA_LAUNCH_CHECK("fill_random_bytes");
 }
 
 void launch_f32_to_bf16(const float* src, int64_t count, __nv_bfloat16* dst, cudaStream_t stream) {

@@ -31,6 +31,9 @@ void launch_gather_rows(const float* x, const int32_t* rows, int64_t count, int6
 void launch_fill_i32(int32_t* dst, int64_t count, int32_t value, cudaStream_t stream);
 void launch_fill_random(void* dst, bool bf16, int64_t count, uint64_t seed, float scale, float offset,
                         cudaStream_t stream);
+// U8 elements: random_fill_byte(seed, i, lo, span) (random_fill.h).
+void launch_fill_random_bytes(uint8_t* dst, int64_t count, uint64_t seed, int lo, float span,
+                              cudaStream_t stream);
 void launch_f32_to_bf16(const float* src, int64_t count, __nv_bfloat16* dst, cudaStream_t stream);
 // out[r, o] = sum_i x[r, i] * w[o, i] for rows <= kGemvMaxRows: one warp per output feature,
 // streaming w once (the floor: out * in * 2 bytes / bandwidth). in must be a multiple of 8.
