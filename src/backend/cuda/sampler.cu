@@ -10,7 +10,7 @@
 // sampling or top logprobs (candidates, masses); the fallback adds 4-9.
 // A row that needs pass 1 alone (greedy or scored, no top logprobs) is read by several blocks
 // instead, two tiles each (split_count: 19 for a 151,936 vocabulary), and the last of them to
-// arrive merges their partials in split order: one block alone took ~63 us a row (latency and
+// arrive merges their partials in a fixed order: one block alone took ~63 us a row (latency and
 // issue bound on one SM), the largest of a batch-1 decode step's small kernels. The split count
 // depends on the vocabulary only, so a row's result does not depend on its batch.
 // fmt (via util/status.h) turns its constexpr off under nvcc, and then its C++20 code does not
@@ -81,6 +81,7 @@ struct SplitPartial {
   int32_t reserved;
 };
 constexpr int kMaxSplits = 32;
+static_assert(kMaxSplits <= 32, "split_finish merges with warp 0, a partial a lane");
 constexpr int kSplitTiles = 2;  // tiles a split block reads (kUnroll: one round of loads)
 
 struct SamplerLaunch {
