@@ -14,7 +14,6 @@
 #include <string>
 #include <vector>
 
-#include "backend/random_fill.h"
 #include "moe/experts_kernel.h"
 #include "tensor/tensor.h"
 #include "util/status.h"
@@ -204,15 +203,9 @@ class Backend {
   // Deterministic pseudo-random weights (--random-weights): offset + uniform [-scale, scale)
   // from (seed, element index) (backend/random_fill.h), the same numbers on every backend.
   virtual void fill_random(Tensor& dst, uint64_t seed, float scale, float offset) = 0;
-  // The same for a U8 tensor's bytes: random_fill_byte(seed, i, lo, span). Here made on the host
-  // and uploaded; the CPU and CUDA backends fill in place (gpt-oss-20b's MXFP4 experts are ~12 GB
-  // of bytes: ~40 s on one host thread).
-  // (Inline: Backend keeps no key function, so its vtable is emitted wherever it is used.)
-  virtual void fill_random_bytes(Tensor& dst, uint64_t seed, int lo, float span) {
-    std::vector<uint8_t> bytes(static_cast<size_t>(dst.numel()));
-    for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = random_fill_byte(seed, i, lo, span);
-    upload(bytes.data(), dst);
-  }
+  // The same for a U8 tensor's bytes: random_fill_byte(seed, i, lo, span), filled where the
+  // tensor lives (gpt-oss-20b's MXFP4 experts are ~12 GB of bytes: ~45 s on one host thread).
+  virtual void fill_random_bytes(Tensor& dst, uint64_t seed, int lo, float span) = 0;
   // upload/download are synchronous. download_async may return before the copy is done: `host`
   // (from alloc_host) is valid after the next synchronize().
   virtual void upload(const void* host, Tensor& dst) = 0;

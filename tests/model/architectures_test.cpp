@@ -829,6 +829,7 @@ class FeaturelessBackend final : public backend::Backend {
   Result<Tensor> load_weight(const Tensor&) override { std::abort(); }
   Result<Tensor> load_stacked(const std::vector<Tensor>&) override { std::abort(); }
   void fill_random(Tensor&, uint64_t, float, float) override { std::abort(); }
+  void fill_random_bytes(Tensor&, uint64_t, int, float) override { std::abort(); }
   void upload(const void*, Tensor&) override { std::abort(); }
   void download(const Tensor&, void*) override { std::abort(); }
   void fill_i32(Tensor&, int32_t) override { std::abort(); }

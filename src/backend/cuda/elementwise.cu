@@ -1,7 +1,5 @@
 #include "backend/cuda/elementwise.h"
 
-#include <utility>
-
 #include "backend/cuda/norm_row.cuh"
 
 #include "backend/random_fill.h"
@@ -377,26 +375,24 @@ void launch_rms_norm(float* x, const float* residual, const float* weight, int64
                      int64_t width, float eps, float* out, cudaStream_t stream,
                      const float* earlier) {
   if (rows == 0) return;
-  if (earlier && !residual) std::swap(earlier, residual);  // x + earlier alone: the same add
   const bool aligned =
       ((reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(out) |
         reinterpret_cast<uintptr_t>(weight) | reinterpret_cast<uintptr_t>(residual) |
         reinterpret_cast<uintptr_t>(earlier)) &
        15u) == 0;
   if (width % 4 == 0 && aligned && width <= 8 * 1024) {
-    const dim3 grid(static_cast<unsigned>(rows)), block(256);
+    auto launch_vec = [&](auto kernel) {
+      launch_overlapped(kernel, dim3(static_cast<unsigned>(rows)), dim3(256), 0, stream, x,
+                        residual, weight, width, eps, out, earlier);
+    };
     if (width <= 1024)
-      launch_overlapped(rms_norm_vec_kernel<1>, grid, block, 0, stream, x, residual, weight, width,
-                        eps, out, earlier);
+      launch_vec(rms_norm_vec_kernel<1>);
     else if (width <= 2048)
-      launch_overlapped(rms_norm_vec_kernel<2>, grid, block, 0, stream, x, residual, weight, width,
-                        eps, out, earlier);
+      launch_vec(rms_norm_vec_kernel<2>);
     else if (width <= 4096)
-      launch_overlapped(rms_norm_vec_kernel<4>, grid, block, 0, stream, x, residual, weight, width,
-                        eps, out, earlier);
+      launch_vec(rms_norm_vec_kernel<4>);
     else
-      launch_overlapped(rms_norm_vec_kernel<8>, grid, block, 0, stream, x, residual, weight, width,
-                        eps, out, earlier);
+      launch_vec(rms_norm_vec_kernel<8>);
     SY_CUDA_LAUNCH_CHECK("rms_norm");
     return;
   }

@@ -12,8 +12,8 @@ namespace sy::backend::cuda {
 void launch_embedding(const __nv_bfloat16* table, const int32_t* ids, int64_t tokens, int64_t hidden, float* out,
                       cudaStream_t stream);
 // out = x / rms(x) * weight per row of `width`; out may alias x. With `residual`: x += residual
-// first (x is updated in place), then the norm; with `earlier` too, x += earlier before that
-// (the same two f32 adds as two launches).
+// first (x is updated in place), then the norm; `earlier` (only with `residual`): x += earlier
+// before that (the same two f32 adds as two launches).
 void launch_rms_norm(float* x, const float* residual, const float* weight, int64_t rows,
                      int64_t width, float eps, float* out, cudaStream_t stream,
                      const float* earlier = nullptr);

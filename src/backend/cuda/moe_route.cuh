@@ -477,17 +477,14 @@ __device__ __forceinline__ void route_rank_candidates_warp(const float* keys, in
 // is the number of experts ordered before it; ranks < K are the choices, in order) into
 // slots[0:K). An expert of a dropped group (not in `kept`) ranks after every kept one.
 // tpe adjacent lanes share an expert's scan (a power of two <= 32, blockDim / tpe >= E when E
-// is small); each sums its share of "ordered before" counts, then a butterfly. (Keys
-// precomputed and the scan unrolled, independent of the groups when there are none: before,
-// each step recomputed its key and the loop was a chain of shared-memory latencies, ~2.8 us of a
-// Qwen3 batch-1 layer on an H200.)
+// is small); each sums its share of "ordered before" counts, then a butterfly. Used for grouped
+// routers (without groups route_select_block ranks with warp 0's candidates).
 __device__ __forceinline__ void route_rank_block(const float* keys, const RouteParams& p,
                                                  uint32_t kept, int32_t* slots) {
   const int E = p.num_experts, K = p.top_k;
   int tpe = 1;
   while (tpe < 32 && tpe * 2 * E <= static_cast<int>(blockDim.x)) tpe *= 2;
   const int groups = blockDim.x / tpe, sub = threadIdx.x & (tpe - 1);
-  const bool grouped = p.num_groups > 1;
   for (int base = 0; base < E; base += groups) {  // uniform trip count: shuffles stay converged
     const int e = base + static_cast<int>(threadIdx.x) / tpe;
     // (A dropped group's expert is never a choice: top_k <= the kept groups' experts, checked
@@ -495,13 +492,7 @@ __device__ __forceinline__ void route_rank_block(const float* keys, const RouteP
     const bool e_in = e < E && route_group_kept(kept, p, e);
     const float v = e < E ? keys[e] : 0.0f;
     int before = 0;
-    if (e < E && !grouped) {
-#pragma unroll 8
-      for (int j = sub; j < E; j += tpe) {
-        const float u = keys[j];
-        before += (u > v || (u == v && j < e)) ? 1 : 0;
-      }
-    } else if (e < E) {
+    if (e < E) {
       for (int j = sub; j < E; j += tpe) {
         const bool j_in = route_group_kept(kept, p, j);
         const float u = keys[j];
