@@ -9,7 +9,10 @@
 #define FMT_USE_CONSTEXPR 1
 #endif
 
+#include <cuda_fp16.h>
+
 #include <algorithm>
+#include <cfloat>
 #include <cstdint>
 #include <cstdlib>
 #include <string_view>
@@ -1041,19 +1044,74 @@ constexpr int kRegWarps = 4;
 constexpr int kRegThreads = kRegWarps * 32;
 constexpr int kRegDepth = 4;  // steps (two 16-byte blocks a lane) in flight
 
+// x's hi and lo halves (bf16 or f16), k + 32 apart.
 constexpr int64_t reg_gemv_smem(int64_t k) { return (2 * k + 32) * 2; }
 
+// kF16 (SY_MXFP4_GEMV=reg16): the weights decoded to f16 by bit placement alone
+// (mxfp4_f16x8_times_2m14: ~1.75 instructions a value in the loop against ~2.75 plus register
+// moves for the byte-table bf16 decode; the bf16 kernel ran at 4.75 instructions a weight, ncu at
+// ea2c7d6, the warp GEMV, issue-bound, at 6.5). The block splits x itself: x 2^a = hi + lo (f16
+// each), a putting the row's largest |x| in [2^14, 2^15), stored in the decode's pair order
+// (word i: elements i and i + 4 of each 8); the row sums are scaled back by 2^(14 - a) (the
+// decode's 2^-14 too). So no split kernel runs before it: gate_up reads the f32 hidden and writes
+// f32 activations, down reads those. Leaves that factor in *back (shared; the __syncthreads after
+// the split publishes it, and keeps it out of the main loop's registers). x: k f32 (16-byte
+// aligned, k a multiple of 8).
+__device__ __forceinline__ void reg_gemv_split_x(const float* __restrict__ x, int k, uint8_t* smem,
+                                                 float* back) {
+  __shared__ float s_max[kRegWarps];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const float4* x4 = reinterpret_cast<const float4*>(x);
+  float m = 0.0f;
+  for (int i = threadIdx.x; i < k / 4; i += kRegThreads) {
+    const float4 v = x4[i];
+    m = fmaxf(m, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+  }
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1)
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, offset));
+  if (lane == 0) s_max[warp] = m;
+  __syncthreads();
+  m = s_max[0];
+#pragma unroll
+  for (int w = 1; w < kRegWarps; ++w) m = fmaxf(m, s_max[w]);
+  int e = 0;
+  if (m > 0.0f && m <= FLT_MAX) frexpf(m, &e);  // m = f 2^e, f in [0.5, 1)
+  // 2^(15 - e) as two factors, each a normal float (|15 - e| < 275): exact products.
+  const float up0 = ldexpf(1.0f, (15 - e) / 2), up1 = ldexpf(1.0f, 15 - e - (15 - e) / 2);
+  __half* x_hi = reinterpret_cast<__half*>(smem);
+  __half* x_lo = x_hi + k + 32;
+  for (int g = threadIdx.x; g < k / 8; g += kRegThreads) {  // 8 values, two 16-byte stores each
+    const float4 a = x4[2 * g], b = x4[2 * g + 1];
+    const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+    uint32_t hi[4], lo[4];  // word i: elements i and i + 4 (f16_pair_slot)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float s0 = v[i] * up0 * up1, s1 = v[i + 4] * up0 * up1;
+      const __half2 h = __floats2half2_rn(s0, s1);
+      const float2 hf = __half22float2(h);
+      const __half2 l = __floats2half2_rn(s0 - hf.x, s1 - hf.y);
+      hi[i] = *reinterpret_cast<const uint32_t*>(&h);
+      lo[i] = *reinterpret_cast<const uint32_t*>(&l);
+    }
+    *reinterpret_cast<uint4*>(x_hi + 8 * g) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+    *reinterpret_cast<uint4*>(x_lo + 8 * g) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+  }
+  if (threadIdx.x == 0) *back = ldexpf(1.0f, e - 1);  // 2^14 times 2^-(15 - e)
+}
+
 // grid (ceil(rows / (16 * kRegWarps)), pairs), kRegThreads threads, reg_gemv_smem(k) bytes; the
-// streamed kernel's arguments and results (x_split in; gate_up out_split, down out).
-template <bool kGateUp>
-__global__ void __launch_bounds__(kRegThreads, 4) mxfp4_reg_gemv_kernel(const __grid_constant__ Mxfp4Gemv g) {
+// streamed kernel's arguments and results (x_split in; gate_up out_split, down out), or with
+// kF16 the warp GEMV's (x in; gate_up out as f32 activations, down out).
+template <bool kGateUp, bool kF16>
+__global__ void __launch_bounds__(kRegThreads, 4)
+    mxfp4_reg_gemv_kernel(const __grid_constant__ Mxfp4Gemv g) {
   extern __shared__ __align__(16) uint8_t smem[];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int pair = blockIdx.y;
   const int k = g.k, kb = k / 32;
   const int rows = kGateUp ? 2 * g.n : g.n;
   const int row0 = (static_cast<int>(blockIdx.x) * kRegWarps + warp) * 16;
-  const int32_t e = g.ids[pair];
   float* out = g.out + static_cast<int64_t>(pair) * g.n;
   __nv_bfloat16* out_split = g.out_split + static_cast<int64_t>(pair) * 2 * g.n;
   const int out0 = kGateUp ? row0 / 2 : row0;
@@ -1062,11 +1120,15 @@ __global__ void __launch_bounds__(kRegThreads, 4) mxfp4_reg_gemv_kernel(const __
   // between), complete once this kernel may start, so the first kRegDepth steps of weights are
   // requested before the wait; x (written by the kernel just before) only after it. (In the PTX
   // they are; ptxas 13 schedules the wait, ACQBULK, above them, tools/sass.sh shows, so for now
-  // only the launch itself overlaps.)
+  // only the launch itself overlaps.) kF16's gate_up follows the router directly, so it waits
+  // before reading the ids.
+  if (kF16 && kGateUp) overlap_prologue();
+  const int32_t e = g.ids[pair];
   if (static_cast<uint32_t>(e) >= static_cast<uint32_t>(g.experts)) {  // whole block: one pair
     overlap_prologue();
     if (lane < outs && out0 + lane < g.n) {
-      if (kGateUp) out_split[out0 + lane] = out_split[g.n + out0 + lane] = __float2bfloat16_rn(0.0f);
+      if (kGateUp && !kF16)
+        out_split[out0 + lane] = out_split[g.n + out0 + lane] = __float2bfloat16_rn(0.0f);
       else out[out0 + lane] = 0.0f;
     }
     return;
@@ -1097,20 +1159,26 @@ __global__ void __launch_bounds__(kRegThreads, 4) mxfp4_reg_gemv_kernel(const __
   for (int slot = 0; slot < kRegDepth; ++slot) load(slot, slot);  // (a dead warp: expert row 0)
   overlap_prologue();
 
-  __nv_bfloat16* x_hi = reinterpret_cast<__nv_bfloat16*>(smem);
-  __nv_bfloat16* x_lo = x_hi + k + 32;  // (as the streamed kernel: hi and lo in other banks)
-  const __nv_bfloat16* xs =
-      g.x_split + static_cast<int64_t>(kGateUp ? pair / g.top_k : pair) * 2 * k;
-  for (int c = threadIdx.x; c < k / 4; c += kRegThreads) {
-    const int half = c >= k / 8, at = (c - half * (k / 8)) * 8;
-    *reinterpret_cast<uint4*>((half ? x_lo : x_hi) + at) =
-        *reinterpret_cast<const uint4*>(xs + half * k + at);
+  // x's hi and lo: 2-byte values, hi then lo k + 32 apart (other banks), as the streamed kernel.
+  const uint16_t* x_hi = reinterpret_cast<const uint16_t*>(smem);
+  const uint16_t* x_lo = x_hi + k + 32;
+  const int64_t x_row = kGateUp ? pair / g.top_k : pair;
+  __shared__ float x_back;  // kF16: the factor the row sums take back
+  if constexpr (kF16) {
+    reg_gemv_split_x(g.x + x_row * k, k, smem, &x_back);
+  } else {
+    const __nv_bfloat16* xs = g.x_split + x_row * 2 * k;
+    for (int c = threadIdx.x; c < k / 4; c += kRegThreads) {
+      const int half = c >= k / 8, at = (c - half * (k / 8)) * 8;
+      *reinterpret_cast<uint4*>(smem + 2 * ((half ? k + 32 : 0) + at)) =
+          *reinterpret_cast<const uint4*>(xs + half * k + at);
+    }
   }
   __syncthreads();
   if (!live) return;
   // B: lanes (2q, q) and (2q + 1, q) carry x's hi and lo of lane q's block; the rest zeros.
   const bool b_lane = (gr >> 1) == q;
-  const __nv_bfloat16* x_b = (gr & 1) ? x_lo : x_hi;
+  const uint16_t* x_b = (gr & 1) ? x_lo : x_hi;
 
   float acc_lo = 0.0f, acc_hi = 0.0f;  // rows gr and gr + 8, blocks = q mod 4
   // Each slot is decoded before its refill is issued, so the refill lands in the registers just
@@ -1127,8 +1195,10 @@ __global__ void __launch_bounds__(kRegThreads, 4) mxfp4_reg_gemv_kernel(const __
 #pragma unroll
       for (int word = 0; word < 4;
            ++word) {  // values 8 word .. 8 word + 7: mma steps 2 word, 2 word + 1
-        const uint4 a_lo = mxfp4_unscaled_bf16x8(lo_words[word]);
-        const uint4 a_hi = mxfp4_unscaled_bf16x8(hi_words[word]);
+        const uint4 a_lo =
+            kF16 ? mxfp4_f16x8_times_2m14(lo_words[word]) : mxfp4_unscaled_bf16x8(lo_words[word]);
+        const uint4 a_hi =
+            kF16 ? mxfp4_f16x8_times_2m14(hi_words[word]) : mxfp4_unscaled_bf16x8(hi_words[word]);
         a[word][0][0] = a_lo.x, a[word][0][1] = a_hi.x, a[word][0][2] = a_lo.y,
         a[word][0][3] = a_hi.y;
         a[word][1][0] = a_lo.z, a[word][1][1] = a_hi.z, a[word][1][2] = a_lo.w,
@@ -1148,8 +1218,13 @@ __global__ void __launch_bounds__(kRegThreads, 4) mxfp4_reg_gemv_kernel(const __
 #pragma unroll
       for (int word = 0; word < 4; ++word) {
         const uint32_t b0[2] = {xw[4 * word], xw[4 * word + 1]}, b1[2] = {xw[4 * word + 2], xw[4 * word + 3]};
-        mma_bf16(d, a[word][0], b0);
-        mma_bf16(d, a[word][1], b1);
+        if constexpr (kF16) {
+          mma_f16(d, a[word][0], b0[0], b0[1]);
+          mma_f16(d, a[word][1], b1[0], b1[1]);
+        } else {
+          mma_bf16(d, a[word][0], b0);
+          mma_bf16(d, a[word][1], b1);
+        }
       }
       acc_lo += (d[0] + d[1]) * scale_lo;
       acc_hi += (d[2] + d[3]) * scale_hi;
@@ -1160,6 +1235,14 @@ __global__ void __launch_bounds__(kRegThreads, 4) mxfp4_reg_gemv_kernel(const __
   acc_lo += __shfl_xor_sync(0xffffffffu, acc_lo, 2);
   acc_hi += __shfl_xor_sync(0xffffffffu, acc_hi, 2);
   if (q != 0) return;
+  if (kF16) {  // (a power of two: exact unless the sum leaves float's range)
+    acc_lo *= x_back;
+    acc_hi *= x_back;
+  }
+  if (kF16 && kGateUp) {
+    if (out0 + gr < g.n) out[out0 + gr] = g.params.activate(e, out0 + gr, g.n, acc_lo, acc_hi);
+    return;
+  }
   store_mma_gemv_rows<kGateUp>(g, e, out0, gr, acc_lo, acc_hi, out, out_split);
 }
 
@@ -1577,12 +1660,30 @@ class ModularKernel final : public moe::ExpertsKernel {
     // The streamed tensor-core kernel needs its k in shared memory, 16-byte aligned rows and
     // scales, and row counts (2I, H) that are multiples of 16 (I is a multiple of 32 already).
     const int64_t tokens = pairs / top_k_;
-    const bool reg_path = mxfp4_gemv_ == Mxfp4Path::kReg;
+    const bool reg_path = mxfp4_gemv_ == Mxfp4Path::kReg || mxfp4_gemv_ == Mxfp4Path::kRegF16;
     const bool stream_path =
         reg_path || mxfp4_gemv_ == Mxfp4Path::kStream || (mxfp4_gemv_ == Mxfp4Path::kAuto && tokens > 1);
     if (stream_path && std::max(hidden_, intermediate_) <= kStreamMaxK && hidden_ % 16 == 0 &&
         aligned16(w.gate_up.data) && aligned16(w.down.data) && aligned16(w.gate_up_scales.data) &&
         aligned16(w.down_scales.data)) {
+      if (mxfp4_gemv_ == Mxfp4Path::kRegF16) {  // no split kernel: the blocks split x themselves
+        auto launch_f16 = [&](auto reg_kernel, int64_t rows) {
+          const dim3 grid(static_cast<unsigned>(ceil_div(rows, 16 * kRegWarps)),
+                          static_cast<unsigned>(pairs));
+          launch_overlapped(reg_kernel, grid, dim3(kRegThreads),
+                            static_cast<size_t>(reg_gemv_smem(g.k)), stream, g);
+          SY_CUDA_LAUNCH_CHECK("mxfp4_reg_gemv_kernel<f16>");
+        };
+        bind(w.gate_up, w.gate_up_scales, hidden_, intermediate_);
+        g.x = hidden;
+        g.out = act_f32_;
+        launch_f16(mxfp4_reg_gemv_kernel<true, true>, 2 * intermediate_);
+        bind(w.down, w.down_scales, intermediate_, hidden_);
+        g.x = act_f32_;
+        g.out = y_;
+        launch_f16(mxfp4_reg_gemv_kernel<false, true>, hidden_);
+        return;
+      }
       auto launch = [&](auto stream_kernel, auto reg_kernel, int64_t rows) {
         if (reg_path) {
           const dim3 grid(static_cast<unsigned>(ceil_div(rows, 16 * kRegWarps)), static_cast<unsigned>(pairs));
@@ -1602,11 +1703,11 @@ class ModularKernel final : public moe::ExpertsKernel {
       bind(w.gate_up, w.gate_up_scales, hidden_, intermediate_);
       g.x_split = x_split_;
       g.out_split = act_split_;
-      launch(mxfp4_stream_gemv_kernel<true>, mxfp4_reg_gemv_kernel<true>, 2 * intermediate_);
+      launch(mxfp4_stream_gemv_kernel<true>, mxfp4_reg_gemv_kernel<true, false>, 2 * intermediate_);
       bind(w.down, w.down_scales, intermediate_, hidden_);
       g.x_split = act_split_;
       g.out = y_;
-      launch(mxfp4_stream_gemv_kernel<false>, mxfp4_reg_gemv_kernel<false>, hidden_);
+      launch(mxfp4_stream_gemv_kernel<false>, mxfp4_reg_gemv_kernel<false, false>, hidden_);
       return;
     }
     auto launch = [&](auto kernel, int outputs_per_warp, const float* x, float* out) {
@@ -1740,7 +1841,9 @@ class ModularKernel final : public moe::ExpertsKernel {
   // scales).
   // SY_MXFP4_GEMV=reg: the register-direct tensor-core GEMV (experiment: exact, no faster than the
   // warp GEMV at batch 1 on an H100, 2026-12-07; docs/cuda.md says why and what to try).
-  enum class Mxfp4Path { kOff, kAuto, kWarp, kStream, kReg };
+  // SY_MXFP4_GEMV=reg16: the same kernel on f16 by bit placement (kF16 above; experiment, not yet
+  // measured).
+  enum class Mxfp4Path { kOff, kAuto, kWarp, kStream, kReg, kRegF16 };
   const Mxfp4Path mxfp4_gemv_ = [] {
     const char* v = std::getenv("SY_MXFP4_GEMV");
     const std::string_view value = v ? v : "";
@@ -1748,6 +1851,7 @@ class ModularKernel final : public moe::ExpertsKernel {
            : value == "warp"   ? Mxfp4Path::kWarp
            : value == "stream" ? Mxfp4Path::kStream
            : value == "reg"    ? Mxfp4Path::kReg
+           : value == "reg16"  ? Mxfp4Path::kRegF16
                                : Mxfp4Path::kAuto;
   }();
 };

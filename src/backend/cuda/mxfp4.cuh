@@ -57,6 +57,21 @@ __device__ __forceinline__ uint4 mxfp4_unscaled_bf16x8(uint32_t packed) {
   }
   return out;
 }
+// The 8 e2m1 values of `packed` as f16 pairs times 2^-14, by bit placement alone: a code's
+// magnitude bits (e1 e0 m) go to f16 bits 9..11 and its sign to bit 15, which reads as
+// 2^(E - 15) (1 + m/2) for E = e1e0 >= 1 and as the subnormal m 2^-15 for E = 0: every value is
+// the e2m1 value times 2^-14, exactly (the caller scales the sums back). Word i holds elements i
+// (low half) and i + 4 (high half), so a consumer's other operand must hold x in that order. Two
+// shifts, an and, a three-input op a word: 15 instructions for 8 values, no constants in registers.
+__device__ __forceinline__ uint4 mxfp4_f16x8_times_2m14(uint32_t packed) {
+  constexpr uint32_t kMagnitudes = 0x0E000E00u, kSigns = 0x80008000u;
+  uint4 out;
+  out.x = ((packed << 9) & kMagnitudes) | ((packed << 12) & kSigns);
+  out.y = ((packed << 5) & kMagnitudes) | ((packed << 8) & kSigns);
+  out.z = ((packed << 1) & kMagnitudes) | ((packed << 4) & kSigns);
+  out.w = ((packed >> 3) & kMagnitudes) | (packed & kSigns);
+  return out;
+}
 // The same 8 values scaled: one bf16x2 multiply by 2^(scale - 127) per pair. Exact: a normal bf16
 // times a power of two whose product is normal or infinite both ways; scales 0, 1 (subnormal
 // products) and 255 (no zero times it) take the exact path.
