@@ -182,14 +182,15 @@ if want bench-new; then
   done
 fi
 if want mxfp4-gemv; then
-  # cuda-modular's few-token MXFP4 paths: the streamed tensor-core GEMV (default), the warp GEMV
-  # (SY_MXFP4_GEMV=warp), the grouped GEMM (SY_MXFP4_GEMV=0); cuda-fused reading MXFP4 is opt-in
+  # cuda-modular's few-token MXFP4 paths: the register-direct f16 tensor-core GEMV (default, "reg"),
+  # the streamed one (SY_MXFP4_GEMV=stream), the warp GEMV (=warp), the grouped GEMM (=0);
+  # cuda-fused reading MXFP4 is opt-in
   # (SY_FUSED_MXFP4=1). The op harness's MXFP4 group (modular T <= 8 take the GEMV; the fused
   # cases and its input-norm variants run) and the gpt-oss goldens on each GEMV, then gpt-oss-20b
   # decode on each path.
   section "MXFP4 few-token paths: op harness, gpt-oss goldens, decode A/B"
-  # MXFP4_GEMVS: the GEMVs checked (reg: the register-direct tensor-core GEMV, an experiment).
-  for gemv in ${MXFP4_GEMVS:-stream warp}; do  # (auto = warp at 1 token, stream at 2..8)
+  # MXFP4_GEMVS: the GEMVs checked.
+  for gemv in ${MXFP4_GEMVS:-reg stream warp}; do
     # (cuda-fused's MXFP4 cases do not depend on the GEMV: once is enough)
     SY_MXFP4_GEMV=$gemv SY_FUSED_MXFP4=$([[ $gemv == stream ]] && echo 1 || echo 0) run "mxfp4-ops-$gemv" timeout "${STAGE_TIMEOUT:-300}" "$carry/cuda_op_harness" \
       --filter MXFP4 --json "$OUT/op_harness_mxfp4_$gemv.json"
@@ -197,7 +198,7 @@ if want mxfp4-gemv; then
       --gtest_filter='*HfGolden*gptoss*:CudaAgreement.GptOss*' --gtest_brief=1
   done
   arm=0
-  for gemv in ${MXFP4_ARMS:-auto stream warp 0 auto stream warp}; do  # alternating: the machine drifts
+  for gemv in ${MXFP4_ARMS:-reg stream warp 0 reg stream warp}; do  # alternating: the machine drifts
     arm=$((arm + 1))
     SY_MXFP4_GEMV=$gemv run "mxfp4-bench-$gemv" timeout "${STAGE_TIMEOUT:-300}" "$carry/step_bench" \
       --device cuda --random-weights "$carry/gpt-oss-20b/config.json" --batches 1,8 --context 1024 --steps 32 \

@@ -781,7 +781,8 @@ __global__ void simple_down_kernel(GroupedGemm g, int tile_m, int64_t padded_row
   }
 }
 
-// ---- Few-token MXFP4 experts: warp-per-rows GEMV (one token by default; Mxfp4Path) ----
+// ---- Few-token MXFP4 experts: warp-per-rows GEMV (where the tensor-core ones cannot run;
+// Mxfp4Path) ----
 //
 // A decode step of a few tokens has one row per (token, slot) pair: the grouped GEMM's 16-row mma
 // tiles and per-k-tile barriers then bound it by latency (gpt-oss-20b batch 1: 56 + 45 us a layer,
@@ -855,7 +856,7 @@ __global__ void __launch_bounds__(kGemvThreads) mxfp4_gemv_kernel(const __grid_c
                                : acc[j] + g.params.down_bias_of(e, first + j, g.n);
 }
 
-// ---- Few-token MXFP4 experts on tensor cores, streamed (2..8 tokens by default; Mxfp4Path) ----
+// ---- Few-token MXFP4 experts on tensor cores, streamed (SY_MXFP4_GEMV=stream; Mxfp4Path) ----
 //
 // Why not the warp GEMV above: it loads a warp's rows once and then decodes and multiplies with
 // nothing in flight, and its f32 FMAs cost ~5.5 instructions a weight (gpt-oss-20b batch 1: 29-38%
@@ -1027,36 +1028,35 @@ __global__ void __launch_bounds__(kStreamThreads)
   store_mma_gemv_rows<kGateUp>(g, e, out0, gr, acc_lo, acc_hi, out, out_split);
 }
 
-// ---- Few-token MXFP4 experts on tensor cores, loads straight to registers (SY_MXFP4_GEMV=reg) ----
+// ---- Few-token MXFP4 experts on tensor cores, loads straight to registers (the default) ----
 //
-// The streamed kernel's products without its shared-memory ring (whose size capped it at ~9 warps
-// an SM). Each warp owns 16 weight rows of one pair's expert, as there; lane (g, q) loads the whole
-// 16-byte MXFP4 block 4s + q of its rows g and g + 8 (row_of) for steps s = 0, 1, ..., kRegDepth
-// steps ahead in registers, so one warp load reads 64 contiguous bytes of each of 16 rows. One
-// step's 8 mma (k 16 each: lane q's values 4t..4t+3 of its block in its k slots 2q, 2q+1, 2q+8,
-// 2q+9) mix four lanes' different blocks, so B keeps them apart: column 2q holds x's hi of lane
-// q's block in lane q's k slots, column 2q + 1 its lo, every other entry zero. Then C[row][2q] +
-// C[row][2q + 1] is block 4s + q of that row dotted with x: exactly what lane (g, q) holds in c0 +
-// c1 (row g) and c2 + c3 (row g + 8), scaled by the block's 2^(s - 127) (it loaded those scales)
-// and added to its row sums in block order. The four lanes' sums (blocks = q mod 4) are added at
-// the end. x (hi, lo) comes from shared memory; the 8 lanes with nonzero B read it.
+// Each warp owns 16 weight rows of one pair's expert; lane (g, q) loads the whole 16-byte MXFP4
+// block 4s + q of its rows g and g + 8 (row_of) for steps s = 0, 1, ..., kRegDepth steps ahead in
+// registers, so one warp load reads 64 contiguous bytes of each of 16 rows. The weights become f16
+// by bit placement alone (mxfp4_f16x8_times_2m14: the e2m1 values times 2^-14, ~1.75 instructions
+// a weight; the byte-table bf16 decode this kernel first had cost 4.75 a weight in all, and the
+// warp GEMV, issue-bound, 6.5: ncu, BENCHMARKS.md session 31). One step's 8 mma (k 16 each: lane
+// q's words in its k slots 2q, 2q+1, 2q+8, 2q+9) mix four lanes' different blocks, so B keeps them
+// apart: column 2q holds x's hi of lane q's block in lane q's k slots, column 2q + 1 its lo, every
+// other entry zero. Then C[row][2q] + C[row][2q + 1] is block 4s + q of that row dotted with x:
+// exactly what lane (g, q) holds in c0 + c1 (row g) and c2 + c3 (row g + 8), scaled by the block's
+// 2^(s - 127) (it loaded those scales) and added to its row sums in block order. The four lanes'
+// sums (blocks = q mod 4) are added at the end, then scaled back (reg_gemv_split_x). x (hi, lo)
+// comes from shared memory; the 8 lanes with nonzero B read it.
 constexpr int kRegWarps = 4;
 constexpr int kRegThreads = kRegWarps * 32;
 constexpr int kRegDepth = 4;  // steps (two 16-byte blocks a lane) in flight
 
-// x's hi and lo halves (bf16 or f16), k + 32 apart.
+// x's hi and lo halves (f16), k + 32 apart (other banks).
 constexpr int64_t reg_gemv_smem(int64_t k) { return (2 * k + 32) * 2; }
 
-// kF16 (SY_MXFP4_GEMV=reg16): the weights decoded to f16 by bit placement alone
-// (mxfp4_f16x8_times_2m14: ~1.75 instructions a value in the loop against ~2.75 plus register
-// moves for the byte-table bf16 decode; the bf16 kernel ran at 4.75 instructions a weight, ncu at
-// ea2c7d6, the warp GEMV, issue-bound, at 6.5). The block splits x itself: x 2^a = hi + lo (f16
-// each), a putting the row's largest |x| in [2^14, 2^15), stored in the decode's pair order
-// (word i: elements i and i + 4 of each 8); the row sums are scaled back by 2^(14 - a) (the
-// decode's 2^-14 too). So no split kernel runs before it: gate_up reads the f32 hidden and writes
-// f32 activations, down reads those. Leaves that factor in *back (shared; the __syncthreads after
-// the split publishes it, and keeps it out of the main loop's registers). x: k f32 (16-byte
-// aligned, k a multiple of 8).
+// The block's x, split in the block itself: x 2^a = hi + lo (f16 each, ~22 bits), a putting the
+// row's largest |x| in [2^14, 2^15), stored in the decode's pair order (word i: elements i and
+// i + 4 of each 8); the row sums are scaled back by 2^(14 - a) (the decode's 2^-14 too). So no
+// split kernel runs before the GEMV: gate_up reads the f32 hidden and writes f32 activations, down
+// reads those. Leaves that factor in *back (shared; the __syncthreads after the split publishes
+// it, and keeps it out of the main loop's registers). x: k f32 (16-byte aligned, k a multiple of
+// 8).
 __device__ __forceinline__ void reg_gemv_split_x(const float* __restrict__ x, int k, uint8_t* smem,
                                                  float* back) {
   __shared__ float s_max[kRegWarps];
@@ -1084,7 +1084,7 @@ __device__ __forceinline__ void reg_gemv_split_x(const float* __restrict__ x, in
   for (int g = threadIdx.x; g < k / 8; g += kRegThreads) {  // 8 values, two 16-byte stores each
     const float4 a = x4[2 * g], b = x4[2 * g + 1];
     const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-    uint32_t hi[4], lo[4];  // word i: elements i and i + 4 (f16_pair_slot)
+    uint32_t hi[4], lo[4];  // word i: elements i and i + 4
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const float s0 = v[i] * up0 * up1, s1 = v[i + 4] * up0 * up1;
@@ -1101,9 +1101,8 @@ __device__ __forceinline__ void reg_gemv_split_x(const float* __restrict__ x, in
 }
 
 // grid (ceil(rows / (16 * kRegWarps)), pairs), kRegThreads threads, reg_gemv_smem(k) bytes; the
-// streamed kernel's arguments and results (x_split in; gate_up out_split, down out), or with
-// kF16 the warp GEMV's (x in; gate_up out as f32 activations, down out).
-template <bool kGateUp, bool kF16>
+// warp GEMV's arguments and results (x in; gate_up out as f32 activations, down out).
+template <bool kGateUp>
 __global__ void __launch_bounds__(kRegThreads, 4)
     mxfp4_reg_gemv_kernel(const __grid_constant__ Mxfp4Gemv g) {
   extern __shared__ __align__(16) uint8_t smem[];
@@ -1113,24 +1112,18 @@ __global__ void __launch_bounds__(kRegThreads, 4)
   const int rows = kGateUp ? 2 * g.n : g.n;
   const int row0 = (static_cast<int>(blockIdx.x) * kRegWarps + warp) * 16;
   float* out = g.out + static_cast<int64_t>(pair) * g.n;
-  __nv_bfloat16* out_split = g.out_split + static_cast<int64_t>(pair) * 2 * g.n;
   const int out0 = kGateUp ? row0 / 2 : row0;
   const int outs = kGateUp ? 8 : 16;
-  // Launched overlapped: the ids come from the router two kernels back (split_bf16_kernel runs
-  // between), complete once this kernel may start, so the first kRegDepth steps of weights are
-  // requested before the wait; x (written by the kernel just before) only after it. (In the PTX
-  // they are; ptxas 13 schedules the wait, ACQBULK, above them, tools/sass.sh shows, so for now
-  // only the launch itself overlaps.) kF16's gate_up follows the router directly, so it waits
-  // before reading the ids.
-  if (kF16 && kGateUp) overlap_prologue();
+  // Launched overlapped. gate_up follows the router, so it waits before reading the ids. down's
+  // ids come from the router two kernels back, complete once it may start, so its first kRegDepth
+  // steps of weights are requested before the wait; x (gate_up's activations) only after it. (In
+  // the PTX they are; ptxas 13 schedules the wait, ACQBULK, above them, tools/sass.sh showed for
+  // the bf16 kernel, so only the launch itself may overlap.)
+  if (kGateUp) overlap_prologue();
   const int32_t e = g.ids[pair];
   if (static_cast<uint32_t>(e) >= static_cast<uint32_t>(g.experts)) {  // whole block: one pair
     overlap_prologue();
-    if (lane < outs && out0 + lane < g.n) {
-      if (kGateUp && !kF16)
-        out_split[out0 + lane] = out_split[g.n + out0 + lane] = __float2bfloat16_rn(0.0f);
-      else out[out0 + lane] = 0.0f;
-    }
+    if (lane < outs && out0 + lane < g.n) out[out0 + lane] = 0.0f;
     return;
   }
   const bool live = row0 < rows;  // rows is a multiple of 16: a live warp's 16 rows all exist
@@ -1159,21 +1152,12 @@ __global__ void __launch_bounds__(kRegThreads, 4)
   for (int slot = 0; slot < kRegDepth; ++slot) load(slot, slot);  // (a dead warp: expert row 0)
   overlap_prologue();
 
-  // x's hi and lo: 2-byte values, hi then lo k + 32 apart (other banks), as the streamed kernel.
+  // x's hi and lo (f16 bits), k + 32 apart.
   const uint16_t* x_hi = reinterpret_cast<const uint16_t*>(smem);
   const uint16_t* x_lo = x_hi + k + 32;
-  const int64_t x_row = kGateUp ? pair / g.top_k : pair;
-  __shared__ float x_back;  // kF16: the factor the row sums take back
-  if constexpr (kF16) {
-    reg_gemv_split_x(g.x + x_row * k, k, smem, &x_back);
-  } else {
-    const __nv_bfloat16* xs = g.x_split + x_row * 2 * k;
-    for (int c = threadIdx.x; c < k / 4; c += kRegThreads) {
-      const int half = c >= k / 8, at = (c - half * (k / 8)) * 8;
-      *reinterpret_cast<uint4*>(smem + 2 * ((half ? k + 32 : 0) + at)) =
-          *reinterpret_cast<const uint4*>(xs + half * k + at);
-    }
-  }
+  __shared__ float x_back;  // the factor the row sums take back
+  reg_gemv_split_x(g.x + (kGateUp ? pair / g.top_k : pair) * static_cast<int64_t>(k), k, smem,
+                   &x_back);
   __syncthreads();
   if (!live) return;
   // B: lanes (2q, q) and (2q + 1, q) carry x's hi and lo of lane q's block; the rest zeros.
@@ -1195,10 +1179,8 @@ __global__ void __launch_bounds__(kRegThreads, 4)
 #pragma unroll
       for (int word = 0; word < 4;
            ++word) {  // values 8 word .. 8 word + 7: mma steps 2 word, 2 word + 1
-        const uint4 a_lo =
-            kF16 ? mxfp4_f16x8_times_2m14(lo_words[word]) : mxfp4_unscaled_bf16x8(lo_words[word]);
-        const uint4 a_hi =
-            kF16 ? mxfp4_f16x8_times_2m14(hi_words[word]) : mxfp4_unscaled_bf16x8(hi_words[word]);
+        const uint4 a_lo = mxfp4_f16x8_times_2m14(lo_words[word]);
+        const uint4 a_hi = mxfp4_f16x8_times_2m14(hi_words[word]);
         a[word][0][0] = a_lo.x, a[word][0][1] = a_hi.x, a[word][0][2] = a_lo.y,
         a[word][0][3] = a_hi.y;
         a[word][1][0] = a_lo.z, a[word][1][1] = a_hi.z, a[word][1][2] = a_lo.w,
@@ -1218,13 +1200,8 @@ __global__ void __launch_bounds__(kRegThreads, 4)
 #pragma unroll
       for (int word = 0; word < 4; ++word) {
         const uint32_t b0[2] = {xw[4 * word], xw[4 * word + 1]}, b1[2] = {xw[4 * word + 2], xw[4 * word + 3]};
-        if constexpr (kF16) {
-          mma_f16(d, a[word][0], b0[0], b0[1]);
-          mma_f16(d, a[word][1], b1[0], b1[1]);
-        } else {
-          mma_bf16(d, a[word][0], b0);
-          mma_bf16(d, a[word][1], b1);
-        }
+        mma_f16(d, a[word][0], b0[0], b0[1]);
+        mma_f16(d, a[word][1], b1[0], b1[1]);
       }
       acc_lo += (d[0] + d[1]) * scale_lo;
       acc_hi += (d[2] + d[3]) * scale_hi;
@@ -1235,15 +1212,13 @@ __global__ void __launch_bounds__(kRegThreads, 4)
   acc_lo += __shfl_xor_sync(0xffffffffu, acc_lo, 2);
   acc_hi += __shfl_xor_sync(0xffffffffu, acc_hi, 2);
   if (q != 0) return;
-  if (kF16) {  // (a power of two: exact unless the sum leaves float's range)
-    acc_lo *= x_back;
-    acc_hi *= x_back;
-  }
-  if (kF16 && kGateUp) {
+  acc_lo *= x_back;  // (a power of two: exact unless the sum leaves float's range)
+  acc_hi *= x_back;
+  if (kGateUp) {
     if (out0 + gr < g.n) out[out0 + gr] = g.params.activate(e, out0 + gr, g.n, acc_lo, acc_hi);
     return;
   }
-  store_mma_gemv_rows<kGateUp>(g, e, out0, gr, acc_lo, acc_hi, out, out_split);
+  store_mma_gemv_rows<false>(g, e, out0, gr, acc_lo, acc_hi, out, nullptr);
 }
 
 // ---- Combine ----
@@ -1657,43 +1632,35 @@ class ModularKernel final : public moe::ExpertsKernel {
       g.k = static_cast<int>(k);
       g.n = static_cast<int>(n);
     };
-    // The streamed tensor-core kernel needs its k in shared memory, 16-byte aligned rows and
-    // scales, and row counts (2I, H) that are multiples of 16 (I is a multiple of 32 already).
+    // The tensor-core kernels need their k in shared memory, 16-byte aligned rows and scales, and
+    // row counts (2I, H) that are multiples of 16 (I is a multiple of 32 already); else the warp
+    // GEMV runs.
     const int64_t tokens = pairs / top_k_;
-    const bool reg_path = mxfp4_gemv_ == Mxfp4Path::kReg || mxfp4_gemv_ == Mxfp4Path::kRegF16;
-    const bool stream_path =
-        reg_path || mxfp4_gemv_ == Mxfp4Path::kStream || (mxfp4_gemv_ == Mxfp4Path::kAuto && tokens > 1);
-    if (stream_path && std::max(hidden_, intermediate_) <= kStreamMaxK && hidden_ % 16 == 0 &&
-        aligned16(w.gate_up.data) && aligned16(w.down.data) && aligned16(w.gate_up_scales.data) &&
-        aligned16(w.down_scales.data)) {
-      if (mxfp4_gemv_ == Mxfp4Path::kRegF16) {  // no split kernel: the blocks split x themselves
-        auto launch_f16 = [&](auto reg_kernel, int64_t rows) {
+    if (mxfp4_gemv_ != Mxfp4Path::kWarp && std::max(hidden_, intermediate_) <= kStreamMaxK &&
+        hidden_ % 16 == 0 && aligned16(w.gate_up.data) && aligned16(w.down.data) &&
+        aligned16(w.gate_up_scales.data) && aligned16(w.down_scales.data)) {
+      if (mxfp4_gemv_ == Mxfp4Path::kReg) {  // no split kernel: the blocks split x themselves
+        auto launch = [&](auto kernel, int64_t rows) {
           const dim3 grid(static_cast<unsigned>(ceil_div(rows, 16 * kRegWarps)),
                           static_cast<unsigned>(pairs));
-          launch_overlapped(reg_kernel, grid, dim3(kRegThreads),
+          launch_overlapped(kernel, grid, dim3(kRegThreads),
                             static_cast<size_t>(reg_gemv_smem(g.k)), stream, g);
-          SY_CUDA_LAUNCH_CHECK("mxfp4_reg_gemv_kernel<f16>");
+          SY_CUDA_LAUNCH_CHECK("mxfp4_reg_gemv_kernel");
         };
         bind(w.gate_up, w.gate_up_scales, hidden_, intermediate_);
         g.x = hidden;
         g.out = act_f32_;
-        launch_f16(mxfp4_reg_gemv_kernel<true, true>, 2 * intermediate_);
+        launch(mxfp4_reg_gemv_kernel<true>, 2 * intermediate_);
         bind(w.down, w.down_scales, intermediate_, hidden_);
         g.x = act_f32_;
         g.out = y_;
-        launch_f16(mxfp4_reg_gemv_kernel<false, true>, hidden_);
+        launch(mxfp4_reg_gemv_kernel<false>, hidden_);
         return;
       }
-      auto launch = [&](auto stream_kernel, auto reg_kernel, int64_t rows) {
-        if (reg_path) {
-          const dim3 grid(static_cast<unsigned>(ceil_div(rows, 16 * kRegWarps)), static_cast<unsigned>(pairs));
-          launch_overlapped(reg_kernel, grid, dim3(kRegThreads),
-                            static_cast<size_t>(reg_gemv_smem(g.k)), stream, g);
-          SY_CUDA_LAUNCH_CHECK("mxfp4_reg_gemv_kernel");
-          return;
-        }
-        const dim3 grid(static_cast<unsigned>(ceil_div(rows, 16 * kStreamWarps)), static_cast<unsigned>(pairs));
-        stream_kernel<<<grid, kStreamThreads, static_cast<size_t>(stream_gemv_smem(g.k)), stream>>>(g);
+      auto launch = [&](auto kernel, int64_t rows) {
+        const dim3 grid(static_cast<unsigned>(ceil_div(rows, 16 * kStreamWarps)),
+                        static_cast<unsigned>(pairs));
+        kernel<<<grid, kStreamThreads, static_cast<size_t>(stream_gemv_smem(g.k)), stream>>>(g);
         SY_CUDA_LAUNCH_CHECK("mxfp4_stream_gemv_kernel");
       };
       launch_overlapped(split_bf16_kernel,
@@ -1703,11 +1670,11 @@ class ModularKernel final : public moe::ExpertsKernel {
       bind(w.gate_up, w.gate_up_scales, hidden_, intermediate_);
       g.x_split = x_split_;
       g.out_split = act_split_;
-      launch(mxfp4_stream_gemv_kernel<true>, mxfp4_reg_gemv_kernel<true, false>, 2 * intermediate_);
+      launch(mxfp4_stream_gemv_kernel<true>, 2 * intermediate_);
       bind(w.down, w.down_scales, intermediate_, hidden_);
       g.x_split = act_split_;
       g.out = y_;
-      launch(mxfp4_stream_gemv_kernel<false>, mxfp4_reg_gemv_kernel<false, false>, hidden_);
+      launch(mxfp4_stream_gemv_kernel<false>, hidden_);
       return;
     }
     auto launch = [&](auto kernel, int outputs_per_warp, const float* x, float* out) {
@@ -1833,26 +1800,20 @@ class ModularKernel final : public moe::ExpertsKernel {
   __nv_bfloat16* x_split_ = nullptr;    // [min(T, kGemvMaxTokens), 2H] the streamed GEMV's hidden (hi, lo)
   __nv_bfloat16* act_split_ = nullptr;  // [min(T, kGemvMaxTokens) * K, 2I] its activations (hi, lo)
   // Few-token MXFP4 steps run on the GEMV kernels (gpt-oss-20b batch 1 on an H100, 2026-12-06:
-  // 42.2% of floor against 29.5% on the grouped GEMM). Which few-token kernel: by default (kAuto)
-  // the warp GEMV for one token and the streamed one for 2..8 (gpt-oss-20b shapes, H100,
-  // 2026-12-06: batch 1 2.90 against 2.95 ms, batch 8 10.70 against 9.92 ms; nothing measured
-  // between). SY_MXFP4_GEMV=stream or =warp: always that one; SY_MXFP4_GEMV=0: the grouped GEMM.
-  // The warp GEMV also runs where the streamed one cannot (k > kStreamMaxK, unaligned rows or
-  // scales).
-  // SY_MXFP4_GEMV=reg: the register-direct tensor-core GEMV (experiment: exact, no faster than the
-  // warp GEMV at batch 1 on an H100, 2026-12-07; docs/cuda.md says why and what to try).
-  // SY_MXFP4_GEMV=reg16: the same kernel on f16 by bit placement (kF16 above; experiment, not yet
-  // measured).
-  enum class Mxfp4Path { kOff, kAuto, kWarp, kStream, kReg, kRegF16 };
+  // 42.2% of floor against 29.5% on the grouped GEMM). Which kernel: by default the register-direct
+  // tensor-core GEMV on f16 (mxfp4_reg_gemv_kernel; H100, 2026-12-07, alternating in one visit:
+  // batch 1 2.56 against 2.80 ms, batch 8 7.91 against 9.24 ms for the previous default, the warp
+  // GEMV at one token and the streamed one at 2..8). SY_MXFP4_GEMV=stream or =warp: always that
+  // one (A/Bs); SY_MXFP4_GEMV=0: the grouped GEMM. The warp GEMV also runs where the tensor-core
+  // kernels cannot (k > kStreamMaxK, unaligned rows or scales).
+  enum class Mxfp4Path { kOff, kReg, kWarp, kStream };
   const Mxfp4Path mxfp4_gemv_ = [] {
     const char* v = std::getenv("SY_MXFP4_GEMV");
     const std::string_view value = v ? v : "";
     return value == "0"        ? Mxfp4Path::kOff
            : value == "warp"   ? Mxfp4Path::kWarp
            : value == "stream" ? Mxfp4Path::kStream
-           : value == "reg"    ? Mxfp4Path::kReg
-           : value == "reg16"  ? Mxfp4Path::kRegF16
-                               : Mxfp4Path::kAuto;
+                               : Mxfp4Path::kReg;
   }();
 };
 
