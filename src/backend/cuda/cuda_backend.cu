@@ -38,6 +38,7 @@ class CudaBackend final : public Backend {
  public:
   CudaBackend(int device, bool batch_invariant) : invariant_(batch_invariant), sampler_(context_) {
     context_.device = device;
+    context_.batch_invariant = batch_invariant;
     SY_CUDA_CHECK(cudaSetDevice(device));
     SY_CUDA_CHECK(cudaStreamCreateWithFlags(&context_.stream, cudaStreamNonBlocking));
     SY_CUBLAS_CHECK(cublasCreate(&context_.cublas));

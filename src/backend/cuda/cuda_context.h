@@ -24,6 +24,8 @@ struct CudaContext {
   size_t cublas_workspace_bytes = 0;
   int sm_count = 0;
   size_t shared_memory_per_block_optin = 0;
+  bool batch_invariant =
+      false;  // --batch-invariant: kernels take no path that follows the step's size
 };
 
 [[noreturn]] inline void cuda_fail(const char* what, const char* error, const char* file, int line) {

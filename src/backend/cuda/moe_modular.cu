@@ -1461,7 +1461,10 @@ class ModularKernel final : public moe::ExpertsKernel {
 
     const ExpertParams experts = ExpertParams::from(args.experts, w);
     const bool mxfp4 = ExpertParams::implements_mxfp4(args.experts);
-    const bool gemv = mxfp4 && mxfp4_gemv_ != Mxfp4Path::kOff && tokens <= kGemvMaxTokens;  // reads the f32 rows itself
+    // (Not under --batch-invariant: the GEMVs' arithmetic differs from the grouped GEMM's, so a
+    // token's output would depend on whether its step has more than kGemvMaxTokens tokens.)
+    const bool gemv = mxfp4 && mxfp4_gemv_ != Mxfp4Path::kOff && tokens <= kGemvMaxTokens &&
+                      !context_.batch_invariant;  // reads the f32 rows itself
     if (!gemv) {
       // The bf16 copy of the hidden states; the gate_up GEMM gathers its rows in expert order.
       const int64_t chunks = tokens * hidden_ / 8;
