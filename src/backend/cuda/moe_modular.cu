@@ -1638,12 +1638,13 @@ class ModularKernel final : public moe::ExpertsKernel {
     // The tensor-core kernels need their k in shared memory, 16-byte aligned rows and scales, and
     // row counts (2I, H) that are multiples of 16 (I is a multiple of 32 already); else the warp
     // GEMV runs.
-    const int64_t tokens = pairs / top_k_;
     if (mxfp4_gemv_ != Mxfp4Path::kWarp && std::max(hidden_, intermediate_) <= kStreamMaxK &&
         hidden_ % 16 == 0 && aligned16(w.gate_up.data) && aligned16(w.down.data) &&
         aligned16(w.gate_up_scales.data) && aligned16(w.down_scales.data)) {
       if (mxfp4_gemv_ == Mxfp4Path::kReg) {  // no split kernel: the blocks split x themselves
-        auto launch = [&](auto kernel, int64_t rows) {
+        auto launch = [&](auto kernel, int64_t rows, const float* x, float* out) {
+          g.x = x;
+          g.out = out;
           const dim3 grid(static_cast<unsigned>(ceil_div(rows, 16 * kRegWarps)),
                           static_cast<unsigned>(pairs));
           launch_overlapped(kernel, grid, dim3(kRegThreads),
@@ -1651,15 +1652,12 @@ class ModularKernel final : public moe::ExpertsKernel {
           SY_CUDA_LAUNCH_CHECK("mxfp4_reg_gemv_kernel");
         };
         bind(w.gate_up, w.gate_up_scales, hidden_, intermediate_);
-        g.x = hidden;
-        g.out = act_f32_;
-        launch(mxfp4_reg_gemv_kernel<true>, 2 * intermediate_);
+        launch(mxfp4_reg_gemv_kernel<true>, 2 * intermediate_, hidden, act_f32_);
         bind(w.down, w.down_scales, intermediate_, hidden_);
-        g.x = act_f32_;
-        g.out = y_;
-        launch(mxfp4_reg_gemv_kernel<false>, hidden_);
+        launch(mxfp4_reg_gemv_kernel<false>, hidden_, act_f32_, y_);
         return;
       }
+      const int64_t tokens = pairs / top_k_;
       auto launch = [&](auto kernel, int64_t rows) {
         const dim3 grid(static_cast<unsigned>(ceil_div(rows, 16 * kStreamWarps)),
                         static_cast<unsigned>(pairs));
