@@ -2,8 +2,10 @@
 // depend on the rest of the step. matmul: a row computed alone, among 8 and among 300 rows gives
 // the same bits (and matches the CPU); attention: a decode token alone and the same token in a
 // mixed step (beside a prefill chunk of another sequence) give the same bits, with and without a
-// sliding window. The same checks run on the default backend as information only (it is allowed
-// to differ; the line says whether it did).
+// sliding window; MoE (gpt-oss's MXFP4 experts on cuda-modular): a token's output and routes
+// are the same bits in a step of 1 or 3 tokens (the few-token GEMVs' sizes by default) as among
+// 16 and 40 (the grouped GEMM's). The same checks run on the default backend as information only
+// (it is allowed to differ; the line says whether it did).
 #include <fmt/format.h>
 
 #include <cmath>
@@ -11,6 +13,8 @@
 #include <numeric>
 
 #include "harness.h"
+#include "moe/experts_kernel.h"
+#include "moe/router.h"
 
 namespace sy::harness {
 namespace {
@@ -145,6 +149,100 @@ void attention_case(Harness& h, Case& c, Backend& dev, bool invariant, int64_t w
                      invariant ? "" : " (default backend: information only)"));
 }
 
+// gpt-oss's MoE layer (MXFP4 experts, expert biases, clamped SwiGLU, logit bias, softmax after
+// top-k) on the backend's own cuda-modular: rows of a 40-token step recomputed as steps of 1, 3
+// and 16 tokens.
+void moe_case(Harness& h, Case& c, Backend& dev, bool invariant) {
+  const int64_t H = 256, I = 128, E = 16, K = 4, rows = 40;
+  moe::ExpertsKernelRegistry registry;
+  dev.register_kernels(registry);
+  auto kernel = registry.select(h.device_kernel("cuda-modular"), {dev.device(), true, false});
+  if (!kernel) return c.fail(kernel.message());
+  moe::RouterSpec spec;
+  spec.num_experts = E;
+  spec.top_k = K;
+  spec.softmax_after_topk = true;
+  spec.has_logit_bias = true;
+  moe::ExpertSpec experts;
+  experts.format = experts.stored = moe::ExpertFormat::kMxfp4Interleaved;
+  experts.has_biases = true;
+  experts.activation = moe::ExpertActivation::kClampedSwiGlu;
+  experts.limit = 7.0f;
+  if (Status st = (*kernel)->reserve(rows, spec, H, I); !st)
+    return c.fail("reserve: " + st.message());
+  auto bytes = [&](const std::vector<int64_t>& shape, int lo, int span) {
+    HostTensor t(DType::kU8, shape);
+    for (uint8_t& b : t.bytes) b = static_cast<uint8_t>(lo + static_cast<int>(c.rng.below(span)));
+    return t;
+  };
+  // Block scales 2^-6..2^-4: weights ~0.01-0.4, as a checkpoint's.
+  HostTensor gate_up = bytes({E, 2 * I, H / 32, 16}, 0, 256),
+             down = bytes({E, H, I / 32, 16}, 0, 256);
+  HostTensor gate_up_scales = bytes({E, 2 * I, H / 32}, 121, 3),
+             down_scales = bytes({E, H, I / 32}, 122, 3);
+  HostTensor router =
+      host_random(h.cpu, DType::kBF16, {E, H}, c.rng.next(), 2.0f * std::sqrt(3.0f / H));
+  HostTensor gate_up_bias = host_random(h.cpu, DType::kBF16, {E, 2 * I}, c.rng.next(), 0.5f);
+  HostTensor down_bias = host_random(h.cpu, DType::kBF16, {E, H}, c.rng.next(), 0.5f);
+  Buffers buffers(dev);
+  moe::MoeLayerWeights w;
+  w.router = buffers.weight(router.view);
+  w.router_bias = buffers.f32(random_floats(c.rng, E, 1.5f), {E});
+  w.gate_up = buffers.weight(gate_up.view);
+  w.down = buffers.weight(down.view);
+  w.gate_up_scales = buffers.weight(gate_up_scales.view);
+  w.down_scales = buffers.weight(down_scales.view);
+  w.gate_up_bias = buffers.weight(gate_up_bias.view);
+  w.down_bias = buffers.weight(down_bias.view);
+  const std::vector<float> x = random_floats(c.rng, rows * H, std::sqrt(3.0f));
+  struct Step {
+    std::vector<float> out;
+    std::vector<int32_t> routes;
+  };
+  auto step = [&](int64_t begin, int64_t count, Step& got) {
+    moe::MoeForwardArgs args;
+    args.hidden = buffers.f32(
+        std::vector<float>(x.begin() + begin * H, x.begin() + (begin + count) * H), {count, H});
+    args.out = buffers.alloc(DType::kF32, {count, H});
+    buffers.poison(args.out);
+    args.routes.sink = buffers.alloc(DType::kI32, {count, 1, K});
+    dev.fill_i32(args.routes.sink, moe::kRoutePoison);
+    args.weights = &w;
+    args.spec = spec;
+    args.experts = experts;
+    if (Status st = (*kernel)->forward(args); !st) return st;
+    got.out = to_host(dev, args.out);
+    got.routes = to_host_i32(dev, args.routes.sink);
+    return Status::ok();
+  };
+  Step all;
+  if (Status st = step(0, rows, all); !st) return c.fail(st.message());
+  int64_t differing = 0, checked = 0;
+  for (int64_t count : {int64_t{1}, int64_t{3}, int64_t{16}}) {
+    for (int64_t r : {int64_t{0}, int64_t{5}, int64_t{21}, int64_t{39}}) {
+      const int64_t begin = std::min(r, rows - count);
+      Step part;
+      if (Status st = step(begin, count, part); !st) return c.fail(st.message());
+      const std::vector<float> same(all.out.begin() + begin * H,
+                                    all.out.begin() + (begin + count) * H);
+      const std::vector<int32_t> same_routes(all.routes.begin() + begin * K,
+                                             all.routes.begin() + (begin + count) * K);
+      c.check(fmt::format("rows [{}, {}) close", begin, begin + count), compare(part.out, same, H),
+              1e-2);
+      ++checked;
+      if (!bitwise_equal(part.out, same) || part.routes != same_routes) {
+        ++differing;
+        if (invariant)
+          c.fail(fmt::format(
+              "rows [{}, {}) as a step of {} differ ({}) from the same rows among {}", begin,
+              begin + count, count, part.routes != same_routes ? "routes" : "output bits", rows));
+      }
+    }
+  }
+  c.info(fmt::format("{} of {} sub-steps differ bitwise from the full step{}", differing, checked,
+                     invariant ? "" : " (default backend: information only)"));
+}
+
 }  // namespace
 
 void run_invariance_ops(Harness& h, Backend& invariant) {
@@ -160,6 +258,8 @@ void run_invariance_ops(Harness& h, Backend& invariant) {
     for (int64_t window : {int64_t{0}, int64_t{100}})
       h.run(fmt::format("invariance.attention.{}", mode), fmt::format("window={}", window),
             [&](Case& c) { attention_case(h, c, dev, inv, window); });
+    h.run(fmt::format("invariance.moe.{}", mode), "gpt-oss MXFP4 experts H=256 I=128 E=16 K=4",
+          [&](Case& c) { moe_case(h, c, dev, inv); });
   }
 }
 
