@@ -1387,6 +1387,7 @@ class ModularKernel final : public moe::ExpertsKernel {
         allocate(&route_sums_, route_sums_floats(max_tokens, experts, hidden) * 4) &&
         allocate(&x_bf16_, max_tokens * hidden * 2) && allocate(&perm_, padded_rows * 4) &&
         allocate(&tile_expert_, tiles * 4) && allocate(&tile_count_, 4) &&
+        allocate(&route_arrivals_, 4) && cudaMemset(route_arrivals_, 0, 4) == cudaSuccess &&
         allocate(&act_, padded_rows * intermediate * 2) && allocate(&y_, pairs * hidden * 4) &&
         allocate(&act_f32_,
                  std::min<int64_t>(max_tokens, kGemvMaxTokens) * top_k * intermediate * 4) &&
@@ -1457,6 +1458,7 @@ class ModularKernel final : public moe::ExpertsKernel {
     route.ids = ids_;
     route.weights = weights_;
     route.sums = route_sums_;
+    route.arrivals = route_arrivals_;
     launch_route(route, stream);
 
     const ExpertParams experts = ExpertParams::from(args.experts, w);
@@ -1772,14 +1774,14 @@ class ModularKernel final : public moe::ExpertsKernel {
                       static_cast<size_t>(std::max<int64_t>(bytes, 16))) == cudaSuccess;
   }
   void release() {
-    for (void* p :
-         {static_cast<void*>(ids_), static_cast<void*>(weights_), static_cast<void*>(x_bf16_),
-          static_cast<void*>(perm_), static_cast<void*>(tile_expert_),
-          static_cast<void*>(tile_count_), static_cast<void*>(act_), static_cast<void*>(y_),
-          static_cast<void*>(act_f32_), static_cast<void*>(x_split_),
-          static_cast<void*>(act_split_), static_cast<void*>(route_sums_)})
+    for (void* p : {static_cast<void*>(ids_), static_cast<void*>(weights_),
+                    static_cast<void*>(x_bf16_), static_cast<void*>(perm_),
+                    static_cast<void*>(tile_expert_), static_cast<void*>(tile_count_),
+                    static_cast<void*>(act_), static_cast<void*>(y_), static_cast<void*>(act_f32_),
+                    static_cast<void*>(x_split_), static_cast<void*>(act_split_),
+                    static_cast<void*>(route_sums_), static_cast<void*>(route_arrivals_)})
       if (p) cudaFree(p);
-    x_split_ = nullptr, act_split_ = nullptr, route_sums_ = nullptr;
+    x_split_ = nullptr, act_split_ = nullptr, route_sums_ = nullptr, route_arrivals_ = nullptr;
     ids_ = nullptr, weights_ = nullptr, x_bf16_ = nullptr, perm_ = nullptr, tile_expert_ = nullptr;
     tile_count_ = nullptr, act_ = nullptr, y_ = nullptr, act_f32_ = nullptr;
   }
@@ -1791,6 +1793,7 @@ class ModularKernel final : public moe::ExpertsKernel {
   int32_t* ids_ = nullptr;           // [T, K] chosen experts
   float* weights_ = nullptr;         // [T, K] gating weights
   float* route_sums_ = nullptr;      // the router logits' group sums (route_sums_floats)
+  int* route_arrivals_ = nullptr;    // [1] RouteLaunch::arrivals (zero between launches)
   __nv_bfloat16* x_bf16_ = nullptr;  // [T, H] hidden in bf16
   int32_t* perm_ = nullptr;          // [P] pair index by padded row, experts in order, -1 padding
   int32_t* tile_expert_ = nullptr;   // [M tiles] expert of each M tile

@@ -28,22 +28,41 @@ __device__ __forceinline__ void select_and_write(const RouteLaunch& a, int64_t t
 // distinct banks), the router rows come from L2 a step ahead of their mma. PER_GROUP: a block per
 // group (blockIdx.z), its sums into a.sums[group]; else a block runs every group in turn, two
 // stages, and stores their total (one "group").
-template <int WM, int WARP_ROWS, bool PER_GROUP>
+// SELECTS: the last block to finish also selects (a whole step's tokens; steps of a block's rows).
+template <int WM, int WARP_ROWS, bool PER_GROUP, bool SELECTS = false>
 struct RouteTile {
   static constexpr int kWM = WM;
-  static constexpr bool kPerGroup = PER_GROUP;
+  static constexpr bool kPerGroup = PER_GROUP, kSelects = SELECTS;
   static constexpr int kThreads = 256, kWarps = 8, kWarpCols = kWarps / WARP_ROWS;
   static constexpr int kM = 16 * WM * WARP_ROWS, kN = 32 * kWarpCols;
   static constexpr int kRowFloats = kRouterGroup + 16;
   static constexpr int kStages = PER_GROUP ? 1 : 2;
   static constexpr size_t kSmemBytes = static_cast<size_t>(kStages) * kM * kRowFloats * 4;
 };
-// Steps of up to 16 tokens: 16 x 256 a block, a block a group; up to kPerGroupMaxTokens: 64 x
-// 128, a block a group; larger steps: 64 x 128, every group.
-using SmallRouteTile = RouteTile<1, 1, true>;
+// Steps of up to 16 tokens: 16 x 256 a block, a block a group, the last block selects; up to
+// kPerGroupMaxTokens: 64 x 128, a block a group; larger steps: 64 x 128, every group.
+using SmallRouteTile = RouteTile<1, 1, true, true>;
 using GroupRouteTile = RouteTile<2, 2, true>;
 using TotalRouteTile = RouteTile<2, 2, false>;
 constexpr int64_t kPerGroupMaxTokens = 1024;
+
+// Tokens [first, tokens) in steps of `stride`, a warp each: logits from the groups' sums, then
+// the selection.
+constexpr int kSelectWarps = 4;
+template <int WARPS>
+__device__ __forceinline__ void select_tokens(const RouteLaunch& a, int groups, int64_t first,
+                                              int64_t stride) {
+  __shared__ float logits[WARPS][kMaxRouteExperts];
+  __shared__ int32_t ids[WARPS][kMaxRouteTopK];
+  __shared__ float weights[WARPS][kMaxRouteTopK];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  for (int64_t t = first; t < a.tokens; t += stride) {  // (whole warps)
+    router_logits_fill(a.sums, groups, a.tokens, a.params.num_experts, t, logits[warp], lane, 32);
+    __syncwarp();
+    select_and_write(a, t, logits[warp], ids[warp], weights[warp]);
+    __syncwarp();
+  }
+}
 
 template <int WM>
 __device__ __forceinline__ void zero_tiles(float (&tiles)[WM][4][4]) {
@@ -150,23 +169,30 @@ __global__ void __launch_bounds__(256, 2) route_logits_kernel(const RouteLaunch 
       for (int nt = 0; nt < 4; ++nt)
         router_store_tile(total[mt][nt], a.sums, E, static_cast<int>(t0) + m_base + mt * 16,
                           rows - m_base - mt * 16, e_base + nt * 8, E);
+  if constexpr (Cfg::kSelects) {
+    // The last block to count itself (its sums, and by the fence every other block's, are in L2)
+    // selects every token of the step, a warp each.
+    __shared__ bool last;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      __threadfence();
+      const int total_blocks = static_cast<int>(gridDim.x * gridDim.y * gridDim.z);
+      last = atomicAdd(a.arrivals, 1) == total_blocks - 1;
+      if (last) *a.arrivals = 0;  // (no block counts again in this launch)
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    select_tokens<Cfg::kWarps>(a, router_groups(H), warp, Cfg::kWarps);
+  }
 }
 
 // A warp per token: its logits from the groups' sums, then the selection.
-constexpr int kSelectWarps = 4;
 __global__ void __launch_bounds__(kSelectWarps * 32)
     route_select_kernel(const RouteLaunch a, int groups) {
   overlap_prologue();  // (launched overlapped: the sums are route_logits_kernel's output)
-  __shared__ float logits[kSelectWarps][kMaxRouteExperts];
-  __shared__ int32_t ids[kSelectWarps][kMaxRouteTopK];
-  __shared__ float weights[kSelectWarps][kMaxRouteTopK];
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int64_t t = static_cast<int64_t>(blockIdx.x) * kSelectWarps + warp;
-  if (t >= a.tokens) return;  // (whole warps)
-  const int E = a.params.num_experts;
-  router_logits_fill(a.sums, groups, a.tokens, E, t, logits[warp], lane, 32);
-  __syncwarp();
-  select_and_write(a, t, logits[warp], ids[warp], weights[warp]);
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * kSelectWarps + (threadIdx.x >> 5);
+  if (t < a.tokens) select_tokens<kSelectWarps>(a, groups, t, a.tokens);  // (one token a warp)
 }
 
 template <class Cfg>
@@ -195,12 +221,15 @@ void prepare_route_kernels() {
 
 void launch_route(const RouteLaunch& launch, cudaStream_t stream) {
   if (launch.tokens == 0) return;
-  // Few tokens: a block per (256 experts, group); up to kPerGroupMaxTokens: a block per (64
-  // tokens, 128 experts, group); then a block per (64 tokens, 128 experts) over every group.
+  // Few tokens: a block per (256 experts, group), the last selects; up to kPerGroupMaxTokens: a
+  // block per (64 tokens, 128 experts, group); then a block per (64 tokens, 128 experts) over every
+  // group.
   int groups = router_groups(launch.params.hidden);
-  if (launch.tokens <= 16) {
-    launch_logits<SmallRouteTile>(launch, stream);
-  } else if (launch.tokens <= kPerGroupMaxTokens) {
+  if (launch.tokens <= SmallRouteTile::kM) {
+    launch_logits<SmallRouteTile>(launch, stream);  // (its last block selects)
+    return;
+  }
+  if (launch.tokens <= kPerGroupMaxTokens) {
     launch_logits<GroupRouteTile>(launch, stream);
   } else {
     launch_logits<TotalRouteTile>(launch, stream);

@@ -244,8 +244,9 @@ __device__ __forceinline__ void router_logits_fill(const float* sums, int groups
 #pragma unroll
         for (int j = 0; j < kGroups; ++j) {
           const int e = e0 + i * stride, g = g0 + j;
-          v[i][j] =
-              e < E && g < groups ? sums[(static_cast<int64_t>(g) * tokens + t) * E + e] : 0.0f;
+          v[i][j] = e < E && g < groups
+                        ? __ldcg(sums + (static_cast<int64_t>(g) * tokens + t) * E + e)
+                        : 0.0f;  // (L2: another block's or kernel's output)
         }
 #pragma unroll
       for (int i = 0; i < kExperts; ++i)
@@ -581,6 +582,9 @@ struct RouteLaunch {
   int32_t* ids = nullptr;            // [T, K]
   float* weights = nullptr;          // [T, K]
   float* sums = nullptr;             // scratch: route_sums_floats(T, E, H)
+  // Steps of up to 16 tokens: the logits blocks count themselves here and the last one selects
+  // (no second launch); it resets the count. One zeroed int, used by one stream at a time.
+  int* arrivals = nullptr;
 };
 // The scratch a step of `tokens` needs (its groups' sums, or the totals).
 size_t route_sums_floats(int64_t tokens, int64_t experts, int64_t hidden);
