@@ -336,7 +336,7 @@ void qk_prep_case(Harness& h, Case& c, const HeadConfig& hc, int64_t tokens, boo
 // qk_norm_rope_write_kv then attention, on every real token's output and on both caches
 // (padding slots never written), over the decode layouts attention_case uses.
 void prep_attention_case(Harness& h, Case& c, const HeadConfig& hc, int block_size, bool norms,
-                         int64_t one_context = 0) {
+                         int64_t one_context = 0, const AttentionOptions& options = {}) {
   const Layout l = case_layout(h, c, Kind::kDecode, block_size, one_context);
   const int64_t heads = hc.heads, kv_heads = hc.kv_heads, head_dim = hc.head_dim;
   const int64_t slots = l.num_blocks * block_size, kv_row = kv_heads * head_dim;
@@ -373,6 +373,11 @@ void prep_attention_case(Harness& h, Case& c, const HeadConfig& hc, int block_si
   const Tensor* kn_ptr = norms ? &k_norm : nullptr;
   const backend::RopeSpec spec{1e6, head_dim};
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  std::vector<float> sink_values = random_floats(c.rng, heads, 4.0f);
+  sink_values[0] = 30.0f;
+  Tensor sinks = buffers.f32(sink_values, {heads});
+  b.dev.sliding_window = options.window;
+  b.dev.sinks = options.sinks ? &sinks : nullptr;
   Tensor out[2];
   for (int fused = 0; fused < 2; ++fused) {
     Tensor q = buffers.f32(q_host, {tokens, heads, head_dim}), k = buffers.f32(k_host, {tokens, kv_heads, head_dim});
@@ -585,6 +590,16 @@ void run_attention_ops(Harness& h) {
             fmt::format("heads={}/{} head_dim={} one token, context={} q/k norms", hc.heads,
                         hc.kv_heads, hc.head_dim, context),
             [&](Case& c) { prep_attention_case(h, c, hc, 16, true, context); });
+  // The fused prep under gpt-oss's options (its sliding layers: window 128; a window inside one
+  // key tile; sinks), several tokens and one long context.
+  for (const HeadConfig& hc : std::vector<HeadConfig>{{8, 8, 64}, {32, 4, 128}})
+    for (const AttentionOptions& o :
+         std::vector<AttentionOptions>{{128, true}, {24, true}, {37, false}})
+      for (int64_t context : {int64_t{0}, int64_t{4097}})
+        h.run("qk_prep_attention",
+              fmt::format("heads={}/{} head_dim={}{}{}", hc.heads, hc.kv_heads, hc.head_dim,
+                          context ? fmt::format(" one token, context={}", context) : "", o.text()),
+              [&](Case& c) { prep_attention_case(h, c, hc, 16, true, context, o); });
   // Sliding windows (shorter than a key tile, several tiles, past every context; gpt-oss's window
   // of 24 with sinks) and sinks, on the tensor-core kernel and on the plain one (head widths that
   // are not multiples of 8: the golden models' 18 and 12).
