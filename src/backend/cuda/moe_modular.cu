@@ -810,6 +810,13 @@ struct Mxfp4Gemv {
   int k = 0;  // H (gate_up) or I (down)
   int n = 0;  // output columns: I (gate_up) or H (down)
   ExpertParams params;
+  // The register kernel's down with the combine fused (set: combine_kernel is not launched):
+  // out [T, H] = sum over k in order of weights[t, k] * y[t * K + k], written by the last of a
+  // token's K blocks of each row tile to finish, counted in arrivals [T, row tiles] (zero between
+  // launches; the last resets its count).
+  const float* route_weights = nullptr;  // [T, K]
+  float* combined = nullptr;             // [T, H]
+  int* arrivals = nullptr;
 };
 
 // grid (ceil(n / (outputs a warp * kGemvWarps)), pairs): a warp streams 4 weight rows of pair
@@ -1100,8 +1107,35 @@ __device__ __forceinline__ void reg_gemv_split_x(const float* __restrict__ x, in
   if (threadIdx.x == 0) *back = ldexpf(1.0f, e - 1);  // 2^14 times 2^-(15 - e)
 }
 
+// The fused combine of a down block (see Mxfp4Gemv::combined), after its y rows are stored: the
+// block counts itself for (token, row tile); the last of the token's K sums the tile's rows as
+// combine_kernel does (same order, same arithmetic). Every thread of the block calls it.
+__device__ __forceinline__ void reg_gemv_combine(const Mxfp4Gemv& g, int rows_per_block) {
+  __shared__ bool last;
+  const int pair = blockIdx.y, K = g.top_k, t = pair / K;
+  __syncthreads();  // the block's y rows are stored
+  if (threadIdx.x == 0) {
+    __threadfence();
+    int* count = g.arrivals + static_cast<int64_t>(t) * gridDim.x + blockIdx.x;
+    last = atomicAdd(count, 1) == K - 1;
+    if (last) *count = 0;  // (the token's other blocks have counted)
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  const int h_end = min(g.n, static_cast<int>(blockIdx.x + 1) * rows_per_block);
+  for (int h = static_cast<int>(blockIdx.x) * rows_per_block + threadIdx.x; h < h_end;
+       h += blockDim.x) {
+    float acc = 0.0f;
+    for (int k = 0; k < K; ++k)
+      acc += g.route_weights[t * K + k] * __ldcg(g.out + static_cast<int64_t>(t * K + k) * g.n + h);
+    g.combined[static_cast<int64_t>(t) * g.n + h] = acc;
+  }
+}
+
 // grid (ceil(rows / (16 * kRegWarps)), pairs), kRegThreads threads, reg_gemv_smem(k) bytes; the
-// warp GEMV's arguments and results (x in; gate_up out as f32 activations, down out).
+// warp GEMV's arguments and results (x in; gate_up out as f32 activations, down out, and with
+// g.combined set the combine too).
 template <bool kGateUp>
 __global__ void __launch_bounds__(kRegThreads, 4)
     mxfp4_reg_gemv_kernel(const __grid_constant__ Mxfp4Gemv g) {
@@ -1124,6 +1158,7 @@ __global__ void __launch_bounds__(kRegThreads, 4)
   if (static_cast<uint32_t>(e) >= static_cast<uint32_t>(g.experts)) {  // whole block: one pair
     overlap_prologue();
     if (lane < outs && out0 + lane < g.n) out[out0 + lane] = 0.0f;
+    if (!kGateUp && g.combined) reg_gemv_combine(g, 16 * kRegWarps);
     return;
   }
   const bool live = row0 < rows;  // rows is a multiple of 16: a live warp's 16 rows all exist
@@ -1159,17 +1194,17 @@ __global__ void __launch_bounds__(kRegThreads, 4)
   reg_gemv_split_x(g.x + (kGateUp ? pair / g.top_k : pair) * static_cast<int64_t>(k), k, smem,
                    &x_back);
   __syncthreads();
-  if (!live) return;
-  // B: lanes (2q, q) and (2q + 1, q) carry x's hi and lo of lane q's block; the rest zeros.
-  const bool b_lane = (gr >> 1) == q;
-  const uint16_t* x_b = (gr & 1) ? x_lo : x_hi;
+  if (live) {  // (no return: a fused combine needs the whole block below)
+    // B: lanes (2q, q) and (2q + 1, q) carry x's hi and lo of lane q's block; the rest zeros.
+    const bool b_lane = (gr >> 1) == q;
+    const uint16_t* x_b = (gr & 1) ? x_lo : x_hi;
 
-  float acc_lo = 0.0f, acc_hi = 0.0f;  // rows gr and gr + 8, blocks = q mod 4
-  // Each slot is decoded before its refill is issued, so the refill lands in the registers just
-  // freed (issued first, it needed a second set and a move at the loop's end that waited for the
-  // load: ncu, H100, 2026-12-07). Steps past the last (at most kRegDepth - 1) load nothing and add
-  // 0.
-  for (int s0 = 0; s0 < steps; s0 += kRegDepth) {
+    float acc_lo = 0.0f, acc_hi = 0.0f;  // rows gr and gr + 8, blocks = q mod 4
+    // Each slot is decoded before its refill is issued, so the refill lands in the registers just
+    // freed (issued first, it needed a second set and a move at the loop's end that waited for the
+    // load: ncu, H100, 2026-12-07). Steps past the last (at most kRegDepth - 1) load nothing and
+    // add 0.
+    for (int s0 = 0; s0 < steps; s0 += kRegDepth) {
 #pragma unroll
     for (int slot = 0; slot < kRegDepth; ++slot) {
       const int step = s0 + slot;
@@ -1206,19 +1241,22 @@ __global__ void __launch_bounds__(kRegThreads, 4)
       acc_lo += (d[0] + d[1]) * scale_lo;
       acc_hi += (d[2] + d[3]) * scale_hi;
     }
-  }
+    }
   acc_lo += __shfl_xor_sync(0xffffffffu, acc_lo, 1);
   acc_hi += __shfl_xor_sync(0xffffffffu, acc_hi, 1);
   acc_lo += __shfl_xor_sync(0xffffffffu, acc_lo, 2);
   acc_hi += __shfl_xor_sync(0xffffffffu, acc_hi, 2);
-  if (q != 0) return;
-  acc_lo *= x_back;  // (a power of two: exact unless the sum leaves float's range)
-  acc_hi *= x_back;
-  if (kGateUp) {
-    if (out0 + gr < g.n) out[out0 + gr] = g.params.activate(e, out0 + gr, g.n, acc_lo, acc_hi);
-    return;
+  if (q == 0) {
+    acc_lo *= x_back;  // (a power of two: exact unless the sum leaves float's range)
+    acc_hi *= x_back;
+    if (kGateUp) {
+      if (out0 + gr < g.n) out[out0 + gr] = g.params.activate(e, out0 + gr, g.n, acc_lo, acc_hi);
+    } else {
+      store_mma_gemv_rows<false>(g, e, out0, gr, acc_lo, acc_hi, out, nullptr);
+    }
   }
-  store_mma_gemv_rows<false>(g, e, out0, gr, acc_lo, acc_hi, out, nullptr);
+  }  // live
+  if (!kGateUp && g.combined) reg_gemv_combine(g, 16 * kRegWarps);
 }
 
 // ---- Combine ----
@@ -1388,6 +1426,8 @@ class ModularKernel final : public moe::ExpertsKernel {
         allocate(&x_bf16_, max_tokens * hidden * 2) && allocate(&perm_, padded_rows * 4) &&
         allocate(&tile_expert_, tiles * 4) && allocate(&tile_count_, 4) &&
         allocate(&route_arrivals_, 4) && cudaMemset(route_arrivals_, 0, 4) == cudaSuccess &&
+        allocate(&combine_arrivals_, combine_arrivals_bytes(hidden)) &&
+        cudaMemset(combine_arrivals_, 0, combine_arrivals_bytes(hidden)) == cudaSuccess &&
         allocate(&act_, padded_rows * intermediate * 2) && allocate(&y_, pairs * hidden * 4) &&
         allocate(&act_f32_,
                  std::min<int64_t>(max_tokens, kGemvMaxTokens) * top_k * intermediate * 4) &&
@@ -1479,8 +1519,10 @@ class ModularKernel final : public moe::ExpertsKernel {
 
     // Align + Forward, with the tile picked by the mean rows per expert (T and shapes only,
     // never the device-side counts).
+    bool combined = false;  // the register GEMV's down wrote out itself
     if (gemv)
-      forward_mxfp4_gemv(w, experts, args.hidden.ptr<float>(), pairs, stream);
+      combined = forward_mxfp4_gemv(w, experts, args.hidden.ptr<float>(), pairs,
+                                    args.out.ptr<float>(), stream);
     else if (intermediate_ % 8 != 0)  // (bf16 only: MXFP4 widths are multiples of 32)
       forward_experts_simple(w, experts, pairs, stream);
     else if (pairs <= 24 * experts_)
@@ -1499,6 +1541,7 @@ class ModularKernel final : public moe::ExpertsKernel {
       forward_experts<LargeTile>(mxfp4, w, experts, pairs, stream);
 
     // Combine.
+    if (combined) return Status::ok();
     const dim3 combine_grid(static_cast<unsigned>(ceil_div(hidden_ / 4, kCombineThreads)),
                             static_cast<unsigned>(tokens));
     launch_overlapped(combine_kernel, combine_grid, dim3(kCombineThreads), 0, stream,
@@ -1624,8 +1667,10 @@ class ModularKernel final : public moe::ExpertsKernel {
 
   // Few-token MXFP4 steps (unless SY_MXFP4_GEMV=0): route ids straight to the GEMV kernels, no
   // align.
-  void forward_mxfp4_gemv(const moe::MoeLayerWeights& w, const ExpertParams& experts,
-                          const float* hidden, int64_t pairs, cudaStream_t stream) {
+  // Returns whether the combine into `combined` ([T, H]) was fused (the register kernel's down).
+  bool forward_mxfp4_gemv(const moe::MoeLayerWeights& w, const ExpertParams& experts,
+                          const float* hidden, int64_t pairs, float* combined,
+                          cudaStream_t stream) {
     Mxfp4Gemv g;
     g.ids = ids_;
     g.top_k = static_cast<int>(top_k_);
@@ -1656,8 +1701,13 @@ class ModularKernel final : public moe::ExpertsKernel {
         bind(w.gate_up, w.gate_up_scales, hidden_, intermediate_);
         launch(mxfp4_reg_gemv_kernel<true>, 2 * intermediate_, hidden, act_f32_);
         bind(w.down, w.down_scales, intermediate_, hidden_);
+        if (fuse_combine_) {
+          g.route_weights = weights_;
+          g.combined = combined;
+          g.arrivals = combine_arrivals_;
+        }
         launch(mxfp4_reg_gemv_kernel<false>, hidden_, act_f32_, y_);
-        return;
+        return fuse_combine_;
       }
       const int64_t tokens = pairs / top_k_;
       auto launch = [&](auto kernel, int64_t rows) {
@@ -1678,7 +1728,7 @@ class ModularKernel final : public moe::ExpertsKernel {
       g.x_split = act_split_;
       g.out = y_;
       launch(mxfp4_stream_gemv_kernel<false>, hidden_);
-      return;
+      return false;
     }
     auto launch = [&](auto kernel, int outputs_per_warp, const float* x, float* out) {
       g.x = x;
@@ -1692,6 +1742,7 @@ class ModularKernel final : public moe::ExpertsKernel {
     launch(mxfp4_gemv_kernel<true>, 2, hidden, act_f32_);
     bind(w.down, w.down_scales, intermediate_, hidden_);
     launch(mxfp4_gemv_kernel<false>, 4, act_f32_, y_);
+    return false;
   }
 
   // Everything forward() needs to be true of its arguments, as errors naming the offender.
@@ -1774,14 +1825,16 @@ class ModularKernel final : public moe::ExpertsKernel {
                       static_cast<size_t>(std::max<int64_t>(bytes, 16))) == cudaSuccess;
   }
   void release() {
-    for (void* p : {static_cast<void*>(ids_), static_cast<void*>(weights_),
-                    static_cast<void*>(x_bf16_), static_cast<void*>(perm_),
-                    static_cast<void*>(tile_expert_), static_cast<void*>(tile_count_),
-                    static_cast<void*>(act_), static_cast<void*>(y_), static_cast<void*>(act_f32_),
-                    static_cast<void*>(x_split_), static_cast<void*>(act_split_),
-                    static_cast<void*>(route_sums_), static_cast<void*>(route_arrivals_)})
+    for (void* p :
+         {static_cast<void*>(ids_), static_cast<void*>(weights_), static_cast<void*>(x_bf16_),
+          static_cast<void*>(perm_), static_cast<void*>(tile_expert_),
+          static_cast<void*>(tile_count_), static_cast<void*>(act_), static_cast<void*>(y_),
+          static_cast<void*>(act_f32_), static_cast<void*>(x_split_),
+          static_cast<void*>(act_split_), static_cast<void*>(route_sums_),
+          static_cast<void*>(route_arrivals_), static_cast<void*>(combine_arrivals_)})
       if (p) cudaFree(p);
     x_split_ = nullptr, act_split_ = nullptr, route_sums_ = nullptr, route_arrivals_ = nullptr;
+    combine_arrivals_ = nullptr;
     ids_ = nullptr, weights_ = nullptr, x_bf16_ = nullptr, perm_ = nullptr, tile_expert_ = nullptr;
     tile_count_ = nullptr, act_ = nullptr, y_ = nullptr, act_f32_ = nullptr;
   }
@@ -1794,6 +1847,12 @@ class ModularKernel final : public moe::ExpertsKernel {
   float* weights_ = nullptr;         // [T, K] gating weights
   float* route_sums_ = nullptr;      // the router logits' group sums (route_sums_floats)
   int* route_arrivals_ = nullptr;    // [1] RouteLaunch::arrivals (zero between launches)
+  int* combine_arrivals_ = nullptr;  // [kGemvMaxTokens, H / (16 kRegWarps)] Mxfp4Gemv::arrivals
+  static int64_t combine_arrivals_bytes(int64_t hidden) {
+    return kGemvMaxTokens * ceil_div(hidden, int64_t{16 * kRegWarps}) * 4;
+  }
+  // SY_GEMV_COMBINE=0 (A/B): the register GEMV's down leaves the combine to combine_kernel.
+  const bool fuse_combine_ = !env_off("SY_GEMV_COMBINE");
   __nv_bfloat16* x_bf16_ = nullptr;  // [T, H] hidden in bf16
   int32_t* perm_ = nullptr;          // [P] pair index by padded row, experts in order, -1 padding
   int32_t* tile_expert_ = nullptr;   // [M tiles] expert of each M tile
