@@ -522,12 +522,12 @@ void device_case(Harness& h, Case& c, const Group& g, Weights& w, StepData& d, m
   }
 }
 
-// cuda-fused's one-token kernel with the residual adds and input norm fused (what the decoder
-// asks for at batch 1): bitwise the same out, routes and new residual as the device's unfused
-// sequence (add, add_rms_norm, forward on the normed row, add of the output); the unused
-// `hidden` is poisoned to prove it unread.
-// earlier_in_out: the earlier delta lives in the output buffer itself, as the decoder passes it
-// after a dense layer (the previous feed-forward output, which this call overwrites).
+// A one-token kernel with the residual adds and input norm fused (what the decoder asks for at
+// batch 1: cuda-fused's, cuda-modular's): bitwise the same out, routes and new residual as the
+// device's unfused sequence (add, add_rms_norm, forward on the normed row, add of the output); the
+// unused `hidden` is poisoned to prove it unread. earlier_in_out: the earlier delta lives in the
+// output buffer itself, as the decoder passes it after a dense layer (the previous feed-forward
+// output, which this call overwrites).
 void fused_input_norm_case(Harness& h, Case& c, const Group& g, Weights& w, const StepData& d,
                            moe::ExpertsKernel& kernel, bool earlier, bool earlier_in_out) {
   const MoeShape& s = g.shape;
@@ -639,7 +639,7 @@ void run_moe_ops(Harness& h) {
     // Which cases of this group run (nothing is built for a group the filter leaves out).
     bool any = false;
     for (int64_t T : g.tokens)
-      for (const char* mode : {"capture", "replay"}) {
+      for (const char* mode : {"capture", "replay", "input-norm"}) {
         any |= h.selected(fmt::format("moe.cuda-modular.{}", mode), desc_of(T));
         if (T <= kFusedMaxTokens && g.fused)
           any |= h.selected(fmt::format("moe.cuda-fused.{}", mode), desc_of(T));
@@ -763,6 +763,20 @@ void run_moe_ops(Harness& h) {
           device_case(h, c, g, w, d, **dev_fused, dev_modular ? *dev_modular : nullptr, replay);
         });
       }
+      // cuda-modular's one-token steps fuse the input norm too (its route kernel norms the row,
+      // its combine adds the residual), every group.
+      if (T == 1 && !h.options.reference_as_device)
+        for (int variant = 0; variant < 3; ++variant)
+          h.run("moe.cuda-modular.input-norm",
+                fmt::format("{}{}", desc_of(T),
+                            variant == 0   ? ""
+                            : variant == 1 ? " +earlier delta"
+                                           : " +earlier delta in out"),
+                [&](Case& c) {
+                  if (!dev_modular) return c.fail(dev_modular.message());
+                  ensure_step();
+                  fused_input_norm_case(h, c, g, w, d, **dev_modular, variant > 0, variant == 2);
+                });
       // (cuda-fused reads MXFP4 only with SY_FUSED_MXFP4=1)
       const char* fused_mxfp4 = std::getenv("SY_FUSED_MXFP4");
       if (T == 1 && g.fused && !h.options.reference_as_device &&

@@ -795,6 +795,20 @@ constexpr int kGemvMaxTokens = 8;
 constexpr int kGemvThreads = 256;
 constexpr int kGemvWarps = kGemvThreads / 32;
 
+// The fused input norm's residual update (MoeInputNorm), by whichever kernel writes the combined
+// output: residual = ((residual + earlier_delta) + delta) + out, each element read before out is
+// written (earlier_delta may be out itself). residual == nullptr: none.
+struct ResidualAdd {
+  float* residual = nullptr;
+  const float* earlier_delta = nullptr;  // or nullptr
+  const float* delta = nullptr;
+  __device__ __forceinline__ float before(int64_t i) const {
+    float x = residual[i];
+    if (earlier_delta) x += earlier_delta[i];
+    return x + delta[i];
+  }
+};
+
 struct Mxfp4Gemv {
   const uint8_t* blocks = nullptr;  // [E, rows, k/32, 16]
   const uint8_t* scales = nullptr;  // [E, rows, k/32]
@@ -817,6 +831,7 @@ struct Mxfp4Gemv {
   const float* route_weights = nullptr;  // [T, K]
   float* combined = nullptr;             // [T, H]
   int* arrivals = nullptr;
+  ResidualAdd residual;  // the fused input norm's residual update, with the combine
 };
 
 // grid (ceil(n / (outputs a warp * kGemvWarps)), pairs): a warp streams 4 weight rows of pair
@@ -1129,7 +1144,10 @@ __device__ __forceinline__ void reg_gemv_combine(const Mxfp4Gemv& g, int rows_pe
     float acc = 0.0f;
     for (int k = 0; k < K; ++k)
       acc += g.route_weights[t * K + k] * __ldcg(g.out + static_cast<int64_t>(t * K + k) * g.n + h);
-    g.combined[static_cast<int64_t>(t) * g.n + h] = acc;
+    const int64_t i = static_cast<int64_t>(t) * g.n + h;
+    const float x = g.residual.residual ? g.residual.before(i) : 0.0f;
+    g.combined[i] = acc;
+    if (g.residual.residual) g.residual.residual[i] = x + acc;
   }
 }
 
@@ -1264,10 +1282,10 @@ __global__ void __launch_bounds__(kRegThreads, 4)
 constexpr int kCombineThreads = 128;
 
 // grid (ceil(H / 4 / 128), T): out[t] = sum over k = 0..K-1, in order, of weight[t, k] * y[t*K +
-// k]. Bytes: T*K*H*4 read + T*H*4 written.
+// k]; with a residual update (ResidualAdd) that too. Bytes: T*K*H*4 read + T*H*4 written.
 __global__ void __launch_bounds__(kCombineThreads)
     combine_kernel(const float* __restrict__ y, const float* __restrict__ weights, int top_k,
-                   int hidden, float* __restrict__ out) {
+                   int hidden, float* out, const ResidualAdd residual) {
   overlap_prologue();  // (launched overlapped)
   const int64_t t = blockIdx.y;
   const int h = (blockIdx.x * kCombineThreads + threadIdx.x) * 4;
@@ -1281,7 +1299,14 @@ __global__ void __launch_bounds__(kCombineThreads)
     acc.z += w * v.z;
     acc.w += w * v.w;
   }
-  *reinterpret_cast<float4*>(out + t * hidden + h) = acc;
+  const int64_t i = t * hidden + h;
+  float x[4] = {};
+  if (residual.residual)
+    for (int c = 0; c < 4; ++c) x[c] = residual.before(i + c);
+  *reinterpret_cast<float4*>(out + i) = acc;
+  if (residual.residual)
+    *reinterpret_cast<float4*>(residual.residual + i) =
+        make_float4(x[0] + acc.x, x[1] + acc.y, x[2] + acc.z, x[3] + acc.w);
 }
 
 // ---- Dense GEMM (--batch-invariant) ----
@@ -1384,6 +1409,11 @@ class ModularKernel final : public moe::ExpertsKernel {
   // Every tile, the wgmma one included, sums a row's k in the same order with the same rounding
   // (the op harness checks it on every 256+ token step).
   bool batch_invariant() const override { return true; }
+  // One-token steps: the route kernel norms the row (NormRow: bitwise add_rms_norm's), the
+  // combine (fused or combine_kernel) adds the residual.
+  bool fuses_input_norm(int64_t tokens) const override {
+    return hidden_ > 0 && route_fuses_norm(tokens, hidden_) && !no_norm_fusion_;
+  }
 
   Status reserve(int64_t max_tokens, const moe::RouterSpec& spec, int64_t hidden,
                  int64_t intermediate) override {
@@ -1427,6 +1457,7 @@ class ModularKernel final : public moe::ExpertsKernel {
         allocate(&tile_expert_, tiles * 4) && allocate(&tile_count_, 4) &&
         allocate(&route_arrivals_, 4) && cudaMemset(route_arrivals_, 0, 4) == cudaSuccess &&
         allocate(&combine_arrivals_, combine_arrivals_bytes(hidden)) &&
+        allocate(&x_normed_, hidden * 4) &&
         cudaMemset(combine_arrivals_, 0, combine_arrivals_bytes(hidden)) == cudaSuccess &&
         allocate(&act_, padded_rows * intermediate * 2) && allocate(&y_, pairs * hidden * 4) &&
         allocate(&act_f32_,
@@ -1484,8 +1515,29 @@ class ModularKernel final : public moe::ExpertsKernel {
     const int64_t layers = routes.sink.data     ? routes.sink.dim(1)
                            : routes.source.data ? routes.source.dim(1)
                                                 : 0;
+    // The fused input norm (one token): the route kernel norms the row into x_normed_, the combine
+    // updates the residual.
+    const moe::MoeInputNorm& norm = args.input_norm;
+    ResidualAdd residual;
+    if (norm.residual) {
+      if (!fuses_input_norm(tokens) || !norm.delta || !norm.weight)
+        return Status::error(ErrorCode::kInternal,
+                             "cuda-modular: input_norm given for a step it does not fuse");
+      residual.residual = norm.residual->ptr<float>();
+      residual.earlier_delta = norm.earlier_delta ? norm.earlier_delta->ptr<float>() : nullptr;
+      residual.delta = norm.delta->ptr<float>();
+    }
+    const float* hidden = norm.residual ? x_normed_ : args.hidden.ptr<float>();
     RouteLaunch route;
-    route.hidden = args.hidden.ptr<float>();
+    route.hidden = hidden;
+    if (norm.residual) {
+      route.residual = residual.residual;
+      route.earlier_delta = residual.earlier_delta;
+      route.delta = residual.delta;
+      route.norm_weight = norm.weight->ptr<float>();
+      route.eps = norm.eps;
+      route.normed = x_normed_;
+    }
     route.tokens = tokens;
     route.router = w.router.ptr<__nv_bfloat16>();
     route.params = RouteParams::from(args.spec, hidden_, w);
@@ -1512,8 +1564,8 @@ class ModularKernel final : public moe::ExpertsKernel {
       const int64_t chunks = tokens * hidden_ / 8;
       const int64_t convert_blocks =
           std::min<int64_t>(ceil_div(chunks, 256), 8 * std::max(context_.sm_count, 1));
-      to_bf16_kernel<<<static_cast<unsigned>(convert_blocks), 256, 0, stream>>>(
-          args.hidden.ptr<float>(), chunks, x_bf16_);
+      to_bf16_kernel<<<static_cast<unsigned>(convert_blocks), 256, 0, stream>>>(hidden, chunks,
+                                                                                x_bf16_);
       SY_CUDA_LAUNCH_CHECK("to_bf16_kernel");
     }
 
@@ -1521,8 +1573,8 @@ class ModularKernel final : public moe::ExpertsKernel {
     // never the device-side counts).
     bool combined = false;  // the register GEMV's down wrote out itself
     if (gemv)
-      combined = forward_mxfp4_gemv(w, experts, args.hidden.ptr<float>(), pairs,
-                                    args.out.ptr<float>(), stream);
+      combined =
+          forward_mxfp4_gemv(w, experts, hidden, pairs, args.out.ptr<float>(), residual, stream);
     else if (intermediate_ % 8 != 0)  // (bf16 only: MXFP4 widths are multiples of 32)
       forward_experts_simple(w, experts, pairs, stream);
     else if (pairs <= 24 * experts_)
@@ -1546,7 +1598,8 @@ class ModularKernel final : public moe::ExpertsKernel {
                             static_cast<unsigned>(tokens));
     launch_overlapped(combine_kernel, combine_grid, dim3(kCombineThreads), 0, stream,
                       static_cast<const float*>(y_), static_cast<const float*>(weights_),
-                      static_cast<int>(top_k_), static_cast<int>(hidden_), args.out.ptr<float>());
+                      static_cast<int>(top_k_), static_cast<int>(hidden_), args.out.ptr<float>(),
+                      residual);
     SY_CUDA_LAUNCH_CHECK("combine_kernel");
     return Status::ok();
   }
@@ -1670,7 +1723,7 @@ class ModularKernel final : public moe::ExpertsKernel {
   // Returns whether the combine into `combined` ([T, H]) was fused (the register kernel's down).
   bool forward_mxfp4_gemv(const moe::MoeLayerWeights& w, const ExpertParams& experts,
                           const float* hidden, int64_t pairs, float* combined,
-                          cudaStream_t stream) {
+                          const ResidualAdd& residual, cudaStream_t stream) {
     Mxfp4Gemv g;
     g.ids = ids_;
     g.top_k = static_cast<int>(top_k_);
@@ -1705,6 +1758,7 @@ class ModularKernel final : public moe::ExpertsKernel {
           g.route_weights = weights_;
           g.combined = combined;
           g.arrivals = combine_arrivals_;
+          g.residual = residual;
         }
         launch(mxfp4_reg_gemv_kernel<false>, hidden_, act_f32_, y_);
         return fuse_combine_;
@@ -1825,16 +1879,16 @@ class ModularKernel final : public moe::ExpertsKernel {
                       static_cast<size_t>(std::max<int64_t>(bytes, 16))) == cudaSuccess;
   }
   void release() {
-    for (void* p :
-         {static_cast<void*>(ids_), static_cast<void*>(weights_), static_cast<void*>(x_bf16_),
-          static_cast<void*>(perm_), static_cast<void*>(tile_expert_),
-          static_cast<void*>(tile_count_), static_cast<void*>(act_), static_cast<void*>(y_),
-          static_cast<void*>(act_f32_), static_cast<void*>(x_split_),
-          static_cast<void*>(act_split_), static_cast<void*>(route_sums_),
-          static_cast<void*>(route_arrivals_), static_cast<void*>(combine_arrivals_)})
+    for (void* p : {static_cast<void*>(ids_), static_cast<void*>(weights_),
+                    static_cast<void*>(x_bf16_), static_cast<void*>(perm_),
+                    static_cast<void*>(tile_expert_), static_cast<void*>(tile_count_),
+                    static_cast<void*>(act_), static_cast<void*>(y_), static_cast<void*>(act_f32_),
+                    static_cast<void*>(x_split_), static_cast<void*>(act_split_),
+                    static_cast<void*>(route_sums_), static_cast<void*>(route_arrivals_),
+                    static_cast<void*>(combine_arrivals_), static_cast<void*>(x_normed_)})
       if (p) cudaFree(p);
     x_split_ = nullptr, act_split_ = nullptr, route_sums_ = nullptr, route_arrivals_ = nullptr;
-    combine_arrivals_ = nullptr;
+    combine_arrivals_ = nullptr, x_normed_ = nullptr;
     ids_ = nullptr, weights_ = nullptr, x_bf16_ = nullptr, perm_ = nullptr, tile_expert_ = nullptr;
     tile_count_ = nullptr, act_ = nullptr, y_ = nullptr, act_f32_ = nullptr;
   }
@@ -1848,6 +1902,9 @@ class ModularKernel final : public moe::ExpertsKernel {
   float* route_sums_ = nullptr;      // the router logits' group sums (route_sums_floats)
   int* route_arrivals_ = nullptr;    // [1] RouteLaunch::arrivals (zero between launches)
   int* combine_arrivals_ = nullptr;  // [kGemvMaxTokens, H / (16 kRegWarps)] Mxfp4Gemv::arrivals
+  float* x_normed_ = nullptr;        // [1, H] the fused input norm's row (route_fuses_norm)
+  // SY_NO_NORM_FUSION=1 (A/B, as cuda-fused's): no fused input norm.
+  const bool no_norm_fusion_ = env_flag("SY_NO_NORM_FUSION");
   static int64_t combine_arrivals_bytes(int64_t hidden) {
     return kGemvMaxTokens * ceil_div(hidden, int64_t{16 * kRegWarps}) * 4;
   }

@@ -1,6 +1,7 @@
 #include <algorithm>
 
 #include "backend/cuda/moe_route.cuh"
+#include "backend/cuda/norm_row.cuh"
 
 namespace sy::backend::cuda {
 namespace {
@@ -74,8 +75,13 @@ __device__ __forceinline__ void zero_tiles(float (&tiles)[WM][4][4]) {
       for (int i = 0; i < 4; ++i) tiles[mt][nt][i] = 0.0f;
 }
 
-template <class Cfg>
+// NORM_VEC > 0 (one token, a block a group, RouteLaunch::norm_weight): the block's x tile is
+// its group's slice of the normed row, computed here instead of staged from hidden.
+template <class Cfg, int NORM_VEC = 0>
 __global__ void __launch_bounds__(256, 2) route_logits_kernel(const RouteLaunch a) {
+  static_assert(NORM_VEC == 0 || (Cfg::kPerGroup && Cfg::kThreads == 256), "a block a group");
+  [[maybe_unused]] NormRow<NORM_VEC == 0 ? 1 : NORM_VEC> norm;
+  if constexpr (NORM_VEC > 0) norm.load_weight(a.norm_weight, a.params.hidden / 4);
   overlap_prologue();  // (launched overlapped: hidden is the previous kernel's output)
   constexpr int WM = Cfg::kWM;
   constexpr bool PER_GROUP = Cfg::kPerGroup;
@@ -116,13 +122,33 @@ __global__ void __launch_bounds__(256, 2) route_logits_kernel(const RouteLaunch 
 
   float total[WM][4][4];
   if constexpr (!PER_GROUP) zero_tiles(total);
-  stage(g_begin, 0);
+  if constexpr (NORM_VEC > 0) {
+    // Row 0 = the group's slice of the normed row (zeros past H), rows 1.. zeros.
+    __shared__ float partial[Cfg::kWarps];
+    const int64_t chunks = H / 4;
+    norm.load_row(a.residual, a.earlier_delta, a.delta, chunks);
+    const float s = norm.scale(H, a.eps, partial);
+    for (int i = threadIdx.x; i < Cfg::kM * Cfg::kRowFloats; i += Cfg::kThreads) xs[i] = 0.0f;
+    __syncthreads();
+    const int c0 = g_begin * kRouterGroup / 4;  // the group's chunks [c0, c0 + kRouterGroup / 4)
+#pragma unroll
+    for (int j = 0; j < NORM_VEC; ++j) {
+      const int c = threadIdx.x + 256 * j;
+      if (c >= c0 && c < c0 + kRouterGroup / 4 && c < chunks) {
+        const float4 v = norm.normed(j, s);
+        *reinterpret_cast<float4*>(xs + 4 * (c - c0)) = v;
+        if (blockIdx.x == 0) reinterpret_cast<float4*>(a.normed)[c] = v;
+      }
+    }
+  } else {
+    stage(g_begin, 0);
+  }
   for (int group = g_begin; group < g_end; ++group) {
     const int buffer = (group - g_begin) % Cfg::kStages;
     if (!PER_GROUP && group + 1 < g_end) {
       stage(group + 1, buffer ^ 1);
       cp_async_wait<1>();
-    } else {
+    } else if constexpr (NORM_VEC == 0) {
       cp_async_wait<0>();
     }
     __syncthreads();
@@ -195,17 +221,22 @@ __global__ void __launch_bounds__(kSelectWarps * 32)
   if (t < a.tokens) select_tokens<kSelectWarps>(a, groups, t, a.tokens);  // (one token a warp)
 }
 
-template <class Cfg>
+template <class Cfg, int NORM_VEC = 0>
 void launch_logits(const RouteLaunch& a, cudaStream_t stream) {
   const int E = a.params.num_experts;
   const dim3 grid(static_cast<unsigned>((E + Cfg::kN - 1) / Cfg::kN),
                   static_cast<unsigned>((a.tokens + Cfg::kM - 1) / Cfg::kM),
                   Cfg::kPerGroup ? static_cast<unsigned>(router_groups(a.params.hidden)) : 1u);
-  launch_overlapped(route_logits_kernel<Cfg>, grid, dim3(Cfg::kThreads), Cfg::kSmemBytes, stream, a);
+  launch_overlapped(route_logits_kernel<Cfg, NORM_VEC>, grid, dim3(Cfg::kThreads), Cfg::kSmemBytes,
+                    stream, a);
   SY_CUDA_LAUNCH_CHECK("route_logits_kernel");
 }
 
 }  // namespace
+
+bool route_fuses_norm(int64_t tokens, int64_t hidden) {
+  return tokens == 1 && hidden % 4 == 0 && hidden <= 8192;
+}
 
 size_t route_sums_floats(int64_t tokens, int64_t experts, int64_t hidden) {
   const int64_t groups = router_groups(static_cast<int>(hidden));
@@ -225,6 +256,23 @@ void launch_route(const RouteLaunch& launch, cudaStream_t stream) {
   // block per (64 tokens, 128 experts, group); then a block per (64 tokens, 128 experts) over every
   // group.
   int groups = router_groups(launch.params.hidden);
+  if (launch.norm_weight) {  // (one token; route_fuses_norm)
+    switch (norm_row_vec(launch.params.hidden)) {
+      case 1:
+        launch_logits<SmallRouteTile, 1>(launch, stream);
+        break;
+      case 2:
+        launch_logits<SmallRouteTile, 2>(launch, stream);
+        break;
+      case 4:
+        launch_logits<SmallRouteTile, 4>(launch, stream);
+        break;
+      default:
+        launch_logits<SmallRouteTile, 8>(launch, stream);
+        break;
+    }
+    return;
+  }
   if (launch.tokens <= SmallRouteTile::kM) {
     launch_logits<SmallRouteTile>(launch, stream);  // (its last block selects)
     return;

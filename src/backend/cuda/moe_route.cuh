@@ -585,10 +585,22 @@ struct RouteLaunch {
   // Steps of up to 16 tokens: the logits blocks count themselves here and the last one selects
   // (no second launch); it resets the count. One zeroed int, used by one stream at a time.
   int* arrivals = nullptr;
+  // One-token steps with the input norm fused (norm_weight set; H % 4 == 0, H <= 8192): `hidden`
+  // is unread; every block normalises residual + earlier_delta (or none) + delta itself
+  // (NormRow<norm_row_vec(H)>: bitwise add_rms_norm's) and writes its group's slice of the normed
+  // row to `normed` [1, H].
+  const float* residual = nullptr;
+  const float* earlier_delta = nullptr;
+  const float* delta = nullptr;
+  const float* norm_weight = nullptr;
+  float eps = 0.0f;
+  float* normed = nullptr;
 };
 // The scratch a step of `tokens` needs (its groups' sums, or the totals).
 size_t route_sums_floats(int64_t tokens, int64_t experts, int64_t hidden);
 void launch_route(const RouteLaunch& launch, cudaStream_t stream);
+// Whether launch_route takes RouteLaunch::norm_weight for such a step.
+bool route_fuses_norm(int64_t tokens, int64_t hidden);
 // Once, before the first launch_route (its large-step kernel's shared memory above 48 KB).
 void prepare_route_kernels();
 

@@ -64,13 +64,16 @@ struct NormRow {
       if (c < chunks) reinterpret_cast<float4*>(dst)[c] = v[j];
     }
   }
+  // The normed chunk j (chunk threadIdx.x + 256 j of the row).
+  __device__ __forceinline__ float4 normed(int j, float s) const {
+    return make_float4(g[j].x * (v[j].x * s), g[j].y * (v[j].y * s), g[j].z * (v[j].z * s),
+                       g[j].w * (v[j].w * s));
+  }
   __device__ __forceinline__ void store_normed(float* dst, int64_t chunks, float s) const {
 #pragma unroll
     for (int j = 0; j < VEC; ++j) {
       const int64_t c = threadIdx.x + 256 * j;
-      if (c < chunks)
-        reinterpret_cast<float4*>(dst)[c] = make_float4(g[j].x * (v[j].x * s), g[j].y * (v[j].y * s),
-                                                        g[j].z * (v[j].z * s), g[j].w * (v[j].w * s));
+      if (c < chunks) reinterpret_cast<float4*>(dst)[c] = normed(j, s);
     }
   }
 };
