@@ -1903,8 +1903,9 @@ class ModularKernel final : public moe::ExpertsKernel {
   int* route_arrivals_ = nullptr;    // [1] RouteLaunch::arrivals (zero between launches)
   int* combine_arrivals_ = nullptr;  // [kGemvMaxTokens, H / (16 kRegWarps)] Mxfp4Gemv::arrivals
   float* x_normed_ = nullptr;        // [1, H] the fused input norm's row (route_fuses_norm)
-  // SY_NO_NORM_FUSION=1 (A/B, as cuda-fused's): no fused input norm.
-  const bool no_norm_fusion_ = env_flag("SY_NO_NORM_FUSION");
+  // SY_MODULAR_NORM=0 (A/B): no fused input norm (SY_NO_NORM_FUSION=1 also unfuses the backend's
+  // norm + GEMV, so an A/B of this one alone needs its own knob).
+  const bool no_norm_fusion_ = env_off("SY_MODULAR_NORM") || env_flag("SY_NO_NORM_FUSION");
   static int64_t combine_arrivals_bytes(int64_t hidden) {
     return kGemvMaxTokens * ceil_div(hidden, int64_t{16 * kRegWarps}) * 4;
   }
