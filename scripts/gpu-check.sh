@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU machine's whole visit, run as it is from the repo root there, after scripts/gpu-pack.sh
 # here (carry gpu-carry/). Stages (default: all but profile): ceilings ops golden engine bench8
-# bench48 crossover serve-e2e serve-invariant (--batch-invariant tests and bench) soak (CUDA soak, SOAK_SECONDS) serve; chat-goldens (transformers' template renders); stamps (cuda-fused phase timer, STAMP_VARIANTS); ab (knob A/B, AB_VARIANTS); bin-ab (two builds' binaries alternating, BIN_AB); gemm-tile (grouped GEMM tile experiments); wgmma (the grouped GEMM's large steps on wgmma: harness, prefill A/B); delta-chunked (the chunked DeltaNet kernel: harness, Qwen3.5 A/B); family-goldens (GOLDEN_FAMILIES; then the golden tests on them); bf16-sensitivity (transformers bf16 vs float64 per golden model); routes-ab (routes on/off over HTTP on CUDA); bench-gptoss (gpt-oss-20b shapes, MXFP4 experts); bench-new (Moonlight-16B-A3B, Qwen3.5-35B-A3B and Mixtral-8x7B 16-layer shapes: MLA, DeltaNet; BENCH_NEW_MODELS); serve-new (their and gpt-oss-20b's throughput profiles, SERVE_MODELS); mxfp4-gemv (the MXFP4 few-token paths: harness, gpt-oss goldens, decode A/B); routes-cost (capture on/off in process on CUDA); long-goldens (tools/gpu/long_goldens.py, then LongGolden on them; long_goldens.tgz); moe-stalls (ncu stall reasons of cuda-fused); attn-detail (ncu full + SASS stalls of decode attention); kernel-detail (the same for DETAIL_KERNELS in a gpt-oss batch-1 decode); profile (ncu per-kernel times of one decode and one prefill step;
+# bench48 crossover serve-e2e serve-invariant (--batch-invariant tests and bench) soak (CUDA soak, SOAK_SECONDS) serve; chat-goldens (transformers' template renders); stamps (cuda-fused phase timer, STAMP_VARIANTS); ab (knob A/B, AB_VARIANTS); bin-ab (two builds' binaries alternating, BIN_AB); gemm-tile (grouped GEMM tile experiments); wgmma (the grouped GEMM's large steps on wgmma: harness, prefill A/B); delta-chunked (the chunked DeltaNet kernel: harness, Qwen3.5 A/B); family-goldens (GOLDEN_FAMILIES; then the golden tests on them); bf16-sensitivity (transformers bf16 vs float64 per golden model); routes-ab (routes on/off over HTTP on CUDA); bench-gptoss (gpt-oss-20b shapes, MXFP4 experts); bench-new (Moonlight-16B-A3B, Qwen3.5-35B-A3B and Mixtral-8x7B 16-layer shapes: MLA, DeltaNet; BENCH_NEW_MODELS); serve-new (their and gpt-oss-20b's throughput profiles, SERVE_MODELS); mxfp4-gemv (the MXFP4 few-token paths: harness, gpt-oss goldens, decode A/B); fusions (session 32's opt-in decode fusions: harness, goldens, A/B); routes-cost (capture on/off in process on CUDA); long-goldens (tools/gpu/long_goldens.py, then LongGolden on them; long_goldens.tgz); moe-stalls (ncu stall reasons of cuda-fused); attn-detail (ncu full + SASS stalls of decode attention); kernel-detail (the same for DETAIL_KERNELS in a gpt-oss batch-1 decode); profile (ncu per-kernel times of one decode and one prefill step;
 # PROFILE_STEPS=decode for one), moe-detail (ncu's full sections on one cuda-fused launch).
 # Everything it prints also goes to $OUT/gpu-check.log; JSON results land in $OUT.
 #   scripts/gpu-check.sh [stage ...]
@@ -204,6 +204,24 @@ if want mxfp4-gemv; then
       --device cuda --random-weights "$carry/gpt-oss-20b/config.json" --batches 1,8 --context 1024 --steps 32 \
       --ab-pairs 0 --prefill 0 --bandwidth-gbs "$bandwidth" --json-out "$OUT/step_bench_gpt_oss_20b_gemv_${arm}_$gemv.json"
   done
+fi
+if want fusions; then
+  # Session 32's decode fusions, off by default until this stage has run (compiled only then):
+  # SY_ROUTE_SELECT=1 (route-logits kernel's last block selects), SY_GEMV_COMBINE=1 (the register
+  # MXFP4 GEMV's down combines), SY_MODULAR_NORM=1 (cuda-modular's one-token input norm),
+  # SY_WINDOW_PREP=1 (the fused q/k prep on sliding-window layers). With all four on: the op
+  # harness's MoE, q/k-prep, attention and invariance cases, the gpt-oss goldens and the
+  # engine/serve tests on CUDA; then gpt-oss-20b decode at batch 1 and 8, all on vs all off vs
+  # each one off, alternating (FUSION_ROUNDS rounds).
+  section "session-32 fusions: harness, goldens, decode A/B"
+  all_on="SY_ROUTE_SELECT=1 SY_GEMV_COMBINE=1 SY_MODULAR_NORM=1 SY_WINDOW_PREP=1"
+  env $all_on timeout "${STAGE_TIMEOUT:-300}" "$carry/cuda_op_harness" \
+    --filter "moe.,qk_prep,attention.decode,invariance." --json "$OUT/op_harness_fusions.json" || failed+=(fusions-ops)
+  env $all_on SY_TEST_DEVICE=cuda timeout "${STAGE_TIMEOUT:-300}" "$carry/test_model" \
+    --gtest_filter="$golden_filter" --gtest_brief=1 || failed+=(fusions-golden)
+  variants=("-" "${all_on// /+}")
+  for knob in $all_on; do variants+=("${all_on// /+}+${knob%=1}=0"); done
+  decode_ab "${FUSION_ROUNDS:-2}" 1,8 "$carry/gpt-oss-20b/config.json" "${variants[@]}"
 fi
 if want gemm-tile; then
   # The grouped GEMM's tile choices (every tile sums k in the same order: bitwise the default's

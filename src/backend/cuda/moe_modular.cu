@@ -1550,7 +1550,7 @@ class ModularKernel final : public moe::ExpertsKernel {
     route.ids = ids_;
     route.weights = weights_;
     route.sums = route_sums_;
-    route.arrivals = route_arrivals_;
+    route.arrivals = fuse_select_ || norm.residual ? route_arrivals_ : nullptr;
     launch_route(route, stream);
 
     const ExpertParams experts = ExpertParams::from(args.experts, w);
@@ -1903,14 +1903,17 @@ class ModularKernel final : public moe::ExpertsKernel {
   int* route_arrivals_ = nullptr;    // [1] RouteLaunch::arrivals (zero between launches)
   int* combine_arrivals_ = nullptr;  // [kGemvMaxTokens, H / (16 kRegWarps)] Mxfp4Gemv::arrivals
   float* x_normed_ = nullptr;        // [1, H] the fused input norm's row (route_fuses_norm)
-  // SY_MODULAR_NORM=0 (A/B): no fused input norm (SY_NO_NORM_FUSION=1 also unfuses the backend's
-  // norm + GEMV, so an A/B of this one alone needs its own knob).
-  const bool no_norm_fusion_ = env_off("SY_MODULAR_NORM") || env_flag("SY_NO_NORM_FUSION");
+  const bool no_norm_fusion_ = !env_flag("SY_MODULAR_NORM") || env_flag("SY_NO_NORM_FUSION");
   static int64_t combine_arrivals_bytes(int64_t hidden) {
     return kGemvMaxTokens * ceil_div(hidden, int64_t{16 * kRegWarps}) * 4;
   }
-  // SY_GEMV_COMBINE=0 (A/B): the register GEMV's down leaves the combine to combine_kernel.
-  const bool fuse_combine_ = !env_off("SY_GEMV_COMBINE");
+  // Session 32's decode fusions, compiled and CPU-checked but not yet run on a GPU (no device was
+  // lent), so off until a visit's op harness and A/B: SY_ROUTE_SELECT=1, the route-logits kernel's
+  // last block selects (<= 16 tokens); SY_GEMV_COMBINE=1, the register GEMV's down does the
+  // combine; SY_MODULAR_NORM=1, one-token steps fuse the input norm (its route kernel selects
+  // too).
+  const bool fuse_select_ = env_flag("SY_ROUTE_SELECT");
+  const bool fuse_combine_ = env_flag("SY_GEMV_COMBINE");
   __nv_bfloat16* x_bf16_ = nullptr;  // [T, H] hidden in bf16
   int32_t* perm_ = nullptr;          // [P] pair index by padded row, experts in order, -1 padding
   int32_t* tile_expert_ = nullptr;   // [M tiles] expert of each M tile

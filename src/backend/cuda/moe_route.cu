@@ -43,6 +43,7 @@ struct RouteTile {
 // Steps of up to 16 tokens: 16 x 256 a block, a block a group, the last block selects; up to
 // kPerGroupMaxTokens: 64 x 128, a block a group; larger steps: 64 x 128, every group.
 using SmallRouteTile = RouteTile<1, 1, true, true>;
+using PlainSmallRouteTile = RouteTile<1, 1, true, false>;  // (no RouteLaunch::arrivals)
 using GroupRouteTile = RouteTile<2, 2, true>;
 using TotalRouteTile = RouteTile<2, 2, false>;
 constexpr int64_t kPerGroupMaxTokens = 1024;
@@ -252,9 +253,9 @@ void prepare_route_kernels() {
 
 void launch_route(const RouteLaunch& launch, cudaStream_t stream) {
   if (launch.tokens == 0) return;
-  // Few tokens: a block per (256 experts, group), the last selects; up to kPerGroupMaxTokens: a
-  // block per (64 tokens, 128 experts, group); then a block per (64 tokens, 128 experts) over every
-  // group.
+  // Few tokens: a block per (256 experts, group), the last selecting where arrivals is given; up to
+  // kPerGroupMaxTokens: a block per (64 tokens, 128 experts, group); then a block per (64 tokens,
+  // 128 experts) over every group.
   int groups = router_groups(launch.params.hidden);
   if (launch.norm_weight) {  // (one token; route_fuses_norm)
     switch (norm_row_vec(launch.params.hidden)) {
@@ -273,11 +274,13 @@ void launch_route(const RouteLaunch& launch, cudaStream_t stream) {
     }
     return;
   }
-  if (launch.tokens <= SmallRouteTile::kM) {
+  if (launch.tokens <= SmallRouteTile::kM && launch.arrivals) {
     launch_logits<SmallRouteTile>(launch, stream);  // (its last block selects)
     return;
   }
-  if (launch.tokens <= kPerGroupMaxTokens) {
+  if (launch.tokens <= SmallRouteTile::kM) {
+    launch_logits<PlainSmallRouteTile>(launch, stream);
+  } else if (launch.tokens <= kPerGroupMaxTokens) {
     launch_logits<GroupRouteTile>(launch, stream);
   } else {
     launch_logits<TotalRouteTile>(launch, stream);

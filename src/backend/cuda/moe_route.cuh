@@ -582,8 +582,9 @@ struct RouteLaunch {
   int32_t* ids = nullptr;            // [T, K]
   float* weights = nullptr;          // [T, K]
   float* sums = nullptr;             // scratch: route_sums_floats(T, E, H)
-  // Steps of up to 16 tokens: the logits blocks count themselves here and the last one selects
-  // (no second launch); it resets the count. One zeroed int, used by one stream at a time.
+  // Where set, steps of up to 16 tokens select without a second launch: the logits blocks count
+  // themselves here and the last one selects, then resets the count. One zeroed int, used by one
+  // stream at a time. Required with norm_weight.
   int* arrivals = nullptr;
   // One-token steps with the input norm fused (norm_weight set; H % 4 == 0, H <= 8192): `hidden`
   // is unread; every block normalises residual + earlier_delta (or none) + delta itself
