@@ -65,7 +65,7 @@ void matmul_case(Harness& h, Case& c, Backend& dev, bool invariant, int64_t in, 
 
 // One decode token of sequence 0 (context `context`), alone and beside a prefill chunk of
 // sequence 1, over the same cache.
-void attention_case(Harness& h, Case& c, Backend& dev, bool invariant, int64_t window) {
+void attention_case(Case& c, Backend& dev, bool invariant, int64_t window) {
   const int64_t heads = 8, kv_heads = 2, head_dim = 128, block = 16;
   const int64_t context = 700, other_history = 130, chunk = 77;
   const int64_t blocks0 = (context + block - 1) / block, blocks1 = (other_history + chunk + block - 1) / block;
@@ -257,7 +257,7 @@ void run_invariance_ops(Harness& h, Backend& invariant) {
             [&](Case& c) { matmul_case(h, c, dev, inv, in, out); });
     for (int64_t window : {int64_t{0}, int64_t{100}})
       h.run(fmt::format("invariance.attention.{}", mode), fmt::format("window={}", window),
-            [&](Case& c) { attention_case(h, c, dev, inv, window); });
+            [&](Case& c) { attention_case(c, dev, inv, window); });
     h.run(fmt::format("invariance.moe.{}", mode), "gpt-oss MXFP4 experts H=256 I=128 E=16 K=4",
           [&](Case& c) { moe_case(h, c, dev, inv); });
   }
