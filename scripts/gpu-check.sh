@@ -308,15 +308,24 @@ if want profile; then
   ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
   # PROFILE_CONFIG: another config-only model (e.g. gpt-oss-20b); PROFILE_BATCH: the decode batch;
   # PROFILE_PREFILL: the prefill length (PROFILE_PREFILL_SEQS: over that many equal prompts).
+  # PROFILE_BATCH may list several decode batches ("1 64"): one table each, ncu_decode_b<N>.*
+  # (a lone batch keeps the name ncu_decode.*). PROFILE_TIMEOUT: each ncu run's limit (a
+  # gpt-oss batch-256 step needs more than 150 s under ncu).
   profile_config=${PROFILE_CONFIG:-$carry/qwen3-30b-a3b/config.json}
+  read -r -a profile_batches <<< "${PROFILE_BATCH:-1}"
   for what in ${PROFILE_STEPS:-decode prefill}; do
-    if [[ $what == decode ]]; then shape=(--batches "${PROFILE_BATCH:-1}" --context 1024 --steps 2 --ab-pairs 0 --prefill 0)
-    else shape=(--batches "" --prefill "${PROFILE_PREFILL:-4096}" --prefill-seqs "${PROFILE_PREFILL_SEQS:-1}" --steps 1 --ab-pairs 0); fi
-    run "profile-$what" timeout 400 "$ncu_bin" --clock-control none --cache-control none --csv \
-      --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum --log-file "$OUT/ncu_$what.csv" \
-      "$carry/step_bench" --device cuda --random-weights "$profile_config" --no-graphs \
-      "${shape[@]}" --bandwidth-gbs "$bandwidth"
-    python3 tools/gpu/ncu_table.py "$OUT/ncu_$what.csv" --last-step "$what" --bandwidth-gbs "$bandwidth" | tee "$OUT/ncu_$what.txt"
+    if [[ $what == decode ]]; then runs=("${profile_batches[@]}"); else runs=(prefill); fi
+    for batch in "${runs[@]}"; do
+      name=$what
+      [[ $what == decode && ${#profile_batches[@]} -gt 1 ]] && name=decode_b$batch
+      if [[ $what == decode ]]; then shape=(--batches "$batch" --context 1024 --steps 2 --ab-pairs 0 --prefill 0)
+      else shape=(--batches "" --prefill "${PROFILE_PREFILL:-4096}" --prefill-seqs "${PROFILE_PREFILL_SEQS:-1}" --steps 1 --ab-pairs 0); fi
+      run "profile-$name" timeout "${PROFILE_TIMEOUT:-400}" "$ncu_bin" --clock-control none --cache-control none --csv \
+        --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum --log-file "$OUT/ncu_$name.csv" \
+        "$carry/step_bench" --device cuda --random-weights "$profile_config" --no-graphs \
+        "${shape[@]}" --bandwidth-gbs "$bandwidth"
+      python3 tools/gpu/ncu_table.py "$OUT/ncu_$name.csv" --last-step "$what" --bandwidth-gbs "$bandwidth" | tee "$OUT/ncu_$name.txt"
+    done
   done
 fi
 if want moe-detail; then
