@@ -1153,10 +1153,11 @@ __device__ __forceinline__ void reg_gemv_combine(const Mxfp4Gemv& g, int rows_pe
 
 // grid (ceil(rows / (16 * kRegWarps)), pairs), kRegThreads threads, reg_gemv_smem(k) bytes; the
 // warp GEMV's arguments and results (x in; gate_up out as f32 activations, down out, and with
-// g.combined set the combine too).
-template <bool kGateUp>
+// kCombine (down only: g.combined set) the combine too).
+template <bool kGateUp, bool kCombine = false>
 __global__ void __launch_bounds__(kRegThreads, 4)
     mxfp4_reg_gemv_kernel(const __grid_constant__ Mxfp4Gemv g) {
+  static_assert(!(kGateUp && kCombine), "the combine follows down");
   extern __shared__ __align__(16) uint8_t smem[];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int pair = blockIdx.y;
@@ -1176,7 +1177,7 @@ __global__ void __launch_bounds__(kRegThreads, 4)
   if (static_cast<uint32_t>(e) >= static_cast<uint32_t>(g.experts)) {  // whole block: one pair
     overlap_prologue();
     if (lane < outs && out0 + lane < g.n) out[out0 + lane] = 0.0f;
-    if (!kGateUp && g.combined) reg_gemv_combine(g, 16 * kRegWarps);
+    if constexpr (kCombine) reg_gemv_combine(g, 16 * kRegWarps);
     return;
   }
   const bool live = row0 < rows;  // rows is a multiple of 16: a live warp's 16 rows all exist
@@ -1212,7 +1213,8 @@ __global__ void __launch_bounds__(kRegThreads, 4)
   reg_gemv_split_x(g.x + (kGateUp ? pair / g.top_k : pair) * static_cast<int64_t>(k), k, smem,
                    &x_back);
   __syncthreads();
-  if (live) {  // (no return: a fused combine needs the whole block below)
+  if (!kCombine && !live) return;  // (a fused combine needs the whole block below)
+  if (live) {
     // B: lanes (2q, q) and (2q + 1, q) carry x's hi and lo of lane q's block; the rest zeros.
     const bool b_lane = (gr >> 1) == q;
     const uint16_t* x_b = (gr & 1) ? x_lo : x_hi;
@@ -1274,7 +1276,7 @@ __global__ void __launch_bounds__(kRegThreads, 4)
     }
   }
   }  // live
-  if (!kGateUp && g.combined) reg_gemv_combine(g, 16 * kRegWarps);
+  if constexpr (kCombine) reg_gemv_combine(g, 16 * kRegWarps);
 }
 
 // ---- Combine ----
@@ -1283,6 +1285,7 @@ constexpr int kCombineThreads = 128;
 
 // grid (ceil(H / 4 / 128), T): out[t] = sum over k = 0..K-1, in order, of weight[t, k] * y[t*K +
 // k]; with a residual update (ResidualAdd) that too. Bytes: T*K*H*4 read + T*H*4 written.
+template <bool kResidual>
 __global__ void __launch_bounds__(kCombineThreads)
     combine_kernel(const float* __restrict__ y, const float* __restrict__ weights, int top_k,
                    int hidden, float* out, const ResidualAdd residual) {
@@ -1301,10 +1304,10 @@ __global__ void __launch_bounds__(kCombineThreads)
   }
   const int64_t i = t * hidden + h;
   float x[4] = {};
-  if (residual.residual)
+  if constexpr (kResidual)
     for (int c = 0; c < 4; ++c) x[c] = residual.before(i + c);
   *reinterpret_cast<float4*>(out + i) = acc;
-  if (residual.residual)
+  if constexpr (kResidual)
     *reinterpret_cast<float4*>(residual.residual + i) =
         make_float4(x[0] + acc.x, x[1] + acc.y, x[2] + acc.z, x[3] + acc.w);
 }
@@ -1596,10 +1599,10 @@ class ModularKernel final : public moe::ExpertsKernel {
     if (combined) return Status::ok();
     const dim3 combine_grid(static_cast<unsigned>(ceil_div(hidden_ / 4, kCombineThreads)),
                             static_cast<unsigned>(tokens));
-    launch_overlapped(combine_kernel, combine_grid, dim3(kCombineThreads), 0, stream,
-                      static_cast<const float*>(y_), static_cast<const float*>(weights_),
-                      static_cast<int>(top_k_), static_cast<int>(hidden_), args.out.ptr<float>(),
-                      residual);
+    launch_overlapped(residual.residual ? combine_kernel<true> : combine_kernel<false>,
+                      combine_grid, dim3(kCombineThreads), 0, stream, static_cast<const float*>(y_),
+                      static_cast<const float*>(weights_), static_cast<int>(top_k_),
+                      static_cast<int>(hidden_), args.out.ptr<float>(), residual);
     SY_CUDA_LAUNCH_CHECK("combine_kernel");
     return Status::ok();
   }
@@ -1760,7 +1763,10 @@ class ModularKernel final : public moe::ExpertsKernel {
           g.arrivals = combine_arrivals_;
           g.residual = residual;
         }
-        launch(mxfp4_reg_gemv_kernel<false>, hidden_, act_f32_, y_);
+        if (fuse_combine_)
+          launch(mxfp4_reg_gemv_kernel<false, true>, hidden_, act_f32_, y_);
+        else
+          launch(mxfp4_reg_gemv_kernel<false>, hidden_, act_f32_, y_);
         return fuse_combine_;
       }
       const int64_t tokens = pairs / top_k_;

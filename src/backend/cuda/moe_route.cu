@@ -48,22 +48,14 @@ using GroupRouteTile = RouteTile<2, 2, true>;
 using TotalRouteTile = RouteTile<2, 2, false>;
 constexpr int64_t kPerGroupMaxTokens = 1024;
 
-// Tokens [first, tokens) in steps of `stride`, a warp each: logits from the groups' sums, then
-// the selection.
-constexpr int kSelectWarps = 4;
-template <int WARPS>
-__device__ __forceinline__ void select_tokens(const RouteLaunch& a, int groups, int64_t first,
-                                              int64_t stride) {
-  __shared__ float logits[WARPS][kMaxRouteExperts];
-  __shared__ int32_t ids[WARPS][kMaxRouteTopK];
-  __shared__ float weights[WARPS][kMaxRouteTopK];
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  for (int64_t t = first; t < a.tokens; t += stride) {  // (whole warps)
-    router_logits_fill(a.sums, groups, a.tokens, a.params.num_experts, t, logits[warp], lane, 32);
-    __syncwarp();
-    select_and_write(a, t, logits[warp], ids[warp], weights[warp]);
-    __syncwarp();
-  }
+// Token t, by one whole warp: its logits from the groups' sums (into shared `logits`), then the
+// selection.
+__device__ __forceinline__ void select_token(const RouteLaunch& a, int groups, int64_t t,
+                                             float* logits, int32_t* ids, float* weights) {
+  router_logits_fill(a.sums, groups, a.tokens, a.params.num_experts, t, logits, threadIdx.x & 31,
+                     32);
+  __syncwarp();
+  select_and_write(a, t, logits, ids, weights);
 }
 
 template <int WM>
@@ -198,7 +190,8 @@ __global__ void __launch_bounds__(256, 2) route_logits_kernel(const RouteLaunch 
                           rows - m_base - mt * 16, e_base + nt * 8, E);
   if constexpr (Cfg::kSelects) {
     // The last block to count itself (its sums, and by the fence every other block's, are in L2)
-    // selects every token of the step, a warp each.
+    // selects every token of the step, a warp each. (Plain loads of the sums, as cuda-fused's
+    // after its grid barrier: no block of this launch read them before, so L1 holds no copy.)
     __shared__ bool last;
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -210,16 +203,28 @@ __global__ void __launch_bounds__(256, 2) route_logits_kernel(const RouteLaunch 
     __syncthreads();
     if (!last) return;
     __threadfence();
-    select_tokens<Cfg::kWarps>(a, router_groups(H), warp, Cfg::kWarps);
+    __shared__ float logits[Cfg::kWarps][kMaxRouteExperts];
+    __shared__ int32_t ids[Cfg::kWarps][kMaxRouteTopK];
+    __shared__ float weights[Cfg::kWarps][kMaxRouteTopK];
+    for (int64_t t = warp; t < a.tokens; t += Cfg::kWarps) {  // (whole warps)
+      select_token(a, router_groups(H), t, logits[warp], ids[warp], weights[warp]);
+      __syncwarp();
+    }
   }
 }
 
 // A warp per token: its logits from the groups' sums, then the selection.
+constexpr int kSelectWarps = 4;
 __global__ void __launch_bounds__(kSelectWarps * 32)
     route_select_kernel(const RouteLaunch a, int groups) {
   overlap_prologue();  // (launched overlapped: the sums are route_logits_kernel's output)
-  const int64_t t = static_cast<int64_t>(blockIdx.x) * kSelectWarps + (threadIdx.x >> 5);
-  if (t < a.tokens) select_tokens<kSelectWarps>(a, groups, t, a.tokens);  // (one token a warp)
+  __shared__ float logits[kSelectWarps][kMaxRouteExperts];
+  __shared__ int32_t ids[kSelectWarps][kMaxRouteTopK];
+  __shared__ float weights[kSelectWarps][kMaxRouteTopK];
+  const int warp = threadIdx.x >> 5;
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * kSelectWarps + warp;
+  if (t >= a.tokens) return;  // (whole warps)
+  select_token(a, groups, t, logits[warp], ids[warp], weights[warp]);
 }
 
 template <class Cfg, int NORM_VEC = 0>

@@ -244,9 +244,8 @@ __device__ __forceinline__ void router_logits_fill(const float* sums, int groups
 #pragma unroll
         for (int j = 0; j < kGroups; ++j) {
           const int e = e0 + i * stride, g = g0 + j;
-          v[i][j] = e < E && g < groups
-                        ? __ldcg(sums + (static_cast<int64_t>(g) * tokens + t) * E + e)
-                        : 0.0f;  // (L2: another block's or kernel's output)
+          v[i][j] =
+              e < E && g < groups ? sums[(static_cast<int64_t>(g) * tokens + t) * E + e] : 0.0f;
         }
 #pragma unroll
       for (int i = 0; i < kExperts; ++i)
