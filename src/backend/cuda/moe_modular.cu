@@ -1553,7 +1553,7 @@ class ModularKernel final : public moe::ExpertsKernel {
     route.ids = ids_;
     route.weights = weights_;
     route.sums = route_sums_;
-    route.arrivals = fuse_select_ || norm.residual ? route_arrivals_ : nullptr;
+    route.arrivals = fuse_select_ ? route_arrivals_ : nullptr;
     launch_route(route, stream);
 
     const ExpertParams experts = ExpertParams::from(args.experts, w);
@@ -1916,8 +1916,7 @@ class ModularKernel final : public moe::ExpertsKernel {
   // Session 32's decode fusions, compiled and CPU-checked but not yet run on a GPU (no device was
   // lent), so off until a visit's op harness and A/B: SY_ROUTE_SELECT=1, the route-logits kernel's
   // last block selects (<= 16 tokens); SY_GEMV_COMBINE=1, the register GEMV's down does the
-  // combine; SY_MODULAR_NORM=1, one-token steps fuse the input norm (its route kernel selects
-  // too).
+  // combine; SY_MODULAR_NORM=1, one-token steps fuse the input norm.
   const bool fuse_select_ = env_flag("SY_ROUTE_SELECT");
   const bool fuse_combine_ = env_flag("SY_GEMV_COMBINE");
   __nv_bfloat16* x_bf16_ = nullptr;  // [T, H] hidden in bf16

@@ -263,27 +263,22 @@ void launch_route(const RouteLaunch& launch, cudaStream_t stream) {
   // 128 experts) over every group.
   int groups = router_groups(launch.params.hidden);
   if (launch.norm_weight) {  // (one token; route_fuses_norm)
-    switch (norm_row_vec(launch.params.hidden)) {
-      case 1:
-        launch_logits<SmallRouteTile, 1>(launch, stream);
-        break;
-      case 2:
-        launch_logits<SmallRouteTile, 2>(launch, stream);
-        break;
-      case 4:
-        launch_logits<SmallRouteTile, 4>(launch, stream);
-        break;
-      default:
-        launch_logits<SmallRouteTile, 8>(launch, stream);
-        break;
+    const int vec = norm_row_vec(launch.params.hidden);
+    if (launch.arrivals) {  // (its last block selects)
+      vec == 1   ? launch_logits<SmallRouteTile, 1>(launch, stream)
+      : vec == 2 ? launch_logits<SmallRouteTile, 2>(launch, stream)
+      : vec == 4 ? launch_logits<SmallRouteTile, 4>(launch, stream)
+                 : launch_logits<SmallRouteTile, 8>(launch, stream);
+      return;
     }
-    return;
-  }
-  if (launch.tokens <= SmallRouteTile::kM && launch.arrivals) {
+    vec == 1   ? launch_logits<PlainSmallRouteTile, 1>(launch, stream)
+    : vec == 2 ? launch_logits<PlainSmallRouteTile, 2>(launch, stream)
+    : vec == 4 ? launch_logits<PlainSmallRouteTile, 4>(launch, stream)
+               : launch_logits<PlainSmallRouteTile, 8>(launch, stream);
+  } else if (launch.tokens <= SmallRouteTile::kM && launch.arrivals) {
     launch_logits<SmallRouteTile>(launch, stream);  // (its last block selects)
     return;
-  }
-  if (launch.tokens <= SmallRouteTile::kM) {
+  } else if (launch.tokens <= SmallRouteTile::kM) {
     launch_logits<PlainSmallRouteTile>(launch, stream);
   } else if (launch.tokens <= kPerGroupMaxTokens) {
     launch_logits<GroupRouteTile>(launch, stream);

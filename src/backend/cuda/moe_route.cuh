@@ -583,7 +583,7 @@ struct RouteLaunch {
   float* sums = nullptr;             // scratch: route_sums_floats(T, E, H)
   // Where set, steps of up to 16 tokens select without a second launch: the logits blocks count
   // themselves here and the last one selects, then resets the count. One zeroed int, used by one
-  // stream at a time. Required with norm_weight.
+  // stream at a time.
   int* arrivals = nullptr;
   // One-token steps with the input norm fused (norm_weight set; H % 4 == 0, H <= 8192): `hidden`
   // is unread; every block normalises residual + earlier_delta (or none) + delta itself
