@@ -1458,7 +1458,6 @@ class ModularKernel final : public moe::ExpertsKernel {
         allocate(&route_sums_, route_sums_floats(max_tokens, experts, hidden) * 4) &&
         allocate(&x_bf16_, max_tokens * hidden * 2) && allocate(&perm_, padded_rows * 4) &&
         allocate(&tile_expert_, tiles * 4) && allocate(&tile_count_, 4) &&
-        allocate(&route_arrivals_, 4) && cudaMemset(route_arrivals_, 0, 4) == cudaSuccess &&
         allocate(&combine_arrivals_, combine_arrivals_bytes(hidden)) &&
         allocate(&x_normed_, hidden * 4) &&
         cudaMemset(combine_arrivals_, 0, combine_arrivals_bytes(hidden)) == cudaSuccess &&
@@ -1553,7 +1552,6 @@ class ModularKernel final : public moe::ExpertsKernel {
     route.ids = ids_;
     route.weights = weights_;
     route.sums = route_sums_;
-    route.arrivals = fuse_select_ ? route_arrivals_ : nullptr;
     launch_route(route, stream);
 
     const ExpertParams experts = ExpertParams::from(args.experts, w);
@@ -1885,15 +1883,15 @@ class ModularKernel final : public moe::ExpertsKernel {
                       static_cast<size_t>(std::max<int64_t>(bytes, 16))) == cudaSuccess;
   }
   void release() {
-    for (void* p : {static_cast<void*>(ids_), static_cast<void*>(weights_),
-                    static_cast<void*>(x_bf16_), static_cast<void*>(perm_),
-                    static_cast<void*>(tile_expert_), static_cast<void*>(tile_count_),
-                    static_cast<void*>(act_), static_cast<void*>(y_), static_cast<void*>(act_f32_),
-                    static_cast<void*>(x_split_), static_cast<void*>(act_split_),
-                    static_cast<void*>(route_sums_), static_cast<void*>(route_arrivals_),
-                    static_cast<void*>(combine_arrivals_), static_cast<void*>(x_normed_)})
+    for (void* p :
+         {static_cast<void*>(ids_), static_cast<void*>(weights_), static_cast<void*>(x_bf16_),
+          static_cast<void*>(perm_), static_cast<void*>(tile_expert_),
+          static_cast<void*>(tile_count_), static_cast<void*>(act_), static_cast<void*>(y_),
+          static_cast<void*>(act_f32_), static_cast<void*>(x_split_),
+          static_cast<void*>(act_split_), static_cast<void*>(route_sums_),
+          static_cast<void*>(combine_arrivals_), static_cast<void*>(x_normed_)})
       if (p) cudaFree(p);
-    x_split_ = nullptr, act_split_ = nullptr, route_sums_ = nullptr, route_arrivals_ = nullptr;
+    x_split_ = nullptr, act_split_ = nullptr, route_sums_ = nullptr;
     combine_arrivals_ = nullptr, x_normed_ = nullptr;
     ids_ = nullptr, weights_ = nullptr, x_bf16_ = nullptr, perm_ = nullptr, tile_expert_ = nullptr;
     tile_count_ = nullptr, act_ = nullptr, y_ = nullptr, act_f32_ = nullptr;
@@ -1906,19 +1904,16 @@ class ModularKernel final : public moe::ExpertsKernel {
   int32_t* ids_ = nullptr;           // [T, K] chosen experts
   float* weights_ = nullptr;         // [T, K] gating weights
   float* route_sums_ = nullptr;      // the router logits' group sums (route_sums_floats)
-  int* route_arrivals_ = nullptr;    // [1] RouteLaunch::arrivals (zero between launches)
   int* combine_arrivals_ = nullptr;  // [kGemvMaxTokens, H / (16 kRegWarps)] Mxfp4Gemv::arrivals
   float* x_normed_ = nullptr;        // [1, H] the fused input norm's row (route_fuses_norm)
-  const bool no_norm_fusion_ = !env_flag("SY_MODULAR_NORM") || env_flag("SY_NO_NORM_FUSION");
   static int64_t combine_arrivals_bytes(int64_t hidden) {
     return kGemvMaxTokens * ceil_div(hidden, int64_t{16 * kRegWarps}) * 4;
   }
-  // Session 32's decode fusions, compiled and CPU-checked but not yet run on a GPU (no device was
-  // lent), so off until a visit's op harness and A/B: SY_ROUTE_SELECT=1, the route-logits kernel's
-  // last block selects (<= 16 tokens); SY_GEMV_COMBINE=1, the register GEMV's down does the
-  // combine; SY_MODULAR_NORM=1, one-token steps fuse the input norm.
-  const bool fuse_select_ = env_flag("SY_ROUTE_SELECT");
+  // Session 32's opt-in decode fusions (harness and goldens pass on an H100; the default is
+  // decided by an A/B against the default path, BENCHMARKS.md session 32): SY_GEMV_COMBINE=1, the
+  // register GEMV's down does the combine; SY_MODULAR_NORM=1, one-token steps fuse the input norm.
   const bool fuse_combine_ = env_flag("SY_GEMV_COMBINE");
+  const bool no_norm_fusion_ = !env_flag("SY_MODULAR_NORM") || env_flag("SY_NO_NORM_FUSION");
   __nv_bfloat16* x_bf16_ = nullptr;  // [T, H] hidden in bf16
   int32_t* perm_ = nullptr;          // [P] pair index by padded row, experts in order, -1 padding
   int32_t* tile_expert_ = nullptr;   // [M tiles] expert of each M tile

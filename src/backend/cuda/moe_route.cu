@@ -29,34 +29,22 @@ __device__ __forceinline__ void select_and_write(const RouteLaunch& a, int64_t t
 // distinct banks), the router rows come from L2 a step ahead of their mma. PER_GROUP: a block per
 // group (blockIdx.z), its sums into a.sums[group]; else a block runs every group in turn, two
 // stages, and stores their total (one "group").
-// SELECTS: the last block to finish also selects (a whole step's tokens; steps of a block's rows).
-template <int WM, int WARP_ROWS, bool PER_GROUP, bool SELECTS = false>
+template <int WM, int WARP_ROWS, bool PER_GROUP>
 struct RouteTile {
   static constexpr int kWM = WM;
-  static constexpr bool kPerGroup = PER_GROUP, kSelects = SELECTS;
+  static constexpr bool kPerGroup = PER_GROUP;
   static constexpr int kThreads = 256, kWarps = 8, kWarpCols = kWarps / WARP_ROWS;
   static constexpr int kM = 16 * WM * WARP_ROWS, kN = 32 * kWarpCols;
   static constexpr int kRowFloats = kRouterGroup + 16;
   static constexpr int kStages = PER_GROUP ? 1 : 2;
   static constexpr size_t kSmemBytes = static_cast<size_t>(kStages) * kM * kRowFloats * 4;
 };
-// Steps of up to 16 tokens: 16 x 256 a block, a block a group, the last block selects; up to
-// kPerGroupMaxTokens: 64 x 128, a block a group; larger steps: 64 x 128, every group.
-using SmallRouteTile = RouteTile<1, 1, true, true>;
-using PlainSmallRouteTile = RouteTile<1, 1, true, false>;  // (no RouteLaunch::arrivals)
+// Steps of up to 16 tokens: 16 x 256 a block, a block a group; up to kPerGroupMaxTokens: 64 x
+// 128, a block a group; larger steps: 64 x 128, every group.
+using SmallRouteTile = RouteTile<1, 1, true>;
 using GroupRouteTile = RouteTile<2, 2, true>;
 using TotalRouteTile = RouteTile<2, 2, false>;
 constexpr int64_t kPerGroupMaxTokens = 1024;
-
-// Token t, by one whole warp: its logits from the groups' sums (into shared `logits`), then the
-// selection.
-__device__ __forceinline__ void select_token(const RouteLaunch& a, int groups, int64_t t,
-                                             float* logits, int32_t* ids, float* weights) {
-  router_logits_fill(a.sums, groups, a.tokens, a.params.num_experts, t, logits, threadIdx.x & 31,
-                     32);
-  __syncwarp();
-  select_and_write(a, t, logits, ids, weights);
-}
 
 template <int WM>
 __device__ __forceinline__ void zero_tiles(float (&tiles)[WM][4][4]) {
@@ -188,29 +176,6 @@ __global__ void __launch_bounds__(256, 2) route_logits_kernel(const RouteLaunch 
       for (int nt = 0; nt < 4; ++nt)
         router_store_tile(total[mt][nt], a.sums, E, static_cast<int>(t0) + m_base + mt * 16,
                           rows - m_base - mt * 16, e_base + nt * 8, E);
-  if constexpr (Cfg::kSelects) {
-    // The last block to count itself (its sums, and by the fence every other block's, are in L2)
-    // selects every token of the step, a warp each. (Plain loads of the sums, as cuda-fused's
-    // after its grid barrier: no block of this launch read them before, so L1 holds no copy.)
-    __shared__ bool last;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      __threadfence();
-      const int total_blocks = static_cast<int>(gridDim.x * gridDim.y * gridDim.z);
-      last = atomicAdd(a.arrivals, 1) == total_blocks - 1;
-      if (last) *a.arrivals = 0;  // (no block counts again in this launch)
-    }
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    __shared__ float logits[Cfg::kWarps][kMaxRouteExperts];
-    __shared__ int32_t ids[Cfg::kWarps][kMaxRouteTopK];
-    __shared__ float weights[Cfg::kWarps][kMaxRouteTopK];
-    for (int64_t t = warp; t < a.tokens; t += Cfg::kWarps) {  // (whole warps)
-      select_token(a, router_groups(H), t, logits[warp], ids[warp], weights[warp]);
-      __syncwarp();
-    }
-  }
 }
 
 // A warp per token: its logits from the groups' sums, then the selection.
@@ -221,10 +186,13 @@ __global__ void __launch_bounds__(kSelectWarps * 32)
   __shared__ float logits[kSelectWarps][kMaxRouteExperts];
   __shared__ int32_t ids[kSelectWarps][kMaxRouteTopK];
   __shared__ float weights[kSelectWarps][kMaxRouteTopK];
-  const int warp = threadIdx.x >> 5;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t t = static_cast<int64_t>(blockIdx.x) * kSelectWarps + warp;
   if (t >= a.tokens) return;  // (whole warps)
-  select_token(a, groups, t, logits[warp], ids[warp], weights[warp]);
+  const int E = a.params.num_experts;
+  router_logits_fill(a.sums, groups, a.tokens, E, t, logits[warp], lane, 32);
+  __syncwarp();
+  select_and_write(a, t, logits[warp], ids[warp], weights[warp]);
 }
 
 template <class Cfg, int NORM_VEC = 0>
@@ -258,28 +226,26 @@ void prepare_route_kernels() {
 
 void launch_route(const RouteLaunch& launch, cudaStream_t stream) {
   if (launch.tokens == 0) return;
-  // Few tokens: a block per (256 experts, group), the last selecting where arrivals is given; up to
-  // kPerGroupMaxTokens: a block per (64 tokens, 128 experts, group); then a block per (64 tokens,
-  // 128 experts) over every group.
+  // Few tokens: a block per (256 experts, group); up to kPerGroupMaxTokens: a block per (64
+  // tokens, 128 experts, group); then a block per (64 tokens, 128 experts) over every group.
   int groups = router_groups(launch.params.hidden);
   if (launch.norm_weight) {  // (one token; route_fuses_norm)
-    const int vec = norm_row_vec(launch.params.hidden);
-    if (launch.arrivals) {  // (its last block selects)
-      vec == 1   ? launch_logits<SmallRouteTile, 1>(launch, stream)
-      : vec == 2 ? launch_logits<SmallRouteTile, 2>(launch, stream)
-      : vec == 4 ? launch_logits<SmallRouteTile, 4>(launch, stream)
-                 : launch_logits<SmallRouteTile, 8>(launch, stream);
-      return;
+    switch (norm_row_vec(launch.params.hidden)) {
+      case 1:
+        launch_logits<SmallRouteTile, 1>(launch, stream);
+        break;
+      case 2:
+        launch_logits<SmallRouteTile, 2>(launch, stream);
+        break;
+      case 4:
+        launch_logits<SmallRouteTile, 4>(launch, stream);
+        break;
+      default:
+        launch_logits<SmallRouteTile, 8>(launch, stream);
+        break;
     }
-    vec == 1   ? launch_logits<PlainSmallRouteTile, 1>(launch, stream)
-    : vec == 2 ? launch_logits<PlainSmallRouteTile, 2>(launch, stream)
-    : vec == 4 ? launch_logits<PlainSmallRouteTile, 4>(launch, stream)
-               : launch_logits<PlainSmallRouteTile, 8>(launch, stream);
-  } else if (launch.tokens <= SmallRouteTile::kM && launch.arrivals) {
-    launch_logits<SmallRouteTile>(launch, stream);  // (its last block selects)
-    return;
   } else if (launch.tokens <= SmallRouteTile::kM) {
-    launch_logits<PlainSmallRouteTile>(launch, stream);
+    launch_logits<SmallRouteTile>(launch, stream);
   } else if (launch.tokens <= kPerGroupMaxTokens) {
     launch_logits<GroupRouteTile>(launch, stream);
   } else {

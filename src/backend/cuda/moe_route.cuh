@@ -581,10 +581,6 @@ struct RouteLaunch {
   int32_t* ids = nullptr;            // [T, K]
   float* weights = nullptr;          // [T, K]
   float* sums = nullptr;             // scratch: route_sums_floats(T, E, H)
-  // Where set, steps of up to 16 tokens select without a second launch: the logits blocks count
-  // themselves here and the last one selects, then resets the count. One zeroed int, used by one
-  // stream at a time.
-  int* arrivals = nullptr;
   // One-token steps with the input norm fused (norm_weight set; H % 4 == 0, H <= 8192): `hidden`
   // is unread; every block normalises residual + earlier_delta (or none) + delta itself
   // (NormRow<norm_row_vec(H)>: bitwise add_rms_norm's) and writes its group's slice of the normed
