@@ -763,33 +763,28 @@ void run_moe_ops(Harness& h) {
           device_case(h, c, g, w, d, **dev_fused, dev_modular ? *dev_modular : nullptr, replay);
         });
       }
-      // cuda-modular's one-token steps fuse the input norm too (its route kernel norms the row,
-      // its combine adds the residual), every group.
-      if (T == 1 && !h.options.reference_as_device)
-        for (int variant = 0; variant < 3; ++variant)
-          h.run("moe.cuda-modular.input-norm",
-                fmt::format("{}{}", desc_of(T),
-                            variant == 0   ? ""
-                            : variant == 1 ? " +earlier delta"
-                                           : " +earlier delta in out"),
-                [&](Case& c) {
-                  if (!dev_modular) return c.fail(dev_modular.message());
-                  ensure_step();
-                  fused_input_norm_case(h, c, g, w, d, **dev_modular, variant > 0, variant == 2);
-                });
-      // (cuda-fused reads MXFP4 only with SY_FUSED_MXFP4=1)
+      // One-token steps with the input norm fused, each kernel that fuses it: cuda-modular on
+      // every group (its route kernel norms the row, its combine adds the residual), cuda-fused
+      // on the groups it takes (MXFP4 only with SY_FUSED_MXFP4=1).
       const char* fused_mxfp4 = std::getenv("SY_FUSED_MXFP4");
-      if (T == 1 && g.fused && !h.options.reference_as_device &&
-          (!g.mxfp4 || (fused_mxfp4 && fused_mxfp4[0] == '1')))
-        for (int variant = 0; variant < 3; ++variant)
-          h.run("moe.cuda-fused.input-norm",
-                fmt::format("{}{}", desc_of(T),
-                            variant == 0 ? "" : variant == 1 ? " +earlier delta" : " +earlier delta in out"),
-                [&](Case& c) {
-                  if (!dev_fused) return c.fail(dev_fused.message());
-                  ensure_step();
-                  fused_input_norm_case(h, c, g, w, d, **dev_fused, variant > 0, variant == 2);
-                });
+      const bool fused_takes = g.fused && (!g.mxfp4 || (fused_mxfp4 && fused_mxfp4[0] == '1'));
+      if (T == 1 && !h.options.reference_as_device)
+        for (auto* kernel : {&dev_modular, &dev_fused}) {
+          if (kernel == &dev_fused && !fused_takes) continue;
+          const std::string op =
+              kernel == &dev_fused ? "moe.cuda-fused.input-norm" : "moe.cuda-modular.input-norm";
+          for (int variant = 0; variant < 3; ++variant)
+            h.run(op,
+                  fmt::format("{}{}", desc_of(T),
+                              variant == 0   ? ""
+                              : variant == 1 ? " +earlier delta"
+                                             : " +earlier delta in out"),
+                  [&](Case& c) {
+                    if (!*kernel) return c.fail(kernel->message());
+                    ensure_step();
+                    fused_input_norm_case(h, c, g, w, d, ***kernel, variant > 0, variant == 2);
+                  });
+        }
     }
   }
 }

@@ -1226,55 +1226,57 @@ __global__ void __launch_bounds__(kRegThreads, 4)
     // add 0.
     for (int s0 = 0; s0 < steps; s0 += kRegDepth) {
 #pragma unroll
-    for (int slot = 0; slot < kRegDepth; ++slot) {
-      const int step = s0 + slot;
-      uint32_t a[4][2][4];  // word, mma step, A registers
-      const uint32_t lo_words[4] = {w_lo[slot].x, w_lo[slot].y, w_lo[slot].z, w_lo[slot].w},
-                     hi_words[4] = {w_hi[slot].x, w_hi[slot].y, w_hi[slot].z, w_hi[slot].w};
+      for (int slot = 0; slot < kRegDepth; ++slot) {
+        const int step = s0 + slot;
+        uint32_t a[4][2][4];  // word, mma step, A registers
+        const uint32_t lo_words[4] = {w_lo[slot].x, w_lo[slot].y, w_lo[slot].z, w_lo[slot].w},
+                       hi_words[4] = {w_hi[slot].x, w_hi[slot].y, w_hi[slot].z, w_hi[slot].w};
 #pragma unroll
-      for (int word = 0; word < 4;
-           ++word) {  // values 8 word .. 8 word + 7: mma steps 2 word, 2 word + 1
-        const uint4 a_lo = mxfp4_f16x8_times_2m14(lo_words[word]);
-        const uint4 a_hi = mxfp4_f16x8_times_2m14(hi_words[word]);
-        a[word][0][0] = a_lo.x, a[word][0][1] = a_hi.x, a[word][0][2] = a_lo.y,
-        a[word][0][3] = a_hi.y;
-        a[word][1][0] = a_lo.z, a[word][1][1] = a_hi.z, a[word][1][2] = a_lo.w,
-        a[word][1][3] = a_hi.w;
-      }
-      const float scale_lo = e8m0_scale(static_cast<uint8_t>(s_lo[slot]));
-      const float scale_hi = e8m0_scale(static_cast<uint8_t>(s_hi[slot]));
-      load(slot, step + kRegDepth);
-      const int block = 4 * step + q;
-      uint4 xb[4] = {};
-      if (b_lane && block < kb) {
+        for (int word = 0; word < 4;
+             ++word) {  // values 8 word .. 8 word + 7: mma steps 2 word, 2 word + 1
+          const uint4 a_lo = mxfp4_f16x8_times_2m14(lo_words[word]);
+          const uint4 a_hi = mxfp4_f16x8_times_2m14(hi_words[word]);
+          a[word][0][0] = a_lo.x, a[word][0][1] = a_hi.x, a[word][0][2] = a_lo.y,
+          a[word][0][3] = a_hi.y;
+          a[word][1][0] = a_lo.z, a[word][1][1] = a_hi.z, a[word][1][2] = a_lo.w,
+          a[word][1][3] = a_hi.w;
+        }
+        const float scale_lo = e8m0_scale(static_cast<uint8_t>(s_lo[slot]));
+        const float scale_hi = e8m0_scale(static_cast<uint8_t>(s_hi[slot]));
+        load(slot, step + kRegDepth);
+        const int block = 4 * step + q;
+        uint4 xb[4] = {};
+        if (b_lane && block < kb) {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) xb[i] = *reinterpret_cast<const uint4*>(x_b + block * 32 + 8 * i);
-      }
-      const uint32_t* xw = reinterpret_cast<const uint32_t*>(xb);  // word i: x values 2i, 2i + 1
-      float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+          for (int i = 0; i < 4; ++i)
+            xb[i] = *reinterpret_cast<const uint4*>(x_b + block * 32 + 8 * i);
+        }
+        const uint32_t* xw = reinterpret_cast<const uint32_t*>(xb);  // word i: x values 2i, 2i + 1
+        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-      for (int word = 0; word < 4; ++word) {
-        const uint32_t b0[2] = {xw[4 * word], xw[4 * word + 1]}, b1[2] = {xw[4 * word + 2], xw[4 * word + 3]};
-        mma_f16(d, a[word][0], b0[0], b0[1]);
-        mma_f16(d, a[word][1], b1[0], b1[1]);
+        for (int word = 0; word < 4; ++word) {
+          const uint32_t b0[2] = {xw[4 * word], xw[4 * word + 1]},
+                         b1[2] = {xw[4 * word + 2], xw[4 * word + 3]};
+          mma_f16(d, a[word][0], b0[0], b0[1]);
+          mma_f16(d, a[word][1], b1[0], b1[1]);
+        }
+        acc_lo += (d[0] + d[1]) * scale_lo;
+        acc_hi += (d[2] + d[3]) * scale_hi;
       }
-      acc_lo += (d[0] + d[1]) * scale_lo;
-      acc_hi += (d[2] + d[3]) * scale_hi;
     }
+    acc_lo += __shfl_xor_sync(0xffffffffu, acc_lo, 1);
+    acc_hi += __shfl_xor_sync(0xffffffffu, acc_hi, 1);
+    acc_lo += __shfl_xor_sync(0xffffffffu, acc_lo, 2);
+    acc_hi += __shfl_xor_sync(0xffffffffu, acc_hi, 2);
+    if (q == 0) {
+      acc_lo *= x_back;  // (a power of two: exact unless the sum leaves float's range)
+      acc_hi *= x_back;
+      if (kGateUp) {
+        if (out0 + gr < g.n) out[out0 + gr] = g.params.activate(e, out0 + gr, g.n, acc_lo, acc_hi);
+      } else {
+        store_mma_gemv_rows<false>(g, e, out0, gr, acc_lo, acc_hi, out, nullptr);
+      }
     }
-  acc_lo += __shfl_xor_sync(0xffffffffu, acc_lo, 1);
-  acc_hi += __shfl_xor_sync(0xffffffffu, acc_hi, 1);
-  acc_lo += __shfl_xor_sync(0xffffffffu, acc_lo, 2);
-  acc_hi += __shfl_xor_sync(0xffffffffu, acc_hi, 2);
-  if (q == 0) {
-    acc_lo *= x_back;  // (a power of two: exact unless the sum leaves float's range)
-    acc_hi *= x_back;
-    if (kGateUp) {
-      if (out0 + gr < g.n) out[out0 + gr] = g.params.activate(e, out0 + gr, g.n, acc_lo, acc_hi);
-    } else {
-      store_mma_gemv_rows<false>(g, e, out0, gr, acc_lo, acc_hi, out, nullptr);
-    }
-  }
   }  // live
   if constexpr (kCombine) reg_gemv_combine(g, 16 * kRegWarps);
 }
