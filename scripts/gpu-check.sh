@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU machine's whole visit, run as it is from the repo root there, after scripts/gpu-pack.sh
 # here (carry gpu-carry/). Stages (default: all but profile): ceilings ops golden engine bench8
-# bench48 crossover serve-e2e serve-invariant (--batch-invariant tests and bench) soak (CUDA soak, SOAK_SECONDS) serve; chat-goldens (transformers' template renders); stamps (cuda-fused phase timer, STAMP_VARIANTS); ab (knob A/B, AB_VARIANTS); bin-ab (two builds' binaries alternating, BIN_AB); gemm-tile (grouped GEMM tile experiments); wgmma (the grouped GEMM's large steps on wgmma: harness, prefill A/B); delta-chunked (the chunked DeltaNet kernel: harness, Qwen3.5 A/B); family-goldens (GOLDEN_FAMILIES; then the golden tests on them); bf16-sensitivity (transformers bf16 vs float64 per golden model); routes-ab (routes on/off over HTTP on CUDA); bench-gptoss (gpt-oss-20b shapes, MXFP4 experts); bench-new (Moonlight-16B-A3B, Qwen3.5-35B-A3B and Mixtral-8x7B 16-layer shapes: MLA, DeltaNet; BENCH_NEW_MODELS); serve-new (their and gpt-oss-20b's throughput profiles, SERVE_MODELS); mxfp4-gemv (the MXFP4 few-token paths: harness, gpt-oss goldens, decode A/B); fusions (session 32's opt-in decode fusions: harness, goldens, A/B); routes-cost (capture on/off in process on CUDA); long-goldens (tools/gpu/long_goldens.py, then LongGolden on them; long_goldens.tgz); moe-stalls (ncu stall reasons of cuda-fused); attn-detail (ncu full + SASS stalls of decode attention); kernel-detail (the same for DETAIL_KERNELS in a gpt-oss batch-1 decode); profile (ncu per-kernel times of one decode and one prefill step;
+# bench48 crossover serve-e2e serve-invariant (--batch-invariant tests and bench) soak (CUDA soak, SOAK_SECONDS) serve; chat-goldens (transformers' template renders); stamps (cuda-fused phase timer, STAMP_VARIANTS); ab (knob A/B, AB_VARIANTS); bin-ab (two builds' binaries alternating, BIN_AB); gemm-tile (grouped GEMM tile experiments); wgmma (the grouped GEMM's large steps on wgmma: harness, prefill A/B); delta-chunked (the chunked DeltaNet kernel: harness, Qwen3.5 A/B); family-goldens (GOLDEN_FAMILIES; then the golden tests on them); bf16-sensitivity (transformers bf16 vs float64 per golden model); routes-ab (routes on/off over HTTP on CUDA); bench-gptoss (gpt-oss-20b shapes, MXFP4 experts); bench-new (Moonlight-16B-A3B, Qwen3.5-35B-A3B and Mixtral-8x7B 16-layer shapes: MLA, DeltaNet; BENCH_NEW_MODELS); serve-new (their and gpt-oss-20b's throughput profiles, SERVE_MODELS); mxfp4-gemv (the MXFP4 few-token paths: harness, gpt-oss goldens, decode A/B); fusions (cuda-modular's fused input norm: decode A/B); routes-cost (capture on/off in process on CUDA); long-goldens (tools/gpu/long_goldens.py, then LongGolden on them; long_goldens.tgz); moe-stalls (ncu stall reasons of cuda-fused); attn-detail (ncu full + SASS stalls of decode attention); kernel-detail (the same for DETAIL_KERNELS in a gpt-oss batch-1 decode); profile (ncu per-kernel times of one decode and one prefill step;
 # PROFILE_STEPS=decode for one), moe-detail (ncu's full sections on one cuda-fused launch).
 # Everything it prints also goes to $OUT/gpu-check.log; JSON results land in $OUT.
 #   scripts/gpu-check.sh [stage ...]
@@ -206,22 +206,12 @@ if want mxfp4-gemv; then
   done
 fi
 if want fusions; then
-  # Session 32's decode fusions, off by default until an A/B shows a gain: SY_GEMV_COMBINE=1 (the
-  # register MXFP4 GEMV's down combines), SY_MODULAR_NORM=1 (cuda-modular's one-token input norm),
-  # SY_WINDOW_PREP=1 (the fused q/k prep on sliding-window layers). With all three on: the op
-  # harness's MoE, q/k-prep, decode-attention and invariance cases, the goldens; then gpt-oss-20b
-  # decode at batch 1 and 8: all off / all on / each one off / each one alone, alternating
-  # (FUSION_ROUNDS rounds). (The in-kernel route select, also session 32's, was measured slower and
-  # removed.)
-  section "session-32 fusions: harness, goldens, decode A/B"
-  all_on="SY_GEMV_COMBINE=1 SY_MODULAR_NORM=1 SY_WINDOW_PREP=1"
-  env $all_on timeout "${STAGE_TIMEOUT:-300}" "$carry/cuda_op_harness" \
-    --filter "moe.,qk_prep,attention.decode,invariance." --json "$OUT/op_harness_fusions.json" || failed+=(fusions-ops)
-  env $all_on SY_TEST_DEVICE=cuda timeout "${STAGE_TIMEOUT:-300}" "$carry/test_model" \
-    --gtest_filter="$golden_filter" --gtest_brief=1 || failed+=(fusions-golden)
-  variants=("-" "${all_on// /+}")
-  for knob in $all_on; do variants+=("${all_on// /+}+${knob%=1}=0" "$knob"); done
-  decode_ab "${FUSION_ROUNDS:-2}" 1,8 "$carry/gpt-oss-20b/config.json" "${variants[@]}"
+  # Session 32's fusions after session 33's A/B: cuda-modular's one-token input norm is the default
+  # (SY_MODULAR_NORM=0 turns it off); the GEMV-fused combine, the windowed q/k prep and the
+  # in-kernel route select were slower and are gone. gpt-oss-20b decode at batch 1 and 8, the
+  # default against the norm unfused, alternating (FUSION_ROUNDS rounds).
+  section "fused input norm: decode A/B"
+  decode_ab "${FUSION_ROUNDS:-2}" 1,8 "$carry/gpt-oss-20b/config.json" - SY_MODULAR_NORM=0
 fi
 if want gemm-tile; then
   # The grouped GEMM's tile choices (every tile sums k in the same order: bitwise the default's
@@ -310,7 +300,9 @@ if want profile; then
   # PROFILE_PREFILL: the prefill length (PROFILE_PREFILL_SEQS: over that many equal prompts).
   # PROFILE_BATCH may list several decode batches ("1 64"): one table each, ncu_decode_b<N>.*
   # (a lone batch keeps the name ncu_decode.*). PROFILE_TIMEOUT: each ncu run's limit (a
-  # gpt-oss batch-256 step needs more than 150 s under ncu).
+  # gpt-oss batch-256 step needs more than 150 s under ncu). PROFILE_KERNELS: only kernels whose
+  # name matches this regex (keep "embedding" in it: the table finds the last step by it; an H100
+  # at a40e68c failed to profile gpt-oss batch 64's add_bias_kernel and hung, session 33).
   profile_config=${PROFILE_CONFIG:-$carry/qwen3-30b-a3b/config.json}
   read -r -a profile_batches <<< "${PROFILE_BATCH:-1}"
   for what in ${PROFILE_STEPS:-decode prefill}; do
@@ -320,7 +312,9 @@ if want profile; then
       [[ $what == decode && ${#profile_batches[@]} -gt 1 ]] && name=decode_b$batch
       if [[ $what == decode ]]; then shape=(--batches "$batch" --context 1024 --steps 2 --ab-pairs 0 --prefill 0)
       else shape=(--batches "" --prefill "${PROFILE_PREFILL:-4096}" --prefill-seqs "${PROFILE_PREFILL_SEQS:-1}" --steps 1 --ab-pairs 0); fi
-      run "profile-$name" timeout "${PROFILE_TIMEOUT:-400}" "$ncu_bin" --clock-control none --cache-control none --csv \
+      kernel_filter=()
+      [[ -n ${PROFILE_KERNELS:-} ]] && kernel_filter=(-k "regex:$PROFILE_KERNELS")
+      run "profile-$name" timeout "${PROFILE_TIMEOUT:-400}" "$ncu_bin" --clock-control none --cache-control none --csv "${kernel_filter[@]}" \
         --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum --log-file "$OUT/ncu_$name.csv" \
         "$carry/step_bench" --device cuda --random-weights "$profile_config" --no-graphs \
         "${shape[@]}" --bandwidth-gbs "$bandwidth"

@@ -720,7 +720,7 @@ class CudaBackend final : public Backend {
                          const AttentionBatch& batch, const RopeSpec& rope, Tensor& k_cache, Tensor& v_cache,
                          float scale, Tensor& out) override {
     if (std::max<int64_t>(batch.max_query_len, 1) != 1 || q.dim(0) == 0 ||
-        rotary_dims(rope, q.dim(2)) != q.dim(2) || (batch.sliding_window > 0 && no_window_prep_))
+        batch.sliding_window > 0 || rotary_dims(rope, q.dim(2)) != q.dim(2))
       return false;
     // SY_NO_PREP_FUSION=1 (experiments) and batch invariance: the two-kernel path.
     if (no_prep_fusion_ || invariant_) return false;
@@ -830,10 +830,8 @@ class CudaBackend final : public Backend {
   bool capturing_ = false;
   cudaEvent_t marks_[kMaxMarks] = {};  // record_mark / wait_mark
   // Experiment knobs (read once): SY_NO_NORM_FUSION=1, SY_NO_PREP_FUSION=1 run the unfused ops.
-  const bool no_norm_fusion_ = env_flag("SY_NO_NORM_FUSION"), no_prep_fusion_ = env_flag("SY_NO_PREP_FUSION");
-  // SY_WINDOW_PREP=1: sliding-window layers take the fused prep too (session 32: bitwise the
-  // two-kernel path on an H100; off until an A/B against the default shows a gain).
-  const bool no_window_prep_ = !env_flag("SY_WINDOW_PREP");
+  const bool no_norm_fusion_ = env_flag("SY_NO_NORM_FUSION"),
+             no_prep_fusion_ = env_flag("SY_NO_PREP_FUSION");
   const bool skip_attention_ = skip_op("attention"), skip_matmul_ = skip_op("matmul"),
              skip_norm_matmul_ = skip_op("norm_matmul");
 };

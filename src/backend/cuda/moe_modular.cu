@@ -824,14 +824,6 @@ struct Mxfp4Gemv {
   int k = 0;  // H (gate_up) or I (down)
   int n = 0;  // output columns: I (gate_up) or H (down)
   ExpertParams params;
-  // The register kernel's down with the combine fused (set: combine_kernel is not launched):
-  // out [T, H] = sum over k in order of weights[t, k] * y[t * K + k], written by the last of a
-  // token's K blocks of each row tile to finish, counted in arrivals [T, row tiles] (zero between
-  // launches; the last resets its count).
-  const float* route_weights = nullptr;  // [T, K]
-  float* combined = nullptr;             // [T, H]
-  int* arrivals = nullptr;
-  ResidualAdd residual;  // the fused input norm's residual update, with the combine
 };
 
 // grid (ceil(n / (outputs a warp * kGemvWarps)), pairs): a warp streams 4 weight rows of pair
@@ -1122,42 +1114,11 @@ __device__ __forceinline__ void reg_gemv_split_x(const float* __restrict__ x, in
   if (threadIdx.x == 0) *back = ldexpf(1.0f, e - 1);  // 2^14 times 2^-(15 - e)
 }
 
-// The fused combine of a down block (see Mxfp4Gemv::combined), after its y rows are stored: the
-// block counts itself for (token, row tile); the last of the token's K sums the tile's rows as
-// combine_kernel does (same order, same arithmetic). Every thread of the block calls it.
-__device__ __forceinline__ void reg_gemv_combine(const Mxfp4Gemv& g, int rows_per_block) {
-  __shared__ bool last;
-  const int pair = blockIdx.y, K = g.top_k, t = pair / K;
-  __syncthreads();  // the block's y rows are stored
-  if (threadIdx.x == 0) {
-    __threadfence();
-    int* count = g.arrivals + static_cast<int64_t>(t) * gridDim.x + blockIdx.x;
-    last = atomicAdd(count, 1) == K - 1;
-    if (last) *count = 0;  // (the token's other blocks have counted)
-  }
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  const int h_end = min(g.n, static_cast<int>(blockIdx.x + 1) * rows_per_block);
-  for (int h = static_cast<int>(blockIdx.x) * rows_per_block + threadIdx.x; h < h_end;
-       h += blockDim.x) {
-    float acc = 0.0f;
-    for (int k = 0; k < K; ++k)
-      acc += g.route_weights[t * K + k] * __ldcg(g.out + static_cast<int64_t>(t * K + k) * g.n + h);
-    const int64_t i = static_cast<int64_t>(t) * g.n + h;
-    const float x = g.residual.residual ? g.residual.before(i) : 0.0f;
-    g.combined[i] = acc;
-    if (g.residual.residual) g.residual.residual[i] = x + acc;
-  }
-}
-
 // grid (ceil(rows / (16 * kRegWarps)), pairs), kRegThreads threads, reg_gemv_smem(k) bytes; the
-// warp GEMV's arguments and results (x in; gate_up out as f32 activations, down out, and with
-// kCombine (down only: g.combined set) the combine too).
-template <bool kGateUp, bool kCombine = false>
+// warp GEMV's arguments and results (x in; gate_up out as f32 activations, down out).
+template <bool kGateUp>
 __global__ void __launch_bounds__(kRegThreads, 4)
     mxfp4_reg_gemv_kernel(const __grid_constant__ Mxfp4Gemv g) {
-  static_assert(!(kGateUp && kCombine), "the combine follows down");
   extern __shared__ __align__(16) uint8_t smem[];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int pair = blockIdx.y;
@@ -1177,7 +1138,6 @@ __global__ void __launch_bounds__(kRegThreads, 4)
   if (static_cast<uint32_t>(e) >= static_cast<uint32_t>(g.experts)) {  // whole block: one pair
     overlap_prologue();
     if (lane < outs && out0 + lane < g.n) out[out0 + lane] = 0.0f;
-    if constexpr (kCombine) reg_gemv_combine(g, 16 * kRegWarps);
     return;
   }
   const bool live = row0 < rows;  // rows is a multiple of 16: a live warp's 16 rows all exist
@@ -1213,72 +1173,68 @@ __global__ void __launch_bounds__(kRegThreads, 4)
   reg_gemv_split_x(g.x + (kGateUp ? pair / g.top_k : pair) * static_cast<int64_t>(k), k, smem,
                    &x_back);
   __syncthreads();
-  if (!kCombine && !live) return;  // (a fused combine needs the whole block below)
-  if (live) {
-    // B: lanes (2q, q) and (2q + 1, q) carry x's hi and lo of lane q's block; the rest zeros.
-    const bool b_lane = (gr >> 1) == q;
-    const uint16_t* x_b = (gr & 1) ? x_lo : x_hi;
+  if (!live) return;
+  // B: lanes (2q, q) and (2q + 1, q) carry x's hi and lo of lane q's block; the rest zeros.
+  const bool b_lane = (gr >> 1) == q;
+  const uint16_t* x_b = (gr & 1) ? x_lo : x_hi;
 
-    float acc_lo = 0.0f, acc_hi = 0.0f;  // rows gr and gr + 8, blocks = q mod 4
-    // Each slot is decoded before its refill is issued, so the refill lands in the registers just
-    // freed (issued first, it needed a second set and a move at the loop's end that waited for the
-    // load: ncu, H100, 2026-12-07). Steps past the last (at most kRegDepth - 1) load nothing and
-    // add 0.
-    for (int s0 = 0; s0 < steps; s0 += kRegDepth) {
+  float acc_lo = 0.0f, acc_hi = 0.0f;  // rows gr and gr + 8, blocks = q mod 4
+  // Each slot is decoded before its refill is issued, so the refill lands in the registers just
+  // freed (issued first, it needed a second set and a move at the loop's end that waited for the
+  // load: ncu, H100, 2026-12-07). Steps past the last (at most kRegDepth - 1) load nothing and add
+  // 0.
+  for (int s0 = 0; s0 < steps; s0 += kRegDepth) {
 #pragma unroll
-      for (int slot = 0; slot < kRegDepth; ++slot) {
-        const int step = s0 + slot;
-        uint32_t a[4][2][4];  // word, mma step, A registers
-        const uint32_t lo_words[4] = {w_lo[slot].x, w_lo[slot].y, w_lo[slot].z, w_lo[slot].w},
-                       hi_words[4] = {w_hi[slot].x, w_hi[slot].y, w_hi[slot].z, w_hi[slot].w};
+    for (int slot = 0; slot < kRegDepth; ++slot) {
+      const int step = s0 + slot;
+      uint32_t a[4][2][4];  // word, mma step, A registers
+      const uint32_t lo_words[4] = {w_lo[slot].x, w_lo[slot].y, w_lo[slot].z, w_lo[slot].w},
+                     hi_words[4] = {w_hi[slot].x, w_hi[slot].y, w_hi[slot].z, w_hi[slot].w};
 #pragma unroll
-        for (int word = 0; word < 4;
-             ++word) {  // values 8 word .. 8 word + 7: mma steps 2 word, 2 word + 1
-          const uint4 a_lo = mxfp4_f16x8_times_2m14(lo_words[word]);
-          const uint4 a_hi = mxfp4_f16x8_times_2m14(hi_words[word]);
-          a[word][0][0] = a_lo.x, a[word][0][1] = a_hi.x, a[word][0][2] = a_lo.y,
-          a[word][0][3] = a_hi.y;
-          a[word][1][0] = a_lo.z, a[word][1][1] = a_hi.z, a[word][1][2] = a_lo.w,
-          a[word][1][3] = a_hi.w;
-        }
-        const float scale_lo = e8m0_scale(static_cast<uint8_t>(s_lo[slot]));
-        const float scale_hi = e8m0_scale(static_cast<uint8_t>(s_hi[slot]));
-        load(slot, step + kRegDepth);
-        const int block = 4 * step + q;
-        uint4 xb[4] = {};
-        if (b_lane && block < kb) {
-#pragma unroll
-          for (int i = 0; i < 4; ++i)
-            xb[i] = *reinterpret_cast<const uint4*>(x_b + block * 32 + 8 * i);
-        }
-        const uint32_t* xw = reinterpret_cast<const uint32_t*>(xb);  // word i: x values 2i, 2i + 1
-        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-        for (int word = 0; word < 4; ++word) {
-          const uint32_t b0[2] = {xw[4 * word], xw[4 * word + 1]},
-                         b1[2] = {xw[4 * word + 2], xw[4 * word + 3]};
-          mma_f16(d, a[word][0], b0[0], b0[1]);
-          mma_f16(d, a[word][1], b1[0], b1[1]);
-        }
-        acc_lo += (d[0] + d[1]) * scale_lo;
-        acc_hi += (d[2] + d[3]) * scale_hi;
+      for (int word = 0; word < 4;
+           ++word) {  // values 8 word .. 8 word + 7: mma steps 2 word, 2 word + 1
+        const uint4 a_lo = mxfp4_f16x8_times_2m14(lo_words[word]);
+        const uint4 a_hi = mxfp4_f16x8_times_2m14(hi_words[word]);
+        a[word][0][0] = a_lo.x, a[word][0][1] = a_hi.x, a[word][0][2] = a_lo.y,
+        a[word][0][3] = a_hi.y;
+        a[word][1][0] = a_lo.z, a[word][1][1] = a_hi.z, a[word][1][2] = a_lo.w,
+        a[word][1][3] = a_hi.w;
       }
-    }
-    acc_lo += __shfl_xor_sync(0xffffffffu, acc_lo, 1);
-    acc_hi += __shfl_xor_sync(0xffffffffu, acc_hi, 1);
-    acc_lo += __shfl_xor_sync(0xffffffffu, acc_lo, 2);
-    acc_hi += __shfl_xor_sync(0xffffffffu, acc_hi, 2);
-    if (q == 0) {
-      acc_lo *= x_back;  // (a power of two: exact unless the sum leaves float's range)
-      acc_hi *= x_back;
-      if (kGateUp) {
-        if (out0 + gr < g.n) out[out0 + gr] = g.params.activate(e, out0 + gr, g.n, acc_lo, acc_hi);
-      } else {
-        store_mma_gemv_rows<false>(g, e, out0, gr, acc_lo, acc_hi, out, nullptr);
+      const float scale_lo = e8m0_scale(static_cast<uint8_t>(s_lo[slot]));
+      const float scale_hi = e8m0_scale(static_cast<uint8_t>(s_hi[slot]));
+      load(slot, step + kRegDepth);
+      const int block = 4 * step + q;
+      uint4 xb[4] = {};
+      if (b_lane && block < kb) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+          xb[i] = *reinterpret_cast<const uint4*>(x_b + block * 32 + 8 * i);
       }
+      const uint32_t* xw = reinterpret_cast<const uint32_t*>(xb);  // word i: x values 2i, 2i + 1
+      float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+      for (int word = 0; word < 4; ++word) {
+        const uint32_t b0[2] = {xw[4 * word], xw[4 * word + 1]},
+                       b1[2] = {xw[4 * word + 2], xw[4 * word + 3]};
+        mma_f16(d, a[word][0], b0[0], b0[1]);
+        mma_f16(d, a[word][1], b1[0], b1[1]);
+      }
+      acc_lo += (d[0] + d[1]) * scale_lo;
+      acc_hi += (d[2] + d[3]) * scale_hi;
     }
-  }  // live
-  if constexpr (kCombine) reg_gemv_combine(g, 16 * kRegWarps);
+  }
+  acc_lo += __shfl_xor_sync(0xffffffffu, acc_lo, 1);
+  acc_hi += __shfl_xor_sync(0xffffffffu, acc_hi, 1);
+  acc_lo += __shfl_xor_sync(0xffffffffu, acc_lo, 2);
+  acc_hi += __shfl_xor_sync(0xffffffffu, acc_hi, 2);
+  if (q != 0) return;
+  acc_lo *= x_back;  // (a power of two: exact unless the sum leaves float's range)
+  acc_hi *= x_back;
+  if (kGateUp) {
+    if (out0 + gr < g.n) out[out0 + gr] = g.params.activate(e, out0 + gr, g.n, acc_lo, acc_hi);
+    return;
+  }
+  store_mma_gemv_rows<false>(g, e, out0, gr, acc_lo, acc_hi, out, nullptr);
 }
 
 // ---- Combine ----
@@ -1414,8 +1370,8 @@ class ModularKernel final : public moe::ExpertsKernel {
   // Every tile, the wgmma one included, sums a row's k in the same order with the same rounding
   // (the op harness checks it on every 256+ token step).
   bool batch_invariant() const override { return true; }
-  // One-token steps: the route kernel norms the row (NormRow: bitwise add_rms_norm's), the
-  // combine (fused or combine_kernel) adds the residual.
+  // One-token steps: the route kernel norms the row (NormRow: bitwise add_rms_norm's),
+  // combine_kernel adds the residual.
   bool fuses_input_norm(int64_t tokens) const override {
     return hidden_ > 0 && route_fuses_norm(tokens, hidden_) && !no_norm_fusion_;
   }
@@ -1460,10 +1416,8 @@ class ModularKernel final : public moe::ExpertsKernel {
         allocate(&route_sums_, route_sums_floats(max_tokens, experts, hidden) * 4) &&
         allocate(&x_bf16_, max_tokens * hidden * 2) && allocate(&perm_, padded_rows * 4) &&
         allocate(&tile_expert_, tiles * 4) && allocate(&tile_count_, 4) &&
-        allocate(&combine_arrivals_, combine_arrivals_bytes(hidden)) &&
-        allocate(&x_normed_, hidden * 4) &&
-        cudaMemset(combine_arrivals_, 0, combine_arrivals_bytes(hidden)) == cudaSuccess &&
-        allocate(&act_, padded_rows * intermediate * 2) && allocate(&y_, pairs * hidden * 4) &&
+        allocate(&x_normed_, hidden * 4) && allocate(&act_, padded_rows * intermediate * 2) &&
+        allocate(&y_, pairs * hidden * 4) &&
         allocate(&act_f32_,
                  std::min<int64_t>(max_tokens, kGemvMaxTokens) * top_k * intermediate * 4) &&
         allocate(&x_split_, std::min<int64_t>(max_tokens, kGemvMaxTokens) * 2 * hidden * 2) &&
@@ -1574,10 +1528,8 @@ class ModularKernel final : public moe::ExpertsKernel {
 
     // Align + Forward, with the tile picked by the mean rows per expert (T and shapes only,
     // never the device-side counts).
-    bool combined = false;  // the register GEMV's down wrote out itself
     if (gemv)
-      combined =
-          forward_mxfp4_gemv(w, experts, hidden, pairs, args.out.ptr<float>(), residual, stream);
+      forward_mxfp4_gemv(w, experts, hidden, pairs, stream);
     else if (intermediate_ % 8 != 0)  // (bf16 only: MXFP4 widths are multiples of 32)
       forward_experts_simple(w, experts, pairs, stream);
     else if (pairs <= 24 * experts_)
@@ -1596,7 +1548,6 @@ class ModularKernel final : public moe::ExpertsKernel {
       forward_experts<LargeTile>(mxfp4, w, experts, pairs, stream);
 
     // Combine.
-    if (combined) return Status::ok();
     const dim3 combine_grid(static_cast<unsigned>(ceil_div(hidden_ / 4, kCombineThreads)),
                             static_cast<unsigned>(tokens));
     launch_overlapped(residual.residual ? combine_kernel<true> : combine_kernel<false>,
@@ -1723,10 +1674,8 @@ class ModularKernel final : public moe::ExpertsKernel {
 
   // Few-token MXFP4 steps (unless SY_MXFP4_GEMV=0): route ids straight to the GEMV kernels, no
   // align.
-  // Returns whether the combine into `combined` ([T, H]) was fused (the register kernel's down).
-  bool forward_mxfp4_gemv(const moe::MoeLayerWeights& w, const ExpertParams& experts,
-                          const float* hidden, int64_t pairs, float* combined,
-                          const ResidualAdd& residual, cudaStream_t stream) {
+  void forward_mxfp4_gemv(const moe::MoeLayerWeights& w, const ExpertParams& experts,
+                          const float* hidden, int64_t pairs, cudaStream_t stream) {
     Mxfp4Gemv g;
     g.ids = ids_;
     g.top_k = static_cast<int>(top_k_);
@@ -1757,17 +1706,8 @@ class ModularKernel final : public moe::ExpertsKernel {
         bind(w.gate_up, w.gate_up_scales, hidden_, intermediate_);
         launch(mxfp4_reg_gemv_kernel<true>, 2 * intermediate_, hidden, act_f32_);
         bind(w.down, w.down_scales, intermediate_, hidden_);
-        if (fuse_combine_) {
-          g.route_weights = weights_;
-          g.combined = combined;
-          g.arrivals = combine_arrivals_;
-          g.residual = residual;
-        }
-        if (fuse_combine_)
-          launch(mxfp4_reg_gemv_kernel<false, true>, hidden_, act_f32_, y_);
-        else
-          launch(mxfp4_reg_gemv_kernel<false>, hidden_, act_f32_, y_);
-        return fuse_combine_;
+        launch(mxfp4_reg_gemv_kernel<false>, hidden_, act_f32_, y_);
+        return;
       }
       const int64_t tokens = pairs / top_k_;
       auto launch = [&](auto kernel, int64_t rows) {
@@ -1788,7 +1728,7 @@ class ModularKernel final : public moe::ExpertsKernel {
       g.x_split = act_split_;
       g.out = y_;
       launch(mxfp4_stream_gemv_kernel<false>, hidden_);
-      return false;
+      return;
     }
     auto launch = [&](auto kernel, int outputs_per_warp, const float* x, float* out) {
       g.x = x;
@@ -1802,7 +1742,6 @@ class ModularKernel final : public moe::ExpertsKernel {
     launch(mxfp4_gemv_kernel<true>, 2, hidden, act_f32_);
     bind(w.down, w.down_scales, intermediate_, hidden_);
     launch(mxfp4_gemv_kernel<false>, 4, act_f32_, y_);
-    return false;
   }
 
   // Everything forward() needs to be true of its arguments, as errors naming the offender.
@@ -1885,16 +1824,15 @@ class ModularKernel final : public moe::ExpertsKernel {
                       static_cast<size_t>(std::max<int64_t>(bytes, 16))) == cudaSuccess;
   }
   void release() {
-    for (void* p :
-         {static_cast<void*>(ids_), static_cast<void*>(weights_), static_cast<void*>(x_bf16_),
-          static_cast<void*>(perm_), static_cast<void*>(tile_expert_),
-          static_cast<void*>(tile_count_), static_cast<void*>(act_), static_cast<void*>(y_),
-          static_cast<void*>(act_f32_), static_cast<void*>(x_split_),
-          static_cast<void*>(act_split_), static_cast<void*>(route_sums_),
-          static_cast<void*>(combine_arrivals_), static_cast<void*>(x_normed_)})
+    for (void* p : {static_cast<void*>(ids_), static_cast<void*>(weights_),
+                    static_cast<void*>(x_bf16_), static_cast<void*>(perm_),
+                    static_cast<void*>(tile_expert_), static_cast<void*>(tile_count_),
+                    static_cast<void*>(act_), static_cast<void*>(y_), static_cast<void*>(act_f32_),
+                    static_cast<void*>(x_split_), static_cast<void*>(act_split_),
+                    static_cast<void*>(route_sums_), static_cast<void*>(x_normed_)})
       if (p) cudaFree(p);
     x_split_ = nullptr, act_split_ = nullptr, route_sums_ = nullptr;
-    combine_arrivals_ = nullptr, x_normed_ = nullptr;
+    x_normed_ = nullptr;
     ids_ = nullptr, weights_ = nullptr, x_bf16_ = nullptr, perm_ = nullptr, tile_expert_ = nullptr;
     tile_count_ = nullptr, act_ = nullptr, y_ = nullptr, act_f32_ = nullptr;
   }
@@ -1906,16 +1844,11 @@ class ModularKernel final : public moe::ExpertsKernel {
   int32_t* ids_ = nullptr;           // [T, K] chosen experts
   float* weights_ = nullptr;         // [T, K] gating weights
   float* route_sums_ = nullptr;      // the router logits' group sums (route_sums_floats)
-  int* combine_arrivals_ = nullptr;  // [kGemvMaxTokens, H / (16 kRegWarps)] Mxfp4Gemv::arrivals
   float* x_normed_ = nullptr;        // [1, H] the fused input norm's row (route_fuses_norm)
-  static int64_t combine_arrivals_bytes(int64_t hidden) {
-    return kGemvMaxTokens * ceil_div(hidden, int64_t{16 * kRegWarps}) * 4;
-  }
-  // Session 32's opt-in decode fusions (harness and goldens pass on an H100; the default is
-  // decided by an A/B against the default path, BENCHMARKS.md session 32): SY_GEMV_COMBINE=1, the
-  // register GEMV's down does the combine; SY_MODULAR_NORM=1, one-token steps fuse the input norm.
-  const bool fuse_combine_ = env_flag("SY_GEMV_COMBINE");
-  const bool no_norm_fusion_ = !env_flag("SY_MODULAR_NORM") || env_flag("SY_NO_NORM_FUSION");
+  // One-token steps fuse the input norm (H100, 2026-12-07, two rounds: gpt-oss-20b batch 1
+  // 2.501/2.510 ms against 2.541/2.540, BENCHMARKS.md session 33); SY_MODULAR_NORM=0 or
+  // SY_NO_NORM_FUSION=1 (which also unfuses the norm + GEMV elsewhere) keep the separate norm.
+  const bool no_norm_fusion_ = env_off("SY_MODULAR_NORM") || env_flag("SY_NO_NORM_FUSION");
   __nv_bfloat16* x_bf16_ = nullptr;  // [T, H] hidden in bf16
   int32_t* perm_ = nullptr;          // [P] pair index by padded row, experts in order, -1 padding
   int32_t* tile_expert_ = nullptr;   // [M tiles] expert of each M tile
