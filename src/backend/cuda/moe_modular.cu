@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <string_view>
+#include <type_traits>
 
 #include "backend/cuda/moe_kernels.h"
 #include "backend/cuda/moe_route.cuh"
@@ -1237,6 +1238,219 @@ __global__ void __launch_bounds__(kRegThreads, 4)
   store_mma_gemv_rows<false>(g, e, out0, gr, acc_lo, acc_hi, out, nullptr);
 }
 
+// ---- Small MXFP4 steps on tensor cores, weights decoded in registers (SY_MXFP4_GEMM=reg) ----
+//
+// The grouped GEMM's small tile spends ~0.28 warp instructions a weight (decode to bf16 in shared
+// memory: byte permutes, a scale multiply, a store, then ldmatrix), so gpt-oss's batch-64 step is
+// bound by issue, not by its weight bytes (15.1 ms against a 4.7 ms floor on an H100, session 32).
+// Here the weights are the mma's A operand straight from registers, as in the register GEMV, and
+// the tokens its B: a warp owns 16 weight rows of one M tile's expert and all kRegGemmTokens of its
+// pairs (two n8 fragments). Lane (g, q) loads word q (values 8q .. 8q + 7) of each 32-value block
+// of its rows g and g + 8 (row_of) and decodes it by bit placement (mxfp4_f16x8_times_2m14, the
+// values times 2^-14); its word pairs (i, i + 4) fill its k slots 2q, 2q + 1 (then 2q + 8, 2q + 9)
+// of the block's two k16 steps, so the B operand holds each token's x in that same order (x16: the
+// decode's pair order within every 8 values, 16 bytes a lane a block). A block's two mma start
+// from zero and the result is scaled by the row's 2^(s - 127) into the accumulators (the four lanes
+// of a row all work on the same block). ~60 warp instructions a block of 16 rows x 32 values.
+// gate_up's A: x in f16, each token's row scaled by a power of two putting its largest |x| in
+// [2^14, 2^15) (mxfp4_x16_kernel; its back factor in x_back). down's A: gate_up's activations in
+// f16, unscaled (gpt-oss's clamped SwiGLU bounds them by (limit + 1) limit: the host checks it).
+constexpr int kRegGemmWarps = 4;
+constexpr int kRegGemmThreads = kRegGemmWarps * 32;
+constexpr int kRegGemmTokens = 16;  // an M tile: two n8 fragments of pairs
+constexpr int kRegGemmFrags = kRegGemmTokens / 8;
+constexpr int kRegGemmDepth = 8;   // weight blocks in flight a lane
+constexpr int kRegGemmXDepth = 4;  // x blocks in flight a lane (divides kRegGemmDepth)
+
+struct Mxfp4RegGemm {
+  const uint8_t* blocks = nullptr;  // [E, rows, k/32, 16]
+  const uint8_t* scales = nullptr;  // [E, rows, k/32]
+  const __half* x = nullptr;        // gate_up: x16 [T, k]; down: act16 [padded rows, k]
+  const float* x_back = nullptr;    // gate_up: [T] (x16's back factors, 2^14 included)
+  __half* act = nullptr;            // gate_up out: act16 [padded rows, n], the x16 order
+  float* y = nullptr;               // down out: [T*K, n], row = pair
+  const int32_t* perm = nullptr;    // [padded rows]: pair, -1 padding
+  const int32_t* tile_expert = nullptr;
+  const int32_t* tile_count = nullptr;
+  int top_k = 0, k = 0, n = 0;  // k: H or I; n: output columns I or H
+  ExpertParams params;
+};
+
+// Where element i of a row sits in the x16 order (within each 8: 0, 4, 1, 5, 2, 6, 3, 7).
+__device__ __forceinline__ int x16_slot(int i) {
+  return (i & ~7) | ((i & 3) << 1) | ((i >> 2) & 1);
+}
+
+// grid T, kRegGemmThreads: x [T, k] f32 -> x16 [T, k] (x16_slot order), x 2^a rounded to f16 with
+// a putting the row's largest |x| in [2^14, 2^15); back[t] = 2^(14 - a) (the decode's 2^-14 too).
+__global__ void __launch_bounds__(kRegGemmThreads)
+    mxfp4_x16_kernel(const float* __restrict__ x, int k, __half* __restrict__ x16,
+                     float* __restrict__ back) {
+  __shared__ float s_max[kRegGemmWarps];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const float4* x4 = reinterpret_cast<const float4*>(x + static_cast<int64_t>(blockIdx.x) * k);
+  float m = 0.0f;
+  for (int i = threadIdx.x; i < k / 4; i += kRegGemmThreads) {
+    const float4 v = x4[i];
+    m = fmaxf(m, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+  }
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1)
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, offset));
+  if (lane == 0) s_max[warp] = m;
+  __syncthreads();
+  m = s_max[0];
+#pragma unroll
+  for (int w = 1; w < kRegGemmWarps; ++w) m = fmaxf(m, s_max[w]);
+  int e = 0;
+  if (m > 0.0f && m <= FLT_MAX) frexpf(m, &e);  // m = f 2^e, f in [0.5, 1)
+  // 2^(15 - e) as two factors, each a normal float (|15 - e| < 275): exact products.
+  const float up0 = ldexpf(1.0f, (15 - e) / 2), up1 = ldexpf(1.0f, 15 - e - (15 - e) / 2);
+  uint4* out = reinterpret_cast<uint4*>(x16 + static_cast<int64_t>(blockIdx.x) * k);
+  for (int g = threadIdx.x; g < k / 8; g += kRegGemmThreads) {
+    const float4 a = x4[2 * g], b = x4[2 * g + 1];
+    const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+    uint32_t words[4];  // word i: elements i and i + 4
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const __half2 h = __floats2half2_rn(v[i] * up0 * up1, v[i + 4] * up0 * up1);
+      words[i] = *reinterpret_cast<const uint32_t*>(&h);
+    }
+    out[g] = make_uint4(words[0], words[1], words[2], words[3]);
+  }
+  if (threadIdx.x == 0) back[blockIdx.x] = ldexpf(1.0f, e - 1);  // 2^14 times 2^-(15 - e)
+}
+
+// d = A B for one m16n8k16 step from zero (f16 in, f32 out).
+__device__ __forceinline__ void mma_f16_from_zero(float (&d)[4], const uint32_t (&a)[4],
+                                                  uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%10,%10,%10,%10};\n"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.0f));
+}
+
+// grid (rows / (16 kRegGemmWarps), M-tile bound of kRegGemmTokens), kRegGemmThreads. kGateUp:
+// gpt-oss's interleaved rows (a warp's rows g and g + 8: the gate and up of output column
+// row0 / 2 + g), the activation and bias as the grouped GEMM's epilogue, into act (f16, x16
+// order); else hidden rows, the down bias added, into y.
+template <bool kGateUp>
+__global__ void __launch_bounds__(kRegGemmThreads, 3)
+    mxfp4_reg_gemm_kernel(const __grid_constant__ Mxfp4RegGemm g) {
+  const int m_tile = blockIdx.y;
+  if (m_tile >= *g.tile_count) return;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int rows = kGateUp ? 2 * g.n : g.n;  // a multiple of 16 (the host checks)
+  const int row0 = (static_cast<int>(blockIdx.x) * kRegGemmWarps + warp) * 16;
+  if (row0 >= rows) return;
+  const int e = g.tile_expert[m_tile];
+  const int64_t row_base = static_cast<int64_t>(m_tile) * kRegGemmTokens;
+  const int q = lane & 3, gr = lane >> 2;
+  const int k = g.k, kb = k / 32;
+  auto row_of = [&](int r) { return kGateUp ? row0 + 2 * (r & 7) + (r >> 3) : row0 + r; };
+  const int64_t expert_row = static_cast<int64_t>(e) * rows;
+  const uint32_t* words_lo =
+      reinterpret_cast<const uint32_t*>(g.blocks + (expert_row + row_of(gr)) * (k / 2)) + q;
+  const uint32_t* words_hi =
+      reinterpret_cast<const uint32_t*>(g.blocks + (expert_row + row_of(gr + 8)) * (k / 2)) + q;
+  const uint8_t* scales_lo = g.scales + (expert_row + row_of(gr)) * kb;
+  const uint8_t* scales_hi = g.scales + (expert_row + row_of(gr + 8)) * kb;
+  // B: token gr of each fragment (a padding pair reads a real row; its column is never stored).
+  const uint4* x_rows[kRegGemmFrags];
+#pragma unroll
+  for (int f = 0; f < kRegGemmFrags; ++f) {
+    const int32_t pair = g.perm[row_base + f * 8 + gr];
+    const int64_t x_row = kGateUp ? (pair >= 0 ? pair / g.top_k : 0) : row_base + f * 8 + gr;
+    x_rows[f] = reinterpret_cast<const uint4*>(g.x + x_row * k) + q;
+  }
+
+  // Loads at immediate offsets from pointers that advance a round (kRegGemmDepth blocks) at a time;
+  // blocks past the last are not loaded (their slots are never used).
+  uint32_t w_lo[kRegGemmDepth] = {}, w_hi[kRegGemmDepth] = {};
+  uint32_t s_lo[kRegGemmDepth] = {}, s_hi[kRegGemmDepth] = {};
+  uint4 xv[kRegGemmXDepth][kRegGemmFrags] = {};
+  auto load_w = [&](int slot, int at) {  // block (pointers' block) + at into slot
+    w_lo[slot] = __ldg(words_lo + 4 * at);
+    w_hi[slot] = __ldg(words_hi + 4 * at);
+    s_lo[slot] = __ldg(scales_lo + at);
+    s_hi[slot] = __ldg(scales_hi + at);
+  };
+  auto load_x = [&](int slot, int at) {
+#pragma unroll
+    for (int f = 0; f < kRegGemmFrags; ++f) xv[slot][f] = __ldg(x_rows[f] + 4 * at);
+  };
+#pragma unroll
+  for (int slot = 0; slot < kRegGemmDepth; ++slot)
+    if (slot < kb) load_w(slot, slot);
+#pragma unroll
+  for (int slot = 0; slot < kRegGemmXDepth; ++slot)
+    if (slot < kb) load_x(slot, slot);
+
+  float acc[kRegGemmFrags][4] = {};
+  // One round: kRegGemmDepth blocks from b0. kGuard: the round may pass the last block, or its
+  // refills may (the last two rounds); else no checks.
+  auto round = [&](int b0, auto guard) {
+    constexpr bool kGuard = decltype(guard)::value;
+    // From here words_* and scales_* point kRegGemmDepth blocks past b0; x_rows at b0.
+    words_lo += 4 * kRegGemmDepth, words_hi += 4 * kRegGemmDepth;
+    scales_lo += kRegGemmDepth, scales_hi += kRegGemmDepth;
+#pragma unroll
+    for (int slot = 0; slot < kRegGemmDepth; ++slot) {
+      const int block = b0 + slot;
+      if (kGuard && block >= kb) break;  // (uniform: the last round's slots past the end)
+      const uint4 a_lo = mxfp4_f16x8_times_2m14(w_lo[slot]);
+      const uint4 a_hi = mxfp4_f16x8_times_2m14(w_hi[slot]);
+      const float scale_lo = e8m0_scale(static_cast<uint8_t>(s_lo[slot]));
+      const float scale_hi = e8m0_scale(static_cast<uint8_t>(s_hi[slot]));
+      if (!kGuard || block + kRegGemmDepth < kb) load_w(slot, slot);
+      const uint32_t a0[4] = {a_lo.x, a_hi.x, a_lo.y, a_hi.y};
+      const uint32_t a1[4] = {a_lo.z, a_hi.z, a_lo.w, a_hi.w};
+      const int x_slot = slot % kRegGemmXDepth;
+#pragma unroll
+      for (int f = 0; f < kRegGemmFrags; ++f) {
+        const uint4 b = xv[x_slot][f];
+        float d[4];
+        mma_f16_from_zero(d, a0, b.x, b.y);
+        mma_f16(d, a1, b.z, b.w);
+        acc[f][0] = fmaf(d[0], scale_lo, acc[f][0]);
+        acc[f][1] = fmaf(d[1], scale_lo, acc[f][1]);
+        acc[f][2] = fmaf(d[2], scale_hi, acc[f][2]);
+        acc[f][3] = fmaf(d[3], scale_hi, acc[f][3]);
+      }
+      if (!kGuard || block + kRegGemmXDepth < kb) load_x(x_slot, slot + kRegGemmXDepth);
+    }
+#pragma unroll
+    for (int f = 0; f < kRegGemmFrags; ++f) x_rows[f] += 4 * kRegGemmDepth;
+  };
+  int b0 = 0;
+  for (; b0 + 2 * kRegGemmDepth <= kb; b0 += kRegGemmDepth) round(b0, std::false_type{});
+  for (; b0 < kb; b0 += kRegGemmDepth) round(b0, std::true_type{});
+
+    // Epilogue: lane (gr, q) holds, for fragment f, rows gr (c0, c1) and gr + 8 (c2, c3) of tokens
+    // f * 8 + 2q and f * 8 + 2q + 1.
+#pragma unroll
+  for (int f = 0; f < kRegGemmFrags; ++f) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int t = f * 8 + 2 * q + h;
+      const int32_t pair = g.perm[row_base + t];
+      if (pair < 0) continue;
+      if constexpr (kGateUp) {
+        const float back = g.x_back[pair / g.top_k];
+        const int col = row0 / 2 + gr;
+        const float a = g.params.activate(e, col, g.n, acc[f][h] * back, acc[f][2 + h] * back);
+        g.act[(row_base + t) * g.n + x16_slot(col)] = __float2half_rn(a);
+      } else {
+        constexpr float kBack = 16384.0f;  // the decode's 2^-14 (act is unscaled)
+        float* y = g.y + static_cast<int64_t>(pair) * g.n;
+        y[row0 + gr] = acc[f][h] * kBack + g.params.down_bias_of(e, row0 + gr, g.n);
+        y[row0 + gr + 8] = acc[f][2 + h] * kBack + g.params.down_bias_of(e, row0 + gr + 8, g.n);
+      }
+    }
+  }
+}
+
 // ---- Combine ----
 
 constexpr int kCombineThreads = 128;
@@ -1407,7 +1621,7 @@ class ModularKernel final : public moe::ExpertsKernel {
     hidden_ = hidden;
     intermediate_ = intermediate;
     int64_t padded_rows = 0, tiles = 0;
-    for (int64_t tile_m : {SmallTile::kM, MediumTile::kM, LargeTile::kM}) {
+    for (int64_t tile_m : {kRegGemmTokens, SmallTile::kM, MediumTile::kM, LargeTile::kM}) {
       tiles = std::max(tiles, m_tiles_bound(pairs, experts, tile_m));
       padded_rows = std::max(padded_rows, m_tiles_bound(pairs, experts, tile_m) * tile_m);
     }
@@ -1416,8 +1630,8 @@ class ModularKernel final : public moe::ExpertsKernel {
         allocate(&route_sums_, route_sums_floats(max_tokens, experts, hidden) * 4) &&
         allocate(&x_bf16_, max_tokens * hidden * 2) && allocate(&perm_, padded_rows * 4) &&
         allocate(&tile_expert_, tiles * 4) && allocate(&tile_count_, 4) &&
-        allocate(&x_normed_, hidden * 4) && allocate(&act_, padded_rows * intermediate * 2) &&
-        allocate(&y_, pairs * hidden * 4) &&
+        allocate(&x_normed_, hidden * 4) && allocate(&x_back_, max_tokens * 4) &&
+        allocate(&act_, padded_rows * intermediate * 2) && allocate(&y_, pairs * hidden * 4) &&
         allocate(&act_f32_,
                  std::min<int64_t>(max_tokens, kGemvMaxTokens) * top_k * intermediate * 4) &&
         allocate(&x_split_, std::min<int64_t>(max_tokens, kGemvMaxTokens) * 2 * hidden * 2) &&
@@ -1516,7 +1730,9 @@ class ModularKernel final : public moe::ExpertsKernel {
     // token's output would depend on whether its step has more than kGemvMaxTokens tokens.)
     const bool gemv = mxfp4 && mxfp4_gemv_ != Mxfp4Path::kOff && tokens <= kGemvMaxTokens &&
                       !context_.batch_invariant;  // reads the f32 rows itself
-    if (!gemv) {
+    // The small tile's MXFP4 steps on the register GEMM (SY_MXFP4_GEMM=reg; it converts x itself).
+    const bool reg_gemm = mxfp4 && !gemv && pairs <= 24 * experts_ && reg_gemm_fits(w, experts);
+    if (!gemv && !reg_gemm) {
       // The bf16 copy of the hidden states; the gate_up GEMM gathers its rows in expert order.
       const int64_t chunks = tokens * hidden_ / 8;
       const int64_t convert_blocks =
@@ -1530,6 +1746,8 @@ class ModularKernel final : public moe::ExpertsKernel {
     // never the device-side counts).
     if (gemv)
       forward_mxfp4_gemv(w, experts, hidden, pairs, stream);
+    else if (reg_gemm)
+      forward_mxfp4_reg_gemm(w, experts, hidden, tokens, pairs, stream);
     else if (intermediate_ % 8 != 0)  // (bf16 only: MXFP4 widths are multiples of 32)
       forward_experts_simple(w, experts, pairs, stream);
     else if (pairs <= 24 * experts_)
@@ -1559,6 +1777,11 @@ class ModularKernel final : public moe::ExpertsKernel {
   }
 
  private:
+  // SY_MXFP4_GEMM=reg: the small tile's MXFP4 steps on the register GEMM (opt-in until measured).
+  const bool reg_gemm_ = [] {
+    const char* v = std::getenv("SY_MXFP4_GEMM");
+    return v && std::string_view(v) == "reg";
+  }();
   // SY_GEMM_TILE=k32|k64 (A/B and experiment; see MediumK32Tile).
   const std::string_view tiles_ = [] {
     const char* value = std::getenv("SY_GEMM_TILE");
@@ -1744,6 +1967,60 @@ class ModularKernel final : public moe::ExpertsKernel {
     launch(mxfp4_gemv_kernel<false>, 4, act_f32_, y_);
   }
 
+  // Whether the register GEMM takes this layer's small MXFP4 steps: opted in (SY_MXFP4_GEMM=reg),
+  // not batch-invariant (its arithmetic is not the grouped GEMM's), row counts that are multiples
+  // of 16, 16-byte aligned weights, and activations that f16 holds (the clamped SwiGLU's
+  // |act| <= (limit + 1) limit).
+  bool reg_gemm_fits(const moe::MoeLayerWeights& w, const ExpertParams& experts) const {
+    return reg_gemm_ && !context_.batch_invariant && hidden_ % 16 == 0 && intermediate_ % 8 == 0 &&
+           experts.clamped && experts.limit > 0.0f && experts.limit <= 200.0f &&
+           aligned16(w.gate_up.data) && aligned16(w.down.data);
+  }
+  // Align to M tiles of kRegGemmTokens pairs, x to x16, then gate_up and down on the register
+  // GEMM (act_ holds the f16 activations, x_bf16_ the f16 x).
+  void forward_mxfp4_reg_gemm(const moe::MoeLayerWeights& w, const ExpertParams& experts,
+                              const float* hidden, int64_t tokens, int64_t pairs,
+                              cudaStream_t stream) {
+    align_kernel<<<static_cast<unsigned>(experts_), kAlignThreads, 0, stream>>>(
+        ids_, static_cast<int>(pairs), static_cast<int>(experts_), kRegGemmTokens, perm_,
+        tile_expert_, tile_count_);
+    SY_CUDA_LAUNCH_CHECK("align_kernel");
+    __half* x16 = reinterpret_cast<__half*>(x_bf16_);
+    __half* act16 = reinterpret_cast<__half*>(act_);
+    mxfp4_x16_kernel<<<static_cast<unsigned>(tokens), kRegGemmThreads, 0, stream>>>(
+        hidden, static_cast<int>(hidden_), x16, x_back_);
+    SY_CUDA_LAUNCH_CHECK("mxfp4_x16_kernel");
+    const unsigned m_tiles = static_cast<unsigned>(m_tiles_bound(pairs, experts_, kRegGemmTokens));
+    Mxfp4RegGemm g;
+    g.perm = perm_;
+    g.tile_expert = tile_expert_;
+    g.tile_count = tile_count_;
+    g.top_k = static_cast<int>(top_k_);
+    g.params = experts;
+    g.blocks = w.gate_up.ptr<uint8_t>();
+    g.scales = w.gate_up_scales.ptr<uint8_t>();
+    g.x = x16;
+    g.x_back = x_back_;
+    g.act = act16;
+    g.k = static_cast<int>(hidden_);
+    g.n = static_cast<int>(intermediate_);
+    const dim3 gate_up_grid(static_cast<unsigned>(ceil_div(2 * intermediate_, 16 * kRegGemmWarps)),
+                            m_tiles);
+    mxfp4_reg_gemm_kernel<true><<<gate_up_grid, kRegGemmThreads, 0, stream>>>(g);
+    SY_CUDA_LAUNCH_CHECK("mxfp4_reg_gemm_kernel<gate_up>");
+    g.blocks = w.down.ptr<uint8_t>();
+    g.scales = w.down_scales.ptr<uint8_t>();
+    g.x = act16;
+    g.x_back = nullptr;
+    g.act = nullptr;
+    g.y = y_;
+    g.k = static_cast<int>(intermediate_);
+    g.n = static_cast<int>(hidden_);
+    const dim3 down_grid(static_cast<unsigned>(ceil_div(hidden_, 16 * kRegGemmWarps)), m_tiles);
+    mxfp4_reg_gemm_kernel<false><<<down_grid, kRegGemmThreads, 0, stream>>>(g);
+    SY_CUDA_LAUNCH_CHECK("mxfp4_reg_gemm_kernel<down>");
+  }
+
   // Everything forward() needs to be true of its arguments, as errors naming the offender.
   Status check(const moe::MoeForwardArgs& args) const {
     if (!ids_) return Status::error(ErrorCode::kInternal, "cuda-modular: forward before reserve");
@@ -1824,15 +2101,16 @@ class ModularKernel final : public moe::ExpertsKernel {
                       static_cast<size_t>(std::max<int64_t>(bytes, 16))) == cudaSuccess;
   }
   void release() {
-    for (void* p : {static_cast<void*>(ids_), static_cast<void*>(weights_),
-                    static_cast<void*>(x_bf16_), static_cast<void*>(perm_),
-                    static_cast<void*>(tile_expert_), static_cast<void*>(tile_count_),
-                    static_cast<void*>(act_), static_cast<void*>(y_), static_cast<void*>(act_f32_),
-                    static_cast<void*>(x_split_), static_cast<void*>(act_split_),
-                    static_cast<void*>(route_sums_), static_cast<void*>(x_normed_)})
+    for (void* p :
+         {static_cast<void*>(ids_), static_cast<void*>(weights_), static_cast<void*>(x_bf16_),
+          static_cast<void*>(perm_), static_cast<void*>(tile_expert_),
+          static_cast<void*>(tile_count_), static_cast<void*>(act_), static_cast<void*>(y_),
+          static_cast<void*>(act_f32_), static_cast<void*>(x_split_),
+          static_cast<void*>(act_split_), static_cast<void*>(route_sums_),
+          static_cast<void*>(x_normed_), static_cast<void*>(x_back_)})
       if (p) cudaFree(p);
     x_split_ = nullptr, act_split_ = nullptr, route_sums_ = nullptr;
-    x_normed_ = nullptr;
+    x_normed_ = nullptr, x_back_ = nullptr;
     ids_ = nullptr, weights_ = nullptr, x_bf16_ = nullptr, perm_ = nullptr, tile_expert_ = nullptr;
     tile_count_ = nullptr, act_ = nullptr, y_ = nullptr, act_f32_ = nullptr;
   }
@@ -1845,6 +2123,7 @@ class ModularKernel final : public moe::ExpertsKernel {
   float* weights_ = nullptr;         // [T, K] gating weights
   float* route_sums_ = nullptr;      // the router logits' group sums (route_sums_floats)
   float* x_normed_ = nullptr;        // [1, H] the fused input norm's row (route_fuses_norm)
+  float* x_back_ = nullptr;          // [T] the register GEMM's x16 back factors (mxfp4_x16_kernel)
   // One-token steps fuse the input norm (H100, 2026-12-07, two rounds: gpt-oss-20b batch 1
   // 2.501/2.510 ms against 2.541/2.540, BENCHMARKS.md session 33); SY_MODULAR_NORM=0 or
   // SY_NO_NORM_FUSION=1 (which also unfuses the norm + GEMV elsewhere) keep the separate norm.
