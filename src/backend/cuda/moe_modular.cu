@@ -1238,7 +1238,7 @@ __global__ void __launch_bounds__(kRegThreads, 4)
   store_mma_gemv_rows<false>(g, e, out0, gr, acc_lo, acc_hi, out, nullptr);
 }
 
-// ---- Small MXFP4 steps on tensor cores, weights decoded in registers (SY_MXFP4_GEMM=reg) ----
+// ---- Small MXFP4 steps on tensor cores, weights decoded in registers (the default) ----
 //
 // The grouped GEMM's small tile spends ~0.28 warp instructions a weight (decode to bf16 in shared
 // memory: byte permutes, a scale multiply, a store, then ldmatrix), so gpt-oss's batch-64 step is
@@ -1251,7 +1251,11 @@ __global__ void __launch_bounds__(kRegThreads, 4)
 // of the block's two k16 steps, so the B operand holds each token's x in that same order (x16: the
 // decode's pair order within every 8 values, 16 bytes a lane a block). A block's two mma start
 // from zero and the result is scaled by the row's 2^(s - 127) into the accumulators (the four lanes
-// of a row all work on the same block). ~60 warp instructions a block of 16 rows x 32 values.
+// of a row all work on the same block). 63 SASS instructions a block of 16 rows x 32 values in the
+// main loop (sm_90a). H100, 2026-12-07, two rounds against the grouped GEMM: gpt-oss-20b decode
+// batch 16 7.39/7.40 against 12.55/12.56 ms, batch 64 9.72/9.74 against 15.09/15.12, batch 128
+// 13.08/13.14 against 17.03/17.02 (BENCHMARKS.md session 33). Its arithmetic is not the grouped
+// GEMM's, so the batch-invariant backend leaves it out.
 // gate_up's A: x in f16, each token's row scaled by a power of two putting its largest |x| in
 // [2^14, 2^15) (mxfp4_x16_kernel; its back factor in x_back). down's A: gate_up's activations in
 // f16, unscaled (gpt-oss's clamped SwiGLU bounds them by (limit + 1) limit: the host checks it).
@@ -1582,7 +1586,9 @@ class ModularKernel final : public moe::ExpertsKernel {
   }
   bool replays_routes() const override { return true; }
   // Every tile, the wgmma one included, sums a row's k in the same order with the same rounding
-  // (the op harness checks it on every 256+ token step).
+  // (the op harness checks it on every 256+ token step). MXFP4 experts only on the batch-invariant
+  // backend (CudaContext::batch_invariant): else few-token steps take the GEMVs and small ones
+  // the register GEMM, each with its own arithmetic.
   bool batch_invariant() const override { return true; }
   // One-token steps: the route kernel norms the row (NormRow: bitwise add_rms_norm's),
   // combine_kernel adds the residual.
@@ -1730,7 +1736,7 @@ class ModularKernel final : public moe::ExpertsKernel {
     // token's output would depend on whether its step has more than kGemvMaxTokens tokens.)
     const bool gemv = mxfp4 && mxfp4_gemv_ != Mxfp4Path::kOff && tokens <= kGemvMaxTokens &&
                       !context_.batch_invariant;  // reads the f32 rows itself
-    // The small tile's MXFP4 steps on the register GEMM (SY_MXFP4_GEMM=reg; it converts x itself).
+    // The small tile's MXFP4 steps on the register GEMM (it converts x itself).
     const bool reg_gemm = mxfp4 && !gemv && pairs <= 24 * experts_ && reg_gemm_fits(w, experts);
     if (!gemv && !reg_gemm) {
       // The bf16 copy of the hidden states; the gate_up GEMM gathers its rows in expert order.
@@ -1777,10 +1783,10 @@ class ModularKernel final : public moe::ExpertsKernel {
   }
 
  private:
-  // SY_MXFP4_GEMM=reg: the small tile's MXFP4 steps on the register GEMM (opt-in until measured).
+  // The small tile's MXFP4 steps on the register GEMM; SY_MXFP4_GEMM=tile: on the grouped GEMM.
   const bool reg_gemm_ = [] {
     const char* v = std::getenv("SY_MXFP4_GEMM");
-    return v && std::string_view(v) == "reg";
+    return !(v && std::string_view(v) == "tile");
   }();
   // SY_GEMM_TILE=k32|k64 (A/B and experiment; see MediumK32Tile).
   const std::string_view tiles_ = [] {
@@ -1967,7 +1973,7 @@ class ModularKernel final : public moe::ExpertsKernel {
     launch(mxfp4_gemv_kernel<false>, 4, act_f32_, y_);
   }
 
-  // Whether the register GEMM takes this layer's small MXFP4 steps: opted in (SY_MXFP4_GEMM=reg),
+  // Whether the register GEMM takes this layer's small MXFP4 steps: not turned off (SY_MXFP4_GEMM),
   // not batch-invariant (its arithmetic is not the grouped GEMM's), row counts that are multiples
   // of 16, 16-byte aligned weights, and activations that f16 holds (the clamped SwiGLU's
   // |act| <= (limit + 1) limit).
