@@ -223,7 +223,12 @@ if want reg-gemm; then
     --filter "MXFP4,invariance." --json "$OUT/op_harness_tile_gemm.json"
   SY_MXFP4_GEMM=tile SY_TEST_DEVICE=cuda run tile-gemm-golden timeout "${STAGE_TIMEOUT:-300}" "$carry/test_model" \
     --gtest_filter='*HfGolden*gptoss*:CudaAgreement.GptOss*' --gtest_brief=1
-  decode_ab "${REG_GEMM_ROUNDS:-2}" 16,64,128 "$carry/gpt-oss-20b/config.json" - SY_MXFP4_GEMM=tile
+  # The experiment: M tiles of 32 pairs (SY_REG_GEMM_TOKENS=32) on the same harness cases, then
+  # in the A/B.
+  SY_REG_GEMM_TOKENS=32 run wide-gemm-ops timeout "${STAGE_TIMEOUT:-300}" "$carry/cuda_op_harness" \
+    --filter "MXFP4" --json "$OUT/op_harness_wide_gemm.json"
+  decode_ab "${REG_GEMM_ROUNDS:-2}" 16,64,128 "$carry/gpt-oss-20b/config.json" - SY_MXFP4_GEMM=tile \
+    SY_REG_GEMM_TOKENS=32
 fi
 if want gemm-tile; then
   # The grouped GEMM's tile choices (every tile sums k in the same order: bitwise the default's

@@ -1261,10 +1261,9 @@ __global__ void __launch_bounds__(kRegThreads, 4)
 // f16, unscaled (gpt-oss's clamped SwiGLU bounds them by (limit + 1) limit: the host checks it).
 constexpr int kRegGemmWarps = 4;
 constexpr int kRegGemmThreads = kRegGemmWarps * 32;
-constexpr int kRegGemmTokens = 16;  // an M tile: two n8 fragments of pairs
-constexpr int kRegGemmFrags = kRegGemmTokens / 8;
-constexpr int kRegGemmDepth = 8;   // weight blocks in flight a lane
-constexpr int kRegGemmXDepth = 4;  // x blocks in flight a lane (divides kRegGemmDepth)
+constexpr int kRegGemmTokens = 16;  // an M tile: two n8 fragments of pairs (or kRegGemmWide)
+constexpr int kRegGemmWide = 32;    // SY_REG_GEMM_TOKENS=32: four (experiment)
+constexpr int kRegGemmDepth = 8;    // weight blocks in flight a lane
 
 struct Mxfp4RegGemm {
   const uint8_t* blocks = nullptr;  // [E, rows, k/32, 16]
@@ -1335,13 +1334,15 @@ __device__ __forceinline__ void mma_f16_from_zero(float (&d)[4], const uint32_t 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.0f));
 }
 
-// grid (rows / (16 kRegGemmWarps), M-tile bound of kRegGemmTokens), kRegGemmThreads. kGateUp:
+// grid (rows / (16 kRegGemmWarps), M-tile bound of kTokens), kRegGemmThreads. kGateUp:
 // gpt-oss's interleaved rows (a warp's rows g and g + 8: the gate and up of output column
 // row0 / 2 + g), the activation and bias as the grouped GEMM's epilogue, into act (f16, x16
 // order); else hidden rows, the down bias added, into y.
-template <bool kGateUp>
+template <bool kGateUp, int kTokens>
 __global__ void __launch_bounds__(kRegGemmThreads, 3)
     mxfp4_reg_gemm_kernel(const __grid_constant__ Mxfp4RegGemm g) {
+  // x blocks in flight a lane (divides kRegGemmDepth): 4 of two fragments, 2 of four.
+  constexpr int kRegGemmFrags = kTokens / 8, kRegGemmXDepth = kTokens <= 16 ? 4 : 2;
   const int m_tile = blockIdx.y;
   if (m_tile >= *g.tile_count) return;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -1349,7 +1350,7 @@ __global__ void __launch_bounds__(kRegGemmThreads, 3)
   const int row0 = (static_cast<int>(blockIdx.x) * kRegGemmWarps + warp) * 16;
   if (row0 >= rows) return;
   const int e = g.tile_expert[m_tile];
-  const int64_t row_base = static_cast<int64_t>(m_tile) * kRegGemmTokens;
+  const int64_t row_base = static_cast<int64_t>(m_tile) * kTokens;
   const int q = lane & 3, gr = lane >> 2;
   const int k = g.k, kb = k / 32;
   auto row_of = [&](int r) { return kGateUp ? row0 + 2 * (r & 7) + (r >> 3) : row0 + r; };
@@ -1783,6 +1784,11 @@ class ModularKernel final : public moe::ExpertsKernel {
   }
 
  private:
+  // SY_REG_GEMM_TOKENS=32: the register GEMM's M tiles of 32 pairs (experiment; default 16).
+  const bool reg_gemm_wide_ = [] {
+    const char* v = std::getenv("SY_REG_GEMM_TOKENS");
+    return v && std::string_view(v) == "32";
+  }();
   // The small tile's MXFP4 steps on the register GEMM; SY_MXFP4_GEMM=tile: on the grouped GEMM.
   const bool reg_gemm_ = [] {
     const char* v = std::getenv("SY_MXFP4_GEMM");
@@ -1982,21 +1988,29 @@ class ModularKernel final : public moe::ExpertsKernel {
            experts.clamped && experts.limit > 0.0f && experts.limit <= 200.0f &&
            aligned16(w.gate_up.data) && aligned16(w.down.data);
   }
-  // Align to M tiles of kRegGemmTokens pairs, x to x16, then gate_up and down on the register
-  // GEMM (act_ holds the f16 activations, x_bf16_ the f16 x).
+  // Align to M tiles of kTokens pairs, x to x16, then gate_up and down on the register GEMM
+  // (act_ holds the f16 activations, x_bf16_ the f16 x).
+  void forward_mxfp4_reg_gemm(const moe::MoeLayerWeights& w, const ExpertParams& experts,
+                              const float* hidden, int64_t tokens, int64_t pairs,
+                              cudaStream_t stream) {
+    reg_gemm_wide_
+        ? forward_mxfp4_reg_gemm<kRegGemmWide>(w, experts, hidden, tokens, pairs, stream)
+        : forward_mxfp4_reg_gemm<kRegGemmTokens>(w, experts, hidden, tokens, pairs, stream);
+  }
+  template <int kTokens>
   void forward_mxfp4_reg_gemm(const moe::MoeLayerWeights& w, const ExpertParams& experts,
                               const float* hidden, int64_t tokens, int64_t pairs,
                               cudaStream_t stream) {
     align_kernel<<<static_cast<unsigned>(experts_), kAlignThreads, 0, stream>>>(
-        ids_, static_cast<int>(pairs), static_cast<int>(experts_), kRegGemmTokens, perm_,
-        tile_expert_, tile_count_);
+        ids_, static_cast<int>(pairs), static_cast<int>(experts_), kTokens, perm_, tile_expert_,
+        tile_count_);
     SY_CUDA_LAUNCH_CHECK("align_kernel");
     __half* x16 = reinterpret_cast<__half*>(x_bf16_);
     __half* act16 = reinterpret_cast<__half*>(act_);
     mxfp4_x16_kernel<<<static_cast<unsigned>(tokens), kRegGemmThreads, 0, stream>>>(
         hidden, static_cast<int>(hidden_), x16, x_back_);
     SY_CUDA_LAUNCH_CHECK("mxfp4_x16_kernel");
-    const unsigned m_tiles = static_cast<unsigned>(m_tiles_bound(pairs, experts_, kRegGemmTokens));
+    const unsigned m_tiles = static_cast<unsigned>(m_tiles_bound(pairs, experts_, kTokens));
     Mxfp4RegGemm g;
     g.perm = perm_;
     g.tile_expert = tile_expert_;
@@ -2012,7 +2026,7 @@ class ModularKernel final : public moe::ExpertsKernel {
     g.n = static_cast<int>(intermediate_);
     const dim3 gate_up_grid(static_cast<unsigned>(ceil_div(2 * intermediate_, 16 * kRegGemmWarps)),
                             m_tiles);
-    mxfp4_reg_gemm_kernel<true><<<gate_up_grid, kRegGemmThreads, 0, stream>>>(g);
+    mxfp4_reg_gemm_kernel<true, kTokens><<<gate_up_grid, kRegGemmThreads, 0, stream>>>(g);
     SY_CUDA_LAUNCH_CHECK("mxfp4_reg_gemm_kernel<gate_up>");
     g.blocks = w.down.ptr<uint8_t>();
     g.scales = w.down_scales.ptr<uint8_t>();
@@ -2023,7 +2037,7 @@ class ModularKernel final : public moe::ExpertsKernel {
     g.k = static_cast<int>(intermediate_);
     g.n = static_cast<int>(hidden_);
     const dim3 down_grid(static_cast<unsigned>(ceil_div(hidden_, 16 * kRegGemmWarps)), m_tiles);
-    mxfp4_reg_gemm_kernel<false><<<down_grid, kRegGemmThreads, 0, stream>>>(g);
+    mxfp4_reg_gemm_kernel<false, kTokens><<<down_grid, kRegGemmThreads, 0, stream>>>(g);
     SY_CUDA_LAUNCH_CHECK("mxfp4_reg_gemm_kernel<down>");
   }
 
