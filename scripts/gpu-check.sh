@@ -223,12 +223,13 @@ if want reg-gemm; then
     --filter "MXFP4,invariance." --json "$OUT/op_harness_tile_gemm.json"
   SY_MXFP4_GEMM=tile SY_TEST_DEVICE=cuda run tile-gemm-golden timeout "${STAGE_TIMEOUT:-300}" "$carry/test_model" \
     --gtest_filter='*HfGolden*gptoss*:CudaAgreement.GptOss*' --gtest_brief=1
-  # The experiment: M tiles of 32 pairs (SY_REG_GEMM_TOKENS=32) on the same harness cases, then
-  # in the A/B.
-  SY_REG_GEMM_TOKENS=32 run wide-gemm-ops timeout "${STAGE_TIMEOUT:-300}" "$carry/cuda_op_harness" \
+  # The experiments: M tiles of 32 pairs (SY_REG_GEMM_TOKENS=32) and steps of up to 96 pairs an
+  # expert (SY_REG_GEMM_MAX=96) on the MXFP4 harness cases, then in the A/B.
+  SY_REG_GEMM_TOKENS=32 SY_REG_GEMM_MAX=96 run wide-gemm-ops timeout "${STAGE_TIMEOUT:-300}" "$carry/cuda_op_harness" \
     --filter "MXFP4" --json "$OUT/op_harness_wide_gemm.json"
-  decode_ab "${REG_GEMM_ROUNDS:-2}" 16,64,128 "$carry/gpt-oss-20b/config.json" - SY_MXFP4_GEMM=tile \
-    SY_REG_GEMM_TOKENS=32
+  # Batch 256 (32 pairs an expert) is the medium tile's unless SY_REG_GEMM_MAX raises the bound.
+  decode_ab "${REG_GEMM_ROUNDS:-2}" 16,64,128,256 "$carry/gpt-oss-20b/config.json" - SY_MXFP4_GEMM=tile \
+    SY_REG_GEMM_TOKENS=32 SY_REG_GEMM_MAX=96 SY_REG_GEMM_TOKENS=32+SY_REG_GEMM_MAX=96
 fi
 if want gemm-tile; then
   # The grouped GEMM's tile choices (every tile sums k in the same order: bitwise the default's

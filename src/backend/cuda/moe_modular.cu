@@ -1738,7 +1738,8 @@ class ModularKernel final : public moe::ExpertsKernel {
     const bool gemv = mxfp4 && mxfp4_gemv_ != Mxfp4Path::kOff && tokens <= kGemvMaxTokens &&
                       !context_.batch_invariant;  // reads the f32 rows itself
     // The small tile's MXFP4 steps on the register GEMM (it converts x itself).
-    const bool reg_gemm = mxfp4 && !gemv && pairs <= 24 * experts_ && reg_gemm_fits(w, experts);
+    const bool reg_gemm =
+        mxfp4 && !gemv && pairs <= reg_gemm_max_ * experts_ && reg_gemm_fits(w, experts);
     if (!gemv && !reg_gemm) {
       // The bf16 copy of the hidden states; the gate_up GEMM gathers its rows in expert order.
       const int64_t chunks = tokens * hidden_ / 8;
@@ -1784,6 +1785,13 @@ class ModularKernel final : public moe::ExpertsKernel {
   }
 
  private:
+  // SY_REG_GEMM_MAX=n: the register GEMM takes MXFP4 steps of up to n pairs an expert (experiment;
+  // default 24, the small tile's range).
+  const int64_t reg_gemm_max_ = [] {
+    const char* v = std::getenv("SY_REG_GEMM_MAX");
+    const int n = v ? std::atoi(v) : 0;
+    return int64_t{n > 0 && n <= 4096 ? n : 24};
+  }();
   // SY_REG_GEMM_TOKENS=32: the register GEMM's M tiles of 32 pairs (experiment; default 16).
   const bool reg_gemm_wide_ = [] {
     const char* v = std::getenv("SY_REG_GEMM_TOKENS");
