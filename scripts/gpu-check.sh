@@ -183,7 +183,7 @@ if want bench-new; then
 fi
 if want mxfp4-gemv; then
   # cuda-modular's few-token MXFP4 paths: the register-direct f16 tensor-core GEMV (default, "reg"),
-  # the streamed one (SY_MXFP4_GEMV=stream), the warp GEMV (=warp), the grouped GEMM (=0);
+  # the streamed one (SY_MXFP4_GEMV=stream), the warp GEMV (=warp), none (=0: the register GEMM since session 33);
   # cuda-fused reading MXFP4 is opt-in
   # (SY_FUSED_MXFP4=1). The op harness's MXFP4 group (modular T <= 8 take the GEMV; the fused
   # cases and its input-norm variants run) and the gpt-oss goldens on each GEMV, then gpt-oss-20b

@@ -2170,8 +2170,9 @@ class ModularKernel final : public moe::ExpertsKernel {
   // tensor-core GEMV on f16 (mxfp4_reg_gemv_kernel; H100, 2026-12-07, alternating in one visit:
   // batch 1 2.56 against 2.80 ms, batch 8 7.91 against 9.24 ms for the previous default, the warp
   // GEMV at one token and the streamed one at 2..8). SY_MXFP4_GEMV=stream or =warp: always that
-  // one (A/Bs); SY_MXFP4_GEMV=0: the grouped GEMM. The warp GEMV also runs where the tensor-core
-  // kernels cannot (k > kStreamMaxK, unaligned rows or scales).
+  // one (A/Bs); SY_MXFP4_GEMV=0: the register GEMM (with SY_MXFP4_GEMM=tile, the grouped GEMM). The
+  // warp GEMV also runs where the tensor-core kernels cannot (k > kStreamMaxK, unaligned rows or
+  // scales).
   enum class Mxfp4Path { kOff, kReg, kWarp, kStream };
   const Mxfp4Path mxfp4_gemv_ = [] {
     const char* v = std::getenv("SY_MXFP4_GEMV");
