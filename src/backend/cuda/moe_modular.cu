@@ -1065,20 +1065,15 @@ constexpr int kRegDepth = 4;  // steps (two 16-byte blocks a lane) in flight
 // x's hi and lo halves (f16), k + 32 apart (other banks).
 constexpr int64_t reg_gemv_smem(int64_t k) { return (2 * k + 32) * 2; }
 
-// The block's x, split in the block itself: x 2^a = hi + lo (f16 each, ~22 bits), a putting the
-// row's largest |x| in [2^14, 2^15), stored in the decode's pair order (word i: elements i and
-// i + 4 of each 8); the row sums are scaled back by 2^(14 - a) (the decode's 2^-14 too). So no
-// split kernel runs before the GEMV: gate_up reads the f32 hidden and writes f32 activations, down
-// reads those. Leaves that factor in *back (shared; the __syncthreads after the split publishes
-// it, and keeps it out of the main loop's registers). x: k f32 (16-byte aligned, k a multiple of
-// 8).
-__device__ __forceinline__ void reg_gemv_split_x(const float* __restrict__ x, int k, uint8_t* smem,
-                                                 float* back) {
-  __shared__ float s_max[kRegWarps];
+// The exponent e of the largest |x| of x[0:k] (f32, 16-byte aligned, k a multiple of 4): m =
+// f 2^e, f in [0.5, 1); 0 when every x is 0 or m is not finite. Every thread of the block calls it.
+template <int kThreads>
+__device__ __forceinline__ int row_max_exponent(const float4* __restrict__ x4, int k) {
+  constexpr int kWarps = kThreads / 32;
+  __shared__ float s_max[kWarps];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const float4* x4 = reinterpret_cast<const float4*>(x);
   float m = 0.0f;
-  for (int i = threadIdx.x; i < k / 4; i += kRegThreads) {
+  for (int i = threadIdx.x; i < k / 4; i += kThreads) {
     const float4 v = x4[i];
     m = fmaxf(m, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
   }
@@ -1089,9 +1084,23 @@ __device__ __forceinline__ void reg_gemv_split_x(const float* __restrict__ x, in
   __syncthreads();
   m = s_max[0];
 #pragma unroll
-  for (int w = 1; w < kRegWarps; ++w) m = fmaxf(m, s_max[w]);
+  for (int w = 1; w < kWarps; ++w) m = fmaxf(m, s_max[w]);
   int e = 0;
-  if (m > 0.0f && m <= FLT_MAX) frexpf(m, &e);  // m = f 2^e, f in [0.5, 1)
+  if (m > 0.0f && m <= FLT_MAX) frexpf(m, &e);
+  return e;
+}
+
+// The block's x, split in the block itself: x 2^a = hi + lo (f16 each, ~22 bits), a putting the
+// row's largest |x| in [2^14, 2^15), stored in the decode's pair order (word i: elements i and
+// i + 4 of each 8); the row sums are scaled back by 2^(14 - a) (the decode's 2^-14 too). So no
+// split kernel runs before the GEMV: gate_up reads the f32 hidden and writes f32 activations, down
+// reads those. Leaves that factor in *back (shared; the __syncthreads after the split publishes
+// it, and keeps it out of the main loop's registers). x: k f32 (16-byte aligned, k a multiple of
+// 8).
+__device__ __forceinline__ void reg_gemv_split_x(const float* __restrict__ x, int k, uint8_t* smem,
+                                                 float* back) {
+  const float4* x4 = reinterpret_cast<const float4*>(x);
+  const int e = row_max_exponent<kRegThreads>(x4, k);
   // 2^(15 - e) as two factors, each a normal float (|15 - e| < 275): exact products.
   const float up0 = ldexpf(1.0f, (15 - e) / 2), up1 = ldexpf(1.0f, 15 - e - (15 - e) / 2);
   __half* x_hi = reinterpret_cast<__half*>(smem);
@@ -1289,24 +1298,8 @@ __device__ __forceinline__ int x16_slot(int i) {
 __global__ void __launch_bounds__(kRegGemmThreads)
     mxfp4_x16_kernel(const float* __restrict__ x, int k, __half* __restrict__ x16,
                      float* __restrict__ back) {
-  __shared__ float s_max[kRegGemmWarps];
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const float4* x4 = reinterpret_cast<const float4*>(x + static_cast<int64_t>(blockIdx.x) * k);
-  float m = 0.0f;
-  for (int i = threadIdx.x; i < k / 4; i += kRegGemmThreads) {
-    const float4 v = x4[i];
-    m = fmaxf(m, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
-  }
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1)
-    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, offset));
-  if (lane == 0) s_max[warp] = m;
-  __syncthreads();
-  m = s_max[0];
-#pragma unroll
-  for (int w = 1; w < kRegGemmWarps; ++w) m = fmaxf(m, s_max[w]);
-  int e = 0;
-  if (m > 0.0f && m <= FLT_MAX) frexpf(m, &e);  // m = f 2^e, f in [0.5, 1)
+  const int e = row_max_exponent<kRegGemmThreads>(x4, k);
   // 2^(15 - e) as two factors, each a normal float (|15 - e| < 275): exact products.
   const float up0 = ldexpf(1.0f, (15 - e) / 2), up1 = ldexpf(1.0f, 15 - e - (15 - e) / 2);
   uint4* out = reinterpret_cast<uint4*>(x16 + static_cast<int64_t>(blockIdx.x) * k);
