@@ -1272,7 +1272,6 @@ constexpr int kRegGemmWarps = 4;
 constexpr int kRegGemmThreads = kRegGemmWarps * 32;
 constexpr int kRegGemmTokens = 16;  // an M tile: two n8 fragments of pairs (or kRegGemmWide)
 constexpr int kRegGemmWide = 32;    // SY_REG_GEMM_TOKENS=32: four (experiment)
-constexpr int kRegGemmDepth = 8;    // weight blocks in flight a lane
 
 struct Mxfp4RegGemm {
   const uint8_t* blocks = nullptr;  // [E, rows, k/32, 16]
@@ -1334,8 +1333,10 @@ __device__ __forceinline__ void mma_f16_from_zero(float (&d)[4], const uint32_t 
 template <bool kGateUp, int kTokens>
 __global__ void __launch_bounds__(kRegGemmThreads, 3)
     mxfp4_reg_gemm_kernel(const __grid_constant__ Mxfp4RegGemm g) {
-  // x blocks in flight a lane (divides kRegGemmDepth): 4 of two fragments, 2 of four.
-  constexpr int kRegGemmFrags = kTokens / 8, kRegGemmXDepth = kTokens <= 16 ? 4 : 2;
+  // Weight blocks in flight a lane: 8 of two fragments, 6 of four (the wide tile's registers); x
+  // blocks (dividing that): 4 of two, 2 of four.
+  constexpr int kRegGemmFrags = kTokens / 8;
+  constexpr int kRegGemmDepth = kTokens <= 16 ? 8 : 6, kRegGemmXDepth = kTokens <= 16 ? 4 : 2;
   const int m_tile = blockIdx.y;
   if (m_tile >= *g.tile_count) return;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
