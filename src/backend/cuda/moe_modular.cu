@@ -1265,8 +1265,8 @@ __global__ void __launch_bounds__(kRegThreads, 4)
 // batch 16 7.39/7.40 against 12.55/12.56 ms, batch 64 9.72/9.74 against 15.09/15.12, batch 128
 // 13.08/13.14 against 17.03/17.02 (BENCHMARKS.md session 33). Its arithmetic is not the grouped
 // GEMM's, so the batch-invariant backend leaves it out.
-// gate_up's A: x in f16, each token's row scaled by a power of two putting its largest |x| in
-// [2^14, 2^15) (mxfp4_x16_kernel; its back factor in x_back). down's A: gate_up's activations in
+// gate_up's B: x in f16, each token's row scaled by a power of two putting its largest |x| in
+// [2^14, 2^15) (mxfp4_x16_kernel; its back factor in x_back). down's B: gate_up's activations in
 // f16, unscaled (gpt-oss's clamped SwiGLU bounds them by (limit + 1) limit: the host checks it).
 constexpr int kRegGemmWarps = 4;
 constexpr int kRegGemmThreads = kRegGemmWarps * 32;
