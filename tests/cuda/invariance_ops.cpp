@@ -4,7 +4,8 @@
 // mixed step (beside a prefill chunk of another sequence) give the same bits, with and without a
 // sliding window; MoE (gpt-oss's MXFP4 experts on cuda-modular): a token's output and routes
 // are the same bits in a step of 1 or 3 tokens (the few-token GEMVs' sizes by default) as among
-// 16 and 40 (the grouped GEMM's). The same checks run on the default backend as information only
+// 16 and 40 (the register GEMM's by default; every size is the grouped GEMM's under
+// --batch-invariant). The same checks run on the default backend as information only
 // (it is allowed to differ; the line says whether it did).
 #include <fmt/format.h>
 

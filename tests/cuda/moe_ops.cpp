@@ -601,7 +601,7 @@ void run_moe_ops(Harness& h) {
               // pairs over 32 experts; on Hopper the wgmma kernel).
               {{1024, 384, 32, 4}, SpecKind::kQwen, {1000}},
               // The same for MXFP4 experts (3,200 pairs over 16 experts; k 640 and 320); 40 tokens:
-              // the small tile (SY_MXFP4_GEMM=reg: the register GEMM).
+              // the register GEMM (SY_MXFP4_GEMM=tile: the grouped GEMM's small tile).
               {{640, 320, 16, 4}, SpecKind::kGptOss, {40, 800}, true},
               {{200, 72, 12, 3}, SpecKind::kMixtral, {2, 33, 300}},
               {{200, 72, 12, 3}, SpecKind::kSigmoid, {2, 33, 300}},
@@ -610,11 +610,11 @@ void run_moe_ops(Harness& h) {
               {{256, 96, 12, 3},
                SpecKind::kGptOss,
                {1, 2, 8, 9, 33, 64, 300, 600},
-               true},  // every tile size, the GEMV (T <= 8), the register GEMM (9..96)
+               true},  // the GEMV (T <= 8), the register GEMM (9..96), the medium and large tiles
               // The streamed MXFP4 GEMV over several k stages (19 and 5 blocks of 32: the last
               // stage partial) and a block whose second warp is past the rows (608 = 19 x 32);
-              // 12 and 40 tokens: the register GEMM (SY_MXFP4_GEMM=reg) on those k, down's 608
-              // rows leaving two of the last block's four warps idle.
+              // 12 and 40 tokens: the register GEMM on those k, down's 608 rows leaving two of the
+              // last block's four warps idle.
               {{608, 160, 8, 4}, SpecKind::kGptOss, {1, 3, 8, 12, 40}, true},
               {{256, 64, 64, 6}, SpecKind::kDeepSeek, {1, 2, 33, 300}},
               {{200, 72, 16, 4}, SpecKind::kGlm, {1, 7, 64}},

@@ -385,14 +385,8 @@ void launch_rms_norm(float* x, const float* residual, const float* weight, int64
       launch_overlapped(kernel, dim3(static_cast<unsigned>(rows)), dim3(256), 0, stream, x,
                         residual, weight, width, eps, out, earlier);
     };
-    if (width <= 1024)
-      launch_vec(rms_norm_vec_kernel<1>);
-    else if (width <= 2048)
-      launch_vec(rms_norm_vec_kernel<2>);
-    else if (width <= 4096)
-      launch_vec(rms_norm_vec_kernel<4>);
-    else
-      launch_vec(rms_norm_vec_kernel<8>);
+    with_norm_row_vec(width,
+                      [&](auto vec) { launch_vec(rms_norm_vec_kernel<decltype(vec)::value>); });
     SY_CUDA_LAUNCH_CHECK("rms_norm");
     return;
   }
@@ -509,18 +503,10 @@ void launch_norm_gemv_parts(const float* x, const float* delta, const float* nor
   const dim3 grid(static_cast<unsigned>(blocks)), block(256);
   const size_t shared = static_cast<size_t>(in) * sizeof(float);
   // The same VEC as launch_rms_norm picks for this width: the same reduction, bitwise.
-  if (in <= 1024)
-    launch_overlapped(norm_gemv_kernel<1>, grid, block, shared, stream, x, delta, norm_weight, eps,
-                      in, table);
-  else if (in <= 2048)
-    launch_overlapped(norm_gemv_kernel<2>, grid, block, shared, stream, x, delta, norm_weight, eps,
-                      in, table);
-  else if (in <= 4096)
-    launch_overlapped(norm_gemv_kernel<4>, grid, block, shared, stream, x, delta, norm_weight, eps,
-                      in, table);
-  else
-    launch_overlapped(norm_gemv_kernel<8>, grid, block, shared, stream, x, delta, norm_weight, eps,
-                      in, table);
+  with_norm_row_vec(in, [&](auto vec) {
+    launch_overlapped(norm_gemv_kernel<decltype(vec)::value>, grid, block, shared, stream, x, delta,
+                      norm_weight, eps, in, table);
+  });
   SY_CUDA_LAUNCH_CHECK("norm_gemv");
 }
 

@@ -796,20 +796,6 @@ constexpr int kGemvMaxTokens = 8;
 constexpr int kGemvThreads = 256;
 constexpr int kGemvWarps = kGemvThreads / 32;
 
-// The fused input norm's residual update (MoeInputNorm), by whichever kernel writes the combined
-// output: residual = ((residual + earlier_delta) + delta) + out, each element read before out is
-// written (earlier_delta may be out itself). residual == nullptr: none.
-struct ResidualAdd {
-  float* residual = nullptr;
-  const float* earlier_delta = nullptr;  // or nullptr
-  const float* delta = nullptr;
-  __device__ __forceinline__ float before(int64_t i) const {
-    float x = residual[i];
-    if (earlier_delta) x += earlier_delta[i];
-    return x + delta[i];
-  }
-};
-
 struct Mxfp4Gemv {
   const uint8_t* blocks = nullptr;  // [E, rows, k/32, 16]
   const uint8_t* scales = nullptr;  // [E, rows, k/32]
@@ -1090,6 +1076,12 @@ __device__ __forceinline__ int row_max_exponent(const float4* __restrict__ x4, i
   return e;
 }
 
+// 2^(15 - e) as two factors, each a normal float (|15 - e| < 275), so that x * f.x * f.y is exact:
+// what puts a row whose largest |x| has exponent e (row_max_exponent) in [2^14, 2^15).
+__device__ __forceinline__ float2 f16_range_factors(int e) {
+  return make_float2(ldexpf(1.0f, (15 - e) / 2), ldexpf(1.0f, 15 - e - (15 - e) / 2));
+}
+
 // The block's x, split in the block itself: x 2^a = hi + lo (f16 each, ~22 bits), a putting the
 // row's largest |x| in [2^14, 2^15), stored in the decode's pair order (word i: elements i and
 // i + 4 of each 8); the row sums are scaled back by 2^(14 - a) (the decode's 2^-14 too). So no
@@ -1101,8 +1093,8 @@ __device__ __forceinline__ void reg_gemv_split_x(const float* __restrict__ x, in
                                                  float* back) {
   const float4* x4 = reinterpret_cast<const float4*>(x);
   const int e = row_max_exponent<kRegThreads>(x4, k);
-  // 2^(15 - e) as two factors, each a normal float (|15 - e| < 275): exact products.
-  const float up0 = ldexpf(1.0f, (15 - e) / 2), up1 = ldexpf(1.0f, 15 - e - (15 - e) / 2);
+  const float2 up = f16_range_factors(e);
+  const float up0 = up.x, up1 = up.y;
   __half* x_hi = reinterpret_cast<__half*>(smem);
   __half* x_lo = x_hi + k + 32;
   for (int g = threadIdx.x; g < k / 8; g += kRegThreads) {  // 8 values, two 16-byte stores each
@@ -1299,8 +1291,8 @@ __global__ void __launch_bounds__(kRegGemmThreads)
                      float* __restrict__ back) {
   const float4* x4 = reinterpret_cast<const float4*>(x + static_cast<int64_t>(blockIdx.x) * k);
   const int e = row_max_exponent<kRegGemmThreads>(x4, k);
-  // 2^(15 - e) as two factors, each a normal float (|15 - e| < 275): exact products.
-  const float up0 = ldexpf(1.0f, (15 - e) / 2), up1 = ldexpf(1.0f, 15 - e - (15 - e) / 2);
+  const float2 up = f16_range_factors(e);
+  const float up0 = up.x, up1 = up.y;
   uint4* out = reinterpret_cast<uint4*>(x16 + static_cast<int64_t>(blockIdx.x) * k);
   for (int g = threadIdx.x; g < k / 8; g += kRegGemmThreads) {
     const float4 a = x4[2 * g], b = x4[2 * g + 1];
@@ -1314,16 +1306,6 @@ __global__ void __launch_bounds__(kRegGemmThreads)
     out[g] = make_uint4(words[0], words[1], words[2], words[3]);
   }
   if (threadIdx.x == 0) back[blockIdx.x] = ldexpf(1.0f, e - 1);  // 2^14 times 2^-(15 - e)
-}
-
-// d = A B for one m16n8k16 step from zero (f16 in, f32 out).
-__device__ __forceinline__ void mma_f16_from_zero(float (&d)[4], const uint32_t (&a)[4],
-                                                  uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%10,%10,%10,%10};\n"
-      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.0f));
 }
 
 // grid (rows / (16 kRegGemmWarps), M-tile bound of kTokens), kRegGemmThreads. kGateUp:
@@ -1704,9 +1686,7 @@ class ModularKernel final : public moe::ExpertsKernel {
     RouteLaunch route;
     route.hidden = hidden;
     if (norm.residual) {
-      route.residual = residual.residual;
-      route.earlier_delta = residual.earlier_delta;
-      route.delta = residual.delta;
+      route.residual = residual;
       route.norm_weight = norm.weight->ptr<float>();
       route.eps = norm.eps;
       route.normed = x_normed_;
@@ -1815,10 +1795,7 @@ class ModularKernel final : public moe::ExpertsKernel {
   void forward_experts(const moe::MoeLayerWeights& w, const ExpertParams& experts, int64_t pairs,
                        cudaStream_t stream) {
     static_assert(!kWgmma || Cfg::kM == kWgM, "wgmma: LargeTile's M tiles");
-    align_kernel<<<static_cast<unsigned>(experts_), kAlignThreads, 0, stream>>>(
-        ids_, static_cast<int>(pairs), static_cast<int>(experts_), Cfg::kM, perm_, tile_expert_,
-        tile_count_);
-    SY_CUDA_LAUNCH_CHECK("align_kernel");
+    align(pairs, Cfg::kM, stream);
 
     const unsigned m_tiles = static_cast<unsigned>(m_tiles_bound(pairs, experts_, Cfg::kM));
     GroupedGemm gemm;
@@ -1878,10 +1855,7 @@ class ModularKernel final : public moe::ExpertsKernel {
   void forward_experts_simple(const moe::MoeLayerWeights& w, const ExpertParams& experts,
                               int64_t pairs, cudaStream_t stream) {
     constexpr int tile_m = SmallTile::kM;
-    align_kernel<<<static_cast<unsigned>(experts_), kAlignThreads, 0, stream>>>(
-        ids_, static_cast<int>(pairs), static_cast<int>(experts_), tile_m, perm_, tile_expert_,
-        tile_count_);
-    SY_CUDA_LAUNCH_CHECK("align_kernel");
+    align(pairs, tile_m, stream);
     const int64_t padded_rows = m_tiles_bound(pairs, experts_, tile_m) * tile_m;
     const unsigned rows_grid = static_cast<unsigned>(std::min<int64_t>(padded_rows, 65535));
     GroupedGemm gemm;
@@ -1981,6 +1955,13 @@ class ModularKernel final : public moe::ExpertsKernel {
     launch(mxfp4_gemv_kernel<false>, 4, act_f32_, y_);
   }
 
+  // The step's pairs in expert order, in M tiles of tile_m: perm_, tile_expert_, tile_count_.
+  void align(int64_t pairs, int tile_m, cudaStream_t stream) {
+    align_kernel<<<static_cast<unsigned>(experts_), kAlignThreads, 0, stream>>>(
+        ids_, static_cast<int>(pairs), static_cast<int>(experts_), tile_m, perm_, tile_expert_,
+        tile_count_);
+    SY_CUDA_LAUNCH_CHECK("align_kernel");
+  }
   // Whether the register GEMM takes this layer's small MXFP4 steps: not turned off (SY_MXFP4_GEMM),
   // not batch-invariant (its arithmetic is not the grouped GEMM's), row counts that are multiples
   // of 16, 16-byte aligned weights, and activations that f16 holds (the clamped SwiGLU's
@@ -2003,10 +1984,7 @@ class ModularKernel final : public moe::ExpertsKernel {
   void forward_mxfp4_reg_gemm(const moe::MoeLayerWeights& w, const ExpertParams& experts,
                               const float* hidden, int64_t tokens, int64_t pairs,
                               cudaStream_t stream) {
-    align_kernel<<<static_cast<unsigned>(experts_), kAlignThreads, 0, stream>>>(
-        ids_, static_cast<int>(pairs), static_cast<int>(experts_), kTokens, perm_, tile_expert_,
-        tile_count_);
-    SY_CUDA_LAUNCH_CHECK("align_kernel");
+    align(pairs, kTokens, stream);
     __half* x16 = reinterpret_cast<__half*>(x_bf16_);
     __half* act16 = reinterpret_cast<__half*>(act_);
     mxfp4_x16_kernel<<<static_cast<unsigned>(tokens), kRegGemmThreads, 0, stream>>>(

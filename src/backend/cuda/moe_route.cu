@@ -1,7 +1,6 @@
 #include <algorithm>
 
 #include "backend/cuda/moe_route.cuh"
-#include "backend/cuda/norm_row.cuh"
 
 namespace sy::backend::cuda {
 namespace {
@@ -107,7 +106,7 @@ __global__ void __launch_bounds__(256, 2) route_logits_kernel(const RouteLaunch 
     // Row 0 = the group's slice of the normed row (zeros past H), rows 1.. zeros.
     __shared__ float partial[Cfg::kWarps];
     const int64_t chunks = H / 4;
-    norm.load_row(a.residual, a.earlier_delta, a.delta, chunks);
+    norm.load_row(a.residual.residual, a.residual.earlier_delta, a.residual.delta, chunks);
     const float s = norm.scale(H, a.eps, partial);
     for (int i = threadIdx.x; i < Cfg::kM * Cfg::kRowFloats; i += Cfg::kThreads) xs[i] = 0.0f;
     __syncthreads();
@@ -230,20 +229,9 @@ void launch_route(const RouteLaunch& launch, cudaStream_t stream) {
   // tokens, 128 experts, group); then a block per (64 tokens, 128 experts) over every group.
   int groups = router_groups(launch.params.hidden);
   if (launch.norm_weight) {  // (one token; route_fuses_norm)
-    switch (norm_row_vec(launch.params.hidden)) {
-      case 1:
-        launch_logits<SmallRouteTile, 1>(launch, stream);
-        break;
-      case 2:
-        launch_logits<SmallRouteTile, 2>(launch, stream);
-        break;
-      case 4:
-        launch_logits<SmallRouteTile, 4>(launch, stream);
-        break;
-      default:
-        launch_logits<SmallRouteTile, 8>(launch, stream);
-        break;
-    }
+    with_norm_row_vec(launch.params.hidden, [&](auto vec) {
+      launch_logits<SmallRouteTile, decltype(vec)::value>(launch, stream);
+    });
   } else if (launch.tokens <= SmallRouteTile::kM) {
     launch_logits<SmallRouteTile>(launch, stream);
   } else if (launch.tokens <= kPerGroupMaxTokens) {

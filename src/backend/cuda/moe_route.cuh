@@ -9,6 +9,7 @@
 
 #include "backend/cuda/cuda_context.h"
 #include "backend/cuda/mma_ptx.cuh"
+#include "backend/cuda/norm_row.cuh"
 #include "moe/experts_kernel.h"
 #include "moe/router_spec.h"
 
@@ -582,12 +583,10 @@ struct RouteLaunch {
   float* weights = nullptr;          // [T, K]
   float* sums = nullptr;             // scratch: route_sums_floats(T, E, H)
   // One-token steps with the input norm fused (norm_weight set; H % 4 == 0, H <= 8192): `hidden`
-  // is unread; every block normalises residual + earlier_delta (or none) + delta itself
-  // (NormRow<norm_row_vec(H)>: bitwise add_rms_norm's) and writes its group's slice of the normed
-  // row to `normed` [1, H].
-  const float* residual = nullptr;
-  const float* earlier_delta = nullptr;
-  const float* delta = nullptr;
+  // is unread; every block normalises residual.before(), the sum the combine then stores,
+  // itself (NormRow<norm_row_vec(H)>: bitwise add_rms_norm's) and writes its group's slice of the
+  // normed row to `normed` [1, H].
+  ResidualAdd residual;
   const float* norm_weight = nullptr;
   float eps = 0.0f;
   float* normed = nullptr;

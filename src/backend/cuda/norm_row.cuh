@@ -4,6 +4,8 @@
 // of them; width % 4 == 0, width <= VEC * 1024), one block reduction in a fixed order.
 #pragma once
 
+#include <type_traits>
+
 #include "backend/cuda/cuda_context.h"
 
 namespace sy::backend::cuda {
@@ -20,6 +22,20 @@ __device__ __forceinline__ float block_sum(float v, float* shared) {
   return total;
 }
 
+// The fused input norm's residual update (MoeInputNorm): residual = ((residual + earlier_delta) +
+// delta) + out, written by the kernel that writes out, each element read before out is written
+// (earlier_delta may be out itself); the route kernel norms the same sum. residual == nullptr:
+// none.
+struct ResidualAdd {
+  float* residual = nullptr;
+  const float* earlier_delta = nullptr;  // or nullptr
+  const float* delta = nullptr;
+  __device__ __forceinline__ float before(int64_t i) const {
+    float x = residual[i];
+    if (earlier_delta) x += earlier_delta[i];
+    return x + delta[i];
+  }
+};
 
 // One round of loads (x and the deltas together), one block reduction, one round of stores:
 // where the latency of each dependent round is the cost.
@@ -81,6 +97,26 @@ struct NormRow {
 // VEC for a width (launch_rms_norm's choice; the fused kernels must pick the same).
 __host__ __device__ constexpr int norm_row_vec(int64_t width) {
   return width <= 1024 ? 1 : width <= 2048 ? 2 : width <= 4096 ? 4 : 8;
+}
+
+// f(std::integral_constant<int, norm_row_vec(width)>{}): every launcher of a NormRow kernel picks
+// its instantiation here.
+template <class F>
+void with_norm_row_vec(int64_t width, F&& f) {
+  switch (norm_row_vec(width)) {
+    case 1:
+      f(std::integral_constant<int, 1>{});
+      break;
+    case 2:
+      f(std::integral_constant<int, 2>{});
+      break;
+    case 4:
+      f(std::integral_constant<int, 4>{});
+      break;
+    default:
+      f(std::integral_constant<int, 8>{});
+      break;
+  }
 }
 
 }  // namespace sy::backend::cuda
