@@ -548,21 +548,26 @@ if want serve-new; then
       if (( ${gpu_mib:-0} > 120000 )); then extra="--max-num-seqs 256"; else extra="--max-num-seqs 32"; fi
     fi
     cp -n "$carry/qwen3-30b-a3b/"tokenizer*.json "$carry/$model/" 2>/dev/null
-    section "serve --device cuda $model + switchyard bench ($in_len in / $out_len out x $prompts) $extra"
-    "$carry/switchyard" serve --device cuda --random-weights "$carry/$model/config.json" --port 8392 \
-      --enable-return-routed-experts --return-routed-experts-default --max-num-batched-tokens 8192 $extra \
-      > "$OUT/serve_$model.log" 2>&1 &
-    server=$!
-    for _ in $(seq 1 300); do
-      curl -sf localhost:8392/health >/dev/null && break
-      kill -0 $server 2>/dev/null || break  # it exited (the log says why): no 300 s wait
-      sleep 1
+    # SERVE_VARIANTS: the server under each knob setting in turn (decode_ab's syntax: "-" for
+    # none, A=1+B=2 for two); a variant's results carry its name.
+    for variant in ${SERVE_VARIANTS:--}; do
+      v=${variant#-}; tag=${v:+_${v//[^A-Za-z0-9]/_}}
+      section "serve --device cuda $model + switchyard bench ($in_len in / $out_len out x $prompts) $extra ${v:+[$v]}"
+      env ${v//+/ } "$carry/switchyard" serve --device cuda --random-weights "$carry/$model/config.json" --port 8392 \
+        --enable-return-routed-experts --return-routed-experts-default --max-num-batched-tokens 8192 $extra \
+        > "$OUT/serve_$model$tag.log" 2>&1 &
+      server=$!
+      for _ in $(seq 1 300); do
+        curl -sf localhost:8392/health >/dev/null && break
+        kill -0 $server 2>/dev/null || break  # it exited (the log says why): no 300 s wait
+        sleep 1
+      done
+      run "throughput-$model$tag" timeout 500 "$carry/switchyard" bench --base-url http://localhost:8392 --endpoint completions \
+        --tokenizer "$carry/qwen3-30b-a3b" --input-len "$in_len" --output-len "$out_len" --num-prompts "$prompts" \
+        --ignore-eos --routed-experts --no-progress --result-file "$OUT/throughput_${model}_${in_len}_${out_len}$tag.json"
+      kill -TERM $server; wait $server
+      tail -5 "$OUT/serve_$model$tag.log"
     done
-    run "throughput-$model" timeout 500 "$carry/switchyard" bench --base-url http://localhost:8392 --endpoint completions \
-      --tokenizer "$carry/qwen3-30b-a3b" --input-len "$in_len" --output-len "$out_len" --num-prompts "$prompts" \
-      --ignore-eos --routed-experts --no-progress --result-file "$OUT/throughput_${model}_${in_len}_${out_len}.json"
-    kill -TERM $server; wait $server
-    tail -5 "$OUT/serve_$model.log"
   done
 fi
 section "summary"
