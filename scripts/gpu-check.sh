@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU machine's whole visit, run as it is from the repo root there, after scripts/gpu-pack.sh
 # here (carry gpu-carry/). Stages (default: all but profile): ceilings ops golden engine bench8
-# bench48 crossover serve-e2e serve-invariant (--batch-invariant tests and bench) soak (CUDA soak, SOAK_SECONDS) serve; chat-goldens (transformers' template renders); stamps (cuda-fused phase timer, STAMP_VARIANTS); ab (knob A/B, AB_VARIANTS); bin-ab (two builds' binaries alternating, BIN_AB); gemm-tile (grouped GEMM tile experiments); wgmma (the grouped GEMM's large steps on wgmma: harness, prefill A/B); delta-chunked (the chunked DeltaNet kernel: harness, Qwen3.5 A/B); family-goldens (GOLDEN_FAMILIES; then the golden tests on them); bf16-sensitivity (transformers bf16 vs float64 per golden model); routes-ab (routes on/off over HTTP on CUDA); bench-gptoss (gpt-oss-20b shapes, MXFP4 experts); bench-new (Moonlight-16B-A3B, Qwen3.5-35B-A3B and Mixtral-8x7B 16-layer shapes: MLA, DeltaNet; BENCH_NEW_MODELS); serve-new (their and gpt-oss-20b's throughput profiles, SERVE_MODELS); mxfp4-gemv (the MXFP4 few-token paths: harness, gpt-oss goldens, decode A/B); fusions (cuda-modular's fused input norm: decode A/B); reg-gemm (the register MXFP4 GEMM against the grouped GEMM: harness, goldens, decode A/B); routes-cost (capture on/off in process on CUDA); long-goldens (tools/gpu/long_goldens.py, then LongGolden on them; long_goldens.tgz); moe-stalls (ncu stall reasons of cuda-fused); attn-detail (ncu full + SASS stalls of decode attention); kernel-detail (the same for DETAIL_KERNELS in a gpt-oss batch-1 decode); profile (ncu per-kernel times of one decode and one prefill step;
+# bench48 crossover serve-e2e serve-invariant (--batch-invariant tests and bench) soak (CUDA soak, SOAK_SECONDS) serve; chat-goldens (transformers' template renders); stamps (cuda-fused phase timer, STAMP_VARIANTS); ab (knob A/B, AB_VARIANTS); bin-ab (two builds' binaries alternating, BIN_AB); gemm-tile (grouped GEMM tile experiments); wgmma (the grouped GEMM's large steps on wgmma: harness, prefill A/B); delta-chunked (the chunked DeltaNet kernel: harness, Qwen3.5 A/B); family-goldens (GOLDEN_FAMILIES; then the golden tests on them); bf16-sensitivity (transformers bf16 vs float64 per golden model); routes-ab (routes on/off over HTTP on CUDA); bench-gptoss (gpt-oss-20b shapes, MXFP4 experts); bench-new (Moonlight-16B-A3B, Qwen3.5-35B-A3B and Mixtral-8x7B 16-layer shapes: MLA, DeltaNet; BENCH_NEW_MODELS); serve-new (their and gpt-oss-20b's throughput profiles, SERVE_MODELS); mxfp4-gemv (the MXFP4 few-token paths: harness, gpt-oss goldens, decode A/B); fusions (cuda-modular's fused input norm: decode A/B); reg-gemm (the register MXFP4 GEMM against the grouped GEMM and its own tile choices: harness, goldens, decode A/B); routes-cost (capture on/off in process on CUDA); long-goldens (tools/gpu/long_goldens.py, then LongGolden on them; long_goldens.tgz); moe-stalls (ncu stall reasons of cuda-fused); attn-detail (ncu full + SASS stalls of decode attention); kernel-detail (the same for DETAIL_KERNELS in a gpt-oss batch-1 decode); profile (ncu per-kernel times of one decode and one prefill step;
 # PROFILE_STEPS=decode for one), moe-detail (ncu's full sections on one cuda-fused launch).
 # Everything it prints also goes to $OUT/gpu-check.log; JSON results land in $OUT.
 #   scripts/gpu-check.sh [stage ...]
@@ -214,22 +214,24 @@ if want fusions; then
   decode_ab "${FUSION_ROUNDS:-2}" 1,8 "$carry/gpt-oss-20b/config.json" - SY_MODULAR_NORM=0
 fi
 if want reg-gemm; then
-  # cuda-modular's small MXFP4 steps: the register GEMM (default since session 33) against the
-  # grouped GEMM's small tile (SY_MXFP4_GEMM=tile): the op harness's MXFP4 groups and invariance
-  # cases and the gpt-oss goldens on the grouped GEMM (the ops and golden stages run the default),
-  # then gpt-oss-20b decode at batch 16, 64 and 128, alternating (REG_GEMM_ROUNDS).
+  # cuda-modular's MXFP4 steps of 9 tokens .. 96 pairs an expert: the register GEMM (default since
+  # session 33; 32-pair M tiles above 24 pairs an expert since session 34) against the grouped
+  # GEMM (SY_MXFP4_GEMM=tile): the op harness's MXFP4 groups and invariance cases and the gpt-oss
+  # goldens on the grouped GEMM, the harness with 16- and with 32-pair tiles forced, then
+  # gpt-oss-20b decode A/B (REG_GEMM_ROUNDS): batch 16..128 against the tile, batch 256..768
+  # (32..96 pairs an expert) against the old bound (24: the medium tile above) and 16-pair tiles.
   section "MXFP4 small steps, register GEMM against grouped GEMM: harness, goldens, decode A/B"
   SY_MXFP4_GEMM=tile run tile-gemm-ops timeout "${STAGE_TIMEOUT:-300}" "$carry/cuda_op_harness" \
     --filter "MXFP4,invariance." --json "$OUT/op_harness_tile_gemm.json"
   SY_MXFP4_GEMM=tile SY_TEST_DEVICE=cuda run tile-gemm-golden timeout "${STAGE_TIMEOUT:-300}" "$carry/test_model" \
     --gtest_filter='*HfGolden*gptoss*:CudaAgreement.GptOss*' --gtest_brief=1
-  # The experiments: M tiles of 32 pairs (SY_REG_GEMM_TOKENS=32) and steps of up to 96 pairs an
-  # expert (SY_REG_GEMM_MAX=96) on the MXFP4 harness cases, then in the A/B.
-  SY_REG_GEMM_TOKENS=32 SY_REG_GEMM_MAX=96 run wide-gemm-ops timeout "${STAGE_TIMEOUT:-300}" "$carry/cuda_op_harness" \
-    --filter "MXFP4" --json "$OUT/op_harness_wide_gemm.json"
-  # Batch 256 (32 pairs an expert) is the medium tile's unless SY_REG_GEMM_MAX raises the bound.
-  decode_ab "${REG_GEMM_ROUNDS:-2}" 16,64,128,256 "$carry/gpt-oss-20b/config.json" - SY_MXFP4_GEMM=tile \
-    SY_REG_GEMM_TOKENS=32 SY_REG_GEMM_MAX=96 SY_REG_GEMM_TOKENS=32+SY_REG_GEMM_MAX=96
+  for tokens in 16 32; do
+    SY_REG_GEMM_TOKENS=$tokens run "reg-gemm-$tokens-ops" timeout "${STAGE_TIMEOUT:-300}" "$carry/cuda_op_harness" \
+      --filter "MXFP4" --json "$OUT/op_harness_reg_gemm_$tokens.json"
+  done
+  decode_ab "${REG_GEMM_ROUNDS:-2}" 16,64,128 "$carry/gpt-oss-20b/config.json" - SY_MXFP4_GEMM=tile
+  decode_ab "${REG_GEMM_ROUNDS:-2}" 256,384,512,768 "$carry/gpt-oss-20b/config.json" - SY_REG_GEMM_MAX=24 \
+    SY_REG_GEMM_TOKENS=16
 fi
 if want gemm-tile; then
   # The grouped GEMM's tile choices (every tile sums k in the same order: bitwise the default's

@@ -610,12 +610,13 @@ void run_moe_ops(Harness& h) {
               {{256, 96, 12, 3},
                SpecKind::kGptOss,
                {1, 2, 8, 9, 33, 64, 300, 600},
-               true},  // the GEMV (T <= 8), the register GEMM (9..96), the medium and large tiles
+               true},  // the GEMV (T <= 8), the register GEMM (9..96 on 16-pair tiles, 97..384
+                       // on 32), the medium and large tiles
               // The streamed MXFP4 GEMV over several k stages (19 and 5 blocks of 32: the last
               // stage partial) and a block whose second warp is past the rows (608 = 19 x 32);
               // 12 and 40 tokens: the register GEMM on those k, down's 608 rows leaving two of the
-              // last block's four warps idle.
-              {{608, 160, 8, 4}, SpecKind::kGptOss, {1, 3, 8, 12, 40}, true},
+              // last block's four warps idle; 60 tokens (30 pairs an expert): its 32-pair tiles.
+              {{608, 160, 8, 4}, SpecKind::kGptOss, {1, 3, 8, 12, 40, 60}, true},
               {{256, 64, 64, 6}, SpecKind::kDeepSeek, {1, 2, 33, 300}},
               {{200, 72, 16, 4}, SpecKind::kGlm, {1, 7, 64}},
               // Every expert tied (all router rows equal): a one-token step's ranking over all 128

@@ -1263,7 +1263,8 @@ __global__ void __launch_bounds__(kRegThreads, 4)
 constexpr int kRegGemmWarps = 4;
 constexpr int kRegGemmThreads = kRegGemmWarps * 32;
 constexpr int kRegGemmTokens = 16;  // an M tile: two n8 fragments of pairs (or kRegGemmWide)
-constexpr int kRegGemmWide = 32;    // SY_REG_GEMM_TOKENS=32: four (experiment)
+constexpr int kRegGemmWide = 32;    // four, for steps of more than kRegGemmNarrowMax pairs an expert
+constexpr int kRegGemmNarrowMax = 24;
 
 struct Mxfp4RegGemm {
   const uint8_t* blocks = nullptr;  // [E, rows, k/32, 16]
@@ -1604,7 +1605,7 @@ class ModularKernel final : public moe::ExpertsKernel {
     hidden_ = hidden;
     intermediate_ = intermediate;
     int64_t padded_rows = 0, tiles = 0;
-    for (int64_t tile_m : {kRegGemmTokens, SmallTile::kM, MediumTile::kM, LargeTile::kM}) {
+    for (int64_t tile_m : {kRegGemmTokens, kRegGemmWide, SmallTile::kM, MediumTile::kM, LargeTile::kM}) {
       tiles = std::max(tiles, m_tiles_bound(pairs, experts, tile_m));
       padded_rows = std::max(padded_rows, m_tiles_bound(pairs, experts, tile_m) * tile_m);
     }
@@ -1759,17 +1760,21 @@ class ModularKernel final : public moe::ExpertsKernel {
   }
 
  private:
-  // SY_REG_GEMM_MAX=n: the register GEMM takes MXFP4 steps of up to n pairs an expert (experiment;
-  // default 24, the small tile's range).
+  // The register GEMM takes MXFP4 steps of up to reg_gemm_max_ pairs an expert (SY_REG_GEMM_MAX=n;
+  // default 96, the small and medium tiles' range). Session 34, H100, gpt-oss-20b decode batch 256
+  // (32 pairs an expert): 19.4 ms/step against the medium tile's 25.0.
   const int64_t reg_gemm_max_ = [] {
     const char* v = std::getenv("SY_REG_GEMM_MAX");
     const int n = v ? std::atoi(v) : 0;
-    return int64_t{n > 0 && n <= 4096 ? n : 24};
+    return int64_t{n > 0 && n <= 4096 ? n : 96};
   }();
-  // SY_REG_GEMM_TOKENS=32: the register GEMM's M tiles of 32 pairs (experiment; default 16).
-  const bool reg_gemm_wide_ = [] {
+  // Its M tiles: 16 pairs up to kRegGemmNarrowMax pairs an expert, 32 above (SY_REG_GEMM_TOKENS=16
+  // or 32 forces one). Session 34, H100: 16-pair tiles 7.4/9.8/13.1 ms at batch 16/64/128 against
+  // 9.1/11.7/13.4 for 32-pair tiles; at batch 256, 20.4 against 19.4.
+  const int reg_gemm_tokens_ = [] {
     const char* v = std::getenv("SY_REG_GEMM_TOKENS");
-    return v && std::string_view(v) == "32";
+    const int n = v ? std::atoi(v) : 0;
+    return n == kRegGemmTokens || n == kRegGemmWide ? n : 0;
   }();
   // The small tile's MXFP4 steps on the register GEMM; SY_MXFP4_GEMM=tile: on the grouped GEMM.
   const bool reg_gemm_ = [] {
@@ -1976,9 +1981,10 @@ class ModularKernel final : public moe::ExpertsKernel {
   void forward_mxfp4_reg_gemm(const moe::MoeLayerWeights& w, const ExpertParams& experts,
                               const float* hidden, int64_t tokens, int64_t pairs,
                               cudaStream_t stream) {
-    reg_gemm_wide_
-        ? forward_mxfp4_reg_gemm<kRegGemmWide>(w, experts, hidden, tokens, pairs, stream)
-        : forward_mxfp4_reg_gemm<kRegGemmTokens>(w, experts, hidden, tokens, pairs, stream);
+    const bool wide = reg_gemm_tokens_ ? reg_gemm_tokens_ == kRegGemmWide
+                                       : pairs > kRegGemmNarrowMax * experts_;
+    wide ? forward_mxfp4_reg_gemm<kRegGemmWide>(w, experts, hidden, tokens, pairs, stream)
+         : forward_mxfp4_reg_gemm<kRegGemmTokens>(w, experts, hidden, tokens, pairs, stream);
   }
   template <int kTokens>
   void forward_mxfp4_reg_gemm(const moe::MoeLayerWeights& w, const ExpertParams& experts,
