@@ -229,7 +229,8 @@ if want reg-gemm; then
     SY_REG_GEMM_TOKENS=$tokens run "reg-gemm-$tokens-ops" timeout "${STAGE_TIMEOUT:-300}" "$carry/cuda_op_harness" \
       --filter "MXFP4" --json "$OUT/op_harness_reg_gemm_$tokens.json"
   done
-  decode_ab "${REG_GEMM_ROUNDS:-2}" 16,64,128 "$carry/gpt-oss-20b/config.json" - SY_MXFP4_GEMM=tile
+  [[ ${REG_GEMM_SMALL:-1} == 1 ]] &&  # (REG_GEMM_SMALL=0: only the large batches)
+    decode_ab "${REG_GEMM_ROUNDS:-2}" 16,64,128 "$carry/gpt-oss-20b/config.json" - SY_MXFP4_GEMM=tile
   decode_ab "${REG_GEMM_ROUNDS:-2}" 256,384,512,768 "$carry/gpt-oss-20b/config.json" - SY_REG_GEMM_MAX=24 \
     SY_REG_GEMM_TOKENS=16
 fi
@@ -551,9 +552,9 @@ if want serve-new; then
     fi
     cp -n "$carry/qwen3-30b-a3b/"tokenizer*.json "$carry/$model/" 2>/dev/null
     # SERVE_VARIANTS: the server under each knob setting in turn (decode_ab's syntax: "-" for
-    # none, A=1+B=2 for two); a variant's results carry its name.
+    # none, A=1+B=2 for two); a variant's results carry its name, and SERVE_ARGS_<model>'s.
     for variant in ${SERVE_VARIANTS:--}; do
-      v=${variant#-}; tag=${v:+_${v//[^A-Za-z0-9]/_}}
+      v=${variant#-}; tag=${v:+_${v//[^A-Za-z0-9]/_}}${!var:+_${!var//[^A-Za-z0-9]/_}}
       section "serve --device cuda $model + switchyard bench ($in_len in / $out_len out x $prompts) $extra ${v:+[$v]}"
       env ${v//+/ } "$carry/switchyard" serve --device cuda --random-weights "$carry/$model/config.json" --port 8392 \
         --enable-return-routed-experts --return-routed-experts-default --max-num-batched-tokens 8192 $extra \
