@@ -137,11 +137,17 @@ void add_serve_command(CLI::App& app, int& exit_code, const dist::MpiWorld& worl
   command->add_flag("--batch-invariant", e.batch_invariant,
                     "a request's tokens and routes do not depend on the rest of the step (CUDA: one GEMM and "
                     "attention tiling for every step size, cuda-modular only; the CPU always is)");
-  command->add_option("--max-num-seqs", e.max_num_seqs, "sequences per step")
+  command
+      ->add_option("--max-num-seqs", e.max_num_seqs,
+                   "sequences per step (0: 1024 on a GPU, fewer for linear-attention models, as "
+                   "their state memory allows; 256 on the CPU)")
+      ->check(CLI::Range(0, 1 << 20))
       ->capture_default_str();
   command
-      ->add_option("--max-num-batched-tokens", e.max_num_batched_tokens,
-                   "tokens per step; longer prompts are chunked")
+      ->add_option(
+          "--max-num-batched-tokens", e.max_num_batched_tokens,
+          "tokens per step; longer prompts are chunked (0: 8192 on a GPU, 2048 on the CPU)")
+      ->check(CLI::Range(0, 1 << 24))
       ->capture_default_str();
   command
       ->add_option("--max-prompt-logprob-rows", e.max_prompt_logprob_rows,

@@ -140,13 +140,21 @@ class EngineImpl final : public Engine {
     config_at_start_ = c;  // shapes never change (weight updates must keep them)
     max_model_len_ = config.max_model_len > 0 ? config.max_model_len : c.max_position_embeddings;
     row_ints_ = c.num_hidden_layers * c.experts_per_token;
-    const int64_t max_rows = std::min<int64_t>(config.max_num_batched_tokens,
-                                               int64_t{config.max_num_seqs} + config.max_prompt_logprob_rows);
-    backend::StepLimits limits{config.max_num_batched_tokens, config.max_num_seqs,
-                               (max_model_len_ + config.block_size_tokens - 1) / config.block_size_tokens, max_rows};
     // Linear-attention layers keep per-sequence state, not KV: two buffers per sequence (read,
     // write) and the prefix cache's snapshots of it, beside the KV cache and out of its budget.
     hybrid_ = c.has_linear_attention();
+    int64_t linear_layers = 0;
+    for (const model::LayerSpec& layer : c.layers) linear_layers += layer.attention.linear ? 1 : 0;
+    const int64_t state_bytes_per_copy =
+        linear_layers *
+        (c.linear_attention.conv_state_values() + c.linear_attention.recurrent_state_values()) * 4;
+    SY_TRY(resolve_step_limits(state_bytes_per_copy));
+    const int64_t max_rows =
+        std::min<int64_t>(config_.max_num_batched_tokens,
+                          int64_t{config_.max_num_seqs} + config.max_prompt_logprob_rows);
+    backend::StepLimits limits{
+        config_.max_num_batched_tokens, config_.max_num_seqs,
+        (max_model_len_ + config.block_size_tokens - 1) / config.block_size_tokens, max_rows};
     bool prefix_caching = config.enable_prefix_caching;
     const int snapshots = hybrid_ && prefix_caching ? std::max(config.state_snapshots, 0) : 0;
     if (hybrid_ && prefix_caching && snapshots == 0) {
@@ -158,17 +166,12 @@ class EngineImpl final : public Engine {
     }
     int64_t state_bytes = 0;
     if (hybrid_) {
-      int64_t linear_layers = 0;
-      for (const model::LayerSpec& layer : c.layers)
-        linear_layers += layer.attention.linear ? 1 : 0;
-      const model::LinearAttentionSpec& lin = c.linear_attention;
-      state_bytes = (2 * int64_t{config.max_num_seqs} + snapshots) * linear_layers *
-                    (lin.conv_state_values() + lin.recurrent_state_values()) * 4;
+      state_bytes = (2 * int64_t{config_.max_num_seqs} + snapshots) * state_bytes_per_copy;
       std::fprintf(
           stderr,
           "switchyard: linear-attention state: %.1f MB ((2 x %d sequences + %d snapshots) x "
           "%lld layers)\n",
-          static_cast<double>(state_bytes) / 1e6, config.max_num_seqs, snapshots,
+          static_cast<double>(state_bytes) / 1e6, config_.max_num_seqs, snapshots,
           static_cast<long long>(linear_layers));
     }
     int64_t kv_tokens = config.kv_cache_tokens;
@@ -186,7 +189,8 @@ class EngineImpl final : public Engine {
         // What the device has left after the weights, less room for the step workspace (the
         // largest buffer is the logits, [rows, vocab] f32, held twice) and the kernels' scratch.
         const int64_t workspace = 2 * max_rows * c.vocab_size * 4 +
-                                  int64_t{config.max_num_batched_tokens} * c.hidden_size * 4 * 24 + (int64_t{2} << 30);
+                                  int64_t{config_.max_num_batched_tokens} * c.hidden_size * 4 * 24 +
+                                  (int64_t{2} << 30);
         budget = static_cast<int64_t>(
             0.9 * static_cast<double>(backend_->free_memory_bytes() - workspace - state_bytes));
       }
@@ -199,7 +203,7 @@ class EngineImpl final : public Engine {
     decoder_->set_state_snapshots(snapshots);
     if (comm_) {
       // Rank 0's plan names KV slots: every rank holds the same number of blocks (the fewest).
-      SY_ASSIGN(blocks, agree_on_blocks(blocks));
+      SY_ASSIGN(blocks, agree_on_min(blocks));
       decoder_->set_all_reduce([comm = comm_](Tensor& partial) {
         return comm->all_reduce_sum(partial.data, partial.numel(), partial.dtype);
       });
@@ -213,7 +217,7 @@ class EngineImpl final : public Engine {
         blocks, config.block_size_tokens,
         RoutePacking(c.num_hidden_layers, c.experts_per_token, c.num_experts, c.moe_layers()));
     scheduler_ = std::make_unique<Scheduler>(
-        SchedulerConfig{config.max_num_seqs, config.max_num_batched_tokens,
+        SchedulerConfig{config_.max_num_seqs, config_.max_num_batched_tokens,
                         config.max_prompt_logprob_rows, prefix_caching, config.capture_routes,
                         row_ints_, hybrid_, snapshots},
         *kv_);
@@ -441,11 +445,39 @@ class EngineImpl final : public Engine {
     return Status::ok();
   }
 
-  Result<int64_t> agree_on_blocks(int64_t blocks) {
+  // The smallest of every rank's value (a parallel run's ranks must agree on sizes).
+  Result<int64_t> agree_on_min(int64_t value) {
     std::vector<int32_t> all(static_cast<size_t>(comm_->size()));
-    const int32_t mine = static_cast<int32_t>(std::min<int64_t>(blocks, INT32_MAX));
+    const int32_t mine = static_cast<int32_t>(std::min<int64_t>(value, INT32_MAX));
     SY_TRY(comm_->all_gather(&mine, all.data(), 1, DType::kI32));
     return *std::min_element(all.begin(), all.end());
+  }
+
+  // --max-num-seqs and --max-num-batched-tokens 0 (their defaults) -> config_: what vLLM's
+  // OpenAI server defaults to on its large GPUs, 1,024 sequences and 8,192 tokens a step, on a
+  // device backend (session 34, H100, gpt-oss-20b 1024/512 x 500: 23,303 total tok/s at 256
+  // sequences, 25,297 at 1,024); 256 and 2,048 on the CPU, the reference. A model with linear
+  // attention keeps two state copies of state_bytes_per_copy a sequence outside the KV cache:
+  // its default is capped so they take at most half the memory left after the weights.
+  Status resolve_step_limits(int64_t state_bytes_per_copy) {
+    const bool cpu = backend_->device() == Device::kCpu;
+    if (config_.max_num_batched_tokens <= 0) config_.max_num_batched_tokens = cpu ? 2048 : 8192;
+    if (config_.max_num_seqs > 0) return Status::ok();
+    int64_t seqs = cpu ? 256 : 1024;
+    if (!cpu && state_bytes_per_copy > 0) {
+      const int64_t fit = backend_->free_memory_bytes() / 2 / (2 * state_bytes_per_copy);
+      seqs = std::clamp<int64_t>(fit / 8 * 8, 8, seqs);
+    }
+    if (comm_) {
+      SY_ASSIGN(seqs, agree_on_min(seqs));
+    }
+    config_.max_num_seqs = static_cast<int>(seqs);
+    if (!follower_)
+      std::fprintf(stderr,
+                   "switchyard: %d sequences and %d tokens a step at most (--max-num-seqs, "
+                   "--max-num-batched-tokens)\n",
+                   config_.max_num_seqs, config_.max_num_batched_tokens);
+    return Status::ok();
   }
 
   std::string weight_kernel_names() const {

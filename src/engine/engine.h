@@ -156,8 +156,11 @@ struct EngineConfig {
   bool batch_invariant = false;
   std::string moe_kernel = "auto";
   bool capture_routes = false;        // serve --enable-return-routed-experts / generate --routes-out
-  int max_num_seqs = 256;             // sequences per step
-  int max_num_batched_tokens = 2048;  // tokens per step; longer prompts are chunked
+  // Sequences and tokens per step (longer prompts are chunked); 0 = the backend's default: 1024
+  // and 8192 on a GPU (vLLM's OpenAI-server defaults on large GPUs; fewer sequences for a model
+  // with linear-attention state, see Engine's resolve_step_limits), 256 and 2048 on the CPU.
+  int max_num_seqs = 0;
+  int max_num_batched_tokens = 0;
   // Prompt positions scored for prompt_logprobs per step: each is a [vocab] f32 logits row
   // (151936 x 4 B = 0.6 MB for Qwen3), so such prompts are chunked to this many tokens a step.
   int max_prompt_logprob_rows = 256;
