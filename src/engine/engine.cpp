@@ -453,21 +453,14 @@ class EngineImpl final : public Engine {
     return *std::min_element(all.begin(), all.end());
   }
 
-  // --max-num-seqs and --max-num-batched-tokens 0 (their defaults) -> config_: what vLLM's
-  // OpenAI server defaults to on its large GPUs, 1,024 sequences and 8,192 tokens a step, on a
-  // device backend (session 34, H100, gpt-oss-20b 1024/512 x 500: 23,303 total tok/s at 256
-  // sequences, 25,297 at 1,024); 256 and 2,048 on the CPU, the reference. A model with linear
-  // attention keeps two state copies of state_bytes_per_copy a sequence outside the KV cache:
-  // its default is capped so they take at most half the memory left after the weights.
+  // --max-num-seqs and --max-num-batched-tokens 0 (their defaults) -> config_ (StepDefaults).
   Status resolve_step_limits(int64_t state_bytes_per_copy) {
-    const bool cpu = backend_->device() == Device::kCpu;
-    if (config_.max_num_batched_tokens <= 0) config_.max_num_batched_tokens = cpu ? 2048 : 8192;
+    const StepDefaults defaults{backend_->device(), backend_->free_memory_bytes(),
+                                state_bytes_per_copy};
+    if (config_.max_num_batched_tokens <= 0)
+      config_.max_num_batched_tokens = defaults.max_num_batched_tokens();
     if (config_.max_num_seqs > 0) return Status::ok();
-    int64_t seqs = cpu ? 256 : 1024;
-    if (!cpu && state_bytes_per_copy > 0) {
-      const int64_t fit = backend_->free_memory_bytes() / 2 / (2 * state_bytes_per_copy);
-      seqs = std::clamp<int64_t>(fit / 8 * 8, 8, seqs);
-    }
+    int64_t seqs = defaults.max_num_seqs();
     if (comm_) {
       SY_ASSIGN(seqs, agree_on_min(seqs));
     }
@@ -1198,6 +1191,17 @@ class EngineImpl final : public Engine {
 };
 
 }  // namespace
+
+int StepDefaults::max_num_seqs() const {
+  if (device == Device::kCpu) return 256;
+  if (state_bytes_per_copy <= 0) return 1024;
+  const int64_t fit = std::max<int64_t>(free_bytes, 0) / 2 / (2 * state_bytes_per_copy);
+  return static_cast<int>(std::clamp<int64_t>(fit / 8 * 8, 8, 1024));
+}
+
+int StepDefaults::max_num_batched_tokens() const {
+  return device == Device::kCpu ? 2048 : 8192;
+}
 
 Result<std::unique_ptr<Engine>> create_engine(const EngineConfig& config) {
   auto engine = std::make_unique<EngineImpl>();

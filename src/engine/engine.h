@@ -156,9 +156,9 @@ struct EngineConfig {
   bool batch_invariant = false;
   std::string moe_kernel = "auto";
   bool capture_routes = false;        // serve --enable-return-routed-experts / generate --routes-out
-  // Sequences and tokens per step (longer prompts are chunked); 0 = the backend's default: 1024
-  // and 8192 on a GPU (vLLM's OpenAI-server defaults on large GPUs; fewer sequences for a model
-  // with linear-attention state, see Engine's resolve_step_limits), 256 and 2048 on the CPU.
+  // Sequences and tokens per step (longer prompts are chunked); 0 = the backend's default
+  // (StepDefaults: 1024 and 8192 on a GPU, fewer sequences for a model with linear-attention
+  // state; 256 and 2048 on the CPU).
   int max_num_seqs = 0;
   int max_num_batched_tokens = 0;
   // Prompt positions scored for prompt_logprobs per step: each is a [vocab] f32 logits row
@@ -209,6 +209,21 @@ class Engine {
 };
 
 // Loads the model and starts the engine thread (on rank 0 of a parallel run).
+// What --max-num-seqs and --max-num-batched-tokens 0 (their defaults) become: vLLM's OpenAI-server
+// defaults on its large GPUs, 1,024 sequences and 8,192 tokens a step, on a device backend
+// (session 34, H100, gpt-oss-20b 1024/512 x 500: 23,303 total tok/s at 256 sequences, 25,297 at
+// 1,024); 256 and 2,048 on the CPU, the reference. A model with linear attention keeps two state
+// copies of state_bytes_per_copy a sequence outside the KV cache: on a device its sequences are
+// capped (a multiple of 8, at least 8) so that those take at most half of free_bytes, the memory
+// left after the weights.
+struct StepDefaults {
+  Device device;
+  int64_t free_bytes;
+  int64_t state_bytes_per_copy;
+  int max_num_seqs() const;
+  int max_num_batched_tokens() const;
+};
+
 Result<std::unique_ptr<Engine>> create_engine(const EngineConfig& config);
 
 // Ranks 1..N-1 of a parallel run: loads this rank's shard and runs the forward pass of every

@@ -426,5 +426,25 @@ TEST(KernelGuard, CaptureWithAKernelThatCannotIsRefusedNamingThoseThatCan) {
   EXPECT_EQ((*chosen)->name(), "cpu-modular");
 }
 
+// --max-num-seqs / --max-num-batched-tokens 0: vLLM's large-GPU defaults on a device, the old
+// ones on the CPU, and a linear-attention model's sequences capped by its state memory.
+TEST(StepDefaults, FollowTheDeviceAndCapLinearAttentionState) {
+  constexpr int64_t kGB = 1000 * 1000 * 1000;
+  using engine::StepDefaults;
+  EXPECT_EQ((StepDefaults{Device::kCpu, 8 * kGB, 0}.max_num_seqs()), 256);
+  EXPECT_EQ((StepDefaults{Device::kCpu, 8 * kGB, 66'000'000}.max_num_seqs()), 256);
+  EXPECT_EQ((StepDefaults{Device::kCpu, 8 * kGB, 0}.max_num_batched_tokens()), 2048);
+  EXPECT_EQ((StepDefaults{Device::kCuda, 60 * kGB, 0}.max_num_seqs()), 1024);
+  EXPECT_EQ((StepDefaults{Device::kCuda, 60 * kGB, 0}.max_num_batched_tokens()), 8192);
+  // Qwen3.5-35B-A3B's ~66 MB a copy: 66 GB free -> 33 GB for 2 copies a sequence -> 250 -> 248.
+  EXPECT_EQ((StepDefaults{Device::kCuda, 66 * kGB, 66'000'000}.max_num_seqs()), 248);
+  // An 80 GB card after 70 GB of weights: 5 GB free -> 2.5 GB for 2 copies a sequence -> 18 -> 16.
+  EXPECT_EQ((StepDefaults{Device::kCuda, 5 * kGB, 66'000'000}.max_num_seqs()), 16);
+  // Never fewer than 8, never more than 1024.
+  EXPECT_EQ((StepDefaults{Device::kCuda, 100'000'000, 66'000'000}.max_num_seqs()), 8);
+  EXPECT_EQ((StepDefaults{Device::kCuda, -1, 66'000'000}.max_num_seqs()), 8);
+  EXPECT_EQ((StepDefaults{Device::kCuda, 10'000 * kGB, 1'000'000}.max_num_seqs()), 1024);
+}
+
 }  // namespace
 }  // namespace sy
