@@ -534,7 +534,8 @@ if want serve-new; then
   # order); SERVE_ARGS_<model with _> adds server flags. The Qwen3 tokenizer makes the prompts and
   # decodes (ids it lacks decode to nothing; usage counts every token). Qwen3.5 keeps two DeltaNet
   # state buffers per sequence (~66 MB each at these shapes): its default is 256 sequences on a
-  # card of more than 120 GB, else 32.
+  # card of more than 120 GB, else 32. The others run serve's defaults (on a GPU 1,024 sequences
+  # and 8,192 tokens a step since session 34; 256 sequences before).
   for model in ${SERVE_MODELS:-gpt-oss-20b qwen3.5-35b-a3b moonlight-16b-a3b}; do
     case $model in
       gpt-oss-20b) profile="1024 512 500" ;;
