@@ -1117,17 +1117,21 @@ __device__ __forceinline__ void reg_gemv_split_x(const float* __restrict__ x, in
 }
 
 // grid (ceil(rows / (16 * kRegWarps)), pairs), kRegThreads threads, reg_gemv_smem(k) bytes; the
-// warp GEMV's arguments and results (x in; gate_up out as f32 activations, down out).
-template <bool kGateUp>
+// warp GEMV's arguments and results (x in; gate_up out as f32 activations, down out). kSplit (down
+// only; SY_GEMV_SPLIT, experiment): grid.z parts of k's steps, part z writing its sums to
+// out + z * pairs * n, the expert's bias in part 0 only (combine_kernel adds the parts).
+template <bool kGateUp, bool kSplit = false>
 __global__ void __launch_bounds__(kRegThreads, 4)
     mxfp4_reg_gemv_kernel(const __grid_constant__ Mxfp4Gemv g) {
+  static_assert(!(kGateUp && kSplit), "gate_up's activation needs the whole sum");
   extern __shared__ __align__(16) uint8_t smem[];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int pair = blockIdx.y;
   const int k = g.k, kb = k / 32;
   const int rows = kGateUp ? 2 * g.n : g.n;
   const int row0 = (static_cast<int>(blockIdx.x) * kRegWarps + warp) * 16;
-  float* out = g.out + static_cast<int64_t>(pair) * g.n;
+  const int part = kSplit ? static_cast<int>(blockIdx.z) : 0;
+  float* out = g.out + (static_cast<int64_t>(part) * gridDim.y + pair) * g.n;
   const int out0 = kGateUp ? row0 / 2 : row0;
   const int outs = kGateUp ? 8 : 16;
   // Launched overlapped. gate_up follows the router, so it waits before reading the ids. down's
@@ -1151,21 +1155,27 @@ __global__ void __launch_bounds__(kRegThreads, 4)
   const uint8_t* blocks_hi = g.blocks + (expert_row + row_hi) * (k / 2);
   const uint8_t* scales_lo = g.scales + (expert_row + row_lo) * kb;
   const uint8_t* scales_hi = g.scales + (expert_row + row_hi) * kb;
-  const int steps = (kb + 3) / 4;
+  // This part's steps [s_begin, s_end) and blocks below kb_end (all of them unless kSplit).
+  const int all_steps = (kb + 3) / 4;
+  const int part_steps = kSplit ? (all_steps + gridDim.z - 1) / gridDim.z : all_steps;
+  const int s_begin = part * part_steps;
+  const int s_end = kSplit ? min(all_steps, s_begin + part_steps) : all_steps;
+  const int kb_end = kSplit ? min(kb, 4 * s_end) : kb;
 
   uint4 w_lo[kRegDepth], w_hi[kRegDepth];
   uint32_t s_lo[kRegDepth], s_hi[kRegDepth];
   // Unconditional loads (a block past the last reads the last block again; its B is zero and
   // e2m1 values are finite, so it adds 0): no predicated loads into zeroed registers.
-  auto load = [&](int slot, int step) {
-    const int block = min(4 * step + q, kb - 1);
+  auto load = [&](int slot, int step) {  // (past the part: its last block again, cached)
+    const int block = min(4 * step + q, kb_end - 1);
     w_lo[slot] = __ldg(reinterpret_cast<const uint4*>(blocks_lo + block * 16));
     w_hi[slot] = __ldg(reinterpret_cast<const uint4*>(blocks_hi + block * 16));
     s_lo[slot] = __ldg(scales_lo + block);
     s_hi[slot] = __ldg(scales_hi + block);
   };
 #pragma unroll
-  for (int slot = 0; slot < kRegDepth; ++slot) load(slot, slot);  // (a dead warp: expert row 0)
+  for (int slot = 0; slot < kRegDepth; ++slot)
+    load(slot, s_begin + slot);  // (a dead warp: expert row 0)
   overlap_prologue();
 
   // x's hi and lo (f16 bits), k + 32 apart.
@@ -1185,7 +1195,7 @@ __global__ void __launch_bounds__(kRegThreads, 4)
   // freed (issued first, it needed a second set and a move at the loop's end that waited for the
   // load: ncu, H100, 2026-12-07). Steps past the last (at most kRegDepth - 1) load nothing and add
   // 0.
-  for (int s0 = 0; s0 < steps; s0 += kRegDepth) {
+  for (int s0 = s_begin; s0 < s_end; s0 += kRegDepth) {
 #pragma unroll
     for (int slot = 0; slot < kRegDepth; ++slot) {
       const int step = s0 + slot;
@@ -1207,7 +1217,7 @@ __global__ void __launch_bounds__(kRegThreads, 4)
       load(slot, step + kRegDepth);
       const int block = 4 * step + q;
       uint4 xb[4] = {};
-      if (b_lane && block < kb) {
+      if (b_lane && block < kb_end) {
 #pragma unroll
         for (int i = 0; i < 4; ++i)
           xb[i] = *reinterpret_cast<const uint4*>(x_b + block * 32 + 8 * i);
@@ -1234,6 +1244,11 @@ __global__ void __launch_bounds__(kRegThreads, 4)
   acc_hi *= x_back;
   if (kGateUp) {
     if (out0 + gr < g.n) out[out0 + gr] = g.params.activate(e, out0 + gr, g.n, acc_lo, acc_hi);
+    return;
+  }
+  if (part > 0) {  // (kSplit) the bias is part 0's
+    if (out0 + gr < g.n) out[out0 + gr] = acc_lo;
+    if (out0 + gr + 8 < g.n) out[out0 + gr + 8] = acc_hi;
     return;
   }
   store_mma_gemv_rows<false>(g, e, out0, gr, acc_lo, acc_hi, out, nullptr);
@@ -1439,10 +1454,12 @@ constexpr int kCombineThreads = 128;
 
 // grid (ceil(H / 4 / 128), T): out[t] = sum over k = 0..K-1, in order, of weight[t, k] * y[t*K +
 // k]; with a residual update (ResidualAdd) that too. Bytes: T*K*H*4 read + T*H*4 written.
-template <bool kResidual>
+// kParts: y in parts (the split down GEMV's), part p at y + p * part_stride, summed in order first.
+template <bool kResidual, bool kParts = false>
 __global__ void __launch_bounds__(kCombineThreads)
     combine_kernel(const float* __restrict__ y, const float* __restrict__ weights, int top_k,
-                   int hidden, float* out, const ResidualAdd residual) {
+                   int hidden, float* out, const ResidualAdd residual, int parts = 1,
+                   int64_t part_stride = 0) {
   overlap_prologue();  // (launched overlapped)
   const int64_t t = blockIdx.y;
   const int h = (blockIdx.x * kCombineThreads + threadIdx.x) * 4;
@@ -1450,7 +1467,13 @@ __global__ void __launch_bounds__(kCombineThreads)
   float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   for (int k = 0; k < top_k; ++k) {
     const float w = weights[t * top_k + k];
-    const float4 v = *reinterpret_cast<const float4*>(y + (t * top_k + k) * hidden + h);
+    float4 v = *reinterpret_cast<const float4*>(y + (t * top_k + k) * hidden + h);
+    if constexpr (kParts)
+      for (int p = 1; p < parts; ++p) {
+        const float4 u =
+            *reinterpret_cast<const float4*>(y + p * part_stride + (t * top_k + k) * hidden + h);
+        v = make_float4(v.x + u.x, v.y + u.y, v.z + u.z, v.w + u.w);
+      }
     acc.x += w * v.x;
     acc.y += w * v.y;
     acc.z += w * v.z;
@@ -1748,13 +1771,17 @@ class ModularKernel final : public moe::ExpertsKernel {
     else
       forward_experts<LargeTile>(mxfp4, w, experts, pairs, stream);
 
-    // Combine.
+    // Combine (of y_'s parts where the down GEMV left it in parts).
     const dim3 combine_grid(static_cast<unsigned>(ceil_div(hidden_ / 4, kCombineThreads)),
                             static_cast<unsigned>(tokens));
-    launch_overlapped(residual.residual ? combine_kernel<true> : combine_kernel<false>,
-                      combine_grid, dim3(kCombineThreads), 0, stream, static_cast<const float*>(y_),
-                      static_cast<const float*>(weights_), static_cast<int>(top_k_),
-                      static_cast<int>(hidden_), args.out.ptr<float>(), residual);
+    const int64_t parts = gemv ? combine_parts_ : 1;
+    const auto combine =
+        parts > 1 ? (residual.residual ? combine_kernel<true, true> : combine_kernel<false, true>)
+                  : (residual.residual ? combine_kernel<true> : combine_kernel<false>);
+    launch_overlapped(combine, combine_grid, dim3(kCombineThreads), 0, stream,
+                      static_cast<const float*>(y_), static_cast<const float*>(weights_),
+                      static_cast<int>(top_k_), static_cast<int>(hidden_), args.out.ptr<float>(),
+                      residual, static_cast<int>(parts), pairs * hidden_);
     SY_CUDA_LAUNCH_CHECK("combine_kernel");
     return Status::ok();
   }
@@ -1892,6 +1919,7 @@ class ModularKernel final : public moe::ExpertsKernel {
   // align.
   void forward_mxfp4_gemv(const moe::MoeLayerWeights& w, const ExpertParams& experts,
                           const float* hidden, int64_t pairs, cudaStream_t stream) {
+    combine_parts_ = 1;
     Mxfp4Gemv g;
     g.ids = ids_;
     g.top_k = static_cast<int>(top_k_);
@@ -1910,19 +1938,25 @@ class ModularKernel final : public moe::ExpertsKernel {
         hidden_ % 16 == 0 && aligned16(w.gate_up.data) && aligned16(w.down.data) &&
         aligned16(w.gate_up_scales.data) && aligned16(w.down_scales.data)) {
       if (mxfp4_gemv_ == Mxfp4Path::kReg) {  // no split kernel: the blocks split x themselves
-        auto launch = [&](auto kernel, int64_t rows, const float* x, float* out) {
+        auto launch = [&](auto kernel, int64_t rows, const float* x, float* out, int parts) {
           g.x = x;
           g.out = out;
           const dim3 grid(static_cast<unsigned>(ceil_div(rows, 16 * kRegWarps)),
-                          static_cast<unsigned>(pairs));
+                          static_cast<unsigned>(pairs), static_cast<unsigned>(parts));
           launch_overlapped(kernel, grid, dim3(kRegThreads),
                             static_cast<size_t>(reg_gemv_smem(g.k)), stream, g);
           SY_CUDA_LAUNCH_CHECK("mxfp4_reg_gemv_kernel");
         };
         bind(w.gate_up, w.gate_up_scales, hidden_, intermediate_);
-        launch(mxfp4_reg_gemv_kernel<true>, 2 * intermediate_, hidden, act_f32_);
+        launch(mxfp4_reg_gemv_kernel<true>, 2 * intermediate_, hidden, act_f32_, 1);
         bind(w.down, w.down_scales, intermediate_, hidden_);
-        launch(mxfp4_reg_gemv_kernel<false>, hidden_, act_f32_, y_);
+        // down in gemv_split_ parts of k where y_ holds them (combine_kernel<., true> adds them).
+        combine_parts_ =
+            gemv_split_ > 1 && gemv_split_ * pairs <= max_tokens_ * top_k_ ? gemv_split_ : 1;
+        if (combine_parts_ > 1)
+          launch(mxfp4_reg_gemv_kernel<false, true>, hidden_, act_f32_, y_, combine_parts_);
+        else
+          launch(mxfp4_reg_gemv_kernel<false>, hidden_, act_f32_, y_, 1);
         return;
       }
       const int64_t tokens = pairs / top_k_;
@@ -2152,6 +2186,15 @@ class ModularKernel final : public moe::ExpertsKernel {
   // warp GEMV also runs where the tensor-core kernels cannot (k > kStreamMaxK, unaligned rows or
   // scales).
   enum class Mxfp4Path { kOff, kReg, kWarp, kStream };
+  // SY_GEMV_SPLIT=2..4: the register GEMV's down in that many parts of k, one block each, summed
+  // by the combine (experiment: gpt-oss-20b's batch-1 down launches 180 blocks of 128 threads on
+  // 132 SMs and reached 37% of the copy rate, gate_up's 360 blocks 55%; ncu, session 32).
+  const int64_t gemv_split_ = [] {
+    const char* v = std::getenv("SY_GEMV_SPLIT");
+    const int n = v ? std::atoi(v) : 1;
+    return int64_t{n >= 2 && n <= 4 ? n : 1};
+  }();
+  int64_t combine_parts_ = 1;  // y_'s parts this step (set by forward_mxfp4_gemv)
   const Mxfp4Path mxfp4_gemv_ = [] {
     const char* v = std::getenv("SY_MXFP4_GEMV");
     const std::string_view value = v ? v : "";
