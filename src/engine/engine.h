@@ -208,7 +208,6 @@ class Engine {
   virtual void shutdown(int64_t timeout_ms) = 0;
 };
 
-// Loads the model and starts the engine thread (on rank 0 of a parallel run).
 // What --max-num-seqs and --max-num-batched-tokens 0 (their defaults) become: vLLM's OpenAI-server
 // defaults on its large GPUs, 1,024 sequences and 8,192 tokens a step, on a device backend
 // (session 34, H100, gpt-oss-20b 1024/512 x 500: 23,303 total tok/s at 256 sequences, 25,297 at
@@ -224,6 +223,7 @@ struct StepDefaults {
   int max_num_batched_tokens() const;
 };
 
+// Loads the model and starts the engine thread (on rank 0 of a parallel run).
 Result<std::unique_ptr<Engine>> create_engine(const EngineConfig& config);
 
 // Ranks 1..N-1 of a parallel run: loads this rank's shard and runs the forward pass of every
