@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU machine's whole visit, run as it is from the repo root there, after scripts/gpu-pack.sh
 # here (carry gpu-carry/). Stages (default: all but profile): ceilings ops golden engine bench8
-# bench48 crossover serve-e2e serve-invariant (--batch-invariant tests and bench) soak (CUDA soak, SOAK_SECONDS) serve; chat-goldens (transformers' template renders); stamps (cuda-fused phase timer, STAMP_VARIANTS); ab (knob A/B, AB_VARIANTS); bin-ab (two builds' binaries alternating, BIN_AB); gemm-tile (grouped GEMM tile experiments); wgmma (the grouped GEMM's large steps on wgmma: harness, prefill A/B); delta-chunked (the chunked DeltaNet kernel: harness, Qwen3.5 A/B); family-goldens (GOLDEN_FAMILIES; then the golden tests on them); bf16-sensitivity (transformers bf16 vs float64 per golden model); routes-ab (routes on/off over HTTP on CUDA); bench-gptoss (gpt-oss-20b shapes, MXFP4 experts); bench-new (Moonlight-16B-A3B, Qwen3.5-35B-A3B and Mixtral-8x7B 16-layer shapes: MLA, DeltaNet; BENCH_NEW_MODELS); serve-new (their and gpt-oss-20b's throughput profiles, SERVE_MODELS); mxfp4-gemv (the MXFP4 few-token paths: harness, gpt-oss goldens, decode A/B); fusions (cuda-modular's fused input norm: decode A/B); reg-gemm (the register MXFP4 GEMM against the grouped GEMM and its own tile choices: harness, goldens, decode A/B); gemv-split (the MXFP4 GEMV's down in parts of k: harness, goldens, decode A/B); routes-cost (capture on/off in process on CUDA); long-goldens (tools/gpu/long_goldens.py, then LongGolden on them; long_goldens.tgz); moe-stalls (ncu stall reasons of cuda-fused); attn-detail (ncu full + SASS stalls of decode attention); kernel-detail (the same for DETAIL_KERNELS in a gpt-oss batch-1 decode); profile (ncu per-kernel times of one decode and one prefill step;
+# bench48 crossover serve-e2e serve-invariant (--batch-invariant tests and bench) soak (CUDA soak, SOAK_SECONDS) serve; chat-goldens (transformers' template renders); stamps (cuda-fused phase timer, STAMP_VARIANTS); ab (knob A/B, AB_VARIANTS); bin-ab (two builds' binaries alternating, BIN_AB); gemm-tile (grouped GEMM tile experiments); wgmma (the grouped GEMM's large steps on wgmma: harness, prefill A/B); delta-chunked (the chunked DeltaNet kernel: harness, Qwen3.5 A/B); family-goldens (GOLDEN_FAMILIES; then the golden tests on them); bf16-sensitivity (transformers bf16 vs float64 per golden model); routes-ab (routes on/off over HTTP on CUDA); bench-gptoss (gpt-oss-20b shapes, MXFP4 experts); bench-new (Moonlight-16B-A3B, Qwen3.5-35B-A3B and Mixtral-8x7B 16-layer shapes: MLA, DeltaNet; BENCH_NEW_MODELS); serve-new (their and gpt-oss-20b's throughput profiles, SERVE_MODELS); mxfp4-gemv (the MXFP4 few-token paths: harness, gpt-oss goldens, decode A/B); fusions (cuda-modular's fused input norm: decode A/B); reg-gemm (the register MXFP4 GEMM against the grouped GEMM and its own tile choices: harness, goldens, decode A/B); gemv-split (the MXFP4 GEMV's experiments, down in parts of k and deeper loads: harness, goldens, decode A/B); routes-cost (capture on/off in process on CUDA); long-goldens (tools/gpu/long_goldens.py, then LongGolden on them; long_goldens.tgz); moe-stalls (ncu stall reasons of cuda-fused); attn-detail (ncu full + SASS stalls of decode attention); kernel-detail (the same for DETAIL_KERNELS in a gpt-oss batch-1 decode); profile (ncu per-kernel times of one decode and one prefill step;
 # PROFILE_STEPS=decode for one), moe-detail (ncu's full sections on one cuda-fused launch).
 # Everything it prints also goes to $OUT/gpu-check.log; JSON results land in $OUT.
 #   scripts/gpu-check.sh [stage ...]
@@ -235,18 +235,20 @@ if want reg-gemm; then
     SY_REG_GEMM_TOKENS=16
 fi
 if want gemv-split; then
-  # The register GEMV's down in parts of k (SY_GEMV_SPLIT=2..4, experiment, session 34; compiled,
-  # not yet run): the op harness's MXFP4 cases (k of 96, 160 and 320 leave parts empty or of one
-  # step) and the gpt-oss goldens with 2 and 3 parts, then gpt-oss-20b decode at batch 1, 2 and 8
-  # alternating (GEMV_SPLIT_ROUNDS).
-  section "MXFP4 GEMV down in parts of k: harness, goldens, decode A/B"
-  for parts in 2 3; do
-    SY_GEMV_SPLIT=$parts run "gemv-split-$parts-ops" timeout "${STAGE_TIMEOUT:-300}" "$carry/cuda_op_harness" \
-      --filter "MXFP4" --json "$OUT/op_harness_gemv_split_$parts.json"
-    SY_GEMV_SPLIT=$parts SY_TEST_DEVICE=cuda run "gemv-split-$parts-golden" timeout "${STAGE_TIMEOUT:-300}" \
-      "$carry/test_model" --gtest_filter='*HfGolden*gptoss*:CudaAgreement.GptOss*' --gtest_brief=1
+  # The register GEMV's experiments (session 34; compiled, not yet run): down in parts of k
+  # (SY_GEMV_SPLIT=2..4) and 8 steps in flight instead of 4 (SY_GEMV_DEPTH=8). The op harness's
+  # MXFP4 cases (k of 96, 160 and 320 leave parts empty or of one step) and the gpt-oss goldens
+  # under each, then gpt-oss-20b decode at batch 1, 2 and 8 alternating (GEMV_SPLIT_ROUNDS).
+  section "MXFP4 GEMV experiments (down in parts of k, deeper loads): harness, goldens, decode A/B"
+  for variant in SY_GEMV_SPLIT=2 SY_GEMV_SPLIT=3 SY_GEMV_DEPTH=8 SY_GEMV_DEPTH=8+SY_GEMV_SPLIT=2; do
+    v=${variant//+/ }; tag=${variant//[^A-Za-z0-9]/_}
+    env $v timeout "${STAGE_TIMEOUT:-300}" "$carry/cuda_op_harness" --filter "MXFP4" --json "$OUT/op_harness_$tag.json" | tail -1 ||
+      failed+=("ops $variant")
+    env $v SY_TEST_DEVICE=cuda timeout "${STAGE_TIMEOUT:-300}" "$carry/test_model" \
+      --gtest_filter='*HfGolden*gptoss*:CudaAgreement.GptOss*' --gtest_brief=1 | tail -2 || failed+=("golden $variant")
   done
-  decode_ab "${GEMV_SPLIT_ROUNDS:-2}" 1,2,8 "$carry/gpt-oss-20b/config.json" - SY_GEMV_SPLIT=2 SY_GEMV_SPLIT=3
+  decode_ab "${GEMV_SPLIT_ROUNDS:-2}" 1,2,8 "$carry/gpt-oss-20b/config.json" - SY_GEMV_SPLIT=2 SY_GEMV_SPLIT=3 \
+    SY_GEMV_DEPTH=8 SY_GEMV_DEPTH=8+SY_GEMV_SPLIT=2
 fi
 if want gemm-tile; then
   # The grouped GEMM's tile choices (every tile sums k in the same order: bitwise the default's

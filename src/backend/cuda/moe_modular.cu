@@ -1120,8 +1120,10 @@ __device__ __forceinline__ void reg_gemv_split_x(const float* __restrict__ x, in
 // warp GEMV's arguments and results (x in; gate_up out as f32 activations, down out). kSplit (down
 // only; SY_GEMV_SPLIT, experiment): grid.z parts of k's steps, part z writing its sums to
 // out + z * pairs * n, the expert's bias in part 0 only (combine_kernel adds the parts).
-template <bool kGateUp, bool kSplit = false>
-__global__ void __launch_bounds__(kRegThreads, 4)
+// kDepth: steps in flight (SY_GEMV_DEPTH=8, experiment: twice the bytes in flight a warp, three
+// blocks an SM for the registers).
+template <bool kGateUp, bool kSplit = false, int kDepth = kRegDepth>
+__global__ void __launch_bounds__(kRegThreads, kDepth > kRegDepth ? 3 : 4)
     mxfp4_reg_gemv_kernel(const __grid_constant__ Mxfp4Gemv g) {
   static_assert(!(kGateUp && kSplit), "gate_up's activation needs the whole sum");
   extern __shared__ __align__(16) uint8_t smem[];
@@ -1135,7 +1137,7 @@ __global__ void __launch_bounds__(kRegThreads, 4)
   const int out0 = kGateUp ? row0 / 2 : row0;
   const int outs = kGateUp ? 8 : 16;
   // Launched overlapped. gate_up follows the router, so it waits before reading the ids. down's
-  // ids come from the router two kernels back, complete once it may start, so its first kRegDepth
+  // ids come from the router two kernels back, complete once it may start, so its first kDepth
   // steps of weights are requested before the wait; x (gate_up's activations) only after it. (In
   // the PTX they are; ptxas 13 schedules the wait, ACQBULK, above them, tools/sass.sh showed for
   // the bf16 kernel, so only the launch itself may overlap.)
@@ -1162,8 +1164,8 @@ __global__ void __launch_bounds__(kRegThreads, 4)
   const int s_end = kSplit ? min(all_steps, s_begin + part_steps) : all_steps;
   const int kb_end = kSplit ? min(kb, 4 * s_end) : kb;
 
-  uint4 w_lo[kRegDepth], w_hi[kRegDepth];
-  uint32_t s_lo[kRegDepth], s_hi[kRegDepth];
+  uint4 w_lo[kDepth], w_hi[kDepth];
+  uint32_t s_lo[kDepth], s_hi[kDepth];
   // Unconditional loads (a block past the last reads the last block again; its B is zero and
   // e2m1 values are finite, so it adds 0): no predicated loads into zeroed registers.
   auto load = [&](int slot, int step) {  // (past the part: its last block again, cached)
@@ -1174,7 +1176,7 @@ __global__ void __launch_bounds__(kRegThreads, 4)
     s_hi[slot] = __ldg(scales_hi + block);
   };
 #pragma unroll
-  for (int slot = 0; slot < kRegDepth; ++slot)
+  for (int slot = 0; slot < kDepth; ++slot)
     load(slot, s_begin + slot);  // (a dead warp: expert row 0)
   overlap_prologue();
 
@@ -1193,11 +1195,11 @@ __global__ void __launch_bounds__(kRegThreads, 4)
   float acc_lo = 0.0f, acc_hi = 0.0f;  // rows gr and gr + 8, blocks = q mod 4
   // Each slot is decoded before its refill is issued, so the refill lands in the registers just
   // freed (issued first, it needed a second set and a move at the loop's end that waited for the
-  // load: ncu, H100, 2026-12-07). Steps past the last (at most kRegDepth - 1) load nothing and add
+  // load: ncu, H100, 2026-12-07). Steps past the last (at most kDepth - 1) load nothing and add
   // 0.
-  for (int s0 = s_begin; s0 < s_end; s0 += kRegDepth) {
+  for (int s0 = s_begin; s0 < s_end; s0 += kDepth) {
 #pragma unroll
-    for (int slot = 0; slot < kRegDepth; ++slot) {
+    for (int slot = 0; slot < kDepth; ++slot) {
       const int step = s0 + slot;
       uint32_t a[4][2][4];  // word, mma step, A registers
       const uint32_t lo_words[4] = {w_lo[slot].x, w_lo[slot].y, w_lo[slot].z, w_lo[slot].w},
@@ -1214,7 +1216,7 @@ __global__ void __launch_bounds__(kRegThreads, 4)
       }
       const float scale_lo = e8m0_scale(static_cast<uint8_t>(s_lo[slot]));
       const float scale_hi = e8m0_scale(static_cast<uint8_t>(s_hi[slot]));
-      load(slot, step + kRegDepth);
+      load(slot, step + kDepth);
       const int block = 4 * step + q;
       uint4 xb[4] = {};
       if (b_lane && block < kb_end) {
@@ -1947,16 +1949,23 @@ class ModularKernel final : public moe::ExpertsKernel {
                             static_cast<size_t>(reg_gemv_smem(g.k)), stream, g);
           SY_CUDA_LAUNCH_CHECK("mxfp4_reg_gemv_kernel");
         };
-        bind(w.gate_up, w.gate_up_scales, hidden_, intermediate_);
-        launch(mxfp4_reg_gemv_kernel<true>, 2 * intermediate_, hidden, act_f32_, 1);
-        bind(w.down, w.down_scales, intermediate_, hidden_);
         // down in gemv_split_ parts of k where y_ holds them (combine_kernel<., true> adds them).
         combine_parts_ =
             gemv_split_ > 1 && gemv_split_ * pairs <= max_tokens_ * top_k_ ? gemv_split_ : 1;
-        if (combine_parts_ > 1)
-          launch(mxfp4_reg_gemv_kernel<false, true>, hidden_, act_f32_, y_, combine_parts_);
-        else
-          launch(mxfp4_reg_gemv_kernel<false>, hidden_, act_f32_, y_, 1);
+        auto run = [&](auto depth) {
+          constexpr int kDepth = decltype(depth)::value;
+          bind(w.gate_up, w.gate_up_scales, hidden_, intermediate_);
+          launch(mxfp4_reg_gemv_kernel<true, false, kDepth>, 2 * intermediate_, hidden, act_f32_,
+                 1);
+          bind(w.down, w.down_scales, intermediate_, hidden_);
+          if (combine_parts_ > 1)
+            launch(mxfp4_reg_gemv_kernel<false, true, kDepth>, hidden_, act_f32_, y_,
+                   combine_parts_);
+          else
+            launch(mxfp4_reg_gemv_kernel<false, false, kDepth>, hidden_, act_f32_, y_, 1);
+        };
+        gemv_deep_ ? run(std::integral_constant<int, 2 * kRegDepth>{})
+                   : run(std::integral_constant<int, kRegDepth>{});
         return;
       }
       const int64_t tokens = pairs / top_k_;
@@ -2195,6 +2204,12 @@ class ModularKernel final : public moe::ExpertsKernel {
     return int64_t{n >= 2 && n <= 4 ? n : 1};
   }();
   int64_t combine_parts_ = 1;  // y_'s parts this step (set by forward_mxfp4_gemv)
+  // SY_GEMV_DEPTH=8: the register GEMV with 8 steps in flight, not 4 (experiment: the batch-1
+  // gate_up reached 55% of the copy rate with 4 KB in flight a warp; session 32's ncu table).
+  const bool gemv_deep_ = [] {
+    const char* v = std::getenv("SY_GEMV_DEPTH");
+    return v && std::string_view(v) == "8";
+  }();
   const Mxfp4Path mxfp4_gemv_ = [] {
     const char* v = std::getenv("SY_MXFP4_GEMV");
     const std::string_view value = v ? v : "";
