@@ -1737,7 +1737,7 @@ class ModularKernel final : public moe::ExpertsKernel {
     // token's output would depend on whether its step has more than kGemvMaxTokens tokens.)
     const bool gemv = mxfp4 && mxfp4_gemv_ != Mxfp4Path::kOff && tokens <= kGemvMaxTokens &&
                       !context_.batch_invariant;  // reads the f32 rows itself
-    // The small tile's MXFP4 steps on the register GEMM (it converts x itself).
+    // MXFP4 steps of up to reg_gemm_max_ pairs an expert: the register GEMM (it converts x).
     const bool reg_gemm =
         mxfp4 && !gemv && pairs <= reg_gemm_max_ * experts_ && reg_gemm_fits(w, experts);
     if (!gemv && !reg_gemm) {
@@ -1805,7 +1805,7 @@ class ModularKernel final : public moe::ExpertsKernel {
     const int n = v ? std::atoi(v) : 0;
     return n == kRegGemmTokens || n == kRegGemmWide ? n : 0;
   }();
-  // The small tile's MXFP4 steps on the register GEMM; SY_MXFP4_GEMM=tile: on the grouped GEMM.
+  // Those steps on the register GEMM; SY_MXFP4_GEMM=tile: on the grouped GEMM.
   const bool reg_gemm_ = [] {
     const char* v = std::getenv("SY_MXFP4_GEMM");
     return !(v && std::string_view(v) == "tile");
@@ -2010,10 +2010,10 @@ class ModularKernel final : public moe::ExpertsKernel {
         tile_count_);
     SY_CUDA_LAUNCH_CHECK("align_kernel");
   }
-  // Whether the register GEMM takes this layer's small MXFP4 steps: not turned off (SY_MXFP4_GEMM),
-  // not batch-invariant (its arithmetic is not the grouped GEMM's), row counts that are multiples
-  // of 16, 16-byte aligned weights, and activations that f16 holds (the clamped SwiGLU's
-  // |act| <= (limit + 1) limit).
+  // Whether the register GEMM takes this layer's MXFP4 steps (up to reg_gemm_max_ pairs an
+  // expert): not turned off (SY_MXFP4_GEMM), not batch-invariant (its arithmetic is not the grouped
+  // GEMM's), row counts that are multiples of 16, 16-byte aligned weights, and activations that f16
+  // holds (the clamped SwiGLU's |act| <= (limit + 1) limit).
   bool reg_gemm_fits(const moe::MoeLayerWeights& w, const ExpertParams& experts) const {
     return reg_gemm_ && !context_.batch_invariant && hidden_ % 16 == 0 && intermediate_ % 8 == 0 &&
            experts.clamped && experts.limit > 0.0f && experts.limit <= 200.0f &&
