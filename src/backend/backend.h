@@ -160,6 +160,11 @@ class Backend {
     const long pages = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGESIZE);
     return pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : int64_t{4} << 30;
   }
+  // All of the device's memory (CPU: physical memory).
+  virtual int64_t total_memory_bytes() const {
+    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    return pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : int64_t{4} << 30;
+  }
   // A monolithic MoE kernel for small steps that `--moe-kernel auto` uses up to this many
   // tokens (crossover measured per backend); empty: none.
   virtual std::string small_batch_kernel() const { return ""; }

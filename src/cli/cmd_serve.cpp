@@ -160,6 +160,12 @@ void add_serve_command(CLI::App& app, int& exit_code, const dist::MpiWorld& worl
       ->add_option("--kv-cache-tokens", e.kv_cache_tokens,
                    "KV cache size in tokens (0 = from memory; on the CPU at most 1 GiB)")
       ->capture_default_str();
+  command
+      ->add_option("--gpu-memory-utilization", e.gpu_memory_utilization,
+                   "share of the GPU's memory the engine may hold, weights and KV cache included "
+                   "(vLLM's flag; 0 = 90% of what is free after the weights)")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
   command->add_option("--block-size", e.block_size_tokens, "KV block size in tokens")
       ->capture_default_str();
   command->add_flag("--no-enable-prefix-caching", options->no_prefix_caching,

@@ -165,6 +165,10 @@ struct EngineConfig {
   // (151936 x 4 B = 0.6 MB for Qwen3), so such prompts are chunked to this many tokens a step.
   int max_prompt_logprob_rows = 256;
   int64_t kv_cache_tokens = 0;        // 0 = from memory (CPU: a quarter of it, at most 1 GiB)
+  // --gpu-memory-utilization (0, 1]: the share of the GPU's whole memory this engine may hold
+  // (weights, workspace, states, KV cache), as vLLM's flag; 0 = unset: 90% of what is free once
+  // the weights are loaded. For an RL trainer sharing the GPU. No effect on the CPU.
+  double gpu_memory_utilization = 0.0;
   int block_size_tokens = 16;
   int64_t max_model_len = 0;          // 0 = from config.json
   bool enable_prefix_caching = true;
@@ -222,6 +226,19 @@ struct StepDefaults {
   int max_num_seqs() const;
   int max_num_batched_tokens() const;
 };
+
+// The KV cache's bytes on a device. Memory: the device's whole memory, what was free before the
+// weights were loaded and what is free now; reserved: the step workspace and per-sequence states
+// still to be allocated. Without a utilization: 90% of what is free now less reserved. With one
+// (vLLM's --gpu-memory-utilization): the engine's share of the whole memory less what it holds
+// already (free before load - free now) and reserved, never more than is free; an error naming the
+// flag where that leaves nothing for the cache.
+struct DeviceMemory {
+  int64_t total = 0;
+  int64_t free_before_load = 0;
+  int64_t free_now = 0;
+};
+Result<int64_t> device_kv_budget(const DeviceMemory& memory, int64_t reserved, double utilization);
 
 // Loads the model and starts the engine thread (on rank 0 of a parallel run).
 Result<std::unique_ptr<Engine>> create_engine(const EngineConfig& config);

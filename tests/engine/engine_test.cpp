@@ -446,5 +446,34 @@ TEST(StepDefaults, FollowTheDeviceAndCapLinearAttentionState) {
   EXPECT_EQ((StepDefaults{Device::kCuda, 10'000 * kGB, 1'000'000}.max_num_seqs()), 1024);
 }
 
+// The KV cache's share of a device: 90% of what is free after the weights, or (vLLM's
+// --gpu-memory-utilization) the engine's share of the whole memory less what it already holds.
+TEST(DeviceKvBudget, FollowsTheUtilizationShareAndRefusesOneTooSmall) {
+  constexpr int64_t kGB = 1000 * 1000 * 1000;
+  using engine::device_kv_budget;
+  // 80 GB card, 78 free before 14 GB of weights, 64 free now, 4 GB of workspace reserved.
+  const engine::DeviceMemory memory{80 * kGB, 78 * kGB, 64 * kGB};
+  auto unset = device_kv_budget(memory, 4 * kGB, 0.0);
+  ASSERT_TRUE(unset) << unset.message();
+  EXPECT_EQ(*unset, 54 * kGB);  // 0.9 x (64 - 4)
+  auto half = device_kv_budget(memory, 4 * kGB, 0.5);
+  ASSERT_TRUE(half) << half.message();
+  EXPECT_EQ(*half, 22 * kGB);  // 40 - 14 held - 4 reserved
+  // A share above what is free is capped by it.
+  auto all = device_kv_budget(memory, 4 * kGB, 1.0);
+  ASSERT_TRUE(all) << all.message();
+  EXPECT_EQ(*all, 60 * kGB);  // min(80 - 14 - 4, 64 - 4)
+  // Another process's memory (free before load below total) is not the engine's to count.
+  const engine::DeviceMemory shared{80 * kGB, 40 * kGB, 26 * kGB};
+  auto share = device_kv_budget(shared, 4 * kGB, 0.4);
+  ASSERT_TRUE(share) << share.message();
+  EXPECT_EQ(*share, 14 * kGB);  // min(32 - 14 - 4, 26 - 4)
+  // A share the weights and workspace already fill: refused, naming the flag.
+  auto tiny = device_kv_budget(memory, 4 * kGB, 0.2);
+  ASSERT_FALSE(tiny);
+  EXPECT_NE(tiny.message().find("--gpu-memory-utilization 0.2"), std::string::npos)
+      << tiny.message();
+}
+
 }  // namespace
 }  // namespace sy

@@ -80,6 +80,11 @@ class CudaBackend final : public Backend {
     SY_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total));
     return static_cast<int64_t>(free_bytes);
   }
+  int64_t total_memory_bytes() const override {
+    size_t free_bytes = 0, total = 0;
+    SY_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total));
+    return static_cast<int64_t>(total);
+  }
   std::string small_batch_kernel() const override { return "cuda-fused"; }
   void* native_stream() const override { return context_.stream; }
   int64_t small_batch_max_tokens() const override { return kFusedMaxTokens; }
