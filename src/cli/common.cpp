@@ -19,14 +19,25 @@ void add_device_options(CLI::App* command, DeviceOptions& options) {
                       "Build seeded random weights on the device from this config.json (no checkpoint "
                       "files; the tokenizer is read from the config's folder)");
   command->add_option("--random-seed", options.random_seed, "Seed of --random-weights")->capture_default_str();
-  command->add_flag("--no-cuda-graphs", options.no_cuda_graphs, "Run decode steps without recorded graphs");
+  // (The second names are vLLM's, so its command lines work here.)
+  command->add_flag("--no-cuda-graphs,--enforce-eager", options.no_cuda_graphs,
+                    "Run decode steps without recorded graphs");
   command
-      ->add_option("--tensor-parallel", options.tensor_parallel,
+      ->add_option("--tensor-parallel,--tensor-parallel-size", options.tensor_parallel,
                    "Ranks to shard the model over (start with mpirun -np N; rank 0 serves)")
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
-  command->add_flag("--expert-parallel", options.expert_parallel,
-                    "With --tensor-parallel: give each rank whole experts instead of a slice of each");
+  command->add_flag(
+      "--expert-parallel,--enable-expert-parallel", options.expert_parallel,
+      "With --tensor-parallel: give each rank whole experts instead of a slice of each");
+  command
+      ->add_option("--dtype", options.dtype,
+                   "auto or bfloat16 (vLLM's flag): activations and KV cache as the backend keeps "
+                   "them, weights as the checkpoint stores them (bf16, MXFP4); no other is offered")
+      ->check(CLI::IsMember({"auto", "bfloat16"}))
+      ->capture_default_str();
+  command->add_flag("--trust-remote-code", options.trust_remote_code,
+                    "Accepted for vLLM command lines; no effect (no model code is ever run)");
   command->add_flag("--check-routes-agree", options.check_routes_agree,
                     "Debug: every step, compare all ranks' routes; a disagreement fails the step");
 }

@@ -185,6 +185,20 @@ TEST_F(Cli, GenerateChatUsesTheModelsTemplate) {
   EXPECT_EQ(json["prompt_token_ids"], nlohmann::json::parse(ids.out));
 }
 
+// vLLM's names for the shared flags work (a launch script written for vLLM runs unchanged);
+// --dtype offers only what runs.
+TEST_F(Cli, VllmFlagNamesAreAccepted) {
+  CommandResult r =
+      run("generate --model " + model().string() +
+          " --prompt-ids 1,2,3 --max-tokens 2 --tensor-parallel-size 1 --enforce-eager "
+          "--dtype bfloat16 --trust-remote-code");
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  CommandResult half =
+      run("generate --model " + model().string() + " --prompt-ids 1,2 --dtype float16");
+  EXPECT_NE(half.exit_code, 0);
+  EXPECT_NE(half.out.find("--dtype"), std::string::npos) << half.out;
+}
+
 TEST_F(Cli, BadReplayAndUnknownKernelAreRefused) {
   std::vector<uint8_t> rows(2 * 16, 0);  // duplicate ids in every MoE row
   const std::string bad = path("bad_replay.npy").string();
