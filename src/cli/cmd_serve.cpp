@@ -168,8 +168,16 @@ void add_serve_command(CLI::App& app, int& exit_code, const dist::MpiWorld& worl
       ->capture_default_str();
   command->add_option("--block-size", e.block_size_tokens, "KV block size in tokens")
       ->capture_default_str();
-  command->add_flag("--no-enable-prefix-caching", options->no_prefix_caching,
-                    "turn the prefix cache off");
+  command->add_flag("--no-enable-prefix-caching,!--enable-prefix-caching",
+                    options->no_prefix_caching,
+                    "turn the prefix cache off (--enable-prefix-caching, vLLM's: on, the default)");
+  // vLLM command-line flags for what is always so here: accepted, no effect.
+  for (const char* name :
+       {"--enable-chunked-prefill", "--disable-log-requests", "--disable-log-stats"})
+    command->add_flag_callback(
+        name, [] {},
+        "vLLM's flag, accepted: chunked prefill is always on; requests and "
+        "stats are not logged per request (/metrics has the stats)");
   command
       ->add_option("--state-snapshots", e.state_snapshots,
                    "models with linear attention (Qwen3.5): prompts whose state the prefix cache "
