@@ -242,10 +242,10 @@ if want gemv-split; then
   section "MXFP4 GEMV experiments (down in parts of k, deeper loads): harness, goldens, decode A/B"
   for variant in SY_GEMV_SPLIT=2 SY_GEMV_SPLIT=3 SY_GEMV_DEPTH=8 SY_GEMV_DEPTH=8+SY_GEMV_SPLIT=2; do
     v=${variant//+/ }; tag=${variant//[^A-Za-z0-9]/_}
-    env $v timeout "${STAGE_TIMEOUT:-300}" "$carry/cuda_op_harness" --filter "MXFP4" --json "$OUT/op_harness_$tag.json" | tail -1 ||
-      failed+=("ops $variant")
-    env $v SY_TEST_DEVICE=cuda timeout "${STAGE_TIMEOUT:-300}" "$carry/test_model" \
-      --gtest_filter='*HfGolden*gptoss*:CudaAgreement.GptOss*' --gtest_brief=1 | tail -2 || failed+=("golden $variant")
+    run "ops-$tag" env $v timeout "${STAGE_TIMEOUT:-300}" "$carry/cuda_op_harness" --filter "MXFP4" \
+      --json "$OUT/op_harness_$tag.json"
+    run "golden-$tag" env $v SY_TEST_DEVICE=cuda timeout "${STAGE_TIMEOUT:-300}" "$carry/test_model" \
+      --gtest_filter='*HfGolden*gptoss*:CudaAgreement.GptOss*' --gtest_brief=1
   done
   decode_ab "${GEMV_SPLIT_ROUNDS:-2}" 1,2,8 "$carry/gpt-oss-20b/config.json" - SY_GEMV_SPLIT=2 SY_GEMV_SPLIT=3 \
     SY_GEMV_DEPTH=8 SY_GEMV_DEPTH=8+SY_GEMV_SPLIT=2

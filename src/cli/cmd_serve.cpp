@@ -172,12 +172,14 @@ void add_serve_command(CLI::App& app, int& exit_code, const dist::MpiWorld& worl
                     options->no_prefix_caching,
                     "turn the prefix cache off (--enable-prefix-caching, vLLM's: on, the default)");
   // vLLM command-line flags for what is always so here: accepted, no effect.
-  for (const char* name :
-       {"--enable-chunked-prefill", "--disable-log-requests", "--disable-log-stats"})
+  for (auto [name, what] :
+       {std::pair{"--enable-chunked-prefill",
+                  "vLLM's flag, accepted: chunked prefill is always on"},
+        std::pair{"--disable-log-requests", "vLLM's flag, accepted: requests are never logged"},
+        std::pair{"--disable-log-stats",
+                  "vLLM's flag, accepted: stats are not logged (/metrics has them)"}})
     command->add_flag_callback(
-        name, [] {},
-        "vLLM's flag, accepted: chunked prefill is always on; requests and "
-        "stats are not logged per request (/metrics has the stats)");
+        name, [] {}, what);
   command
       ->add_option("--state-snapshots", e.state_snapshots,
                    "models with linear attention (Qwen3.5): prompts whose state the prefix cache "

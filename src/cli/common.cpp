@@ -30,14 +30,16 @@ void add_device_options(CLI::App* command, DeviceOptions& options) {
   command->add_flag(
       "--expert-parallel,--enable-expert-parallel", options.expert_parallel,
       "With --tensor-parallel: give each rank whole experts instead of a slice of each");
+  // vLLM's flags with nothing to choose here: checked, then no effect.
   command
-      ->add_option("--dtype", options.dtype,
-                   "auto or bfloat16 (vLLM's flag): activations and KV cache as the backend keeps "
-                   "them, weights as the checkpoint stores them (bf16, MXFP4); no other is offered")
-      ->check(CLI::IsMember({"auto", "bfloat16"}))
-      ->capture_default_str();
-  command->add_flag("--trust-remote-code", options.trust_remote_code,
-                    "Accepted for vLLM command lines; no effect (no model code is ever run)");
+      ->add_option_function<std::string>(
+          "--dtype", [](const std::string&) {},
+          "auto or bfloat16 (vLLM's flag): activations and KV cache as the backend keeps them, "
+          "weights as the checkpoint stores them (bf16, MXFP4); no other is offered")
+      ->check(CLI::IsMember({"auto", "bfloat16"}));
+  command->add_flag_callback(
+      "--trust-remote-code", [] {},
+      "Accepted for vLLM command lines; no effect (no model code is ever run)");
   command->add_flag("--check-routes-agree", options.check_routes_agree,
                     "Debug: every step, compare all ranks' routes; a disagreement fails the step");
 }

@@ -20,8 +20,6 @@ struct DeviceOptions {
   int tensor_parallel = 1;
   bool expert_parallel = false;
   bool check_routes_agree = false;
-  std::string dtype = "auto";      // vLLM's --dtype: auto or bfloat16 (what runs either way)
-  bool trust_remote_code = false;  // vLLM's flag: accepted, no effect (no model code ever runs)
   dist::MpiWorld world;  // from main (mpi_init)
 };
 void add_device_options(CLI::App* command, DeviceOptions& options);

@@ -118,16 +118,18 @@ class EngineImpl final : public Engine {
           "gating weights are captured with the routes: start the server with "
           "--enable-return-routed-experts";
     capture_weights_ = weights_unavailable_.empty();
-    // The guard runs before loading, so a refused kernel costs no load time.
     if (config.gpu_memory_utilization > 0.0 && backend_->device() == Device::kCpu && !follower)
       std::fprintf(stderr,
                    "switchyard: --gpu-memory-utilization has no effect on the CPU "
                    "(--kv-cache-tokens sizes its cache)\n");
     memory_.free_before_load = backend_->free_memory_bytes();
     memory_.total = backend_->total_memory_bytes();
+    // The guard runs before loading, so a refused kernel costs no load time.
     SY_ASSIGN(RankModel loaded, load_rank_model(config.random_weights_config.empty() ? config.model_dir : ""));
     full_model_ = std::move(loaded.full);
     model_ = std::move(loaded.model);
+    memory_.free_now =
+        backend_->free_memory_bytes();  // (nothing else is allocated before the KV cache)
     const model::ModelConfig& c = model_->config();
     if (config.batch_invariant && backend_->device() == Device::kCuda)
       for (auto [what, width] :
@@ -198,7 +200,6 @@ class EngineImpl final : public Engine {
         const int64_t workspace = 2 * max_rows * c.vocab_size * 4 +
                                   int64_t{config_.max_num_batched_tokens} * c.hidden_size * 4 * 24 +
                                   (int64_t{2} << 30);
-        memory_.free_now = backend_->free_memory_bytes();
         SY_ASSIGN(budget, device_kv_budget(memory_, workspace + state_bytes,
                                            config.gpu_memory_utilization));
       }
@@ -453,9 +454,9 @@ class EngineImpl final : public Engine {
     return Status::ok();
   }
 
-  // The smallest of every rank's value (a parallel run's ranks must agree on sizes).
   DeviceMemory memory_;  // the device's memory at start-up (the KV cache's budget)
 
+  // The smallest of every rank's value (a parallel run's ranks must agree on sizes).
   Result<int64_t> agree_on_min(int64_t value) {
     std::vector<int32_t> all(static_cast<size_t>(comm_->size()));
     const int32_t mine = static_cast<int32_t>(std::min<int64_t>(value, INT32_MAX));
@@ -465,15 +466,9 @@ class EngineImpl final : public Engine {
 
   // --max-num-seqs and --max-num-batched-tokens 0 (their defaults) -> config_ (StepDefaults).
   Status resolve_step_limits(int64_t state_bytes_per_copy) {
-    // (What this engine may still take: free memory, or its --gpu-memory-utilization share less
-    // the weights.)
-    int64_t available = backend_->free_memory_bytes();
-    if (config_.gpu_memory_utilization > 0.0 && backend_->device() != Device::kCpu)
-      available = std::min<int64_t>(available,
-                                    static_cast<int64_t>(config_.gpu_memory_utilization *
-                                                         static_cast<double>(memory_.total)) -
-                                        std::max<int64_t>(memory_.free_before_load - available, 0));
-    const StepDefaults defaults{backend_->device(), available, state_bytes_per_copy};
+    const StepDefaults defaults{backend_->device(),
+                                memory_.available(config_.gpu_memory_utilization),
+                                state_bytes_per_copy};
     if (config_.max_num_batched_tokens <= 0)
       config_.max_num_batched_tokens = defaults.max_num_batched_tokens();
     if (config_.max_num_seqs > 0) return Status::ok();
@@ -1209,20 +1204,26 @@ class EngineImpl final : public Engine {
 
 }  // namespace
 
+int64_t DeviceMemory::available(double utilization) const {
+  if (utilization <= 0.0) return free_now;
+  return std::min(static_cast<int64_t>(utilization * static_cast<double>(total)) - held(),
+                  free_now);
+}
+
 Result<int64_t> device_kv_budget(const DeviceMemory& memory, int64_t reserved, double utilization) {
-  const int64_t free_after = memory.free_now - reserved;
-  if (utilization <= 0.0) return static_cast<int64_t>(0.9 * static_cast<double>(free_after));
-  const int64_t held = std::max<int64_t>(memory.free_before_load - memory.free_now, 0);
-  const int64_t share = static_cast<int64_t>(utilization * static_cast<double>(memory.total));
-  const int64_t budget = std::min(share - held - reserved, free_after);
-  if (budget <= 0)
+  if (utilization <= 0.0)
+    return static_cast<int64_t>(0.9 * static_cast<double>(memory.free_now - reserved));
+  const int64_t budget = memory.available(utilization) - reserved;
+  if (budget <= 0) {
+    const int64_t share = static_cast<int64_t>(utilization * static_cast<double>(memory.total));
     return Status::errorf(
         "--gpu-memory-utilization {}: {:.1f} GB of the device's {:.1f} GB leave no room for the KV "
         "cache after the weights ({:.1f} GB) and the step workspace ({:.1f} GB); {:.1f} GB are "
         "free. Raise it, or lower --max-num-seqs / --max-num-batched-tokens",
         utilization, static_cast<double>(share) / 1e9, static_cast<double>(memory.total) / 1e9,
-        static_cast<double>(held) / 1e9, static_cast<double>(reserved) / 1e9,
+        static_cast<double>(memory.held()) / 1e9, static_cast<double>(reserved) / 1e9,
         static_cast<double>(memory.free_now) / 1e9);
+  }
   return budget;
 }
 

@@ -237,6 +237,11 @@ struct DeviceMemory {
   int64_t total = 0;
   int64_t free_before_load = 0;
   int64_t free_now = 0;
+  // What the engine holds already (the weights): free before load less free now.
+  int64_t held() const { return free_before_load > free_now ? free_before_load - free_now : 0; }
+  // What the engine may still take: what is free, or with a utilization at most its share of
+  // total less held().
+  int64_t available(double utilization) const;
 };
 Result<int64_t> device_kv_budget(const DeviceMemory& memory, int64_t reserved, double utilization);
 

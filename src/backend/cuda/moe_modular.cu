@@ -1752,8 +1752,9 @@ class ModularKernel final : public moe::ExpertsKernel {
 
     // Align + Forward, with the tile picked by the mean rows per expert (T and shapes only,
     // never the device-side counts).
+    int64_t parts = 1;  // y_'s parts (the split down GEMV's; the combine adds them)
     if (gemv)
-      forward_mxfp4_gemv(w, experts, hidden, pairs, stream);
+      parts = forward_mxfp4_gemv(w, experts, hidden, pairs, stream);
     else if (reg_gemm)
       forward_mxfp4_reg_gemm(w, experts, hidden, tokens, pairs, stream);
     else if (intermediate_ % 8 != 0)  // (bf16 only: MXFP4 widths are multiples of 32)
@@ -1776,7 +1777,6 @@ class ModularKernel final : public moe::ExpertsKernel {
     // Combine (of y_'s parts where the down GEMV left it in parts).
     const dim3 combine_grid(static_cast<unsigned>(ceil_div(hidden_ / 4, kCombineThreads)),
                             static_cast<unsigned>(tokens));
-    const int64_t parts = gemv ? combine_parts_ : 1;
     const auto combine =
         parts > 1 ? (residual.residual ? combine_kernel<true, true> : combine_kernel<false, true>)
                   : (residual.residual ? combine_kernel<true> : combine_kernel<false>);
@@ -1918,10 +1918,9 @@ class ModularKernel final : public moe::ExpertsKernel {
   }
 
   // Few-token MXFP4 steps (unless SY_MXFP4_GEMV=0): route ids straight to the GEMV kernels, no
-  // align.
-  void forward_mxfp4_gemv(const moe::MoeLayerWeights& w, const ExpertParams& experts,
-                          const float* hidden, int64_t pairs, cudaStream_t stream) {
-    combine_parts_ = 1;
+  // align. Returns the parts y_ is left in (1 unless SY_GEMV_SPLIT).
+  int64_t forward_mxfp4_gemv(const moe::MoeLayerWeights& w, const ExpertParams& experts,
+                             const float* hidden, int64_t pairs, cudaStream_t stream) {
     Mxfp4Gemv g;
     g.ids = ids_;
     g.top_k = static_cast<int>(top_k_);
@@ -1950,7 +1949,7 @@ class ModularKernel final : public moe::ExpertsKernel {
           SY_CUDA_LAUNCH_CHECK("mxfp4_reg_gemv_kernel");
         };
         // down in gemv_split_ parts of k where y_ holds them (combine_kernel<., true> adds them).
-        combine_parts_ =
+        const int64_t parts =
             gemv_split_ > 1 && gemv_split_ * pairs <= max_tokens_ * top_k_ ? gemv_split_ : 1;
         auto run = [&](auto depth) {
           constexpr int kDepth = decltype(depth)::value;
@@ -1958,15 +1957,14 @@ class ModularKernel final : public moe::ExpertsKernel {
           launch(mxfp4_reg_gemv_kernel<true, false, kDepth>, 2 * intermediate_, hidden, act_f32_,
                  1);
           bind(w.down, w.down_scales, intermediate_, hidden_);
-          if (combine_parts_ > 1)
-            launch(mxfp4_reg_gemv_kernel<false, true, kDepth>, hidden_, act_f32_, y_,
-                   combine_parts_);
+          if (parts > 1)
+            launch(mxfp4_reg_gemv_kernel<false, true, kDepth>, hidden_, act_f32_, y_, parts);
           else
             launch(mxfp4_reg_gemv_kernel<false, false, kDepth>, hidden_, act_f32_, y_, 1);
         };
         gemv_deep_ ? run(std::integral_constant<int, 2 * kRegDepth>{})
                    : run(std::integral_constant<int, kRegDepth>{});
-        return;
+        return parts;
       }
       const int64_t tokens = pairs / top_k_;
       auto launch = [&](auto kernel, int64_t rows) {
@@ -1987,7 +1985,7 @@ class ModularKernel final : public moe::ExpertsKernel {
       g.x_split = act_split_;
       g.out = y_;
       launch(mxfp4_stream_gemv_kernel<false>, hidden_);
-      return;
+      return 1;
     }
     auto launch = [&](auto kernel, int outputs_per_warp, const float* x, float* out) {
       g.x = x;
@@ -2001,6 +1999,7 @@ class ModularKernel final : public moe::ExpertsKernel {
     launch(mxfp4_gemv_kernel<true>, 2, hidden, act_f32_);
     bind(w.down, w.down_scales, intermediate_, hidden_);
     launch(mxfp4_gemv_kernel<false>, 4, act_f32_, y_);
+    return 1;
   }
 
   // The step's pairs in expert order, in M tiles of tile_m: perm_, tile_expert_, tile_count_.
@@ -2203,7 +2202,6 @@ class ModularKernel final : public moe::ExpertsKernel {
     const int n = v ? std::atoi(v) : 1;
     return int64_t{n >= 2 && n <= 4 ? n : 1};
   }();
-  int64_t combine_parts_ = 1;  // y_'s parts this step (set by forward_mxfp4_gemv)
   // SY_GEMV_DEPTH=8: the register GEMV with 8 steps in flight, not 4 (experiment: the batch-1
   // gate_up reached 55% of the copy rate with 4 KB in flight a warp; session 32's ncu table).
   const bool gemv_deep_ = [] {
